@@ -1,0 +1,273 @@
+#pragma once
+/// \file RecursiveHalvingDoubling: Rabenseifner's algorithm.
+///
+/// Reduce-scatter by recursive halving (lg p' exchanges, each half the size
+/// of the last), then all-gather by recursive doubling: 2 lg p' messages and
+/// 2(p'-1)/p' of the data per rank. For a world size that is not a power of
+/// two, the first 2r ranks (r = p - p') pair up and fold: one of each pair
+/// hands its data to the other before and gets the result back after
+/// (Thakur, Rabenseifner & Gropp 2005).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "gradsync/algorithm/algorithm.hpp"
+#include "gradsync/algorithm/ordered_reduce_scatter.hpp"
+#include "gradsync/algorithm/ring.hpp"
+#include "gradsync/algorithm/tags.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/options.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/partition.hpp"
+
+namespace gradsync::detail {
+
+/// The power-of-two group and how a rank maps onto it.
+struct Fold {
+  int p = 1;      ///< world size
+  int pow2 = 1;   ///< largest power of two <= p
+  int extra = 0;  ///< p - pow2: pairs that fold
+  /// With keep_odd, pair (2i, 2i+1) is represented by 2i+1 (reductions, whose
+  /// result the odd rank hands back); otherwise by 2i (broadcast, so that
+  /// relative rank 0, the root, always takes part).
+  bool keep_odd = true;
+
+  explicit Fold(int size, bool odd = true) : p(size), keep_odd(odd) {
+    while (pow2 * 2 <= p) pow2 *= 2;
+    extra = p - pow2;
+  }
+  /// Virtual rank in the power-of-two group, or -1 if r only folds.
+  int virt(int r) const noexcept {
+    if (r >= 2 * extra) return r - extra;
+    return (r % 2 == 1) == keep_odd ? r / 2 : -1;
+  }
+  int real(int v) const noexcept { return v < extra ? 2 * v + (keep_odd ? 1 : 0) : v + extra; }
+  /// The folding partner of a rank in a pair; -1 outside the pairs.
+  int partner(int r) const noexcept { return r < 2 * extra ? (r ^ 1) : -1; }
+  /// First real rank (= block) that virtual rank v stands for.
+  int first_block(int v) const noexcept { return v < extra ? 2 * v : v + extra; }
+};
+
+/// One exchange with a partner: send `out`, receive `in` (reducing with Op if
+/// `reduce`), and wait for both.
+template <ReduceOp Op, class B, class T>
+void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, std::span<const T> out, std::span<T> in, bool reduce) {
+  if (reduce) {
+    comm.template recv_reduce<Op>(in, peer, tag, 1);
+  } else {
+    comm.recv(in, peer, tag, 1);
+  }
+  comm.send(out, peer, tag, 0);
+  comm.wait_all();
+}
+
+/// Recursive halving over virtual parts; `range(a, b)` maps a run of parts
+/// to elements of x. Leaves virtual rank v's part reduced (not finished).
+template <ReduceOp Op, class B, class T, class RangeOf>
+void halving(Communicator<B>& comm, std::span<T> x, const Fold& f, int v, RangeOf range) {
+  int lo = 0;
+  int hi = f.pow2;
+  for (int d = f.pow2 / 2, step = 0; d >= 1; d /= 2, ++step) {
+    const int mid = lo + (hi - lo) / 2;
+    const bool lower = (v & d) == 0;
+    const Range keep = lower ? range(lo, mid) : range(mid, hi);
+    const Range give = lower ? range(mid, hi) : range(lo, mid);
+    exchange<Op>(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
+                 x.subspan(keep.begin, keep.size()), true);
+    if (lower) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+}
+
+/// Recursive doubling: starting from virtual rank v's part, swap ever larger
+/// aligned runs of parts with the partner until everyone holds all.
+template <class B, class T, class RangeOf>
+void doubling(Communicator<B>& comm, std::span<T> x, const Fold& f, int v, RangeOf range) {
+  for (int d = 1, step = 32; d < f.pow2; d *= 2, ++step) {
+    const int mine = v & ~(d - 1);
+    const int theirs = (v ^ d) & ~(d - 1);
+    const Range give = range(mine, mine + d);
+    const Range take = range(theirs, theirs + d);
+    exchange<Sum>(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
+                  x.subspan(take.begin, take.size()), false);
+  }
+}
+
+template <>
+struct Algorithm<RecursiveHalvingDoubling> {
+  static constexpr std::uint32_t fold_tag = 100;
+  static constexpr std::uint32_t unfold_tag = 101;
+
+  template <ReduceOp Op, class B, class T>
+  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+    const int p = comm.size();
+    const int r = comm.rank();
+    comm.copy(out, in);
+    if (p == 1) return comm.template finish<Op>(out);
+    if (opt.deterministic) {
+      const auto blocks = [&](int q) { return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q)); };
+      const Range mine = blocks(r);
+      ordered_reduce_scatter<Op>(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), blocks);
+      return gather_blocks(comm, out, blocks);
+    }
+    const Fold f(p);
+    const int v = f.virt(r);
+    const int partner = f.partner(r);
+    if (v < 0) {
+      // Send and receive share the buffer, so one after the other.
+      comm.send(std::span<const T>(out), partner, fold_tag, 0);
+      comm.wait_all();
+      comm.recv(out, partner, unfold_tag, 1);
+      comm.wait_all();
+      return;
+    }
+    if (partner >= 0) {
+      comm.template recv_reduce<Op>(out, partner, fold_tag, 1);
+      comm.wait_all();
+    }
+    const std::size_t n = out.size();
+    auto range = [&](int a, int b) {
+      return Range{block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(a)).begin,
+                   block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(b - 1)).end};
+    };
+    halving<Op>(comm, out, f, v, range);
+    const Range own = range(v, v + 1);
+    comm.template finish<Op>(out.subspan(own.begin, own.size()));
+    doubling(comm, out, f, v, range);
+    if (partner >= 0) {
+      comm.send(std::span<const T>(out), partner, unfold_tag, 0);
+      comm.wait_all();
+    }
+  }
+
+  template <ReduceOp Op, class B, class T>
+  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&opt) {
+    const int p = comm.size();
+    const int r = comm.rank();
+    const std::size_t m = out.size();
+    auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
+    if (opt.deterministic || p == 1) return ordered_reduce_scatter<Op>(comm, in, out, blocks);
+    const Fold f(p);
+    const int v = f.virt(r);
+    const int partner = f.partner(r);
+    if (v < 0) {
+      // Hand everything to the partner; get our block back, reduced.
+      comm.send(in, partner, fold_tag, 0);
+      comm.recv(out, partner, unfold_tag, 1);
+      comm.wait_all();
+      return comm.template finish<Op>(out);
+    }
+    auto work = comm.template scratch<T>(in.size());
+    comm.copy(work, in);
+    if (partner >= 0) {
+      comm.template recv_reduce<Op>(work, partner, fold_tag, 1);
+      comm.wait_all();
+    }
+    // Virtual part v stands for the blocks of the real ranks it represents.
+    auto range = [&](int a, int b) {
+      return Range{m * static_cast<std::size_t>(f.first_block(a)),
+                   b >= f.pow2 ? work.size() : m * static_cast<std::size_t>(f.first_block(b))};
+    };
+    halving<Op>(comm, work, f, v, range);
+    if (partner >= 0) {
+      comm.send(std::span<const T>(work.subspan(blocks(partner).begin, m)), partner, unfold_tag, 0);
+    }
+    comm.copy(out, std::span<const T>(work.subspan(blocks(r).begin, m)));
+    comm.wait_all();
+    comm.template finish<Op>(out);
+  }
+
+  template <class B, class T>
+  static void all_gather(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&) {
+    const std::size_t m = in.size();
+    comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
+    gather_blocks(comm, out, [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; });
+  }
+
+  /// Van de Geijn's broadcast: scatter by recursive halving from the root,
+  /// then all-gather by recursive doubling.
+  template <class B, class T>
+  static void broadcast(Communicator<B>& comm, std::span<T> buf, int root, const Options&) {
+    const int p = comm.size();
+    if (p == 1) return;
+    const int rel = mod(comm.rank() - root, p);
+    const Fold f(p, false);
+    const int v = f.virt(rel);
+    const int partner = f.partner(rel);
+    auto real = [&](int relative) { return mod(relative + root, p); };
+    if (v < 0) {
+      comm.recv(buf, real(partner), unfold_tag, 1);
+      comm.wait_all();
+      return;
+    }
+    const std::size_t n = buf.size();
+    auto range = [&](int a, int b) {
+      return Range{block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(a)).begin,
+                   block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(b - 1)).end};
+    };
+    for (int d = f.pow2 / 2, step = 0; d >= 1; d /= 2, ++step) {
+      if (v % (2 * d) == 0) {
+        const Range give = range(v + d, v + 2 * d);
+        comm.send(std::span<const T>(buf.subspan(give.begin, give.size())), real(f.real(v + d)), static_cast<std::uint32_t>(step), 0);
+      } else if (v % (2 * d) == d) {
+        const Range take = range(v, v + d);
+        comm.recv(buf.subspan(take.begin, take.size()), real(f.real(v - d)), static_cast<std::uint32_t>(step), 1);
+      }
+      comm.wait_all();
+    }
+    for (int d = 1, step = 32; d < f.pow2; d *= 2, ++step) {
+      const int mine = v & ~(d - 1);
+      const int theirs = (v ^ d) & ~(d - 1);
+      const Range give = range(mine, mine + d);
+      const Range take = range(theirs, theirs + d);
+      comm.recv(buf.subspan(take.begin, take.size()), real(f.real(v ^ d)), static_cast<std::uint32_t>(step), 1);
+      comm.send(std::span<const T>(buf.subspan(give.begin, give.size())), real(f.real(v ^ d)), static_cast<std::uint32_t>(step), 0);
+      comm.wait_all();
+    }
+    if (partner >= 0) {
+      comm.send(std::span<const T>(buf), real(partner), unfold_tag, 0);
+      comm.wait_all();
+    }
+  }
+
+ private:
+  /// All-gather of x, where rank q's block is blocks(q) and this rank's own
+  /// block is already in place: the fold pairs merge first, recursive
+  /// doubling runs on the power-of-two group, the pairs split at the end.
+  template <class B, class T, class BlockOf>
+  static void gather_blocks(Communicator<B>& comm, std::span<T> x, BlockOf blocks) {
+    const int p = comm.size();
+    if (p == 1) return;
+    const int r = comm.rank();
+    const Fold f(p);
+    const int v = f.virt(r);
+    const int partner = f.partner(r);
+    const Range mine = blocks(r);
+    if (v < 0) {
+      comm.send(std::span<const T>(x.subspan(mine.begin, mine.size())), partner, fold_tag, 0);
+      comm.wait_all();
+      comm.recv(x, partner, unfold_tag, 1);
+      comm.wait_all();
+      return;
+    }
+    if (partner >= 0) {
+      const Range theirs = blocks(partner);
+      comm.recv(x.subspan(theirs.begin, theirs.size()), partner, fold_tag, 1);
+      comm.wait_all();
+    }
+    auto range = [&](int a, int b) {
+      return Range{blocks(f.first_block(a)).begin, b >= f.pow2 ? x.size() : blocks(f.first_block(b)).begin};
+    };
+    doubling(comm, x, f, v, range);
+    if (partner >= 0) {
+      comm.send(std::span<const T>(x), partner, unfold_tag, 0);
+      comm.wait_all();
+    }
+  }
+};
+
+}  // namespace gradsync::detail

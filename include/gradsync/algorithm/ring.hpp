@@ -1,0 +1,146 @@
+#pragma once
+/// \file Ring: reduce-scatter then all-gather around the ring, pipelined.
+///
+/// At step s rank r sends block (r + shift - s) to its right neighbour and
+/// receives block (r + shift - s - 1) from its left one; the first N-1 steps
+/// reduce, the rest copy. Each block is cut into chunks and every chunk moves
+/// on to the next step as soon as it has arrived, so chunks of different
+/// steps are in flight at once. Per rank that is 2(N-1)/N of the data sent,
+/// the bandwidth lower bound (Patarasuk & Yuan 2009).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "gradsync/algorithm/algorithm.hpp"
+#include "gradsync/algorithm/ordered_reduce_scatter.hpp"
+#include "gradsync/algorithm/tags.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/options.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/partition.hpp"
+
+namespace gradsync::detail {
+
+inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
+
+/// Runs ring steps [first, last) on x, split into `parts` blocks of
+/// block(count, parts, i). Steps below `reduce_steps` reduce; the step that
+/// completes a block's reduction (reduce_steps - 1) also applies Op::finish.
+template <ReduceOp Op, class B, class T>
+void ring_steps(Communicator<B>& comm, std::span<T> x, int shift, int first, int last, int reduce_steps,
+                const Options& opt) {
+  const int p = comm.size();
+  const int r = comm.rank();
+  if (first >= last) return;
+  const int right = mod(r + 1, p);
+  const int left = mod(r - 1, p);
+  const std::size_t n = x.size();
+  const std::size_t biggest = (n + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p);
+  const std::size_t k_chunks = pieces_for(biggest, chunk_bytes(opt) / sizeof(T));
+  auto chunk = [&](int blk, std::size_t k) {
+    const Range b = sub(block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(blk)), k_chunks, k);
+    return x.subspan(b.begin, b.size());
+  };
+  // Tokens: (step * chunks + chunk) * 2 + 1 for receives, 0 for sends.
+  auto post = [&](int s, std::size_t k) {
+    const auto id = static_cast<std::uint32_t>(static_cast<std::size_t>(s) * k_chunks + k);
+    comm.send(std::span<const T>(chunk(mod(r + shift - s, p), k)), right, id, 0);
+    auto dst = chunk(mod(r + shift - s - 1, p), k);
+    if (s < reduce_steps) {
+      comm.template recv_reduce<Op>(dst, left, id, id * 2 + 1);
+    } else {
+      comm.recv(dst, left, id, id * 2 + 1);
+    }
+  };
+  for (std::size_t k = 0; k < k_chunks; ++k) post(first, k);
+  std::size_t receives_left = static_cast<std::size_t>(last - first) * k_chunks;
+  while (receives_left) {
+    const std::uint32_t t = comm.wait_any();
+    if ((t & 1u) == 0) continue;
+    --receives_left;
+    const std::size_t id = t >> 1;
+    const int s = static_cast<int>(id / k_chunks);
+    const std::size_t k = id % k_chunks;
+    if (s == reduce_steps - 1) comm.template finish<Op>(chunk(mod(r + shift - s - 1, p), k));
+    if (s + 1 < last) post(s + 1, k);
+  }
+  comm.wait_all();
+}
+
+template <>
+struct Algorithm<Ring> {
+  template <ReduceOp Op, class B, class T>
+  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+    const int p = comm.size();
+    comm.copy(out, in);
+    if (p == 1) return comm.template finish<Op>(out);
+    if (opt.deterministic) {
+      const Range mine = block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(comm.rank()));
+      ordered_reduce_scatter<Op>(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), [&](int q) {
+        return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q));
+      });
+      // Rank r owns block r, which the all-gather steps expect at step N-1.
+      return ring_steps<Op>(comm, out, p - 1, p - 1, 2 * (p - 1), 0, opt);
+    }
+    ring_steps<Op>(comm, out, 0, 0, 2 * (p - 1), p - 1, opt);
+  }
+
+  template <ReduceOp Op, class B, class T>
+  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+    const int p = comm.size();
+    const std::size_t m = out.size();
+    auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
+    if (opt.deterministic || p == 1) return ordered_reduce_scatter<Op>(comm, in, out, blocks);
+    // Shift -1 leaves rank r holding block r after N-1 reducing steps.
+    auto work = comm.template scratch<T>(in.size());
+    comm.copy(work, in);
+    ring_steps<Op>(comm, work, -1, 0, p - 1, p - 1, opt);
+    comm.copy(out, std::span<const T>(work.subspan(blocks(comm.rank()).begin, m)));
+  }
+
+  template <class B, class T>
+  static void all_gather(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+    const int p = comm.size();
+    const std::size_t m = in.size();
+    comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
+    ring_steps<Sum>(comm, out, p - 1, p - 1, 2 * (p - 1), 0, opt);
+  }
+
+  /// A pipelined chain from the root around the ring.
+  template <class B, class T>
+  static void broadcast(Communicator<B>& comm, std::span<T> buf, int root, const Options& opt) {
+    const int p = comm.size();
+    if (p == 1) return;
+    const int r = comm.rank();
+    const int pos = mod(r - root, p);
+    const int next = mod(r + 1, p);
+    const int prev = mod(r - 1, p);
+    const std::size_t k_chunks = pieces_for(buf.size(), chunk_bytes(opt) / sizeof(T));
+    auto chunk = [&](std::size_t k) {
+      const Range c = block(buf.size(), k_chunks, k);
+      return buf.subspan(c.begin, c.size());
+    };
+    const bool forwards = pos != p - 1;
+    for (std::size_t k = 0; k < k_chunks; ++k) {
+      const auto id = static_cast<std::uint32_t>(k);
+      if (pos == 0) {
+        comm.send(std::span<const T>(chunk(k)), next, id, 0);
+      } else {
+        comm.recv(chunk(k), prev, id, id * 2 + 1);
+      }
+    }
+    if (pos != 0) {
+      for (std::size_t left = k_chunks; left;) {
+        const std::uint32_t t = comm.wait_any();
+        if ((t & 1u) == 0) continue;
+        --left;
+        const std::uint32_t id = t >> 1;
+        if (forwards) comm.send(std::span<const T>(chunk(id)), next, id, 0);
+      }
+    }
+    comm.wait_all();
+  }
+};
+
+}  // namespace gradsync::detail

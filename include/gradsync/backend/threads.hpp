@@ -1,0 +1,98 @@
+#pragma once
+/// \file The Threads backend: ranks as threads of one process.
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "gradsync/backend/threads/endpoint.hpp"
+#include "gradsync/backend/threads/world.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/cost_model.hpp"
+#include "gradsync/core/error.hpp"
+
+namespace gradsync {
+
+/// Backend policy: ranks are threads sharing memory. No setup, no launcher.
+struct Threads {
+  using Endpoint = detail::threads::Endpoint;
+
+  /// Cost-model constants for Auto. Fitted on the 2-core development machine
+  /// (see README, "Cost model"): alpha per message, beta per byte moved,
+  /// gamma per byte reduced, in seconds.
+  static constexpr CostModel cost_model{
+      .alpha = 0.6e-6,
+      .beta = 1.0 / 9.0e9,
+      .gamma = 1.0 / 9.0e9,
+      .native_alpha = 0.25e-6,
+  };
+};
+
+/// Options for run_threads.
+struct ThreadsOptions {
+  /// Deadline for every wait inside a collective (see Communicator::set_timeout).
+  std::chrono::nanoseconds timeout = std::chrono::seconds(300);
+};
+
+/// Runs `body(Communicator<Threads>&)` on `world_size` threads and returns
+/// when all are done. If a rank throws, the others' pending and later
+/// collectives fail promptly with Aborted, and the first exception is
+/// rethrown here.
+template <class F>
+void run_threads(int world_size, ThreadsOptions options, F&& body) {
+  static_assert(std::is_invocable_v<F&, Communicator<Threads>&>,
+                "run_threads: the body must be callable as body(gradsync::Communicator<gradsync::Threads>&)");
+  if (world_size < 1) {
+    throw InvalidArgument("gradsync: run_threads expects a world size >= 1, got " + std::to_string(world_size));
+  }
+  if (options.timeout <= options.timeout.zero()) {
+    throw InvalidArgument("gradsync: run_threads expects a positive timeout");
+  }
+  auto world = std::make_shared<detail::threads::World>(world_size);
+  std::mutex first_mutex;
+  std::exception_ptr first;      // the failure itself
+  std::exception_ptr reaction;   // an Aborted caused by it
+  auto rank_main = [&](int r) {
+    try {
+      Communicator<Threads> comm{Threads::Endpoint(world, r)};
+      comm.set_timeout(options.timeout);
+      body(comm);
+    } catch (...) {
+      // An Aborted from a rank that was only reacting to the failure must
+      // not hide the failure itself.
+      std::exception_ptr e = std::current_exception();
+      bool secondary = false;
+      try {
+        throw;
+      } catch (const Aborted&) {
+        secondary = world->aborted();
+      } catch (const std::exception& ex) {
+        world->abort(r, ex.what());
+      } catch (...) {
+        world->abort(r, "unknown exception");
+      }
+      std::lock_guard<std::mutex> lock(first_mutex);
+      std::exception_ptr& slot = secondary ? reaction : first;
+      if (!slot) slot = e;
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size));
+  for (int r = 1; r < world_size; ++r) threads.emplace_back(rank_main, r);
+  rank_main(0);
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+  if (reaction) std::rethrow_exception(reaction);
+}
+
+template <class F>
+void run_threads(int world_size, F&& body) {
+  run_threads(world_size, ThreadsOptions{}, std::forward<F>(body));
+}
+
+}  // namespace gradsync

@@ -1,0 +1,419 @@
+#pragma once
+/// \file One rank's end of the in-process transport.
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradsync/backend/threads/doorbell.hpp"
+#include "gradsync/backend/threads/world.hpp"
+#include "gradsync/core/call_info.hpp"
+#include "gradsync/core/error.hpp"
+#include "gradsync/core/local_reduce.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/partition.hpp"
+
+namespace gradsync::detail::threads {
+
+/// One rank's transport. Point-to-point is a rendezvous: a send posts a
+/// pointer to its data in the receiver's mailbox, and the receiver copies
+/// (or reduces) straight out of the sender's buffer, then marks it done.
+/// Receivers never let anyone write into their memory, and a sender never
+/// returns while its buffer may still be read, so an abort on any rank can
+/// unwind every other rank safely.
+class Endpoint {
+ public:
+  Endpoint(std::shared_ptr<World> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+  Endpoint(Endpoint&&) = default;
+  Endpoint& operator=(Endpoint&&) = delete;
+  ~Endpoint() { cancel(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return world_->size(); }
+
+  void post_send(const void* data, std::size_t count, DataType type, int peer, std::uint32_t tag,
+                 std::uint32_t token, const CallInfo& call) {
+    Op& op = acquire(Op::send, token, peer);
+    Message& m = op.msg;
+    m.data = data;
+    m.count = count;
+    m.type = type;
+    m.seq = call.seq;
+    m.tag = tag;
+    m.src = rank_;
+    m.call = &call;
+    m.state.store(Message::posted, std::memory_order_relaxed);
+    Mailbox& box = world_->mailbox(peer);
+    {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      box.queue.push_back(&m);
+      box.posted.fetch_add(1, std::memory_order_release);
+    }
+    world_->bell(peer).ring();
+  }
+
+  void post_recv(void* data, std::size_t count, DataType type, int peer, std::uint32_t tag, std::uint32_t token,
+                 const CallInfo& call, OpKind reduce_op, bool reduce) {
+    Op& op = acquire(Op::recv, token, peer);
+    op.dst = data;
+    op.count = count;
+    op.type = type;
+    op.tag = tag;
+    op.call = &call;
+    op.reduce_op = reduce_op;
+    op.reduce = reduce;
+    scan_needed_ = true;
+  }
+
+  std::size_t pending() const noexcept { return active_.size() + completed_.size(); }
+
+  /// Returns the token of one completed operation, waiting if none has.
+  std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    if (completed_.empty()) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      wait_on(
+          world_->bell(rank_), [&] { return progress(), !completed_.empty(); },
+          [&] {
+            if (world_->aborted()) throw_aborted(call);
+            if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
+          });
+    }
+    const std::uint32_t token = completed_.back();
+    completed_.pop_back();
+    return token;
+  }
+
+  /// Waits for the barrier. `abortable` is false only where other ranks may
+  /// still be writing into this rank's memory (Native's closing barrier).
+  void barrier(const CallInfo& call, std::chrono::nanoseconds timeout, bool abortable = true) {
+    const std::uint64_t k = ++barriers_;
+    const std::uint64_t target = k * static_cast<std::uint64_t>(size());
+    auto& count = world_->barrier_count();
+    world_->arrivals(rank_).store(k, std::memory_order_relaxed);
+    if (count.fetch_add(1, std::memory_order_acq_rel) + 1 == target) {
+      for (int r = 0; r < size(); ++r)
+        if (r != rank_) world_->bell(r).ring();
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    // Gives up only if the barrier has not completed: the arrival is taken
+    // back with a compare-and-swap, so either everyone passes or nobody does.
+    auto give_up = [&](auto&& thrower) {
+      std::uint64_t cur = count.load(std::memory_order_acquire);
+      while (cur < target) {
+        if (count.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel)) {
+          --barriers_;
+          thrower();
+        }
+      }
+    };
+    wait_on(
+        world_->bell(rank_), [&] { return count.load(std::memory_order_acquire) >= target; },
+        [&] {
+          if (abortable && world_->aborted()) give_up([&] { throw_aborted(call); });
+          if (std::chrono::steady_clock::now() > deadline) {
+            give_up([&] { throw_barrier_timeout(call, timeout, k); });
+          }
+        });
+  }
+
+  void local_copy(void* dst, const void* src, std::size_t count, DataType type) noexcept {
+    if (dst != src && count) std::memcpy(dst, src, count * size_of(type));
+  }
+  void local_reduce(void* dst, const void* src, std::size_t count, DataType type, OpKind op) noexcept {
+    reduce_into_erased(type, op, dst, src, count);
+  }
+  void local_finish(void* data, std::size_t count, DataType type, OpKind op) noexcept {
+    if (op != OpKind::avg) return;
+    switch (type) {
+      case DataType::float32: return finish<Avg>(static_cast<float*>(data), count, size());
+      case DataType::float64: return finish<Avg>(static_cast<double*>(data), count, size());
+      case DataType::int32: return finish<Avg>(static_cast<std::int32_t*>(data), count, size());
+      case DataType::int64: return finish<Avg>(static_cast<std::int64_t*>(data), count, size());
+      case DataType::bfloat16: return finish<Avg>(static_cast<bfloat16*>(data), count, size());
+    }
+  }
+
+  /// Abandons everything in flight and marks the world failed.
+  void fail(const CallInfo& call, std::string_view why) noexcept {
+    cancel();
+    std::string reason(why);
+    if (call.seq) reason += " (in " + describe(call) + ")";
+    world_->abort(rank_, reason);
+  }
+
+  World& world() noexcept { return *world_; }
+
+  // Native collectives: the shared-memory path. Each rank publishes its
+  // buffers, a barrier makes them visible, every rank works on its own slice
+  // of everyone's buffers, and a closing barrier keeps the buffers alive
+  // until all are done.
+
+  template <ReduceOp Op, class T>
+  void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    const int n = size();
+    publish_and_check(in, out, call, timeout);
+    const Range mine = block(call.count, static_cast<std::size_t>(n), static_cast<std::size_t>(rank_));
+    // In place, rank r's output is rank r's input, so the sum is built in a
+    // small tile first and only then written to every rank's output.
+    constexpr std::size_t tile = 16384 / sizeof(T);
+    alignas(64) std::array<T, tile> acc;
+    for (std::size_t b = mine.begin; b < mine.end; b += tile) {
+      const std::size_t len = std::min(tile, mine.end - b);
+      const T* src0 = static_cast<const T*>(world_->slot(0).in) + b;
+      std::copy(src0, src0 + len, acc.data());
+      for (int q = 1; q < n; ++q)
+        reduce_into<Op>(acc.data(), static_cast<const T*>(world_->slot(q).in) + b, len);
+      finish<Op>(acc.data(), len, n);
+      for (int q = 0; q < n; ++q) std::copy(acc.data(), acc.data() + len, static_cast<T*>(world_->slot(q).out) + b);
+    }
+    barrier(call, timeout, false);
+  }
+
+  template <ReduceOp Op, class T>
+  void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    const int n = size();
+    publish_and_check(in, out, call, timeout);
+    const std::size_t off = call.count * static_cast<std::size_t>(rank_);
+    constexpr std::size_t tile = 16384 / sizeof(T);
+    for (std::size_t b = 0; b < call.count; b += tile) {
+      const std::size_t len = std::min(tile, call.count - b);
+      const T* src0 = static_cast<const T*>(world_->slot(0).in) + off + b;
+      std::copy(src0, src0 + len, out + b);
+      for (int q = 1; q < n; ++q) reduce_into<Op>(out + b, static_cast<const T*>(world_->slot(q).in) + off + b, len);
+      finish<Op>(out + b, len, n);
+    }
+    barrier(call, timeout);
+  }
+
+  template <class T>
+  void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    publish_and_check(in, out, call, timeout);
+    for (int q = 0; q < size(); ++q) {
+      const T* src = static_cast<const T*>(world_->slot(q).in);
+      std::copy(src, src + call.count, out + call.count * static_cast<std::size_t>(q));
+    }
+    barrier(call, timeout);
+  }
+
+  template <class T>
+  void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    publish_and_check(buf, buf, call, timeout);
+    if (rank_ != call.root) {
+      const T* src = static_cast<const T*>(world_->slot(call.root).in);
+      std::copy(src, src + call.count, buf);
+    }
+    barrier(call, timeout);
+  }
+
+ private:
+  struct Op {
+    enum Kind : std::uint8_t { send, recv };
+    Kind kind = send;
+    std::uint32_t token = 0;
+    int peer = 0;
+    Message msg;  // send
+    void* dst = nullptr;  // recv
+    std::size_t count = 0;
+    DataType type = DataType::float32;
+    std::uint32_t tag = 0;
+    const CallInfo* call = nullptr;
+    OpKind reduce_op = OpKind::sum;
+    bool reduce = false;
+    Message* matched = nullptr;
+  };
+
+  Op& acquire(Op::Kind kind, std::uint32_t token, int peer) {
+    if (free_.empty()) {
+      pool_.push_back(std::make_unique<Op>());
+      free_.push_back(pool_.back().get());
+    }
+    Op* op = free_.back();
+    free_.pop_back();
+    op->kind = kind;
+    op->token = token;
+    op->peer = peer;
+    op->matched = nullptr;
+    active_.push_back(op);
+    return *op;
+  }
+
+  void release(std::size_t i) {
+    free_.push_back(active_[i]);
+    active_[i] = active_.back();
+    active_.pop_back();
+  }
+
+  /// Completes whatever can complete now; receivers do their own copying.
+  void progress() {
+    Mailbox& box = world_->mailbox(rank_);
+    const std::uint64_t posted = box.posted.load(std::memory_order_acquire);
+    if (scan_needed_ || posted != seen_) {
+      scan_needed_ = false;
+      seen_ = posted;
+      const CallInfo* mismatch_mine = nullptr;
+      const Message* mismatch_theirs = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(box.mutex);
+        for (Op* op : active_) {
+          if (op->kind != Op::recv || op->matched) continue;
+          for (std::size_t j = 0; j < box.queue.size(); ++j) {
+            Message* m = box.queue[j];
+            if (m->src != op->peer || m->seq != op->call->seq) continue;
+            if (!(*m->call == *op->call)) {
+              mismatch_mine = op->call;
+              mismatch_theirs = m;
+              break;
+            }
+            if (m->tag != op->tag) continue;
+            m->state.store(Message::claimed, std::memory_order_relaxed);
+            box.queue.erase(box.queue.begin() + static_cast<std::ptrdiff_t>(j));
+            op->matched = m;
+            break;
+          }
+          if (mismatch_mine) break;
+        }
+      }
+      if (mismatch_mine) throw_mismatch(*mismatch_mine, *mismatch_theirs);
+    }
+    for (std::size_t i = 0; i < active_.size();) {
+      Op* op = active_[i];
+      bool done = false;
+      if (op->kind == Op::send) {
+        done = op->msg.state.load(std::memory_order_acquire) == Message::done;
+      } else if (op->matched) {
+        Message* m = op->matched;
+        const bool fits = m->count == op->count && m->type == op->type;
+        if (fits) {
+          if (op->reduce) {
+            reduce_into_erased(op->type, op->reduce_op, op->dst, m->data, op->count);
+          } else if (op->count) {
+            std::memcpy(op->dst, m->data, op->count * size_of(op->type));
+          }
+        }
+        const int src = m->src;
+        const std::size_t their_count = m->count;
+        const DataType their_type = m->type;
+        m->state.store(Message::done, std::memory_order_release);
+        world_->bell(src).ring();
+        if (!fits) {
+          release(i);
+          throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " expected " + std::to_string(op->count) +
+                                " x " + std::string(name(op->type)) + " from rank " + std::to_string(src) + " in " +
+                                describe(*op->call) + " but was sent " + std::to_string(their_count) + " x " +
+                                std::string(name(their_type)) + ": the ranks called it with different arguments");
+        }
+        done = true;
+      }
+      if (done) {
+        completed_.push_back(op->token);
+        release(i);
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  /// Takes back every send still in flight. A message already claimed is
+  /// being copied by its receiver right now, which takes bounded time, so
+  /// waiting for it cannot hang.
+  void cancel() noexcept {
+    if (!world_) return;
+    for (Op* op : active_) {
+      if (op->kind != Op::send) continue;
+      Mailbox& box = world_->mailbox(op->peer);
+      bool retracted = false;
+      {
+        std::lock_guard<std::mutex> lock(box.mutex);
+        auto it = std::find(box.queue.begin(), box.queue.end(), &op->msg);
+        if (it != box.queue.end()) {
+          box.queue.erase(it);
+          retracted = true;
+        }
+      }
+      if (!retracted)
+        while (op->msg.state.load(std::memory_order_acquire) != Message::done) cpu_relax();
+    }
+    for (Op* op : active_) free_.push_back(op);
+    active_.clear();
+    completed_.clear();
+  }
+
+  void publish_and_check(const void* in, void* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    NativeSlot& s = world_->slot(rank_);
+    s.in = in;
+    s.out = out;
+    s.call = call;
+    barrier(call, timeout);
+    for (int q = 0; q < size(); ++q) {
+      const CallInfo& theirs = world_->slot(q).call;
+      if (!(theirs == call)) {
+        throw InvalidArgument("gradsync: ranks disagree on a collective: rank " + std::to_string(rank_) + " called " +
+                              describe(call) + ", rank " + std::to_string(q) + " called " + describe(theirs));
+      }
+    }
+  }
+
+  [[noreturn]] void throw_mismatch(const CallInfo& mine, const Message& theirs) const {
+    throw InvalidArgument("gradsync: ranks disagree on a collective: rank " + std::to_string(rank_) + " called " +
+                          describe(mine) + ", rank " + std::to_string(theirs.src) + " called " +
+                          describe(*theirs.call));
+  }
+
+  [[noreturn]] void throw_aborted(const CallInfo& call) const {
+    throw Aborted("gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because " +
+                  world_->abort_reason());
+  }
+
+  static std::string seconds(std::chrono::nanoseconds t) {
+    std::string s = std::to_string(std::chrono::duration<double>(t).count());
+    return s.substr(0, s.find('.') + 4) + " s";
+  }
+
+  [[noreturn]] void throw_timeout(const CallInfo& call, std::chrono::nanoseconds timeout) const {
+    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + seconds(timeout) + " in " +
+                       describe(call);
+    if (!active_.empty()) {
+      const Op* op = active_.front();
+      what += op->kind == Op::recv ? " waiting for rank " + std::to_string(op->peer) + " to send"
+                                   : " waiting for rank " + std::to_string(op->peer) + " to receive";
+    }
+    throw Timeout(what);
+  }
+
+  [[noreturn]] void throw_barrier_timeout(const CallInfo& call, std::chrono::nanoseconds timeout,
+                                          std::uint64_t k) const {
+    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + seconds(timeout) + " in " +
+                       describe(call) + " waiting for rank";
+    for (int q = 0; q < size(); ++q)
+      if (world_->arrivals(q).load(std::memory_order_relaxed) < k) {
+        what += " " + std::to_string(q);
+        break;
+      }
+    throw Timeout(what);
+  }
+
+  std::shared_ptr<World> world_;
+  int rank_;
+  std::uint64_t barriers_ = 0;
+  std::uint64_t seen_ = 0;
+  bool scan_needed_ = false;
+  std::vector<std::unique_ptr<Op>> pool_;
+  std::vector<Op*> free_;
+  std::vector<Op*> active_;
+  std::vector<std::uint32_t> completed_;
+};
+
+}  // namespace gradsync::detail::threads

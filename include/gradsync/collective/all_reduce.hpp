@@ -1,0 +1,69 @@
+#pragma once
+/// \file AllReduce: every rank ends with op over all ranks' buffers.
+
+#include <cstddef>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "gradsync/algorithm/algorithm.hpp"
+#include "gradsync/algorithm/auto.hpp"
+#include "gradsync/algorithm/tags.hpp"
+#include "gradsync/core/call_info.hpp"
+#include "gradsync/core/collective.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/options.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/types.hpp"
+#include "gradsync/core/validate.hpp"
+
+namespace gradsync {
+
+/// `AllReduce<Algo>{options}(comm, inout, op)` or `(comm, in, out, op)`.
+///
+/// \tparam Algo  Ring, Tree, RecursiveHalvingDoubling, Native or Auto.
+template <class Algo = Auto>
+struct AllReduce {
+  using algorithm = Algo;
+  Options options{};
+
+  /// In place.
+  template <class B, Element T, ReduceOp Op = Sum>
+  void operator()(Communicator<B>& comm, std::span<T> inout, Op op = {}) const {
+    (*this)(comm, std::span<const T>(inout), inout, op);
+  }
+
+  /// Out of place: `in` and `out` have the same size and are either the same
+  /// span or disjoint.
+  template <class B, Element T, ReduceOp Op = Sum>
+  void operator()(Communicator<B>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op = {}) const {
+    constexpr std::string_view what = "AllReduce";
+    if (in.size() != out.size()) {
+      detail::invalid(what, comm.rank(), "in and out must have the same size, got in.size() = " +
+                                             std::to_string(in.size()) + " and out.size() = " + std::to_string(out.size()));
+    }
+    if (detail::partially_overlap(in, std::span<const T>(out))) {
+      detail::invalid(what, comm.rank(), "in and out overlap without being the same buffer; pass one span for in place");
+    }
+    detail::CallInfo call{Collective::all_reduce, Algo::name, data_type_v<T>, Op::kind, in.size(), -1, options.deterministic};
+    comm.run(call, [&](const detail::CallInfo&) {
+      if constexpr (std::same_as<Algo, Auto>) {
+        detail::Algorithm<Auto>::dispatch(comm, Collective::all_reduce, in.size_bytes(), [&](auto impl) {
+          decltype(impl)::template all_reduce<Op>(comm, in, out, options);
+        });
+      } else {
+        detail::Algorithm<Algo>::template all_reduce<Op>(comm, in, out, options);
+      }
+    });
+  }
+
+  /// Any contiguous range (std::vector, std::array, ...), in place.
+  template <class B, std::ranges::contiguous_range R, ReduceOp Op = Sum>
+    requires(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+  void operator()(Communicator<B>& comm, R&& inout, Op op = {}) const {
+    (*this)(comm, std::span(inout), op);
+  }
+};
+
+}  // namespace gradsync

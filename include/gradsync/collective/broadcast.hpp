@@ -1,0 +1,55 @@
+#pragma once
+/// \file Broadcast: every rank ends with the root's buffer.
+
+#include <cstddef>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "gradsync/algorithm/algorithm.hpp"
+#include "gradsync/algorithm/auto.hpp"
+#include "gradsync/algorithm/tags.hpp"
+#include "gradsync/core/call_info.hpp"
+#include "gradsync/core/collective.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/options.hpp"
+#include "gradsync/core/types.hpp"
+#include "gradsync/core/validate.hpp"
+
+namespace gradsync {
+
+/// `Broadcast<Algo>{options}(comm, buf, root)`.
+///
+/// \tparam Algo  Ring, Tree, RecursiveHalvingDoubling, Native or Auto.
+template <class Algo = Auto>
+struct Broadcast {
+  using algorithm = Algo;
+  Options options{};
+
+  template <class B, Element T>
+  void operator()(Communicator<B>& comm, std::span<T> buf, int root) const {
+    if (root < 0 || root >= comm.size()) {
+      detail::invalid("Broadcast", comm.rank(), "root must be in [0, " + std::to_string(comm.size()) + "), got " +
+                                                    std::to_string(root));
+    }
+    detail::CallInfo call{Collective::broadcast, Algo::name, data_type_v<T>, OpKind::sum, buf.size(), root,
+                          options.deterministic};
+    comm.run(call, [&](const detail::CallInfo&) {
+      if constexpr (std::same_as<Algo, Auto>) {
+        detail::Algorithm<Auto>::dispatch(comm, Collective::broadcast, buf.size_bytes(),
+                                          [&](auto impl) { decltype(impl)::broadcast(comm, buf, root, options); });
+      } else {
+        detail::Algorithm<Algo>::broadcast(comm, buf, root, options);
+      }
+    });
+  }
+
+  template <class B, std::ranges::contiguous_range R>
+    requires(!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>)
+  void operator()(Communicator<B>& comm, R&& buf, int root) const {
+    (*this)(comm, std::span(buf), root);
+  }
+};
+
+}  // namespace gradsync

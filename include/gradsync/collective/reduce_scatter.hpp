@@ -1,0 +1,57 @@
+#pragma once
+/// \file ReduceScatter: rank r ends with block r of op over all ranks' inputs.
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "gradsync/algorithm/algorithm.hpp"
+#include "gradsync/algorithm/auto.hpp"
+#include "gradsync/algorithm/tags.hpp"
+#include "gradsync/core/call_info.hpp"
+#include "gradsync/core/collective.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/options.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/types.hpp"
+#include "gradsync/core/validate.hpp"
+
+namespace gradsync {
+
+/// `ReduceScatter<Algo>{options}(comm, in, out, op)`, where
+/// `in.size() == out.size() * comm.size()` and rank r gets block r.
+///
+/// \tparam Algo  Ring, Tree, RecursiveHalvingDoubling, Native or Auto.
+template <class Algo = Auto>
+struct ReduceScatter {
+  using algorithm = Algo;
+  Options options{};
+
+  template <class B, Element T, ReduceOp Op = Sum>
+  void operator()(Communicator<B>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op = {}) const {
+    constexpr std::string_view what = "ReduceScatter";
+    const auto p = static_cast<std::size_t>(comm.size());
+    if (in.size() != out.size() * p) {
+      detail::invalid(what, comm.rank(), "expected in.size() == out.size() * comm.size() = " + std::to_string(out.size()) +
+                                             " * " + std::to_string(p) + " = " + std::to_string(out.size() * p) +
+                                             ", got in.size() = " + std::to_string(in.size()));
+    }
+    if (detail::any_overlap(in, std::span<const T>(out))) {
+      detail::invalid(what, comm.rank(), "in and out overlap; reduce-scatter needs separate buffers");
+    }
+    detail::CallInfo call{Collective::reduce_scatter, Algo::name, data_type_v<T>, Op::kind, out.size(), -1,
+                          options.deterministic};
+    comm.run(call, [&](const detail::CallInfo&) {
+      if constexpr (std::same_as<Algo, Auto>) {
+        detail::Algorithm<Auto>::dispatch(comm, Collective::reduce_scatter, in.size_bytes(), [&](auto impl) {
+          decltype(impl)::template reduce_scatter<Op>(comm, in, out, options);
+        });
+      } else {
+        detail::Algorithm<Algo>::template reduce_scatter<Op>(comm, in, out, options);
+      }
+    });
+  }
+};
+
+}  // namespace gradsync

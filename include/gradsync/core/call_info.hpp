@@ -1,0 +1,60 @@
+#pragma once
+/// \file What one collective call is, as every rank must agree on it.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "gradsync/core/collective.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/types.hpp"
+
+namespace gradsync::detail {
+
+/// A collective call's identity. Ranks compare these before trusting each
+/// other's buffers, and error messages print them.
+struct CallInfo {
+  Collective collective = Collective::barrier;
+  std::string_view algorithm = "";
+  DataType type = DataType::float32;
+  OpKind op = OpKind::sum;
+  std::size_t count = 0;  ///< the count every rank passes (per-rank block for gather/scatter)
+  int root = -1;
+  bool deterministic = false;
+  std::uint64_t seq = 0;  ///< this communicator's call number, from 1
+
+  friend bool operator==(const CallInfo&, const CallInfo&) = default;
+};
+
+constexpr std::string_view name(OpKind k) noexcept {
+  switch (k) {
+    case OpKind::sum: return "sum";
+    case OpKind::avg: return "avg";
+    case OpKind::min: return "min";
+    case OpKind::max: return "max";
+    case OpKind::prod: return "prod";
+  }
+  return "?";
+}
+
+/// "AllReduce #3 (ring, 1000 x float, sum)".
+inline std::string describe(const CallInfo& c) {
+  std::string s(name(c.collective));
+  s += " #" + std::to_string(c.seq);
+  if (c.collective == Collective::barrier) return s;
+  s += " (";
+  s += c.algorithm;
+  s += ", " + std::to_string(c.count) + " x ";
+  s += name(c.type);
+  if (c.collective == Collective::all_reduce || c.collective == Collective::reduce_scatter) {
+    s += ", ";
+    s += name(c.op);
+  }
+  if (c.collective == Collective::broadcast) s += ", root " + std::to_string(c.root);
+  if (c.deterministic) s += ", deterministic";
+  s += ")";
+  return s;
+}
+
+}  // namespace gradsync::detail

@@ -1,0 +1,48 @@
+#pragma once
+/// \file The element types a collective accepts, and their names.
+
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "gradsync/core/bfloat16.hpp"
+
+namespace gradsync {
+
+/// Element types gradsync reduces. Each has a stable id, so ranks can check
+/// that they agree before touching each other's memory.
+enum class DataType : std::uint8_t { float32, float64, int32, int64, bfloat16 };
+
+template <class T>
+struct DataTypeOf;
+template <>
+struct DataTypeOf<float> : std::integral_constant<DataType, DataType::float32> {};
+template <>
+struct DataTypeOf<double> : std::integral_constant<DataType, DataType::float64> {};
+template <>
+struct DataTypeOf<std::int32_t> : std::integral_constant<DataType, DataType::int32> {};
+template <>
+struct DataTypeOf<std::int64_t> : std::integral_constant<DataType, DataType::int64> {};
+template <>
+struct DataTypeOf<bfloat16> : std::integral_constant<DataType, DataType::bfloat16> {};
+
+/// A type gradsync can carry and reduce: float, double, int32, int64, bfloat16.
+template <class T>
+concept Element = requires { DataTypeOf<std::remove_cv_t<T>>::value; };
+
+template <Element T>
+inline constexpr DataType data_type_v = DataTypeOf<std::remove_cv_t<T>>::value;
+
+constexpr std::string_view name(DataType t) noexcept {
+  switch (t) {
+    case DataType::float32: return "float";
+    case DataType::float64: return "double";
+    case DataType::int32: return "int32";
+    case DataType::int64: return "int64";
+    case DataType::bfloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+}  // namespace gradsync

@@ -1,0 +1,34 @@
+#pragma once
+/// \file Argument checks every primitive makes before communicating.
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "gradsync/core/error.hpp"
+
+namespace gradsync::detail {
+
+[[noreturn]] inline void invalid(std::string_view collective, int rank, const std::string& what) {
+  throw InvalidArgument("gradsync: " + std::string(collective) + " on rank " + std::to_string(rank) + ": " + what);
+}
+
+/// Spans that share memory without being the same span.
+template <class T>
+bool partially_overlap(std::span<const T> a, std::span<const T> b) noexcept {
+  if (a.empty() || b.empty()) return false;
+  if (a.data() == b.data() && a.size() == b.size()) return false;
+  std::less<const T*> lt;
+  return lt(a.data(), b.data() + b.size()) && lt(b.data(), a.data() + a.size());
+}
+
+template <class T>
+bool any_overlap(std::span<const T> a, std::span<const T> b) noexcept {
+  if (a.empty() || b.empty()) return false;
+  std::less<const T*> lt;
+  return lt(a.data(), b.data() + b.size()) && lt(b.data(), a.data() + a.size());
+}
+
+}  // namespace gradsync::detail
