@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""Header hygiene checks, run by meson test.
+
+usage: check_headers.py MODE SOURCE_ROOT -- CXX [CXX_ARGS...]
+
+  alone     every public header except the MPI/NCCL backends compiles alone
+  mpi       the MPI backend headers compile alone (skipped without MPI)
+  umbrella  gradsync.hpp includes no MPI, NCCL or CUDA header, even indirectly
+
+Exit 0 pass, 1 fail, 77 skip (meson's convention).
+"""
+
+import concurrent.futures
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+SKIP = 77
+WARNINGS = ["-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Wpedantic", "-Werror"]
+# A path in the umbrella's include tree that names one of these is a leak.
+BACKEND_HEADER = re.compile(r"(^|/)(mpi\.h|mpi\.hpp|mpicxx\.h|nccl\.h|nccl_net\.h)$|cuda", re.IGNORECASE)
+
+
+def public_headers(include_dir):
+    root = include_dir / "gradsync"
+    return sorted(p.relative_to(include_dir).as_posix() for p in root.rglob("*.hpp"))
+
+
+def is_backend(header, name):
+    return header.startswith(f"gradsync/backend/{name}")
+
+
+def compile_alone(cxx, include_dir, header, extra_flags):
+    source = f"#include <{header}>\n"
+    cmd = cxx + WARNINGS + [f"-I{include_dir}"] + extra_flags + ["-x", "c++", "-"]
+    proc = subprocess.run(cmd, input=source, capture_output=True, text=True)
+    return header, proc.returncode, proc.stdout + proc.stderr
+
+
+def run_alone(cxx, include_dir, headers, extra_flags=()):
+    failed = []
+    workers = os.cpu_count() or 1
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        jobs = [pool.submit(compile_alone, cxx, include_dir, h, list(extra_flags)) for h in headers]
+        for job in jobs:
+            header, rc, output = job.result()
+            if rc == 0:
+                print(f"ok    {header}")
+            else:
+                print(f"FAIL  {header}\n{output}")
+                failed.append(header)
+    print(f"{len(headers) - len(failed)} of {len(headers)} headers compile alone")
+    return 1 if failed else 0
+
+
+def mpi_flags():
+    """Include flags for MPI, as -isystem so its own warnings don't trip -Werror."""
+    flags = None
+    pkg_config = shutil.which("pkg-config")
+    if pkg_config:
+        for module in ("ompi-cxx", "mpi-cxx", "ompi", "mpi"):
+            proc = subprocess.run([pkg_config, "--cflags", module], capture_output=True, text=True)
+            if proc.returncode == 0:
+                flags = shlex.split(proc.stdout)
+                print(f"MPI include flags from pkg-config {module}: {' '.join(flags) or '(none)'}")
+                break
+    if flags is None:
+        mpicxx = shutil.which("mpicxx")
+        if mpicxx:
+            proc = subprocess.run([mpicxx, "--showme:compile"], capture_output=True, text=True)
+            if proc.returncode == 0:
+                flags = shlex.split(proc.stdout)
+                print(f"MPI include flags from mpicxx --showme:compile: {' '.join(flags) or '(none)'}")
+    if flags is None:
+        return None
+    out = []
+    for flag in flags:
+        if flag.startswith("-I"):
+            out += ["-isystem", flag[2:]]
+        elif flag != "-pthread":
+            out.append(flag)
+    return out
+
+
+def mode_alone(cxx, include_dir):
+    headers = public_headers(include_dir)
+    if not headers:
+        print("SKIP: no headers under include/gradsync yet")
+        return SKIP
+    for name, why in (("mpi", "checked by headers_alone_mpi"),
+                      ("nccl", "need CUDA and NCCL; checked on a GPU machine")):
+        skipped = [h for h in headers if is_backend(h, name)]
+        if skipped:
+            print(f"not here: {len(skipped)} backend/{name} headers ({why})")
+    headers = [h for h in headers if not is_backend(h, "mpi") and not is_backend(h, "nccl")]
+    return run_alone(cxx, include_dir, headers)
+
+
+def mode_mpi(cxx, include_dir):
+    headers = [h for h in public_headers(include_dir) if is_backend(h, "mpi")]
+    if not headers:
+        print("SKIP: no gradsync/backend/mpi* headers yet")
+        return SKIP
+    flags = mpi_flags()
+    if flags is None:
+        print("SKIP: no MPI found (no pkg-config ompi-cxx/mpi-cxx/ompi/mpi, no mpicxx); "
+              "install libopenmpi-dev to check the MPI backend headers")
+        return SKIP
+    return run_alone(cxx, include_dir, headers, flags)
+
+
+def mode_umbrella(cxx, include_dir):
+    umbrella = include_dir / "gradsync" / "gradsync.hpp"
+    if not umbrella.is_file():
+        print("SKIP: include/gradsync/gradsync.hpp does not exist yet")
+        return SKIP
+    # -H lists every header opened, one per line, prefixed with dots for depth.
+    cmd = cxx + ["-std=c++20", "-E", "-H", f"-I{include_dir}", "-x", "c++", str(umbrella), "-o", os.devnull]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"FAIL: preprocessing gradsync.hpp failed:\n{proc.stderr}")
+        return 1
+    included = [line.lstrip(".").strip() for line in proc.stderr.splitlines()
+                if re.match(r"^\.+ ", line)]
+    if not included:
+        print(f"FAIL: {' '.join(cmd)} printed no include tree; is this compiler's -H supported?")
+        return 1
+    leaks = [path for path in included if BACKEND_HEADER.search(path)]
+    print(f"gradsync.hpp opens {len(included)} headers")
+    for path in leaks:
+        print(f"FAIL: gradsync.hpp includes {path}; only an opt-in backend header may")
+    return 1 if leaks else 0
+
+
+def main(argv):
+    if len(argv) < 5 or argv[3] != "--":
+        print(__doc__)
+        return 2
+    mode, source_root, cxx = argv[1], pathlib.Path(argv[2]), argv[4:]
+    include_dir = (source_root / "include").resolve()
+    modes = {"alone": mode_alone, "mpi": mode_mpi, "umbrella": mode_umbrella}
+    if mode not in modes:
+        print(f"unknown mode {mode!r}; expected one of {', '.join(modes)}")
+        return 2
+    return modes[mode](cxx, include_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

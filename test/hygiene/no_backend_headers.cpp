@@ -1,0 +1,17 @@
+// The umbrella header must build with no MPI or CUDA on the include path and
+// must not smuggle their declarations in through some other route.
+#include <gradsync/gradsync.hpp>
+
+#if defined(MPI_VERSION) || defined(OMPI_MAJOR_VERSION) || defined(MPICH_VERSION)
+#error "gradsync/gradsync.hpp pulled in <mpi.h>; only gradsync/backend/mpi.hpp may include it"
+#endif
+
+#if defined(NCCL_MAJOR)
+#error "gradsync/gradsync.hpp pulled in <nccl.h>; only gradsync/backend/nccl.hpp may include it"
+#endif
+
+#if defined(__CUDA_RUNTIME_H__) || defined(CUDART_VERSION) || defined(__CUDACC__)
+#error "gradsync/gradsync.hpp pulled in the CUDA runtime; only gradsync/backend/nccl.hpp may include it"
+#endif
+
+int main() { return 0; }
