@@ -91,11 +91,13 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
     }
   }
   if (algo == "native" && m.native_alpha > 0) {
-    // Two synchronisations; every rank streams its share of everyone's data.
+    // Two synchronisations, then each rank streams its 1/p share of every
+    // rank's buffer: beta is per byte copied, so reading n and writing n
+    // costs n·beta, where a ring's 2(p-1)/p·n of messages cost that much each.
     const double sync = 2 * m.native_alpha * lg;
     switch (c) {
-      case Collective::all_reduce: return sync + n * b + frac * n * g + n * b;
-      case Collective::reduce_scatter: return sync + frac * n * g + n / p * b * 2;
+      case Collective::all_reduce: return sync + n * b + frac * n * g;
+      case Collective::reduce_scatter: return sync + (n + n / p) / 2 * b + frac * n * g;
       case Collective::all_gather: return sync + n * b;
       case Collective::broadcast: return sync + n * b;
       default: return 0.0;

@@ -36,20 +36,24 @@ struct alignas(64) Doorbell {
   }
 };
 
-/// Spin iterations before yielding: a few microseconds, enough for a peer on
-/// another core to answer a small message without a system call.
-inline constexpr int spin_iterations = 4000;
-/// Yields before sleeping: when ranks outnumber cores, yielding hands the core
-/// to the rank we are waiting for.
-inline constexpr int yield_iterations = 64;
+/// How long to spin before yielding, when every rank has a core: long
+/// enough for a peer to answer a small message without a system call.
+inline constexpr std::chrono::microseconds spin_time{30};
+/// Yields before sleeping. When ranks outnumber cores, spinning only steals
+/// the core from the rank being waited for, so waiting starts here.
+inline constexpr int yield_iterations = 200;
 
 /// Waits until `ready()` holds. `check()` runs between attempts once spinning
 /// is over and throws to give up (abort, deadline).
 template <class Ready, class Check>
-void wait_on(Doorbell& bell, Ready&& ready, Check&& check) {
-  for (int i = 0; i < spin_iterations; ++i) {
-    if (ready()) return;
-    cpu_relax();
+void wait_on(Doorbell& bell, bool oversubscribed, Ready&& ready, Check&& check) {
+  if (!oversubscribed) {
+    const auto until = std::chrono::steady_clock::now() + spin_time;
+    for (int i = 1;; ++i) {
+      if (ready()) return;
+      cpu_relax();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) break;
+    }
   }
   for (int i = 0;; ++i) {
     const std::uint64_t seen = bell.epoch.load(std::memory_order_seq_cst);

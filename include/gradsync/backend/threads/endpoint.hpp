@@ -84,7 +84,7 @@ class Endpoint {
     if (completed_.empty()) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       wait_on(
-          world_->bell(rank_), [&] { return progress(), !completed_.empty(); },
+          world_->bell(rank_), world_->oversubscribed(), [&] { return progress(), !completed_.empty(); },
           [&] {
             if (world_->aborted()) throw_aborted(call);
             if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
@@ -120,7 +120,7 @@ class Endpoint {
       }
     };
     wait_on(
-        world_->bell(rank_), [&] { return count.load(std::memory_order_acquire) >= target; },
+        world_->bell(rank_), world_->oversubscribed(), [&] { return count.load(std::memory_order_acquire) >= target; },
         [&] {
           if (abortable && world_->aborted()) give_up([&] { throw_aborted(call); });
           if (std::chrono::steady_clock::now() > deadline) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradsync/backend/threads/doorbell.hpp"
@@ -53,9 +54,17 @@ struct alignas(64) PaddedCounter {
 /// Shared by all ranks of one in-process world.
 class World {
  public:
-  explicit World(int size) : size_(size), bells_(size), mailboxes_(size), slots_(size), arrivals_(size) {}
+  explicit World(int size)
+      : size_(size),
+        oversubscribed_(static_cast<unsigned>(size) > std::max(1u, std::thread::hardware_concurrency())),
+        bells_(size),
+        mailboxes_(size),
+        slots_(size),
+        arrivals_(size) {}
 
   int size() const noexcept { return size_; }
+  /// More ranks than cores: waiting ranks should give their core away at once.
+  bool oversubscribed() const noexcept { return oversubscribed_; }
   Doorbell& bell(int r) noexcept { return bells_[static_cast<std::size_t>(r)]; }
   Mailbox& mailbox(int r) noexcept { return mailboxes_[static_cast<std::size_t>(r)]; }
   NativeSlot& slot(int r) noexcept { return slots_[static_cast<std::size_t>(r)]; }
@@ -89,6 +98,7 @@ class World {
 
  private:
   int size_;
+  bool oversubscribed_;
   std::vector<Doorbell> bells_;
   std::vector<Mailbox> mailboxes_;
   std::vector<NativeSlot> slots_;
