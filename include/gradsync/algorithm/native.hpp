@@ -1,13 +1,17 @@
 #pragma once
 /// \file Native: the backend's own collectives.
 
+#include <chrono>
+#include <cstddef>
 #include <span>
 
 #include "gradsync/algorithm/algorithm.hpp"
+#include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/partition.hpp"
 
 namespace gradsync::detail {
 
@@ -28,16 +32,25 @@ struct Algorithm<Native> {
                   "gradsync: this backend has no Native collectives; use Ring, Tree or RecursiveHalvingDoubling");
   }
 
-  /// Native reductions are rank-ordered on every backend that provides them
-  /// here (the Threads path folds rank 0..N-1), so `deterministic` holds.
+  /// The Threads path folds ranks 0..N-1 in order, so `deterministic` holds
+  /// as is. A backend whose own reduction order is its business (MPI) says
+  /// `native_is_rank_ordered = false`; there, deterministic calls reduce with
+  /// the rank-ordered reduce-scatter and distribute with the native all-gather.
   template <ReduceOp Op, class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&) {
+  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
     require<B>();
+    if (opt.deterministic && !rank_ordered<B>()) return ordered_all_reduce<Op>(comm, in, out);
     comm.endpoint().template native_all_reduce<Op>(in.data(), out.data(), comm.call(), comm.timeout());
   }
   template <ReduceOp Op, class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&) {
+  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
     require<B>();
+    if (opt.deterministic && !rank_ordered<B>()) {
+      const std::size_t m = out.size();
+      return ordered_reduce_scatter<Op>(comm, in, out, [m](int q) {
+        return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)};
+      });
+    }
     comm.endpoint().template native_reduce_scatter<Op>(in.data(), out.data(), comm.call(), comm.timeout());
   }
   template <class B, class T>
@@ -49,6 +62,38 @@ struct Algorithm<Native> {
   static void broadcast(Communicator<B>& comm, std::span<T> buf, int, const Options&) {
     require<B>();
     comm.endpoint().native_broadcast(buf.data(), comm.call(), comm.timeout());
+  }
+
+ private:
+  template <class B>
+  static constexpr bool rank_ordered() {
+    if constexpr (requires { B::Endpoint::native_is_rank_ordered; }) {
+      return B::Endpoint::native_is_rank_ordered;
+    } else {
+      return true;
+    }
+  }
+
+  /// Rank-ordered reduce-scatter into a padded buffer (blocks of ceil(n/p)),
+  /// then the backend's all-gather, then unpadding.
+  template <ReduceOp Op, class B, class T>
+  static void ordered_all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out) {
+    const auto p = static_cast<std::size_t>(comm.size());
+    const std::size_t n = in.size();
+    const std::size_t m = (n + p - 1) / p;
+    auto padded = comm.template scratch<T>(m * p, 2);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    const Range mine = block(n, p, r);
+    ordered_reduce_scatter<Op>(comm, in, padded.subspan(r * m, mine.size()),
+                               [&](int q) { return block(n, p, static_cast<std::size_t>(q)); });
+    CallInfo gather = comm.call();
+    gather.collective = Collective::all_gather;
+    gather.count = m;
+    comm.endpoint().native_all_gather(padded.data() + r * m, padded.data(), gather, comm.timeout());
+    for (std::size_t q = 0; q < p; ++q) {
+      const Range b = block(n, p, q);
+      comm.copy(out.subspan(b.begin, b.size()), std::span<const T>(padded.subspan(q * m, b.size())));
+    }
   }
 };
 

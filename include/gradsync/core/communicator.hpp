@@ -44,6 +44,13 @@ class Communicator {
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
 
+  /// Rank among the ranks on this host, where the backend knows hosts (Mpi).
+  int local_rank() const noexcept
+    requires requires(const endpoint_type& e) { e.local_rank(); }
+  {
+    return ep_.local_rank();
+  }
+
   /// The deadline of every wait inside a collective on this communicator.
   duration timeout() const noexcept { return timeout_; }
   template <class Rep, class Period>

@@ -1,0 +1,397 @@
+#pragma once
+/// \file One rank's end of the MPI transport.
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "gradsync/backend/mpi/datatype.hpp"
+#include "gradsync/backend/mpi/environment.hpp"
+#include "gradsync/core/call_info.hpp"
+#include "gradsync/core/error.hpp"
+#include "gradsync/core/local_reduce.hpp"
+#include "gradsync/core/ops.hpp"
+
+namespace gradsync {
+
+/// What an Mpi communicator does when a collective fails on this rank.
+enum class MpiFailurePolicy : std::uint8_t {
+  /// Throw (Timeout, InvalidArgument, ...) and leave the job to the caller.
+  /// Other ranks fail by their own deadlines; the communicator is unusable.
+  throw_error,
+  /// Print the error to stderr and MPI_Abort the whole job, so that no
+  /// process anywhere is left waiting.
+  abort_job,
+};
+
+namespace detail::mpi {
+
+/// Non-blocking MPI point-to-point under the backend concept. The user's
+/// communicator is duplicated, so gradsync's messages never match the
+/// user's. MPI has no timeouts: waits poll with MPI_Testsome against the
+/// communicator's deadline.
+class Endpoint {
+ public:
+  /// Duplicates `comm` (MPI is initialised first if the program has not).
+  Endpoint(MPI_Comm comm) {  // NOLINT: implicit, so Communicator<Mpi> comm(MPI_COMM_WORLD) reads naturally
+    Environment::ensure();
+    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_), "MPI_Comm_split_type");
+    MPI_Comm_rank(node_, &local_rank_);
+    MPI_Comm_size(node_, &local_size_);
+    void* ub = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
+    tag_ub_ = found ? *static_cast<int*>(ub) : 32767;
+  }
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+  Endpoint(Endpoint&& o) noexcept { swap(o); }
+  Endpoint& operator=(Endpoint&&) = delete;
+  ~Endpoint() {
+    cancel();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+      if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    }
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// Rank among the processes on this host: what picks a GPU.
+  int local_rank() const noexcept { return local_rank_; }
+  int local_size() const noexcept { return local_size_; }
+  /// gradsync's private duplicate of the user's communicator.
+  MPI_Comm mpi_comm() const noexcept { return comm_; }
+
+  MpiFailurePolicy failure_policy = MpiFailurePolicy::throw_error;
+
+  void post_send(const void* data, std::size_t count, DataType type, int peer, std::uint32_t tag, std::uint32_t token,
+                 const CallInfo& call) {
+    Op& op = acquire(token, peer, call);
+    op.kind = Op::send;
+    op.count = count;
+    op.type = type;
+    check_count(count);
+    check(MPI_Isend(data, static_cast<int>(count), datatype(type), peer, mpi_tag(tag), comm_, &requests_.back()),
+          "MPI_Isend");
+  }
+
+  void post_recv(void* data, std::size_t count, DataType type, int peer, std::uint32_t tag, std::uint32_t token,
+                 const CallInfo& call, OpKind reduce_op, bool reduce) {
+    Op& op = acquire(token, peer, call);
+    op.kind = reduce ? Op::recv_reduce : Op::recv;
+    op.dst = data;
+    op.count = count;
+    op.type = type;
+    op.reduce_op = reduce_op;
+    check_count(count);
+    void* into = data;
+    if (reduce) {
+      // Lands in a buffer of its own, then is reduced into dst on completion.
+      op.buffer = take_buffer(count * size_of(type));
+      into = buffers_[op.buffer].data.get();
+    }
+    check(MPI_Irecv(into, static_cast<int>(count), datatype(type), peer, mpi_tag(tag), comm_, &requests_.back()),
+          "MPI_Irecv");
+  }
+
+  std::size_t pending() const noexcept { return ops_.size() + completed_.size(); }
+
+  std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    if (completed_.empty()) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      for (int spins = 0; completed_.empty(); ++spins) {
+        if (ops_.empty()) throw Error("gradsync: wait_any with nothing in flight in " + describe(call));
+        test_some();
+        if (!completed_.empty()) break;
+        if (spins > 1000) {
+          if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
+          if (spins > 100000) std::this_thread::yield();
+        }
+      }
+    }
+    const std::uint32_t token = completed_.back();
+    completed_.pop_back();
+    return token;
+  }
+
+  void barrier(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+    poll(req, call, timeout, "the barrier");
+  }
+
+  void local_copy(void* dst, const void* src, std::size_t count, DataType type) noexcept {
+    if (dst != src && count) std::memcpy(dst, src, count * size_of(type));
+  }
+  void local_reduce(void* dst, const void* src, std::size_t count, DataType type, OpKind op) noexcept {
+    reduce_into_erased(type, op, dst, src, count);
+  }
+  void local_finish(void* data, std::size_t count, DataType type, OpKind op) noexcept {
+    if (op != OpKind::avg) return;
+    switch (type) {
+      case DataType::float32: return finish<Avg>(static_cast<float*>(data), count, size_);
+      case DataType::float64: return finish<Avg>(static_cast<double*>(data), count, size_);
+      case DataType::int32: return finish<Avg>(static_cast<std::int32_t*>(data), count, size_);
+      case DataType::int64: return finish<Avg>(static_cast<std::int64_t*>(data), count, size_);
+      case DataType::bfloat16: return finish<Avg>(static_cast<bfloat16*>(data), count, size_);
+    }
+  }
+
+  void fail(const CallInfo& call, std::string_view why) noexcept {
+    if (failure_policy == MpiFailurePolicy::abort_job) {
+      std::fprintf(stderr, "gradsync: rank %d aborting the MPI job: %.*s (in %s)\n", rank_, static_cast<int>(why.size()),
+                   why.data(), describe(call).c_str());
+      std::fflush(stderr);
+      MPI_Abort(comm_, 1);
+    }
+    cancel();
+  }
+
+  // Native collectives: MPI's own. Non-blocking forms, so the deadline holds.
+
+  template <ReduceOp Op, class T>
+  void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_count(call.count);
+    const int n = static_cast<int>(call.count);
+    check(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, n, datatype(call.type), op(Op::kind, call.type), comm_, &req),
+          "MPI_Iallreduce");
+    poll(req, call, timeout, "MPI_Iallreduce");
+    local_finish(out, call.count, call.type, Op::kind);
+  }
+  template <ReduceOp Op, class T>
+  void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_count(call.count);
+    check(MPI_Ireduce_scatter_block(in, out, static_cast<int>(call.count), datatype(call.type), op(Op::kind, call.type),
+                                    comm_, &req),
+          "MPI_Ireduce_scatter_block");
+    poll(req, call, timeout, "MPI_Ireduce_scatter_block");
+    local_finish(out, call.count, call.type, Op::kind);
+  }
+  template <class T>
+  void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_count(call.count);
+    const int n = static_cast<int>(call.count);
+    const bool in_place = in == out + call.count * static_cast<std::size_t>(rank_);
+    check(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, n, datatype(call.type), out, n, datatype(call.type), comm_, &req),
+          "MPI_Iallgather");
+    poll(req, call, timeout, "MPI_Iallgather");
+  }
+  template <class T>
+  void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_count(call.count);
+    check(MPI_Ibcast(buf, static_cast<int>(call.count), datatype(call.type), call.root, comm_, &req), "MPI_Ibcast");
+    poll(req, call, timeout, "MPI_Ibcast");
+  }
+
+  /// MPI_Allreduce's reduction order is MPI's business, so Native cannot
+  /// promise rank order here; the deterministic option takes another path.
+  static constexpr bool native_is_rank_ordered = false;
+
+ private:
+  struct Op {
+    enum Kind : std::uint8_t { send, recv, recv_reduce };
+    Kind kind = send;
+    std::uint32_t token = 0;
+    int peer = 0;
+    const CallInfo* call = nullptr;
+    void* dst = nullptr;
+    std::size_t count = 0;
+    DataType type = DataType::float32;
+    OpKind reduce_op = OpKind::sum;
+    std::size_t buffer = 0;
+  };
+  struct Buffer {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t bytes = 0;
+    bool busy = false;
+  };
+
+  void swap(Endpoint& o) noexcept {
+    std::swap(comm_, o.comm_);
+    std::swap(node_, o.node_);
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+    std::swap(local_rank_, o.local_rank_);
+    std::swap(local_size_, o.local_size_);
+    std::swap(tag_ub_, o.tag_ub_);
+    std::swap(failure_policy, o.failure_policy);
+    ops_.swap(o.ops_);
+    requests_.swap(o.requests_);
+    buffers_.swap(o.buffers_);
+  }
+
+  Op& acquire(std::uint32_t token, int peer, const CallInfo& call) {
+    ops_.push_back(Op{});
+    requests_.push_back(MPI_REQUEST_NULL);
+    Op& op = ops_.back();
+    op.token = token;
+    op.peer = peer;
+    op.call = &call;
+    return op;
+  }
+
+  /// Receive buffers are pooled and only grow, so steady state allocates nothing.
+  std::size_t take_buffer(std::size_t bytes) {
+    for (std::size_t i = 0; i < buffers_.size(); ++i) {
+      if (!buffers_[i].busy && buffers_[i].bytes >= bytes) {
+        buffers_[i].busy = true;
+        return i;
+      }
+    }
+    for (std::size_t i = 0; i < buffers_.size(); ++i) {
+      if (!buffers_[i].busy) {
+        buffers_[i].data = std::make_unique<std::byte[]>(bytes);
+        buffers_[i].bytes = bytes;
+        buffers_[i].busy = true;
+        return i;
+      }
+    }
+    buffers_.push_back(Buffer{std::make_unique<std::byte[]>(bytes ? bytes : 1), bytes, true});
+    return buffers_.size() - 1;
+  }
+
+  void test_some() {
+    const int n = static_cast<int>(requests_.size());
+    indices_.resize(requests_.size());
+    statuses_.resize(requests_.size());
+    int done = 0;
+    check(MPI_Testsome(n, requests_.data(), &done, indices_.data(), statuses_.data()), "MPI_Testsome");
+    if (done == MPI_UNDEFINED || done == 0) return;
+    for (int j = 0; j < done; ++j) {
+      Op& op = ops_[static_cast<std::size_t>(indices_[static_cast<std::size_t>(j)])];
+      const MPI_Status& st = statuses_[static_cast<std::size_t>(j)];
+      if (op.kind != Op::send) {
+        int got = 0;
+        MPI_Get_count(&st, datatype(op.type), &got);
+        if (static_cast<std::size_t>(got) != op.count) {
+          throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " expected " + std::to_string(op.count) +
+                                " x " + std::string(name(op.type)) + " from rank " + std::to_string(op.peer) + " in " +
+                                describe(*op.call) + " but received " + std::to_string(got) +
+                                ": the ranks called it with different arguments");
+        }
+        if (op.kind == Op::recv_reduce) {
+          reduce_into_erased(op.type, op.reduce_op, op.dst, buffers_[op.buffer].data.get(), op.count);
+          buffers_[op.buffer].busy = false;
+        }
+      }
+      completed_.push_back(op.token);
+    }
+    // Compact: drop completed (now MPI_REQUEST_NULL) entries.
+    std::size_t w = 0;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i] == MPI_REQUEST_NULL) continue;
+      requests_[w] = requests_[i];
+      ops_[w] = ops_[i];
+      ++w;
+    }
+    requests_.resize(w);
+    ops_.resize(w);
+  }
+
+  void poll(MPI_Request& req, const CallInfo& call, std::chrono::nanoseconds timeout, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int spins = 0;; ++spins) {
+      int flag = 0;
+      check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+      if (flag) return;
+      if (spins > 1000) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          // The request cannot be cancelled portably; leave it to MPI_Finalize or MPI_Abort.
+          MPI_Request_free(&req);
+          throw Timeout("gradsync: rank " + std::to_string(rank_) + " timed out after " +
+                        std::to_string(std::chrono::duration<double>(timeout).count()) + " s in " + describe(call) +
+                        " waiting in " + what + " (some rank has not joined)");
+        }
+        if (spins > 100000) std::this_thread::yield();
+      }
+    }
+  }
+
+  /// Takes back what is in flight: receives are cancelled, sends are left to
+  /// complete or die with the job (MPI cannot reliably cancel a send).
+  void cancel() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i] == MPI_REQUEST_NULL) continue;
+      if (ops_[i].kind != Op::send) MPI_Cancel(&requests_[i]);
+      MPI_Request_free(&requests_[i]);
+    }
+    requests_.clear();
+    ops_.clear();
+    completed_.clear();
+    for (auto& b : buffers_) b.busy = false;
+  }
+
+  int mpi_tag(std::uint32_t tag) const {
+    if (tag > static_cast<std::uint32_t>(tag_ub_)) {
+      throw Error("gradsync: message tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
+                  std::to_string(tag_ub_) + "; use a larger chunk_bytes");
+    }
+    return static_cast<int>(tag);
+  }
+
+  static void check_count(std::size_t count) {
+    if (count > static_cast<std::size_t>(INT32_MAX)) {
+      throw InvalidArgument("gradsync: the Mpi backend sends at most 2^31-1 elements per message, got " +
+                            std::to_string(count));
+    }
+  }
+
+  void check(int rc, const char* what) const {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw Error("gradsync: rank " + std::to_string(rank_) + ": " + what + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+  }
+
+  [[noreturn]] void throw_timeout(const CallInfo& call, std::chrono::nanoseconds timeout) const {
+    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " +
+                       std::to_string(std::chrono::duration<double>(timeout).count()) + " s in " + describe(call);
+    if (!ops_.empty()) {
+      const Op& op = ops_.front();
+      what += op.kind == Op::send ? " waiting for rank " + std::to_string(op.peer) + " to receive"
+                                  : " waiting for rank " + std::to_string(op.peer) + " to send";
+    }
+    throw Timeout(what);
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  int tag_ub_ = 32767;
+  std::vector<Op> ops_;
+  std::vector<MPI_Request> requests_;
+  std::vector<std::uint32_t> completed_;
+  std::vector<Buffer> buffers_;
+  std::vector<int> indices_;
+  std::vector<MPI_Status> statuses_;
+};
+
+}  // namespace detail::mpi
+}  // namespace gradsync
