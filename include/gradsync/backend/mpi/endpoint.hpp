@@ -238,6 +238,7 @@ class Endpoint {
     ops_.swap(o.ops_);
     requests_.swap(o.requests_);
     buffers_.swap(o.buffers_);
+    abandoned_.swap(o.abandoned_);
   }
 
   Op& acquire(std::uint32_t token, int peer, const CallInfo& call) {
@@ -316,8 +317,9 @@ class Endpoint {
       if (flag) return;
       if (spins > 1000) {
         if (std::chrono::steady_clock::now() > deadline) {
-          // The request cannot be cancelled portably; leave it to MPI_Finalize or MPI_Abort.
-          MPI_Request_free(&req);
+          // MPI can neither cancel nor free a pending collective request;
+          // it stays with this (now failed) communicator until MPI ends.
+          abandoned_.push_back(req);
           throw Timeout("gradsync: rank " + std::to_string(rank_) + " timed out after " +
                         std::to_string(std::chrono::duration<double>(timeout).count()) + " s in " + describe(call) +
                         " waiting in " + what + " (some rank has not joined)");
@@ -391,6 +393,7 @@ class Endpoint {
   std::vector<Buffer> buffers_;
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
+  std::vector<MPI_Request> abandoned_;
 };
 
 }  // namespace detail::mpi
