@@ -35,6 +35,21 @@ inline void reduce_into_erased(DataType type, OpKind op, void* dst, const void* 
       return reduce_into_kind(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n);
     case DataType::bfloat16:
       return reduce_into_kind(op, static_cast<bfloat16*>(dst), static_cast<const bfloat16*>(src), n);
+    case DataType::float16:
+      return reduce_into_kind(op, static_cast<float16*>(dst), static_cast<const float16*>(src), n);
+  }
+}
+
+/// Op::finish (Avg's division by the world size) for n elements of `type`.
+inline void finish_erased(DataType type, OpKind op, void* data, std::size_t n, int world) noexcept {
+  if (op != OpKind::avg) return;
+  switch (type) {
+    case DataType::float32: return finish<Avg>(static_cast<float*>(data), n, world);
+    case DataType::float64: return finish<Avg>(static_cast<double*>(data), n, world);
+    case DataType::int32: return finish<Avg>(static_cast<std::int32_t*>(data), n, world);
+    case DataType::int64: return finish<Avg>(static_cast<std::int64_t*>(data), n, world);
+    case DataType::bfloat16: return finish<Avg>(static_cast<bfloat16*>(data), n, world);
+    case DataType::float16: return finish<Avg>(static_cast<float16*>(data), n, world);
   }
 }
 
@@ -45,6 +60,7 @@ constexpr std::size_t size_of(DataType t) noexcept {
     case DataType::int32: return 4;
     case DataType::int64: return 8;
     case DataType::bfloat16: return 2;
+    case DataType::float16: return 2;
   }
   return 1;
 }

@@ -3,7 +3,7 @@
 ///
 /// An op combines two elements with `apply(a, b)`; `Avg` is a `Sum` whose
 /// result is divided by the world size once, at the end (`finish`). bfloat16
-/// operands are widened to float for each step and rounded back, so every
+/// and float16 operands are widened to float for each step and rounded back, so every
 /// algorithm rounds at the same points.
 
 #include <algorithm>
@@ -22,8 +22,8 @@ enum class OpKind : std::uint8_t { sum, avg, min, max, prod };
 namespace detail {
 template <class T, class F>
 constexpr T combine(T a, T b, F f) noexcept {
-  if constexpr (std::same_as<T, bfloat16>) {
-    return bfloat16(static_cast<float>(f(static_cast<float>(a), static_cast<float>(b))));
+  if constexpr (is_half_storage_v<T>) {
+    return T(static_cast<float>(f(static_cast<float>(a), static_cast<float>(b))));
   } else {
     return static_cast<T>(f(a, b));
   }
@@ -51,8 +51,8 @@ struct Avg {
   }
   template <class T>
   static constexpr T finish(T x, int world) noexcept {
-    if constexpr (std::same_as<T, bfloat16>) {
-      return bfloat16(static_cast<float>(x) / static_cast<float>(world));
+    if constexpr (is_half_storage_v<T>) {
+      return T(static_cast<float>(x) / static_cast<float>(world));
     } else {
       return static_cast<T>(x / static_cast<T>(world));
     }

@@ -7,12 +7,13 @@
 #include <type_traits>
 
 #include "gradsync/core/bfloat16.hpp"
+#include "gradsync/core/float16.hpp"
 
 namespace gradsync {
 
 /// Element types gradsync reduces. Each has a stable id, so ranks can check
 /// that they agree before touching each other's memory.
-enum class DataType : std::uint8_t { float32, float64, int32, int64, bfloat16 };
+enum class DataType : std::uint8_t { float32, float64, int32, int64, bfloat16, float16 };
 
 template <class T>
 struct DataTypeOf;
@@ -26,8 +27,14 @@ template <>
 struct DataTypeOf<std::int64_t> : std::integral_constant<DataType, DataType::int64> {};
 template <>
 struct DataTypeOf<bfloat16> : std::integral_constant<DataType, DataType::bfloat16> {};
+template <>
+struct DataTypeOf<float16> : std::integral_constant<DataType, DataType::float16> {};
 
-/// A type gradsync can carry and reduce: float, double, int32, int64, bfloat16.
+/// 16-bit float storage types: reduced in float, rounded back at each step.
+template <class T>
+inline constexpr bool is_half_storage_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+/// A type gradsync can carry and reduce: float, double, int32, int64, bfloat16, float16.
 template <class T>
 concept Element = requires { DataTypeOf<std::remove_cv_t<T>>::value; };
 
@@ -41,6 +48,7 @@ constexpr std::string_view name(DataType t) noexcept {
     case DataType::int32: return "int32";
     case DataType::int64: return "int64";
     case DataType::bfloat16: return "bfloat16";
+    case DataType::float16: return "float16";
   }
   return "?";
 }

@@ -19,29 +19,36 @@ inline MPI_Datatype datatype(DataType t) noexcept {
     case DataType::float64: return MPI_DOUBLE;
     case DataType::int32: return MPI_INT32_T;
     case DataType::int64: return MPI_INT64_T;
-    case DataType::bfloat16: return MPI_UINT16_T;  // reduced by the user ops below
+    case DataType::bfloat16:
+    case DataType::float16: return MPI_UINT16_T;  // reduced by the user ops below
   }
   return MPI_BYTE;
 }
 
-template <OpKind K>
-void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
+template <class T, OpKind K>
+void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
   // MPI's convention is inout = in op inout; op order does not change the bits.
-  reduce_into_kind(K, static_cast<bfloat16*>(inout), static_cast<const bfloat16*>(in), static_cast<std::size_t>(*len));
+  reduce_into_kind(K, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
 }
 
-/// Built-in ops, except for bfloat16, which MPI does not know: there a user
-/// op widens to float per step exactly as the other algorithms do.
+template <class T>
+const std::array<MPI_Op, 4>& half_ops() {
+  static const std::array<MPI_Op, 4> ops = [] {
+    std::array<MPI_Op, 4> o{};
+    MPI_Op_create(&half_op<T, OpKind::sum>, 1, &o[0]);
+    MPI_Op_create(&half_op<T, OpKind::min>, 1, &o[1]);
+    MPI_Op_create(&half_op<T, OpKind::max>, 1, &o[2]);
+    MPI_Op_create(&half_op<T, OpKind::prod>, 1, &o[3]);
+    return o;
+  }();
+  return ops;
+}
+
+/// Built-in ops, except for bfloat16 and float16, which MPI does not know:
+/// there a user op widens to float per step exactly as the other algorithms do.
 inline MPI_Op op(OpKind k, DataType t) {
-  if (t == DataType::bfloat16) {
-    static const std::array<MPI_Op, 4> ops = [] {
-      std::array<MPI_Op, 4> o{};
-      MPI_Op_create(&bf16_op<OpKind::sum>, 1, &o[0]);
-      MPI_Op_create(&bf16_op<OpKind::min>, 1, &o[1]);
-      MPI_Op_create(&bf16_op<OpKind::max>, 1, &o[2]);
-      MPI_Op_create(&bf16_op<OpKind::prod>, 1, &o[3]);
-      return o;
-    }();
+  if (t == DataType::bfloat16 || t == DataType::float16) {
+    const auto& ops = t == DataType::bfloat16 ? half_ops<bfloat16>() : half_ops<float16>();
     switch (k) {
       case OpKind::sum:
       case OpKind::avg: return ops[0];

@@ -143,14 +143,7 @@ class Endpoint {
     reduce_into_erased(type, op, dst, src, count);
   }
   void local_finish(void* data, std::size_t count, DataType type, OpKind op) noexcept {
-    if (op != OpKind::avg) return;
-    switch (type) {
-      case DataType::float32: return finish<Avg>(static_cast<float*>(data), count, size_);
-      case DataType::float64: return finish<Avg>(static_cast<double*>(data), count, size_);
-      case DataType::int32: return finish<Avg>(static_cast<std::int32_t*>(data), count, size_);
-      case DataType::int64: return finish<Avg>(static_cast<std::int64_t*>(data), count, size_);
-      case DataType::bfloat16: return finish<Avg>(static_cast<bfloat16*>(data), count, size_);
-    }
+    finish_erased(type, op, data, count, size_);
   }
 
   void fail(const CallInfo& call, std::string_view why) noexcept {

@@ -136,14 +136,7 @@ class Endpoint {
     reduce_into_erased(type, op, dst, src, count);
   }
   void local_finish(void* data, std::size_t count, DataType type, OpKind op) noexcept {
-    if (op != OpKind::avg) return;
-    switch (type) {
-      case DataType::float32: return finish<Avg>(static_cast<float*>(data), count, size());
-      case DataType::float64: return finish<Avg>(static_cast<double*>(data), count, size());
-      case DataType::int32: return finish<Avg>(static_cast<std::int32_t*>(data), count, size());
-      case DataType::int64: return finish<Avg>(static_cast<std::int64_t*>(data), count, size());
-      case DataType::bfloat16: return finish<Avg>(static_cast<bfloat16*>(data), count, size());
-    }
+    finish_erased(type, op, data, count, size());
   }
 
   /// Abandons everything in flight and marks the world failed.
