@@ -25,6 +25,17 @@
 
 namespace gradsync::detail::threads {
 
+/// How bytes move and combine. Host memory by default; a test backend
+/// that keeps ranks' buffers in one GPU's memory swaps in device copies
+/// and kernels, and reuses this transport's matching unchanged.
+struct Memory {
+  void (*copy)(void* dst, const void* src, std::size_t bytes) = [](void* d, const void* s, std::size_t n) {
+    std::memcpy(d, s, n);
+  };
+  void (*reduce)(DataType, OpKind, void*, const void*, std::size_t) = &reduce_into_erased;
+  void (*finish)(DataType, OpKind, void*, std::size_t, int) = &finish_erased;
+};
+
 /// One rank's transport. Point-to-point is a rendezvous: a send posts a
 /// pointer to its data in the receiver's mailbox, and the receiver copies
 /// (or reduces) straight out of the sender's buffer, then marks it done.
@@ -33,7 +44,8 @@ namespace gradsync::detail::threads {
 /// unwind every other rank safely.
 class Endpoint {
  public:
-  Endpoint(std::shared_ptr<World> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  Endpoint(std::shared_ptr<World> world, int rank, Memory memory = {})
+      : world_(std::move(world)), rank_(rank), memory_(memory) {}
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
   Endpoint(Endpoint&&) = default;
@@ -130,13 +142,13 @@ class Endpoint {
   }
 
   void local_copy(void* dst, const void* src, std::size_t count, DataType type) noexcept {
-    if (dst != src && count) std::memcpy(dst, src, count * size_of(type));
+    if (dst != src && count) memory_.copy(dst, src, count * size_of(type));
   }
   void local_reduce(void* dst, const void* src, std::size_t count, DataType type, OpKind op) noexcept {
-    reduce_into_erased(type, op, dst, src, count);
+    memory_.reduce(type, op, dst, src, count);
   }
   void local_finish(void* data, std::size_t count, DataType type, OpKind op) noexcept {
-    finish_erased(type, op, data, count, size());
+    memory_.finish(type, op, data, count, size());
   }
 
   /// Abandons everything in flight and marks the world failed.
@@ -291,9 +303,9 @@ class Endpoint {
         const bool fits = m->count == op->count && m->type == op->type;
         if (fits) {
           if (op->reduce) {
-            reduce_into_erased(op->type, op->reduce_op, op->dst, m->data, op->count);
+            memory_.reduce(op->type, op->reduce_op, op->dst, m->data, op->count);
           } else if (op->count) {
-            std::memcpy(op->dst, m->data, op->count * size_of(op->type));
+            memory_.copy(op->dst, m->data, op->count * size_of(op->type));
           }
         }
         const int src = m->src;
@@ -400,6 +412,7 @@ class Endpoint {
 
   std::shared_ptr<World> world_;
   int rank_;
+  Memory memory_;
   std::uint64_t barriers_ = 0;
   std::uint64_t seen_ = 0;
   bool scan_needed_ = false;
