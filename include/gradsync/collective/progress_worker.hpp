@@ -1,0 +1,150 @@
+#pragma once
+/// \file ProgressWorker: non-blocking collectives on one communicator.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/error.hpp"
+#include "gradsync/core/request.hpp"
+
+namespace gradsync {
+
+/// Runs collectives on one communicator from a dedicated thread, in the
+/// order they were submitted, and hands back a Request for each.
+///
+/// Why a thread: a Communicator is single-threaded, and the Threads
+/// transport only moves data while a rank is inside a collective (the
+/// receiver copies out of the sender's buffer when it polls). For a
+/// collective to advance while the rank's own thread runs backward, some
+/// other thread must be inside it. One worker per communicator keeps the
+/// collectives in one FIFO order on every rank, which is what makes them
+/// match across ranks.
+///
+/// While any request is in flight the communicator belongs to the worker:
+/// the owning thread must wait for every request before it issues a blocking
+/// collective on the same communicator itself (in_flight() says whether it
+/// must).
+///
+/// After a submitted collective fails, later ones are not run; their
+/// requests fail with Aborted naming the first failure.
+template <Backend B>
+class ProgressWorker {
+ public:
+  explicit ProgressWorker(Communicator<B>& comm) : comm_(comm), thread_([this] { loop(); }) {}
+  ProgressWorker(const ProgressWorker&) = delete;
+  ProgressWorker& operator=(const ProgressWorker&) = delete;
+
+  /// Lets the running collective finish, fails the queued ones without
+  /// running them (their peers are told through the backend when this rank
+  /// unwinds), and joins the thread.
+  ~ProgressWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  Communicator<B>& communicator() noexcept { return comm_; }
+
+  /// Queues `body(comm)` and returns at once. `label` names the work in a
+  /// timeout message.
+  template <class F>
+  Request submit(std::string label, F&& body) {
+    auto state = std::make_shared<detail::RequestState>();
+    state->label = std::move(label);
+    state->rank = comm_.rank();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(Task{state, std::function<void(Communicator<B>&)>(std::forward<F>(body))});
+      ++in_flight_;
+    }
+    cv_.notify_all();
+    return Request(std::move(state), comm_.timeout());
+  }
+
+  /// Requests submitted and not yet completed.
+  std::size_t in_flight() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return in_flight_;
+  }
+
+  /// Seconds the worker has spent running collectives, summed.
+  double busy_seconds() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return busy_seconds_;
+  }
+
+ private:
+  struct Task {
+    std::shared_ptr<detail::RequestState> state;
+    std::function<void(Communicator<B>&)> body;
+  };
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Task task = std::move(queue_.front());
+      queue_.pop_front();
+      std::exception_ptr error;
+      if (stop_ || failure_) {
+        error = std::make_exception_ptr(Aborted(
+            "gradsync: rank " + std::to_string(comm_.rank()) + ": '" + task.state->label + "' was not run because " +
+            (failure_ ? "an earlier collective on this communicator failed: " + failure_what_
+                      : std::string("its ProgressWorker was destroyed first"))));
+      } else {
+        lock.unlock();
+        task.state->start();
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          task.body(comm_);
+        } catch (const std::exception& e) {
+          error = std::current_exception();
+          lock.lock();
+          failure_ = true;
+          failure_what_ = e.what();
+          lock.unlock();
+        } catch (...) {
+          error = std::current_exception();
+          lock.lock();
+          failure_ = true;
+          failure_what_ = "unknown exception";
+          lock.unlock();
+        }
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        lock.lock();
+        busy_seconds_ += dt;
+      }
+      --in_flight_;
+      // Completed under the lock, so in_flight() == 0 implies every request
+      // is done and the communicator is the owner's again.
+      task.state->complete(std::move(error));
+    }
+  }
+
+  Communicator<B>& comm_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::size_t in_flight_ = 0;
+  double busy_seconds_ = 0;
+  bool stop_ = false;
+  bool failure_ = false;
+  std::string failure_what_;
+  std::thread thread_;  // last: starts after every member it reads exists
+};
+
+}  // namespace gradsync

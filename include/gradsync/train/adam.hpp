@@ -1,0 +1,89 @@
+#pragma once
+/// \file Adam, as PyTorch's torch.optim.Adam (weight decay as an L2 term in the gradient).
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "gradsync/train/optimizer.hpp"
+
+namespace gradsync {
+
+/// Hyper-parameters of Adam and AdamW.
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  /// Adam: added to the gradient (L2). AdamW: decoupled, p *= 1 - lr * weight_decay.
+  double weight_decay = 0;
+};
+
+namespace detail {
+
+/// The moment update both Adam variants share; `decoupled` selects AdamW's
+/// weight decay. Bias corrections are computed in double once per step.
+template <class T>
+void adam_step(const AdamOptions& o, bool decoupled, std::size_t t, std::span<T> p, std::span<const T> g,
+               std::vector<T>& m, std::vector<T>& v) {
+  const std::size_t n = p.size();
+  const T b1 = static_cast<T>(o.beta1);
+  const T b2 = static_cast<T>(o.beta2);
+  const T lr = static_cast<T>(o.lr);
+  const T wd = static_cast<T>(o.weight_decay);
+  const T eps = static_cast<T>(o.eps);
+  const T c1 = static_cast<T>(1 - std::pow(o.beta1, static_cast<double>(t)));
+  const T sqrt_c2 = static_cast<T>(std::sqrt(1 - std::pow(o.beta2, static_cast<double>(t))));
+  const T decay = static_cast<T>(1 - o.lr * o.weight_decay);
+  for (std::size_t i = 0; i < n; ++i) {
+    T gi = g[i];
+    if (decoupled) {
+      p[i] *= decay;
+    } else {
+      gi += wd * p[i];
+    }
+    m[i] = b1 * m[i] + (1 - b1) * gi;
+    v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+    p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i]) / sqrt_c2 + eps);
+  }
+}
+
+}  // namespace detail
+
+/// Adam on flat spans.
+template <std::floating_point T = float>
+class Adam {
+ public:
+  using value_type = T;
+
+  explicit Adam(AdamOptions options = {}) : o_(options) {}
+
+  double lr() const noexcept { return o_.lr; }
+  void set_lr(double lr) noexcept { o_.lr = lr; }
+  const AdamOptions& options() const noexcept { return o_; }
+
+  /// Forgets the moments and the step count.
+  void reset() noexcept {
+    m_.clear();
+    v_.clear();
+    t_ = 0;
+  }
+
+  void step(std::span<T> params, std::span<const T> grads) {
+    detail::check_step_sizes("Adam", params.size(), grads.size(), m_.size());
+    if (m_.empty()) {
+      m_.assign(params.size(), T(0));
+      v_.assign(params.size(), T(0));
+    }
+    detail::adam_step(o_, false, ++t_, params, grads, m_, v_);
+  }
+
+ private:
+  AdamOptions o_;
+  std::vector<T> m_, v_;
+  std::size_t t_ = 0;
+};
+
+}  // namespace gradsync

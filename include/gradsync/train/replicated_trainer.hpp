@@ -1,0 +1,315 @@
+#pragma once
+/// \file ReplicatedTrainer: data parallelism with a full replica per rank (PyTorch DDP semantics).
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gradsync/algorithm/tags.hpp"
+#include "gradsync/collective/all_gather.hpp"
+#include "gradsync/collective/all_reduce.hpp"
+#include "gradsync/collective/broadcast.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/error.hpp"
+#include "gradsync/train/grad_sync.hpp"
+#include "gradsync/train/model.hpp"
+#include "gradsync/train/optimizer.hpp"
+
+namespace gradsync {
+
+/// Options of ReplicatedTrainer.
+struct ReplicatedTrainerOptions {
+  /// Bucketing, compression, find_unused_parameters, overlap.
+  GradSyncOptions sync{};
+  /// Broadcast rank 0's buffers before every step, as DDP does by default,
+  /// so state the forward updates (running statistics) cannot drift apart.
+  bool broadcast_buffers = true;
+  /// Debug: every this many steps, hash every rank's parameters and throw
+  /// if a replica differs. 0 turns it off. Buffers are left out: the forward
+  /// may update them from local data, and they are re-broadcast each step.
+  std::size_t check_replicas_every = 0;
+  /// Uneven inputs: each step starts with a one-integer AllReduce counting
+  /// the ranks that still have data, so a rank that ran out (and called
+  /// join()) can keep matching the others' collectives with zeros.
+  bool join = false;
+};
+
+/// What a trainer measured, summed over its steps.
+struct TrainerStats {
+  std::size_t steps = 0;
+  /// forward + backward on this rank's thread.
+  double compute_seconds = 0;
+  double optimizer_seconds = 0;
+  /// Gradient communication (the progress worker's time in bucket collectives).
+  double comm_seconds = 0;
+  /// The part of comm_seconds that backward did not hide: finish() waiting.
+  double exposed_comm_seconds = 0;
+};
+
+namespace detail {
+template <class C>
+struct CommunicatorTraits : std::false_type {};
+template <class B>
+struct CommunicatorTraits<Communicator<B>> : std::true_type {
+  using backend = B;
+};
+
+/// 64-bit hash of a buffer's bits: a word-at-a-time multiply–xorshift, fast
+/// enough to run over a whole model as a debug check.
+inline std::uint64_t hash_bytes(const void* data, std::size_t bytes, std::uint64_t h) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  constexpr std::uint64_t k = 0x9E3779B97F4A7C15ull;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * k;
+    h ^= h >> 29;
+  }
+  for (; i < bytes; ++i) h = (h ^ p[i]) * k;
+  return h ^ (h >> 32);
+}
+}  // namespace detail
+
+/// Trains `Model` with a full replica on every rank of `Comm`: each step
+/// every rank runs forward and backward on its own batch, the gradients are
+/// averaged across ranks in buckets that overlap backward, and every rank
+/// takes the same optimizer step, so the replicas stay bit-identical.
+///
+/// The trainer owns the model (moved in) and its storage: one flat array of
+/// parameters, one of gradients, one of buffers, each unit a contiguous
+/// range of it; the model holds views. Construction broadcasts rank 0's
+/// parameters and buffers. N ranks with per-rank batch b under a mean loss
+/// then train as one rank with batch N·b.
+///
+/// \tparam M     the model (see gradsync::Model).
+/// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
+/// \tparam Comm  gradsync::Communicator<Backend>.
+/// \tparam Algo  the AllReduce/Broadcast algorithm.
+template <class M, class Opt, class Comm, class Algo = Auto>
+class ReplicatedTrainer {
+  static_assert(detail::CommunicatorTraits<Comm>::value,
+                "gradsync::ReplicatedTrainer: the third parameter must be gradsync::Communicator<Backend>");
+  static_assert(detail::ModelHasValueType<M>,
+                "gradsync::ReplicatedTrainer: the model must declare `using value_type = float;` (or double)");
+  static_assert(detail::ModelDeclaresUnits<M>,
+                "gradsync::ReplicatedTrainer: the model must declare its parameters with "
+                "`std::vector<gradsync::UnitSpec> units() const`");
+  static_assert(detail::ModelBinds<M>,
+                "gradsync::ReplicatedTrainer: the model must accept its storage with "
+                "`void bind(std::span<const gradsync::UnitView<value_type>>)`");
+  static_assert(std::move_constructible<M>, "gradsync::ReplicatedTrainer: the model must be move-constructible");
+
+ public:
+  using model_type = M;
+  using optimizer_type = Opt;
+  using communicator_type = Comm;
+  using backend_type = typename detail::CommunicatorTraits<Comm>::backend;
+  using value_type = typename M::value_type;
+  using algorithm = Algo;
+
+  static_assert(Optimizer<Opt, value_type>,
+                "gradsync::ReplicatedTrainer: the optimizer must provide `step(std::span<T> params, "
+                "std::span<const T> grads)`, `double lr() const` and `set_lr(double)` for T = the model's value_type");
+
+  ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
+      : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
+    allocate();
+    model_.bind(std::span<const UnitView<value_type>>(views_));
+    const Broadcast<Algo> broadcast{};
+    broadcast(comm_, std::span<value_type>(params_), 0);
+    if (!buffers_.empty()) broadcast(comm_, std::span<value_type>(buffers_), 0);
+    std::vector<std::span<value_type>> grads;
+    std::vector<std::string> names;
+    for (std::size_t u = 0; u < views_.size(); ++u) {
+      grads.push_back(views_[u].flat_grads);
+      names.push_back(specs_[u].name);
+    }
+    sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, std::move(names));
+  }
+  ReplicatedTrainer(const ReplicatedTrainer&) = delete;
+  ReplicatedTrainer& operator=(const ReplicatedTrainer&) = delete;
+
+  /// One training step on this rank's batch: forward, backward with the
+  /// gradients averaged across ranks as they become ready, an optimizer
+  /// step, gradients zeroed. Gradients accumulated by accumulate() since the
+  /// last step are included, the sum scaled by 1/K for K backwards. Returns
+  /// this rank's loss on `batch`.
+  template <class Batch>
+  double step(const Batch& batch) {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync::ReplicatedTrainer::step: the model has no `double forward_backward(const Batch&, "
+                  "const gradsync::GradsReady&)` for this batch type");
+    int active = comm_.size();
+    if (o_.join) active = count_active(1);
+    if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
+    sync_->set_sync(true);
+    sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
+                          .divisor = o_.join ? active : 0});
+    const double loss = forward_backward(batch);
+    finish_step();
+    return loss;
+  }
+
+  /// Forward and backward on `batch` without communication: the gradient
+  /// is accumulated locally and reduced by the next step(). K−1 calls of
+  /// accumulate() and one step() equal one step on K times the samples
+  /// with the loss scaled by 1/K.
+  template <class Batch>
+  double accumulate(const Batch& batch) {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync::ReplicatedTrainer::accumulate: the model has no `double forward_backward(const "
+                  "Batch&, const gradsync::GradsReady&)` for this batch type");
+    sync_->set_sync(false);
+    const double loss = forward_backward(batch);
+    ++micro_steps_;
+    return loss;
+  }
+
+  /// For uneven inputs (options.join): call once this rank has no more
+  /// data. It keeps taking part in the other ranks' steps, contributing zero
+  /// gradients and taking the same optimizer step, and returns when every
+  /// rank has joined. The average of each step is over the ranks that had
+  /// data in it.
+  void join() {
+    if (!o_.join) {
+      throw InvalidArgument("gradsync: ReplicatedTrainer::join on rank " + std::to_string(comm_.rank()) +
+                            " needs ReplicatedTrainerOptions::join = true on every rank");
+    }
+    for (;;) {
+      const int active = count_active(0);
+      if (active == 0) return;
+      if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
+      // What this rank accumulated but never stepped on is dropped: its
+      // batch count is not the others'.
+      std::fill(grads_.begin(), grads_.end(), value_type(0));
+      micro_steps_ = 0;
+      sync_->set_sync(true);
+      sync_->set_averaging({.local_scale = 1.0, .divisor = active});
+      sync_->mark_all_ready();
+      finish_step();
+    }
+  }
+
+  /// Hashes every rank's parameters and throws gradsync::Error
+  /// naming the first rank whose replica differs from rank 0's. Collective:
+  /// every rank must call it (the trainer does, every check_replicas_every
+  /// steps), and every rank throws the same error.
+  void check_replicas() {
+    std::uint64_t h = detail::hash_bytes(params_.data(), params_.size() * sizeof(value_type), 0x6772616473796e63ull);
+    const auto mine = std::bit_cast<std::int64_t>(h);
+    std::vector<std::int64_t> all(static_cast<std::size_t>(comm_.size()));
+    AllGather<Algo>{}(comm_, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+    for (std::size_t r = 1; r < all.size(); ++r) {
+      if (all[r] != all[0]) {
+        throw Error("gradsync: ReplicatedTrainer replica check after step " + std::to_string(stats_.steps) + ": rank " +
+                    std::to_string(r) + "'s parameters differ from rank 0's (the first of " +
+                    std::to_string(all.size()) +
+                    " ranks to differ). Something changed one replica outside the trainer, or ranks ran different "
+                    "code.");
+      }
+    }
+  }
+
+  M& model() noexcept { return model_; }
+  const M& model() const noexcept { return model_; }
+  Opt& optimizer() noexcept { return opt_; }
+  Comm& communicator() noexcept { return comm_; }
+  GradSync<backend_type, value_type, Algo>& grad_sync() noexcept { return *sync_; }
+
+  /// The flat storage, units in declaration order.
+  std::span<value_type> parameters() noexcept { return params_; }
+  std::span<value_type> gradients() noexcept { return grads_; }
+  std::span<value_type> buffers() noexcept { return buffers_; }
+  const std::vector<UnitSpec>& units() const noexcept { return specs_; }
+  std::span<const UnitView<value_type>> unit_views() const noexcept { return views_; }
+
+  const TrainerStats& stats() const noexcept { return stats_; }
+  void reset_stats() {
+    const std::size_t steps = stats_.steps;
+    stats_ = {};
+    stats_.steps = steps;
+    sync_->reset_stats();
+  }
+
+ private:
+  void allocate() {
+    std::size_t np = 0, nb = 0;
+    for (const UnitSpec& u : specs_) {
+      for (const TensorSpec& t : u.params) np += t.count();
+      for (const TensorSpec& t : u.buffers) nb += t.count();
+    }
+    params_.assign(np, value_type(0));
+    grads_.assign(np, value_type(0));
+    buffers_.assign(nb, value_type(0));
+    std::size_t p = 0, b = 0;
+    views_.resize(specs_.size());
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      UnitView<value_type>& v = views_[i];
+      const std::size_t p0 = p, b0 = b;
+      for (const TensorSpec& t : specs_[i].params) {
+        v.params.push_back({std::span<value_type>(params_).subspan(p, t.count()),
+                            std::span<value_type>(grads_).subspan(p, t.count()), &t});
+        p += t.count();
+      }
+      for (const TensorSpec& t : specs_[i].buffers) {
+        v.buffers.push_back({std::span<value_type>(buffers_).subspan(b, t.count()), {}, &t});
+        b += t.count();
+      }
+      v.flat_params = std::span<value_type>(params_).subspan(p0, p - p0);
+      v.flat_grads = std::span<value_type>(grads_).subspan(p0, p - p0);
+      v.flat_buffers = std::span<value_type>(buffers_).subspan(b0, b - b0);
+    }
+  }
+
+  template <class Batch>
+  double forward_backward(const Batch& batch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const GradsReady ready([this](std::size_t u) { sync_->ready(u); });
+    const double loss = static_cast<double>(model_.forward_backward(batch, ready));
+    stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return loss;
+  }
+
+  void finish_step() {
+    const double wait0 = sync_->stats().wait_seconds;
+    sync_->finish();
+    stats_.exposed_comm_seconds += sync_->stats().wait_seconds - wait0;
+    stats_.comm_seconds = sync_->stats().comm_seconds;
+    micro_steps_ = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    opt_.step(std::span<value_type>(params_), std::span<const value_type>(grads_));
+    std::fill(grads_.begin(), grads_.end(), value_type(0));
+    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++stats_.steps;
+    if (o_.check_replicas_every && stats_.steps % o_.check_replicas_every == 0) check_replicas();
+  }
+
+  int count_active(int mine) {
+    std::int32_t n = mine;
+    AllReduce<Algo>{}(comm_, std::span<std::int32_t>(&n, 1), Sum{});
+    return n;
+  }
+
+  Comm& comm_;
+  M model_;
+  Opt opt_;
+  ReplicatedTrainerOptions o_;
+  std::vector<UnitSpec> specs_;
+  std::vector<value_type> params_, grads_, buffers_;
+  std::vector<UnitView<value_type>> views_;
+  std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
+  std::size_t micro_steps_ = 0;
+  TrainerStats stats_{};
+};
+
+}  // namespace gradsync

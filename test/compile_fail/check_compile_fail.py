@@ -1,0 +1,59 @@
+#!/usr/bin/python3
+"""Compile-fail tests: each case must fail to compile with its expected message.
+
+usage: check_compile_fail.py SOURCE_ROOT -- CXX [CXX_ARGS...]
+
+Every test/compile_fail/*.cpp holds a line `// expect: <text>`. Compiled as
+is, it must fail and the compiler's output must contain <text>. Compiled with
+-DGRADSYNC_CONTROL it must succeed: that proves the failure comes from the
+one violation the case is about, not from a typo elsewhere in it.
+"""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+FLAGS = ["-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Wpedantic", "-Werror"]
+
+
+def compile_case(cxx, include_dir, source, extra):
+    cmd = cxx + FLAGS + [f"-I{include_dir}"] + extra + [str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def main():
+    root = pathlib.Path(sys.argv[1])
+    cxx = sys.argv[sys.argv.index("--") + 1:]
+    include_dir = root / "include"
+    cases = sorted((root / "test" / "compile_fail").glob("*.cpp"))
+    failed = 0
+    for case in cases:
+        match = re.search(r"^// expect: (.+)$", case.read_text(), re.MULTILINE)
+        if not match:
+            print(f"FAIL  {case.name}: no '// expect:' line")
+            failed += 1
+            continue
+        expected = match.group(1).strip()
+        rc, out = compile_case(cxx, include_dir, case, ["-DGRADSYNC_CONTROL"])
+        if rc != 0:
+            print(f"FAIL  {case.name}: the control build (-DGRADSYNC_CONTROL) does not compile:\n{out}")
+            failed += 1
+            continue
+        rc, out = compile_case(cxx, include_dir, case, [])
+        if rc == 0:
+            print(f"FAIL  {case.name}: compiled, but must not")
+            failed += 1
+        elif expected not in out:
+            print(f"FAIL  {case.name}: failed without the expected message '{expected}':\n{out}")
+            failed += 1
+        else:
+            errors = len(re.findall(r"error:", out))
+            print(f"ok    {case.name}: '{expected}' ({errors} error line(s))")
+    print(f"{len(cases) - failed} of {len(cases)} compile-fail cases behave")
+    return 1 if failed or not cases else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

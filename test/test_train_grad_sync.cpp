@@ -1,0 +1,323 @@
+// GradSync (the bucketed reducer) and the ProgressWorker under it, alone.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <gradsync/gradsync.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using gradsync::Communicator;
+using gradsync::GradSync;
+using gradsync::GradSyncOptions;
+using gradsync::Threads;
+
+namespace {
+
+/// A value that differs per rank, unit and element, exact in float.
+float g(int rank, std::size_t unit, std::size_t i) {
+  return static_cast<float>((rank + 1) * 3 + static_cast<int>(unit) * 7 + static_cast<int>(i % 13)) * 0.25f;
+}
+
+/// Pseudo-random values whose sum depends on the order it is taken in.
+float noisy(int rank, std::size_t i) {
+  std::uint64_t s = (static_cast<std::uint64_t>(rank) << 32) ^ (i * 0x9E3779B97F4A7C15ull);
+  s ^= s >> 31;
+  s *= 0xBF58476D1CE4E5B9ull;
+  s ^= s >> 27;
+  return static_cast<float>(static_cast<double>(s >> 11) / double(1ull << 53) * 2.0 - 1.0) * 1e3f;
+}
+
+std::vector<std::span<float>> split(std::vector<float>& flat, const std::vector<std::size_t>& sizes) {
+  std::vector<std::span<float>> out;
+  std::size_t at = 0;
+  for (std::size_t n : sizes) {
+    out.push_back(std::span<float>(flat).subspan(at, n));
+    at += n;
+  }
+  return out;
+}
+
+/// Runs one synced backward on `world` ranks over units of `sizes` filled by
+/// `fill(rank, flat_index)`, and returns every rank's averaged gradient.
+template <class Fill>
+std::vector<std::vector<float>> sync_once(int world, const std::vector<std::size_t>& sizes, GradSyncOptions o,
+                                          Fill fill) {
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(world));
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    std::size_t total = 0;
+    for (std::size_t n : sizes) total += n;
+    std::vector<float> flat(total);
+    for (std::size_t i = 0; i < total; ++i) flat[i] = fill(comm.rank(), i);
+    GradSync<Threads, float> sync(comm, split(flat, sizes), o);
+    for (std::size_t u = sizes.size(); u-- > 0;) sync.ready(u);
+    sync.finish();
+    out[static_cast<std::size_t>(comm.rank())] = flat;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ProgressWorker runs collectives in submission order and wait() rethrows their errors") {
+  gradsync::run_threads(3, [](Communicator<Threads>& comm) {
+    std::vector<int> order;
+    std::vector<float> a(1000, float(comm.rank() + 1)), b(10, 1.0f);
+    {
+      gradsync::ProgressWorker<Threads> worker(comm);
+      auto r1 = worker.submit("a", [&](Communicator<Threads>& c) {
+        gradsync::AllReduce<gradsync::Ring>{}(c, std::span<float>(a));
+        order.push_back(1);
+      });
+      auto r2 = worker.submit("b", [&](Communicator<Threads>& c) {
+        gradsync::AllReduce<gradsync::Tree>{}(c, std::span<float>(b));
+        order.push_back(2);
+      });
+      r2.wait();
+      CHECK(r1.test());
+      CHECK(worker.in_flight() == 0);
+      auto bad = worker.submit("bad", [](Communicator<Threads>&) { throw std::runtime_error("boom"); });
+      CHECK_THROWS_WITH_AS(bad.wait(), "boom", std::runtime_error);
+      auto after = worker.submit("after", [](Communicator<Threads>&) {});
+      CHECK_THROWS_AS(after.wait(), gradsync::Aborted);
+    }
+    CHECK(order == std::vector<int>{1, 2});
+    CHECK(a[0] == 6.0f);
+    CHECK(b[0] == 3.0f);
+  });
+}
+
+TEST_CASE("buckets: 25 MiB cap, 1 MiB first bucket, reverse parameter order, big units alone") {
+  gradsync::run_threads(1, [](Communicator<Threads>& comm) {
+    const std::size_t MiB = std::size_t{1} << 20;
+    // floats: 2 MiB, 20 MiB, 30 MiB (over the cap), 8 MiB, 0.5 MiB, 0.25 MiB, 0.5 MiB
+    const std::vector<std::size_t> bytes{2 * MiB, 20 * MiB, 30 * MiB, 8 * MiB, MiB / 2, MiB / 4, MiB / 2};
+    std::vector<std::size_t> sizes;
+    for (std::size_t b : bytes) sizes.push_back(b / sizeof(float));
+    std::vector<float> flat;
+    for (std::size_t n : sizes) flat.resize(flat.size() + n);
+    GradSync<Threads, float> sync(comm, split(flat, sizes));
+    const auto& plan = sync.buckets();
+    REQUIRE(plan.size() == 4);
+    // First bucket: units 6, 5 (0.75 MiB); adding unit 4 would pass 1 MiB.
+    CHECK(plan[0].first_unit == 5);
+    CHECK(plan[0].last_unit == 6);
+    CHECK(plan[1].first_unit == 3);  // units 4, 3: 8.5 MiB
+    CHECK(plan[1].last_unit == 4);
+    CHECK(plan[2].first_unit == 2);  // 30 MiB, alone
+    CHECK(plan[2].last_unit == 2);
+    CHECK(plan[3].first_unit == 0);  // 20 MiB + 2 MiB: fits under 25 MiB
+    CHECK(plan[3].last_unit == 1);
+    CHECK(plan[3].count == (22 * MiB) / sizeof(float));
+    for (const auto& b : plan) CHECK(b.in_place);
+  });
+}
+
+TEST_CASE("averaging: every rank ends with the mean of all ranks' gradients") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    const std::vector<std::size_t> sizes{5, 17, 0, 40, 3};
+    GradSyncOptions o;
+    o.first_bucket_cap_bytes = 64;
+    o.bucket_cap_bytes = 128;
+    std::size_t total = 0;
+    for (std::size_t n : sizes) total += n;
+    auto unit_of = [&](std::size_t i) {
+      std::size_t u = 0, at = 0;
+      while (i >= at + sizes[u]) at += sizes[u++];
+      return u;
+    };
+    auto out = sync_once(world, sizes, o, [&](int r, std::size_t i) { return g(r, unit_of(i), i); });
+    for (int r = 0; r < world; ++r)
+      for (std::size_t i = 0; i < total; ++i) {
+        float sum = 0;
+        for (int q = 0; q < world; ++q) sum += g(q, unit_of(i), i);
+        REQUIRE(out[static_cast<std::size_t>(r)][i] == sum / static_cast<float>(world));
+      }
+  }
+}
+
+TEST_CASE("a bucket launches as soon as its gradients are ready, in bucket order, before finish") {
+  gradsync::run_threads(2, [](Communicator<Threads>& comm) {
+    std::vector<float> flat(4 * 16, 1.0f);
+    GradSyncOptions o;
+    o.first_bucket_cap_bytes = o.bucket_cap_bytes = 16 * sizeof(float);  // one unit per bucket
+    GradSync<Threads, float> sync(comm, split(flat, {16, 16, 16, 16}), o);
+    REQUIRE(sync.buckets().size() == 4);
+    // Unit 2 is bucket 1: ready, but bucket 0 (unit 3) is not, so nothing starts.
+    sync.ready(2);
+    CHECK(sync.launched() == 0);
+    sync.ready(3);
+    CHECK(sync.launched() == 2);
+    sync.ready(1);
+    CHECK(sync.launched() == 3);
+    sync.ready(0);
+    CHECK(sync.launched() == 4);
+    sync.finish();
+    CHECK(sync.stats().buckets_launched_early == 4);
+    CHECK(flat[0] == 1.0f);
+  });
+}
+
+TEST_CASE("results do not depend on bucket size: bitwise when deterministic, within rounding otherwise") {
+  const std::vector<std::size_t> sizes{300, 1000, 7, 2500, 64};
+  std::size_t total = 0;
+  for (std::size_t n : sizes) total += n;
+  for (bool det : {true, false}) {
+    CAPTURE(det);
+    std::vector<std::vector<float>> results;
+    for (std::size_t cap : {std::size_t{16}, std::size_t{4096}, std::size_t{25} << 20}) {
+      GradSyncOptions o;
+      o.collective.deterministic = det;
+      o.first_bucket_cap_bytes = std::min<std::size_t>(cap, std::size_t{1} << 20);
+      o.bucket_cap_bytes = cap;
+      results.push_back(sync_once(3, sizes, o, noisy)[0]);
+    }
+    for (std::size_t k = 1; k < results.size(); ++k)
+      for (std::size_t i = 0; i < total; ++i) {
+        if (det) {
+          REQUIRE(results[k][i] == results[0][i]);
+        } else {
+          // Three addends in another order: at most a couple of ulps of the largest.
+          REQUIRE(std::abs(results[k][i] - results[0][i]) <= 1e3f * 4 * 1.2e-7f);
+        }
+      }
+  }
+}
+
+TEST_CASE("units scattered in memory are packed, reduced and unpacked like contiguous ones") {
+  gradsync::run_threads(3, [](Communicator<Threads>& comm) {
+    const std::vector<std::size_t> sizes{33, 7, 100};
+    std::vector<std::vector<float>> separate;
+    std::vector<float> flat;
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      separate.emplace_back(sizes[u]);
+      for (std::size_t i = 0; i < sizes[u]; ++i) {
+        separate[u][i] = g(comm.rank(), u, i);
+        flat.push_back(g(comm.rank(), u, i));
+      }
+    }
+    std::vector<std::span<float>> spans(separate.begin(), separate.end());
+    GradSyncOptions o;
+    o.collective.deterministic = true;
+    GradSync<Threads, float> a(comm, spans, o);
+    CHECK_FALSE(a.buckets()[0].in_place);
+    a.mark_all_ready();
+    a.finish();
+    GradSync<Threads, float> b(comm, split(flat, sizes), o);
+    CHECK(b.buckets()[0].in_place);
+    b.mark_all_ready();
+    b.finish();
+    std::size_t at = 0;
+    for (const auto& s : separate)
+      for (float x : s) REQUIRE(x == flat[at++]);
+  });
+}
+
+TEST_CASE("bf16 compression matches the uncompressed mean within bfloat16 precision") {
+  const std::vector<std::size_t> sizes{500, 1500};
+  GradSyncOptions plain, bf16;
+  bf16.compression = gradsync::Compression::bf16;
+  auto fill = [](int r, std::size_t i) { return noisy(r, i) * 1e-3f; };
+  const auto a = sync_once(3, sizes, plain, fill);
+  const auto b = sync_once(3, sizes, bf16, fill);
+  double worst = 0;
+  for (std::size_t i = 0; i < a[0].size(); ++i) {
+    // Inputs are in [-1, 1]; bf16 keeps 8 significant bits, each of the 3
+    // roundings (cast, sum, mean) costs at most 2^-9 relative.
+    worst = std::max(worst, double(std::abs(a[0][i] - b[0][i])));
+    REQUIRE(std::abs(a[0][i] - b[0][i]) <= 3 * std::ldexp(1.0, -8));
+    REQUIRE(b[0][i] == b[1][i]);
+    REQUIRE(b[0][i] == b[2][i]);
+  }
+  CHECK(worst > 0);  // it really went through bfloat16
+}
+
+TEST_CASE("find_unused_parameters: a unit with no gradient on a rank contributes zeros") {
+  gradsync::run_threads(3, [](Communicator<Threads>& comm) {
+    std::vector<float> flat(30, float(comm.rank() + 1));
+    if (comm.rank() == 1) std::fill(flat.begin(), flat.begin() + 10, 99.0f);  // stale, never produced
+    GradSyncOptions o;
+    o.find_unused_parameters = true;
+    GradSync<Threads, float> sync(comm, split(flat, {10, 10, 10}), o);
+    sync.ready(2);
+    sync.ready(1);
+    if (comm.rank() != 1) sync.ready(0);
+    sync.finish();
+    CHECK(flat[0] == doctest::Approx((1.0 + 0.0 + 3.0) / 3));
+    CHECK(flat[15] == doctest::Approx(2.0));
+  });
+}
+
+TEST_CASE("without find_unused_parameters, a missing gradient is a clear error and no rank hangs") {
+  const auto t0 = std::chrono::steady_clock::now();
+  gradsync::ThreadsOptions topt;
+  topt.timeout = std::chrono::seconds(120);
+  CHECK_THROWS_WITH_AS(gradsync::run_threads(3, topt,
+                                             [](Communicator<Threads>& comm) {
+                                               std::vector<float> flat(30, 1.0f);
+                                               GradSync<Threads, float> sync(comm, split(flat, {10, 10, 10}), {},
+                                                                             {"embed", "hidden", "head"});
+                                               sync.ready(2);
+                                               if (comm.rank() != 1) sync.ready(1);
+                                               sync.ready(0);
+                                               sync.finish();
+                                             }),
+                       doctest::Contains("no gradient for unit 1 ('hidden')"), gradsync::InvalidArgument);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+}
+
+TEST_CASE("a unit marked ready twice in one backward is an error") {
+  gradsync::run_threads(1, [](Communicator<Threads>& comm) {
+    std::vector<float> flat(8, 1.0f);
+    GradSync<Threads, float> sync(comm, split(flat, {4, 4}));
+    sync.ready(1);
+    CHECK_THROWS_WITH_AS(sync.ready(1), doctest::Contains("marked ready twice"), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(sync.ready(2), gradsync::InvalidArgument);
+    sync.ready(0);
+    sync.finish();
+  });
+}
+
+TEST_CASE("no_sync: micro-steps do not communicate; the synced backward reduces the accumulated sum") {
+  gradsync::run_threads(3, [](Communicator<Threads>& comm) {
+    std::vector<float> flat(20, 0.0f);
+    GradSync<Threads, float> sync(comm, split(flat, {12, 8}));
+    const auto seq0 = comm.sequence();
+    for (int micro = 0; micro < 3; ++micro) {
+      auto guard = sync.no_sync();
+      for (float& x : flat) x += float(comm.rank() + micro);
+      sync.ready(1);
+      sync.ready(0);
+      sync.finish();
+    }
+    CHECK(comm.sequence() == seq0);
+    for (float& x : flat) x += float(comm.rank() + 3);
+    sync.set_averaging({.local_scale = 0.25});
+    sync.ready(1);
+    sync.ready(0);
+    sync.finish();
+    CHECK(comm.sequence() > seq0);
+    // Mean over ranks of (sum over 4 micro-steps of rank + micro) / 4 = 1 + 1.5.
+    for (float x : flat) CHECK(x == doctest::Approx(2.5));
+  });
+}
+
+TEST_CASE("a collective that fails on the worker surfaces from finish() on every rank") {
+  CHECK_THROWS_WITH_AS(gradsync::run_threads(3,
+                                             [](Communicator<Threads>& comm) {
+                                               // Rank 2 registers a different size: the ranks disagree.
+                                               std::vector<float> flat(comm.rank() == 2 ? 11 : 10, 1.0f);
+                                               GradSync<Threads, float> sync(comm, {std::span<float>(flat)});
+                                               sync.ready(0);
+                                               sync.finish();
+                                             }),
+                       doctest::Contains("disagree"), gradsync::InvalidArgument);
+}

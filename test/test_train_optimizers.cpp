@@ -1,0 +1,94 @@
+// Optimizers on flat spans (SGD, momentum, Adam, AdamW) and the LR scaling rule.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <gradsync/gradsync.hpp>
+
+#include <cmath>
+#include <span>
+#include <vector>
+
+using doctest::Approx;
+
+TEST_CASE("SGD: p -= lr * (g + weight_decay * p)") {
+  gradsync::Sgd<double> sgd({.lr = 0.5, .weight_decay = 0.1});
+  std::vector<double> p{1.0, -2.0}, g{0.2, 0.4};
+  sgd.step(std::span<double>(p), std::span<const double>(g));
+  CHECK(p[0] == Approx(1.0 - 0.5 * (0.2 + 0.1)));
+  CHECK(p[1] == Approx(-2.0 - 0.5 * (0.4 - 0.2)));
+}
+
+TEST_CASE("SGD with momentum follows torch.optim.SGD: v = g first, then v = mu v + (1 - dampening) g") {
+  gradsync::Sgd<double> sgd({.lr = 0.1, .momentum = 0.9, .dampening = 0.5});
+  std::vector<double> p{1.0}, g{2.0};
+  sgd.step(std::span<double>(p), std::span<const double>(g));  // v = 2
+  CHECK(p[0] == Approx(1.0 - 0.1 * 2.0));
+  g[0] = 1.0;
+  sgd.step(std::span<double>(p), std::span<const double>(g));  // v = 0.9 * 2 + 0.5 * 1 = 2.3
+  CHECK(p[0] == Approx(0.8 - 0.1 * 2.3));
+  gradsync::Sgd<double> nesterov({.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  std::vector<double> q{0.0}, h{1.0};
+  nesterov.step(std::span<double>(q), std::span<const double>(h));  // v = 1, step g + mu v = 1.9
+  CHECK(q[0] == Approx(-0.19));
+}
+
+TEST_CASE("Adam and AdamW follow torch.optim's update, bias corrections included") {
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+  auto reference = [&](bool decoupled) {
+    double p = 1.5, m = 0, v = 0;
+    for (int t = 1; t <= 3; ++t) {
+      double g = 0.3 * t - 0.5;
+      if (decoupled) {
+        p *= 1 - lr * wd;
+      } else {
+        g += wd * p;
+      }
+      m = b1 * m + (1 - b1) * g;
+      v = b2 * v + (1 - b2) * g * g;
+      p -= lr * (m / (1 - std::pow(b1, t))) / (std::sqrt(v / (1 - std::pow(b2, t))) + eps);
+    }
+    return p;
+  };
+  gradsync::Adam<double> adam({.lr = lr, .weight_decay = wd});
+  gradsync::AdamW<double> adamw({.lr = lr, .weight_decay = wd});
+  std::vector<double> p{1.5}, q{1.5};
+  for (int t = 1; t <= 3; ++t) {
+    const std::vector<double> g{0.3 * t - 0.5};
+    adam.step(std::span<double>(p), std::span<const double>(g));
+    adamw.step(std::span<double>(q), std::span<const double>(g));
+  }
+  CHECK(p[0] == Approx(reference(false)).epsilon(1e-12));
+  CHECK(q[0] == Approx(reference(true)).epsilon(1e-12));
+  CHECK(p[0] != Approx(q[0]).epsilon(1e-9));
+}
+
+TEST_CASE_TEMPLATE("an optimizer stepped on two shards equals one stepped on the whole span", Opt,
+                   gradsync::Sgd<float>, gradsync::Adam<float>, gradsync::AdamW<float>) {
+  auto make = [] {
+    if constexpr (std::is_same_v<Opt, gradsync::Sgd<float>>) {
+      return Opt({.lr = 0.05, .momentum = 0.9});
+    } else {
+      return Opt({.lr = 0.05, .weight_decay = 0.01});
+    }
+  };
+  Opt whole = make(), left = make(), right = make();
+  std::vector<float> p(10), q(10), g(10);
+  for (int i = 0; i < 10; ++i) p[static_cast<std::size_t>(i)] = q[static_cast<std::size_t>(i)] = 0.1f * float(i) - 0.4f;
+  for (int step = 0; step < 4; ++step) {
+    for (int i = 0; i < 10; ++i) g[static_cast<std::size_t>(i)] = std::sin(float(i + step));
+    whole.step(std::span<float>(p), std::span<const float>(g));
+    left.step(std::span<float>(q).first(4), std::span<const float>(g).first(4));
+    right.step(std::span<float>(q).subspan(4), std::span<const float>(g).subspan(4));
+  }
+  CHECK(p == q);
+  // Its state belongs to one span size; another size is a caller bug.
+  CHECK_THROWS_AS(whole.step(std::span<float>(p).first(3), std::span<const float>(g).first(3)),
+                  gradsync::InvalidArgument);
+  static_assert(gradsync::Optimizer<Opt, float>);
+}
+
+TEST_CASE("linear LR scaling: 0.1 at batch 64 becomes 0.4 at effective batch 256") {
+  CHECK(gradsync::linear_scaled_lr(0.1, 64, 256) == Approx(0.4));
+  CHECK(gradsync::linear_scaled_lr(0.1, 64, 64) == Approx(0.1));
+  CHECK_THROWS_AS(gradsync::linear_scaled_lr(0.1, 0, 256), gradsync::InvalidArgument);
+}
