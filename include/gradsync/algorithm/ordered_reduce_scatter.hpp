@@ -26,42 +26,30 @@ void wait_for(Communicator<B>& comm, std::uint32_t token) {
 /// `in` holds this rank's contribution to all blocks, laid out as `blocks(q)`
 /// ranges; `out` (block `rank` in size) receives the rank-ordered fold of block
 /// `rank`. `out` may alias in's own block.
+///
+/// Every contribution lands in its own slot of a work buffer, all in one
+/// round of sends and receives, and only then is folded. Receiving in rank
+/// order instead would save the buffer but chain each receive behind the
+/// last, which backends that match messages in issue order (NCCL) cannot do
+/// without deadlock on 3 or more ranks.
 template <ReduceOp Op, class B, class T, class BlockOf>
 void ordered_reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, BlockOf blocks) {
   const int p = comm.size();
   const int r = comm.rank();
-  constexpr std::uint32_t send_token = 0xffffffffu;
-  const Range mine = blocks(r);
-  // Our own contribution is needed at position r of the fold, after out has
-  // been overwritten by lower ranks' data; keep it aside when they alias.
-  std::span<const T> own = in.subspan(mine.begin, mine.size());
-  if (r != 0 && own.data() == out.data()) {
-    auto keep = comm.template scratch<T>(own.size(), 1);
-    comm.copy(keep, own);
-    own = keep;
-  }
+  const std::size_t m = out.size();
+  auto slots = comm.template scratch<T>(m * static_cast<std::size_t>(p), 1);
+  auto slot = [&](int q) { return slots.subspan(m * static_cast<std::size_t>(q), m); };
   for (int q = 0; q < p; ++q) {
     if (q == r) continue;
     const Range b = blocks(q);
-    comm.send(in.subspan(b.begin, b.size()), q, 0, send_token);
+    comm.recv(slot(q), q, 0, 1);
+    comm.send(in.subspan(b.begin, b.size()), q, 0, 0);
   }
-  for (int q = 0; q < p; ++q) {
-    if (q == r) {
-      if (q == 0) {
-        comm.copy(out, own);
-      } else {
-        comm.template reduce<Op>(out, own);
-      }
-      continue;
-    }
-    if (q == 0) {
-      comm.recv(out, q, 0, static_cast<std::uint32_t>(q));
-    } else {
-      comm.template recv_reduce<Op>(out, q, 0, static_cast<std::uint32_t>(q));
-    }
-    wait_for(comm, static_cast<std::uint32_t>(q));
-  }
+  const Range mine = blocks(r);
+  comm.copy(slot(r), in.subspan(mine.begin, mine.size()));
   comm.wait_all();
+  comm.copy(out, std::span<const T>(slot(0)));
+  for (int q = 1; q < p; ++q) comm.template reduce<Op>(out, std::span<const T>(slot(q)));
   comm.template finish<Op>(out);
 }
 
