@@ -40,6 +40,8 @@ class Communicator {
   explicit Communicator(endpoint_type endpoint) : ep_(std::move(endpoint)) {}
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
+  /// Movable while idle, so factories can return several (one per GPU).
+  Communicator(Communicator&&) = default;
 
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
@@ -129,6 +131,10 @@ class Communicator {
   /// only grow: fresh memory costs far more to touch than to reuse.
   template <Element T>
   std::span<T> scratch(std::size_t count, std::size_t slot = 0) {
+    // A device backend keeps work buffers in its own memory space.
+    if constexpr (requires { ep_.scratch(count, slot); }) {
+      return {static_cast<T*>(ep_.scratch(count * sizeof(T), slot)), count};
+    }
     if (slot >= scratch_.size()) scratch_.resize(slot + 1);
     Scratch& s = scratch_[slot];
     const std::size_t bytes = count * sizeof(T);

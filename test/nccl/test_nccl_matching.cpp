@@ -1,0 +1,210 @@
+// NCCL matches point-to-point by issue order per pair of ranks, not by tag.
+// This host test runs gradsync's own algorithms through the Nccl endpoint's
+// OpQueue (the same FIFO batching it uses on a GPU) with a recording
+// transport, then checks, per world size, count, root and option:
+//  - order: A's k-th send to B carries the tag and count of B's k-th receive
+//    from A, for every ordered pair;
+//  - progress: executing each rank's batches in stream order, with a send
+//    completing only when its receive is in the peer's current batch, every
+//    batch completes (no batch waits on a later one);
+//  - hazards: no local copy/reduce/finish (enqueued at once) touches memory
+//    that a posted-but-not-yet-issued operation uses.
+// It needs no GPU and no NCCL; it is what makes order matching trustworthy.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradsync/algorithm/recursive_halving_doubling.hpp"
+#include "gradsync/algorithm/ring.hpp"
+#include "gradsync/algorithm/tree.hpp"
+#include "gradsync/backend/nccl/op_queue.hpp"
+#include "order_check.hpp"
+#include "gradsync/collective/all_gather.hpp"
+#include "gradsync/collective/all_reduce.hpp"
+#include "gradsync/collective/broadcast.hpp"
+#include "gradsync/collective/reduce_scatter.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/cost_model.hpp"
+
+namespace {
+
+using gradsync::detail::nccl::IssuedOp;
+using gradsync::detail::nccl::OpQueue;
+using gradsync::detail::nccl::PostedOp;
+using gradsync::detail::nccl::RankLog;
+
+/// Records what the Nccl endpoint would issue, moving no data.
+class RecordingEndpoint {
+ public:
+  RecordingEndpoint(int rank, int size, RankLog* log) : rank_(rank), size_(size), log_(log) {}
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  void post_send(const void* data, std::size_t n, gradsync::DataType t, int peer, std::uint32_t tag,
+                 std::uint32_t token, const gradsync::detail::CallInfo&) {
+    queue_.post({PostedOp::send, data, nullptr, n, t, peer, tag, token, gradsync::OpKind::sum});
+  }
+  void post_recv(void* data, std::size_t n, gradsync::DataType t, int peer, std::uint32_t tag, std::uint32_t token,
+                 const gradsync::detail::CallInfo&, gradsync::OpKind op, bool reduce) {
+    queue_.post({reduce ? PostedOp::recv_reduce : PostedOp::recv, nullptr, data, n, t, peer, tag, token, op});
+  }
+  std::uint32_t wait_any(const gradsync::detail::CallInfo& call, std::chrono::nanoseconds) {
+    return queue_.next(call, rank_, [&](std::span<const PostedOp> batch) { log_->issue(batch); });
+  }
+  std::size_t pending() const noexcept { return queue_.pending(); }
+  void barrier(const gradsync::detail::CallInfo&, std::chrono::nanoseconds) {}
+  void local_copy(void* dst, const void* src, std::size_t n, gradsync::DataType t) {
+    log_->check_local(queue_.posted(), dst, src, n, t, "local_copy");
+  }
+  void local_reduce(void* dst, const void* src, std::size_t n, gradsync::DataType t, gradsync::OpKind) {
+    log_->check_local(queue_.posted(), dst, src, n, t, "local_reduce");
+  }
+  void local_finish(void* data, std::size_t n, gradsync::DataType t, gradsync::OpKind) {
+    log_->check_local(queue_.posted(), data, nullptr, n, t, "local_finish");
+  }
+  void fail(const gradsync::detail::CallInfo&, std::string_view) noexcept { queue_.clear(); }
+
+ private:
+  int rank_;
+  int size_;
+  RankLog* log_;
+  OpQueue queue_;
+};
+
+struct Recording {
+  using Endpoint = RecordingEndpoint;
+  static constexpr gradsync::CostModel cost_model{};
+};
+
+enum class Coll { all_reduce, reduce_scatter, all_gather, broadcast };
+
+const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::all_reduce: return "all_reduce";
+    case Coll::reduce_scatter: return "reduce_scatter";
+    case Coll::all_gather: return "all_gather";
+    case Coll::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+/// Runs one collective on every rank (one after another: nothing blocks)
+/// and returns the order checker's verdict, empty when all is well.
+template <class Algo>
+std::string run_one(Coll coll, int p, std::size_t count, int root, gradsync::Options opt) {
+  std::vector<RankLog> logs(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    gradsync::Communicator<Recording> comm{RecordingEndpoint(r, p, &logs[static_cast<std::size_t>(r)])};
+    const std::size_t total = coll == Coll::all_reduce || coll == Coll::broadcast ? count : count * static_cast<std::size_t>(p);
+    std::vector<float> in(total), out(total);
+    switch (coll) {
+      case Coll::all_reduce:
+        gradsync::AllReduce<Algo>{opt}(comm, std::span<const float>(in), std::span<float>(out));
+        break;
+      case Coll::reduce_scatter:
+        gradsync::ReduceScatter<Algo>{opt}(comm, std::span<const float>(in), std::span<float>(out.data(), count));
+        break;
+      case Coll::all_gather:
+        gradsync::AllGather<Algo>{opt}(comm, std::span<const float>(in.data(), count), std::span<float>(out));
+        break;
+      case Coll::broadcast: gradsync::Broadcast<Algo>{opt}(comm, std::span<float>(out), root); break;
+    }
+  }
+  return gradsync::detail::nccl::check_order(logs);
+}
+
+gradsync::Collective collective_of(Coll c) {
+  switch (c) {
+    case Coll::all_reduce: return gradsync::Collective::all_reduce;
+    case Coll::reduce_scatter: return gradsync::Collective::reduce_scatter;
+    case Coll::all_gather: return gradsync::Collective::all_gather;
+    case Coll::broadcast: return gradsync::Collective::broadcast;
+  }
+  return gradsync::Collective::barrier;
+}
+
+/// Every configuration either passes the order check or is one the Nccl
+/// endpoint refuses up front (unsupported_reason); returns those that are
+/// neither, and counts the refused ones.
+template <class Algo>
+std::vector<std::string> sweep(Coll coll, int& refused) {
+  std::vector<std::string> wrong;
+  for (int p = 1; p <= 8; ++p) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{97}, std::size_t{1000}}) {
+      for (bool det : {false, true}) {
+        // 64-byte chunks: many pipelined pieces in flight at once.
+        for (std::size_t chunk : {std::size_t{0}, std::size_t{64}}) {
+          const int roots = coll == Coll::broadcast ? p : 1;
+          for (int root = 0; root < roots; ++root) {
+            const std::string why = run_one<Algo>(coll, p, count, root, {.deterministic = det, .chunk_bytes = chunk});
+            const gradsync::detail::CallInfo call{collective_of(coll), Algo::name, gradsync::DataType::float32,
+                                                  gradsync::OpKind::sum, count, root, det};
+            const std::string refusal = gradsync::detail::nccl::unsupported_reason(call, p);
+            if (!refusal.empty()) ++refused;
+            if (why.empty() == refusal.empty()) continue;
+            std::ostringstream s;
+            s << Algo::name << " " << coll_name(coll) << " p=" << p << " count=" << count << " root=" << root
+              << (det ? " deterministic" : "") << " chunk=" << chunk << ": "
+              << (why.empty() ? "order-safe but refused by the endpoint" : why + " (and not refused)");
+            wrong.push_back(s.str());
+          }
+        }
+      }
+    }
+  }
+  return wrong;
+}
+
+template <class Algo>
+void expect_order_safe(Coll coll) {
+  int refused = 0;
+  const auto wrong = sweep<Algo>(coll, refused);
+  for (std::size_t i = 0; i < wrong.size() && i < 5; ++i) MESSAGE(wrong[i]);
+  CHECK_MESSAGE(wrong.empty(), wrong.size(), " configurations of ", std::string(Algo::name), " ", std::string(coll_name(coll)),
+                " are order-unsafe yet accepted, or safe yet refused");
+  MESSAGE(std::string(Algo::name), " ", std::string(coll_name(coll)), ": ", refused, " configurations refused by the endpoint");
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("p2p issue order matches across ranks", Algo, gradsync::Ring, gradsync::Tree,
+                   gradsync::RecursiveHalvingDoubling) {
+  for (Coll c : {Coll::all_reduce, Coll::reduce_scatter, Coll::all_gather, Coll::broadcast}) {
+    
+    expect_order_safe<Algo>(c);
+  }
+}
+
+TEST_CASE("the checker catches a swapped pair") {
+  // Rank 0 sends tags 1 then 2 to rank 1, which receives 2 then 1.
+  std::vector<RankLog> logs(2);
+  float a[2], b[2];
+  const PostedOp s1{PostedOp::send, a, nullptr, 1, gradsync::DataType::float32, 1, 1, 0, gradsync::OpKind::sum};
+  const PostedOp s2{PostedOp::send, a + 1, nullptr, 1, gradsync::DataType::float32, 1, 2, 0, gradsync::OpKind::sum};
+  const PostedOp r2{PostedOp::recv, nullptr, b, 1, gradsync::DataType::float32, 0, 2, 1, gradsync::OpKind::sum};
+  const PostedOp r1{PostedOp::recv, nullptr, b + 1, 1, gradsync::DataType::float32, 0, 1, 2, gradsync::OpKind::sum};
+  const PostedOp batch0[] = {s1, s2};
+  const PostedOp batch1[] = {r2, r1};
+  logs[0].issue(batch0);
+  logs[1].issue(batch1);
+  CHECK(gradsync::detail::nccl::check_order(logs).find("tag") != std::string::npos);
+}
+
+TEST_CASE("the checker catches a batch that waits on a later one") {
+  // Each rank receives first, alone in a batch, and sends only afterwards.
+  std::vector<RankLog> logs(2);
+  float a[1], b[1];
+  for (int r = 0; r < 2; ++r) {
+    const PostedOp rv{PostedOp::recv, nullptr, b, 1, gradsync::DataType::float32, 1 - r, 0, 1, gradsync::OpKind::sum};
+    const PostedOp sd{PostedOp::send, a, nullptr, 1, gradsync::DataType::float32, 1 - r, 0, 0, gradsync::OpKind::sum};
+    logs[static_cast<std::size_t>(r)].issue(std::span<const PostedOp>(&rv, 1));
+    logs[static_cast<std::size_t>(r)].issue(std::span<const PostedOp>(&sd, 1));
+  }
+  CHECK(gradsync::detail::nccl::check_order(logs).find("stuck") != std::string::npos);
+}
