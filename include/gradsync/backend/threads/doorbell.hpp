@@ -1,6 +1,7 @@
 #pragma once
 /// \file How a Threads rank waits: spin briefly, then yield, then block.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -36,25 +37,46 @@ struct alignas(64) Doorbell {
   }
 };
 
-/// How long to spin before yielding, when every rank has a core: long
-/// enough for a peer to answer a small message without a system call.
-inline constexpr std::chrono::microseconds spin_time{30};
-/// Yields before sleeping. When ranks outnumber cores, spinning only steals
-/// the core from the rank being waited for, so waiting starts here.
+/// How long a waiting rank spins before it yields, adapted to what spinning
+/// has been worth. Spinning pays when the awaited peer is running on another
+/// core: a small message then arrives in well under a microsecond, without a
+/// system call. It only burns time when the peer shares this core (more
+/// ranks than the cores this process may use, or other processes busy): each
+/// wait that outlasts its spin shrinks the budget fourfold and each one that
+/// ends within it doubles it, so a crowded machine converges to yielding at
+/// once, and a quiet one to spinning.
+class Spinner {
+ public:
+  static constexpr std::chrono::nanoseconds max_spin{30'000};
+  /// Even at a zero budget a wait first polls this long, so that the budget
+  /// can recover once the machine is quiet again.
+  static constexpr std::chrono::nanoseconds probe{500};
+
+  explicit Spinner(bool oversubscribed) noexcept : budget_(oversubscribed ? probe : max_spin) {}
+
+  std::chrono::nanoseconds budget() const noexcept { return budget_ > probe ? budget_ : probe; }
+  void spun_enough() noexcept { budget_ = std::min(max_spin, budget_ * 2 + probe); }
+  void spun_in_vain() noexcept { budget_ /= 4; }
+
+ private:
+  std::chrono::nanoseconds budget_;
+};
+
+/// Yields before sleeping: when ranks outnumber cores, yielding hands the core
+/// to the rank being waited for.
 inline constexpr int yield_iterations = 200;
 
 /// Waits until `ready()` holds. `check()` runs between attempts once spinning
 /// is over and throws to give up (abort, deadline).
 template <class Ready, class Check>
-void wait_on(Doorbell& bell, bool oversubscribed, Ready&& ready, Check&& check) {
-  if (!oversubscribed) {
-    const auto until = std::chrono::steady_clock::now() + spin_time;
-    for (int i = 1;; ++i) {
-      if (ready()) return;
-      cpu_relax();
-      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) break;
-    }
+void wait_on(Doorbell& bell, Spinner& spinner, Ready&& ready, Check&& check) {
+  const auto until = std::chrono::steady_clock::now() + spinner.budget();
+  for (int i = 1;; ++i) {
+    if (ready()) return spinner.spun_enough();
+    cpu_relax();
+    if (i % 32 == 0 && std::chrono::steady_clock::now() > until) break;
   }
+  spinner.spun_in_vain();
   for (int i = 0;; ++i) {
     const std::uint64_t seen = bell.epoch.load(std::memory_order_seq_cst);
     if (ready()) return;

@@ -45,7 +45,7 @@ struct Memory {
 class Endpoint {
  public:
   Endpoint(std::shared_ptr<World> world, int rank, Memory memory = {})
-      : world_(std::move(world)), rank_(rank), memory_(memory) {}
+      : world_(std::move(world)), rank_(rank), memory_(memory), spinner_(world_->oversubscribed()) {}
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
   Endpoint(Endpoint&&) = default;
@@ -96,7 +96,7 @@ class Endpoint {
     if (completed_.empty()) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       wait_on(
-          world_->bell(rank_), world_->oversubscribed(), [&] { return progress(), !completed_.empty(); },
+          world_->bell(rank_), spinner_, [&] { return progress(), !completed_.empty(); },
           [&] {
             if (world_->aborted()) throw_aborted(call);
             if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
@@ -132,7 +132,7 @@ class Endpoint {
       }
     };
     wait_on(
-        world_->bell(rank_), world_->oversubscribed(), [&] { return count.load(std::memory_order_acquire) >= target; },
+        world_->bell(rank_), spinner_, [&] { return count.load(std::memory_order_acquire) >= target; },
         [&] {
           if (abortable && world_->aborted()) give_up([&] { throw_aborted(call); });
           if (std::chrono::steady_clock::now() > deadline) {
@@ -413,6 +413,7 @@ class Endpoint {
   std::shared_ptr<World> world_;
   int rank_;
   Memory memory_;
+  Spinner spinner_;
   std::uint64_t barriers_ = 0;
   std::uint64_t seen_ = 0;
   bool scan_needed_ = false;

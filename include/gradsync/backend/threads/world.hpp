@@ -2,6 +2,9 @@
 /// \file State shared by the ranks of one run_threads call.
 
 #include <algorithm>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -51,12 +54,23 @@ struct alignas(64) PaddedCounter {
   std::atomic<std::uint64_t> value{0};
 };
 
+/// Cores this process may run on: its affinity mask where the OS has one
+/// (taskset, cgroups), which hardware_concurrency() ignores.
+inline int usable_cores() noexcept {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 /// Shared by all ranks of one in-process world.
 class World {
  public:
   explicit World(int size)
       : size_(size),
-        oversubscribed_(static_cast<unsigned>(size) > std::max(1u, std::thread::hardware_concurrency())),
+        oversubscribed_(size > usable_cores()),
         bells_(size),
         mailboxes_(size),
         slots_(size),
