@@ -2,6 +2,7 @@
 /// \file Auto: picks an algorithm per call from the backend's cost model.
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <span>
@@ -39,11 +40,21 @@ inline CostModel parse_cost_model(std::string_view text, CostModel m) {
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
     if (end == value.c_str() || *end != '\0') throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: '" + value + "' is not a number");
+    // Times are finite and non-negative; a chunk is a whole number of bytes
+    // from 1 up to 1 TiB (beyond that it would not fit a size_t cast safely).
+    if (!std::isfinite(v) || v < 0) {
+      throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: " + key + " must be a finite number >= 0, got '" + value + "'");
+    }
     if (key == "alpha") m.alpha = v;
     else if (key == "beta") m.beta = v;
     else if (key == "gamma") m.gamma = v;
     else if (key == "native_alpha") m.native_alpha = v;
-    else if (key == "chunk_bytes") m.chunk_bytes = static_cast<std::size_t>(v);
+    else if (key == "chunk_bytes") {
+      if (v < 1 || v > 1099511627776.0 || v != std::floor(v)) {
+        throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: chunk_bytes must be a whole number of bytes in [1, 2^40], got '" + value + "'");
+      }
+      m.chunk_bytes = static_cast<std::size_t>(v);
+    }
     else throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: unknown key '" + key + "' (expected alpha, beta, gamma, native_alpha, chunk_bytes)");
   }
   return m;

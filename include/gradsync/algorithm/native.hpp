@@ -18,8 +18,8 @@ namespace gradsync::detail {
 /// Whether backend B's endpoint has its own collectives.
 template <class B>
 concept HasNative = requires(typename B::Endpoint& e, const float* in, float* out, const CallInfo& call) {
-  e.template native_all_reduce<Sum>(in, out, call, std::chrono::nanoseconds{});
-  e.template native_reduce_scatter<Sum>(in, out, call, std::chrono::nanoseconds{});
+  e.native_all_reduce(in, out, call, std::chrono::nanoseconds{});
+  e.native_reduce_scatter(in, out, call, std::chrono::nanoseconds{});
   e.native_all_gather(in, out, call, std::chrono::nanoseconds{});
   e.native_broadcast(out, call, std::chrono::nanoseconds{});
 };
@@ -36,22 +36,25 @@ struct Algorithm<Native> {
   /// as is. A backend whose own reduction order is its business (MPI) says
   /// `native_is_rank_ordered = false`; there, deterministic calls reduce with
   /// the rank-ordered reduce-scatter and distribute with the native all-gather.
-  template <ReduceOp Op, class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  /// The op travels in the call (comm.call().op), which the backend reads.
+  template <class B, class T>
+  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                         const Options& opt) {
     require<B>();
-    if (opt.deterministic && !rank_ordered<B>()) return ordered_all_reduce<Op>(comm, in, out);
-    comm.endpoint().template native_all_reduce<Op>(in.data(), out.data(), comm.call(), comm.timeout());
+    if (opt.deterministic && !rank_ordered<B>()) return ordered_all_reduce(comm, in, out, op);
+    comm.endpoint().native_all_reduce(in.data(), out.data(), comm.call(), comm.timeout());
   }
-  template <ReduceOp Op, class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B, class T>
+  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                             const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) {
       const std::size_t m = out.size();
-      return ordered_reduce_scatter<Op>(comm, in, out, [m](int q) {
+      return ordered_reduce_scatter(comm, in, out, op, [m](int q) {
         return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)};
       });
     }
-    comm.endpoint().template native_reduce_scatter<Op>(in.data(), out.data(), comm.call(), comm.timeout());
+    comm.endpoint().native_reduce_scatter(in.data(), out.data(), comm.call(), comm.timeout());
   }
   template <class B, class T>
   static void all_gather(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&) {
@@ -76,16 +79,16 @@ struct Algorithm<Native> {
 
   /// Rank-ordered reduce-scatter into a padded buffer (blocks of ceil(n/p)),
   /// then the backend's all-gather, then unpadding.
-  template <ReduceOp Op, class B, class T>
-  static void ordered_all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out) {
+  template <class B, class T>
+  static void ordered_all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op) {
     const auto p = static_cast<std::size_t>(comm.size());
     const std::size_t n = in.size();
     const std::size_t m = (n + p - 1) / p;
     auto padded = comm.template scratch<T>(m * p, 2);
     const auto r = static_cast<std::size_t>(comm.rank());
     const Range mine = block(n, p, r);
-    ordered_reduce_scatter<Op>(comm, in, padded.subspan(r * m, mine.size()),
-                               [&](int q) { return block(n, p, static_cast<std::size_t>(q)); });
+    ordered_reduce_scatter(comm, in, padded.subspan(r * m, mine.size()), op,
+                           [&](int q) { return block(n, p, static_cast<std::size_t>(q)); });
     CallInfo gather = comm.call();
     gather.collective = Collective::all_gather;
     gather.count = m;

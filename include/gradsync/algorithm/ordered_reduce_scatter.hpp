@@ -32,8 +32,9 @@ void wait_for(Communicator<B>& comm, std::uint32_t token) {
 /// order instead would save the buffer but chain each receive behind the
 /// last, which backends that match messages in issue order (NCCL) cannot do
 /// without deadlock on 3 or more ranks.
-template <ReduceOp Op, class B, class T, class BlockOf>
-void ordered_reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, BlockOf blocks) {
+template <class B, class T, class BlockOf>
+void ordered_reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                            BlockOf blocks) {
   const int p = comm.size();
   const int r = comm.rank();
   const std::size_t m = out.size();
@@ -49,8 +50,8 @@ void ordered_reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::s
   comm.copy(slot(r), in.subspan(mine.begin, mine.size()));
   comm.wait_all();
   comm.copy(out, std::span<const T>(slot(0)));
-  for (int q = 1; q < p; ++q) comm.template reduce<Op>(out, std::span<const T>(slot(q)));
-  comm.template finish<Op>(out);
+  for (int q = 1; q < p; ++q) comm.reduce(out, std::span<const T>(slot(q)), op);
+  comm.finish(out, op);
 }
 
 }  // namespace gradsync::detail

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "gradsync/algorithm/algorithm.hpp"
@@ -49,12 +50,13 @@ struct Fold {
   int first_block(int v) const noexcept { return v < extra ? 2 * v : v + extra; }
 };
 
-/// One exchange with a partner: send `out`, receive `in` (reducing with Op if
-/// `reduce`), and wait for both.
-template <ReduceOp Op, class B, class T>
-void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, std::span<const T> out, std::span<T> in, bool reduce) {
-  if (reduce) {
-    comm.template recv_reduce<Op>(in, peer, tag, 1);
+/// One exchange with a partner: send `out`, receive `in` (reducing with op
+/// unless it is empty), and wait for both.
+template <class B, class T>
+void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, std::span<const T> out, std::span<T> in,
+              std::optional<OpKind> op) {
+  if (op) {
+    comm.recv_reduce(in, peer, tag, 1, *op);
   } else {
     comm.recv(in, peer, tag, 1);
   }
@@ -64,8 +66,8 @@ void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, std::span<cons
 
 /// Recursive halving over virtual parts; `range(a, b)` maps a run of parts
 /// to elements of x. Leaves virtual rank v's part reduced (not finished).
-template <ReduceOp Op, class B, class T, class RangeOf>
-void halving(Communicator<B>& comm, std::span<T> x, const Fold& f, int v, RangeOf range) {
+template <class B, class T, class RangeOf>
+void halving(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, int v, RangeOf range) {
   int lo = 0;
   int hi = f.pow2;
   for (int d = f.pow2 / 2, step = 0; d >= 1; d /= 2, ++step) {
@@ -73,8 +75,8 @@ void halving(Communicator<B>& comm, std::span<T> x, const Fold& f, int v, RangeO
     const bool lower = (v & d) == 0;
     const Range keep = lower ? range(lo, mid) : range(mid, hi);
     const Range give = lower ? range(mid, hi) : range(lo, mid);
-    exchange<Op>(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
-                 x.subspan(keep.begin, keep.size()), true);
+    exchange(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
+                 x.subspan(keep.begin, keep.size()), op);
     if (lower) {
       hi = mid;
     } else {
@@ -92,8 +94,8 @@ void doubling(Communicator<B>& comm, std::span<T> x, const Fold& f, int v, Range
     const int theirs = (v ^ d) & ~(d - 1);
     const Range give = range(mine, mine + d);
     const Range take = range(theirs, theirs + d);
-    exchange<Sum>(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
-                  x.subspan(take.begin, take.size()), false);
+    exchange(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
+                  x.subspan(take.begin, take.size()), std::nullopt);
   }
 }
 
@@ -102,16 +104,17 @@ struct Algorithm<RecursiveHalvingDoubling> {
   static constexpr std::uint32_t fold_tag = 100;
   static constexpr std::uint32_t unfold_tag = 101;
 
-  template <ReduceOp Op, class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B, class T>
+  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                         const Options& opt) {
     const int p = comm.size();
     const int r = comm.rank();
     comm.copy(out, in);
-    if (p == 1) return comm.template finish<Op>(out);
+    if (p == 1) return comm.finish(out, op);
     if (opt.deterministic) {
       const auto blocks = [&](int q) { return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q)); };
       const Range mine = blocks(r);
-      ordered_reduce_scatter<Op>(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), blocks);
+      ordered_reduce_scatter(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), op, blocks);
       return gather_blocks(comm, out, blocks);
     }
     const Fold f(p);
@@ -126,7 +129,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
       return;
     }
     if (partner >= 0) {
-      comm.template recv_reduce<Op>(out, partner, fold_tag, 1);
+      comm.recv_reduce(out, partner, fold_tag, 1, op);
       comm.wait_all();
     }
     const std::size_t n = out.size();
@@ -134,9 +137,9 @@ struct Algorithm<RecursiveHalvingDoubling> {
       return Range{block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(a)).begin,
                    block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(b - 1)).end};
     };
-    halving<Op>(comm, out, f, v, range);
+    halving(comm, out, op, f, v, range);
     const Range own = range(v, v + 1);
-    comm.template finish<Op>(out.subspan(own.begin, own.size()));
+    comm.finish(out.subspan(own.begin, own.size()), op);
     doubling(comm, out, f, v, range);
     if (partner >= 0) {
       comm.send(std::span<const T>(out), partner, unfold_tag, 0);
@@ -144,13 +147,14 @@ struct Algorithm<RecursiveHalvingDoubling> {
     }
   }
 
-  template <ReduceOp Op, class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&opt) {
+  template <class B, class T>
+  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                             const Options& opt) {
     const int p = comm.size();
     const int r = comm.rank();
     const std::size_t m = out.size();
     auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
-    if (opt.deterministic || p == 1) return ordered_reduce_scatter<Op>(comm, in, out, blocks);
+    if (opt.deterministic || p == 1) return ordered_reduce_scatter(comm, in, out, op, blocks);
     const Fold f(p);
     const int v = f.virt(r);
     const int partner = f.partner(r);
@@ -159,12 +163,12 @@ struct Algorithm<RecursiveHalvingDoubling> {
       comm.send(in, partner, fold_tag, 0);
       comm.recv(out, partner, unfold_tag, 1);
       comm.wait_all();
-      return comm.template finish<Op>(out);
+      return comm.finish(out, op);
     }
     auto work = comm.template scratch<T>(in.size());
     comm.copy(work, in);
     if (partner >= 0) {
-      comm.template recv_reduce<Op>(work, partner, fold_tag, 1);
+      comm.recv_reduce(work, partner, fold_tag, 1, op);
       comm.wait_all();
     }
     // Virtual part v stands for the blocks of the real ranks it represents.
@@ -172,13 +176,13 @@ struct Algorithm<RecursiveHalvingDoubling> {
       return Range{m * static_cast<std::size_t>(f.first_block(a)),
                    b >= f.pow2 ? work.size() : m * static_cast<std::size_t>(f.first_block(b))};
     };
-    halving<Op>(comm, work, f, v, range);
+    halving(comm, work, op, f, v, range);
     if (partner >= 0) {
       comm.send(std::span<const T>(work.subspan(blocks(partner).begin, m)), partner, unfold_tag, 0);
     }
     comm.copy(out, std::span<const T>(work.subspan(blocks(r).begin, m)));
     comm.wait_all();
-    comm.template finish<Op>(out);
+    comm.finish(out, op);
   }
 
   template <class B, class T>

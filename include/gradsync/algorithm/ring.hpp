@@ -26,9 +26,9 @@ inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
 
 /// Runs ring steps [first, last) on x, split into `parts` blocks of
 /// block(count, parts, i). Steps below `reduce_steps` reduce; the step that
-/// completes a block's reduction (reduce_steps - 1) also applies Op::finish.
-template <ReduceOp Op, class B, class T>
-void ring_steps(Communicator<B>& comm, std::span<T> x, int shift, int first, int last, int reduce_steps,
+/// completes a block's reduction (reduce_steps - 1) also applies op's finish.
+template <class B, class T>
+void ring_steps(Communicator<B>& comm, std::span<T> x, OpKind op, int shift, int first, int last, int reduce_steps,
                 const Options& opt) {
   const int p = comm.size();
   const int r = comm.rank();
@@ -48,7 +48,7 @@ void ring_steps(Communicator<B>& comm, std::span<T> x, int shift, int first, int
     comm.send(std::span<const T>(chunk(mod(r + shift - s, p), k)), right, id, 0);
     auto dst = chunk(mod(r + shift - s - 1, p), k);
     if (s < reduce_steps) {
-      comm.template recv_reduce<Op>(dst, left, id, id * 2 + 1);
+      comm.recv_reduce(dst, left, id, id * 2 + 1, op);
     } else {
       comm.recv(dst, left, id, id * 2 + 1);
     }
@@ -62,7 +62,7 @@ void ring_steps(Communicator<B>& comm, std::span<T> x, int shift, int first, int
     const std::size_t id = t >> 1;
     const int s = static_cast<int>(id / k_chunks);
     const std::size_t k = id % k_chunks;
-    if (s == reduce_steps - 1) comm.template finish<Op>(chunk(mod(r + shift - s - 1, p), k));
+    if (s == reduce_steps - 1) comm.finish(chunk(mod(r + shift - s - 1, p), k), op);
     if (s + 1 < last) post(s + 1, k);
   }
   comm.wait_all();
@@ -70,32 +70,34 @@ void ring_steps(Communicator<B>& comm, std::span<T> x, int shift, int first, int
 
 template <>
 struct Algorithm<Ring> {
-  template <ReduceOp Op, class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B, class T>
+  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                         const Options& opt) {
     const int p = comm.size();
     comm.copy(out, in);
-    if (p == 1) return comm.template finish<Op>(out);
+    if (p == 1) return comm.finish(out, op);
     if (opt.deterministic) {
       const Range mine = block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(comm.rank()));
-      ordered_reduce_scatter<Op>(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), [&](int q) {
+      ordered_reduce_scatter(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), op, [&](int q) {
         return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q));
       });
       // Rank r owns block r, which the all-gather steps expect at step N-1.
-      return ring_steps<Op>(comm, out, p - 1, p - 1, 2 * (p - 1), 0, opt);
+      return ring_steps(comm, out, op, p - 1, p - 1, 2 * (p - 1), 0, opt);
     }
-    ring_steps<Op>(comm, out, 0, 0, 2 * (p - 1), p - 1, opt);
+    ring_steps(comm, out, op, 0, 0, 2 * (p - 1), p - 1, opt);
   }
 
-  template <ReduceOp Op, class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B, class T>
+  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                             const Options& opt) {
     const int p = comm.size();
     const std::size_t m = out.size();
     auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
-    if (opt.deterministic || p == 1) return ordered_reduce_scatter<Op>(comm, in, out, blocks);
+    if (opt.deterministic || p == 1) return ordered_reduce_scatter(comm, in, out, op, blocks);
     // Shift -1 leaves rank r holding block r after N-1 reducing steps.
     auto work = comm.template scratch<T>(in.size());
     comm.copy(work, in);
-    ring_steps<Op>(comm, work, -1, 0, p - 1, p - 1, opt);
+    ring_steps(comm, work, op, -1, 0, p - 1, p - 1, opt);
     comm.copy(out, std::span<const T>(work.subspan(blocks(comm.rank()).begin, m)));
   }
 
@@ -104,7 +106,7 @@ struct Algorithm<Ring> {
     const int p = comm.size();
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
-    ring_steps<Sum>(comm, out, p - 1, p - 1, 2 * (p - 1), 0, opt);
+    ring_steps(comm, out, OpKind::sum, p - 1, p - 1, 2 * (p - 1), 0, opt);
   }
 
   /// A pipelined chain from the root around the ring.

@@ -68,8 +68,8 @@ inline std::uint32_t tree_tag(std::size_t unit, int down) noexcept {
 /// over its own range of x, in chunks. Unit u = chunk * trees + tree.
 /// Without broadcast_down, `on_root_done` is never needed: the caller
 /// scatters. Returns after every chunk has gone up (and down).
-template <ReduceOp Op, class B, class T>
-void tree_reduce(Communicator<B>& comm, std::span<T> x, std::span<const TreeNode> nodes,
+template <class B, class T>
+void tree_reduce(Communicator<B>& comm, std::span<T> x, OpKind op, std::span<const TreeNode> nodes,
                  std::span<const Range> ranges, std::size_t k_chunks, bool broadcast_down) {
   const std::size_t trees = nodes.size();
   auto piece = [&](std::size_t u) {
@@ -86,7 +86,7 @@ void tree_reduce(Communicator<B>& comm, std::span<T> x, std::span<const TreeNode
     const TreeNode& n = nodes[u % trees];
     if (n.is_root()) {
       if (broadcast_down) {
-        comm.template finish<Op>(piece(u));
+        comm.finish(piece(u), op);
         down(u);
       } else {
         --open;
@@ -103,7 +103,7 @@ void tree_reduce(Communicator<B>& comm, std::span<T> x, std::span<const TreeNode
   for (std::size_t u = 0; u < trees * k_chunks; ++u) {
     const TreeNode& n = nodes[u % trees];
     if (n.children[0] >= 0) {
-      comm.template recv_reduce<Op>(piece(u), n.children[0], tree_tag(u, 0), tree_token(u, ev_child0));
+      comm.recv_reduce(piece(u), n.children[0], tree_tag(u, 0), tree_token(u, ev_child0), op);
     } else {
       up(u);
     }
@@ -115,7 +115,7 @@ void tree_reduce(Communicator<B>& comm, std::span<T> x, std::span<const TreeNode
       case ev_child0: {
         const TreeNode& n = nodes[u % trees];
         if (n.children[1] >= 0) {
-          comm.template recv_reduce<Op>(piece(u), n.children[1], tree_tag(u, 0), tree_token(u, ev_child1));
+          comm.recv_reduce(piece(u), n.children[1], tree_tag(u, 0), tree_token(u, ev_child1), op);
         } else {
           up(u);
         }
@@ -183,16 +183,17 @@ void tree_all_gather(Communicator<B>& comm, std::span<T> x, std::size_t m, const
 
 template <>
 struct Algorithm<Tree> {
-  template <ReduceOp Op, class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B, class T>
+  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                         const Options& opt) {
     const int p = comm.size();
     comm.copy(out, in);
-    if (p == 1) return comm.template finish<Op>(out);
+    if (p == 1) return comm.finish(out, op);
     const int r = comm.rank();
     if (opt.deterministic) {
       const auto blocks = [&](int q) { return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q)); };
       const Range mine = blocks(r);
-      ordered_reduce_scatter<Op>(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), blocks);
+      ordered_reduce_scatter(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), op, blocks);
       // Blocks of uneven size cannot be gathered as one contiguous run per
       // subtree, so the deterministic Tree all-gathers through a padded copy
       // only when the count does not divide; otherwise in place.
@@ -216,23 +217,24 @@ struct Algorithm<Tree> {
       halves[static_cast<std::size_t>(w)] = block(out.size(), 2, static_cast<std::size_t>(w));
     }
     const std::size_t k_chunks = pieces_for(halves[0].size(), chunk_bytes(opt) / sizeof(T));
-    tree_reduce<Op>(comm, out, std::span<const TreeNode>(nodes), std::span<const Range>(halves), k_chunks, true);
+    tree_reduce(comm, out, op, std::span<const TreeNode>(nodes), std::span<const Range>(halves), k_chunks, true);
     comm.wait_all();
   }
 
-  template <ReduceOp Op, class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B, class T>
+  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+                             const Options& opt) {
     const int p = comm.size();
     const std::size_t m = out.size();
     auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
-    if (opt.deterministic || p == 1) return ordered_reduce_scatter<Op>(comm, in, out, blocks);
+    if (opt.deterministic || p == 1) return ordered_reduce_scatter(comm, in, out, op, blocks);
     const int r = comm.rank();
     const BinaryTree t{p};
     const TreeNode node = tree_node(t, r, [](int pos) { return pos; });
     auto work = comm.template scratch<T>(in.size());
     comm.copy(work, in);
     const Range all{0, work.size()};
-    tree_reduce<Op>(comm, work, std::span<const TreeNode>(&node, 1), std::span<const Range>(&all, 1),
+    tree_reduce(comm, work, op, std::span<const TreeNode>(&node, 1), std::span<const Range>(&all, 1),
                     pieces_for(work.size(), chunk_bytes(opt) / sizeof(T)), false);
     // Scatter: each subtree receives its blocks, fully reduced, from above.
     auto blocks_of = [&](int pos) {
@@ -247,7 +249,7 @@ struct Algorithm<Tree> {
       if (c >= 0) comm.send(std::span<const T>(blocks_of(c)), c, tree_tag(0, 1), ev_send);
     comm.wait_all();
     comm.copy(out, std::span<const T>(work.subspan(blocks(r).begin, m)));
-    comm.template finish<Op>(out);
+    comm.finish(out, op);
   }
 
   template <class B, class T>

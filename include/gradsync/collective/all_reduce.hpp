@@ -50,10 +50,10 @@ struct AllReduce {
     comm.run(call, [&](const detail::CallInfo&) {
       if constexpr (std::same_as<Algo, Auto>) {
         detail::Algorithm<Auto>::dispatch(comm, Collective::all_reduce, in.size_bytes(), [&](auto impl) {
-          decltype(impl)::template all_reduce<Op>(comm, in, out, options);
+          decltype(impl)::all_reduce(comm, in, out, Op::kind, options);
         });
       } else {
-        detail::Algorithm<Algo>::template all_reduce<Op>(comm, in, out, options);
+        detail::Algorithm<Algo>::all_reduce(comm, in, out, Op::kind, options);
       }
     });
   }

@@ -45,10 +45,10 @@ struct ReduceScatter {
     comm.run(call, [&](const detail::CallInfo&) {
       if constexpr (std::same_as<Algo, Auto>) {
         detail::Algorithm<Auto>::dispatch(comm, Collective::reduce_scatter, in.size_bytes(), [&](auto impl) {
-          decltype(impl)::template reduce_scatter<Op>(comm, in, out, options);
+          decltype(impl)::reduce_scatter(comm, in, out, Op::kind, options);
         });
       } else {
-        detail::Algorithm<Algo>::template reduce_scatter<Op>(comm, in, out, options);
+        detail::Algorithm<Algo>::reduce_scatter(comm, in, out, Op::kind, options);
       }
     });
   }

@@ -100,9 +100,9 @@ class Communicator {
     ep_.post_recv(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_, OpKind::sum, false);
   }
   /// Receives into `data` reducing as it lands: data = op(data, incoming).
-  template <ReduceOp Op, Element T>
-  void recv_reduce(std::span<T> data, int peer, std::uint32_t tag, std::uint32_t token = 0) {
-    ep_.post_recv(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_, Op::kind, true);
+  template <Element T>
+  void recv_reduce(std::span<T> data, int peer, std::uint32_t tag, std::uint32_t token, OpKind op) {
+    ep_.post_recv(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_, op, true);
   }
   /// Token of one completed operation.
   std::uint32_t wait_any() { return ep_.wait_any(call_, timeout_); }
@@ -115,14 +115,14 @@ class Communicator {
   void copy(std::span<T> dst, std::span<const T> src) {
     ep_.local_copy(dst.data(), src.data(), src.size(), data_type_v<T>);
   }
-  template <ReduceOp Op, Element T>
-  void reduce(std::span<T> dst, std::span<const T> src) {
-    ep_.local_reduce(dst.data(), src.data(), src.size(), data_type_v<T>, Op::kind);
+  template <Element T>
+  void reduce(std::span<T> dst, std::span<const T> src, OpKind op) {
+    ep_.local_reduce(dst.data(), src.data(), src.size(), data_type_v<T>, op);
   }
   /// Avg's division by the world size; nothing for other ops.
-  template <ReduceOp Op, Element T>
-  void finish(std::span<T> data) {
-    ep_.local_finish(data.data(), data.size(), data_type_v<T>, Op::kind);
+  template <Element T>
+  void finish(std::span<T> data, OpKind op) {
+    ep_.local_finish(data.data(), data.size(), data_type_v<T>, op);
   }
 
   const detail::CallInfo& call() const noexcept { return call_; }

@@ -158,25 +158,25 @@ class Endpoint {
 
   // Native collectives: MPI's own. Non-blocking forms, so the deadline holds.
 
-  template <ReduceOp Op, class T>
+  template <class T>
   void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
     MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
     const int n = static_cast<int>(call.count);
-    check(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, n, datatype(call.type), op(Op::kind, call.type), comm_, &req),
+    check(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, n, datatype(call.type), op(call.op, call.type), comm_, &req),
           "MPI_Iallreduce");
     poll(req, call, timeout, "MPI_Iallreduce");
-    local_finish(out, call.count, call.type, Op::kind);
+    local_finish(out, call.count, call.type, call.op);
   }
-  template <ReduceOp Op, class T>
+  template <class T>
   void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
     MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
-    check(MPI_Ireduce_scatter_block(in, out, static_cast<int>(call.count), datatype(call.type), op(Op::kind, call.type),
+    check(MPI_Ireduce_scatter_block(in, out, static_cast<int>(call.count), datatype(call.type), op(call.op, call.type),
                                     comm_, &req),
           "MPI_Ireduce_scatter_block");
     poll(req, call, timeout, "MPI_Ireduce_scatter_block");
-    local_finish(out, call.count, call.type, Op::kind);
+    local_finish(out, call.count, call.type, call.op);
   }
   template <class T>
   void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {

@@ -248,21 +248,21 @@ class Endpoint {
 
   // Native collectives: NCCL's own, enqueued on the stream.
 
-  template <ReduceOp Op, class T>
+  template <class T>
   void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
     DeviceGuard guard(device_);
     check_usable(call);
-    check_nccl(ncclAllReduce(in, out, call.count, datatype(call.type), redop(Op::kind, call.type), comm_, stream_),
+    check_nccl(ncclAllReduce(in, out, call.count, datatype(call.type), redop(call.op, call.type), comm_, stream_),
                "ncclAllReduce", comm_);
-    if (needs_finish(Op::kind, call.type)) local_finish(out, call.count, call.type, Op::kind);
+    if (needs_finish(call.op, call.type)) local_finish(out, call.count, call.type, call.op);
   }
-  template <ReduceOp Op, class T>
+  template <class T>
   void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
     DeviceGuard guard(device_);
     check_usable(call);
-    check_nccl(ncclReduceScatter(in, out, call.count, datatype(call.type), redop(Op::kind, call.type), comm_, stream_),
+    check_nccl(ncclReduceScatter(in, out, call.count, datatype(call.type), redop(call.op, call.type), comm_, stream_),
                "ncclReduceScatter", comm_);
-    if (needs_finish(Op::kind, call.type)) local_finish(out, call.count, call.type, Op::kind);
+    if (needs_finish(call.op, call.type)) local_finish(out, call.count, call.type, call.op);
   }
   template <class T>
   void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {

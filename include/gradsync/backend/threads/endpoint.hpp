@@ -166,6 +166,29 @@ class Endpoint {
   // of everyone's buffers, and a closing barrier keeps the buffers alive
   // until all are done.
 
+  template <class T>
+  void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    with_op(call.op, [&]<class Op>() { native_all_reduce<Op>(in, out, call, timeout); });
+  }
+  template <class T>
+  void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    with_op(call.op, [&]<class Op>() { native_reduce_scatter<Op>(in, out, call, timeout); });
+  }
+
+ private:
+  /// Calls f.template operator()<Op>() for the op type of `kind`, so the
+  /// element loops below are compiled per op, not dispatched per element.
+  template <class F>
+  static void with_op(OpKind kind, F&& f) {
+    switch (kind) {
+      case OpKind::sum: return f.template operator()<Sum>();
+      case OpKind::avg: return f.template operator()<Avg>();
+      case OpKind::min: return f.template operator()<Min>();
+      case OpKind::max: return f.template operator()<Max>();
+      case OpKind::prod: return f.template operator()<Prod>();
+    }
+  }
+
   template <ReduceOp Op, class T>
   void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
     const int n = size();
@@ -203,12 +226,15 @@ class Endpoint {
     barrier(call, timeout);
   }
 
+ public:
   template <class T>
   void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
     publish_and_check(in, out, call, timeout);
     for (int q = 0; q < size(); ++q) {
       const T* src = static_cast<const T*>(world_->slot(q).in);
-      std::copy(src, src + call.count, out + call.count * static_cast<std::size_t>(q));
+      T* dst = out + call.count * static_cast<std::size_t>(q);
+      // In place, our own block is already there, and others are reading it.
+      if (src != dst) std::copy(src, src + call.count, dst);
     }
     barrier(call, timeout);
   }
@@ -268,8 +294,9 @@ class Endpoint {
     if (scan_needed_ || posted != seen_) {
       scan_needed_ = false;
       seen_ = posted;
-      const CallInfo* mismatch_mine = nullptr;
-      const Message* mismatch_theirs = nullptr;
+      // The message is built under the lock: once it is released, the other
+      // rank may fail, take its message back and free what it points to.
+      std::string mismatch;
       {
         std::lock_guard<std::mutex> lock(box.mutex);
         for (Op* op : active_) {
@@ -278,8 +305,7 @@ class Endpoint {
             Message* m = box.queue[j];
             if (m->src != op->peer || m->seq != op->call->seq) continue;
             if (!(*m->call == *op->call)) {
-              mismatch_mine = op->call;
-              mismatch_theirs = m;
+              mismatch = mismatch_message(*op->call, m->src, *m->call);
               break;
             }
             if (m->tag != op->tag) continue;
@@ -288,10 +314,10 @@ class Endpoint {
             op->matched = m;
             break;
           }
-          if (mismatch_mine) break;
+          if (!mismatch.empty()) break;
         }
       }
-      if (mismatch_mine) throw_mismatch(*mismatch_mine, *mismatch_theirs);
+      if (!mismatch.empty()) throw InvalidArgument(mismatch);
     }
     for (std::size_t i = 0; i < active_.size();) {
       Op* op = active_[i];
@@ -364,17 +390,13 @@ class Endpoint {
     barrier(call, timeout);
     for (int q = 0; q < size(); ++q) {
       const CallInfo& theirs = world_->slot(q).call;
-      if (!(theirs == call)) {
-        throw InvalidArgument("gradsync: ranks disagree on a collective: rank " + std::to_string(rank_) + " called " +
-                              describe(call) + ", rank " + std::to_string(q) + " called " + describe(theirs));
-      }
+      if (!(theirs == call)) throw InvalidArgument(mismatch_message(call, q, theirs));
     }
   }
 
-  [[noreturn]] void throw_mismatch(const CallInfo& mine, const Message& theirs) const {
-    throw InvalidArgument("gradsync: ranks disagree on a collective: rank " + std::to_string(rank_) + " called " +
-                          describe(mine) + ", rank " + std::to_string(theirs.src) + " called " +
-                          describe(*theirs.call));
+  std::string mismatch_message(const CallInfo& mine, int their_rank, const CallInfo& theirs) const {
+    return "gradsync: ranks disagree on a collective: rank " + std::to_string(rank_) + " called " + describe(mine) +
+           ", rank " + std::to_string(their_rank) + " called " + describe(theirs);
   }
 
   [[noreturn]] void throw_aborted(const CallInfo& call) const {
