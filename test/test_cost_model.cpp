@@ -1,0 +1,197 @@
+// The cost model behind Auto: explain() lists every algorithm the backend has
+// and names the cheapest; parse_cost_model reads GRADSYNC_COST_MODEL strictly.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gradsync/gradsync.hpp"
+
+namespace gs = gradsync;
+
+namespace {
+
+constexpr gs::Collective collectives[] = {gs::Collective::all_reduce, gs::Collective::reduce_scatter,
+                                          gs::Collective::all_gather, gs::Collective::broadcast};
+
+/// explain() for every world size 1..9, on a communicator of that size.
+std::vector<std::vector<gs::Explanation>> explain_all(gs::Collective c, const std::vector<std::size_t>& bytes) {
+  std::vector<std::vector<gs::Explanation>> out(10);
+  for (int n = 1; n <= 9; ++n) {
+    gs::run_threads(n, [&](gs::Communicator<gs::Threads>& comm) {
+      if (comm.rank() != 0) return;
+      for (std::size_t b : bytes) out[static_cast<std::size_t>(n)].push_back(gs::explain(comm, c, b));
+    });
+  }
+  return out;
+}
+
+const std::vector<std::size_t> sizes{0, 4, 1000, 4096, 100'000, 1 << 20, 1 << 26};
+
+}  // namespace
+
+TEST_CASE("explain lists the four Threads algorithms and chooses the cheapest") {
+  for (gs::Collective c : collectives) {
+    const auto all = explain_all(c, sizes);
+    for (int n = 1; n <= 9; ++n) {
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const gs::Explanation& e = all[static_cast<std::size_t>(n)][i];
+        INFO(gs::name(c) << ", N = " << n << ", " << sizes[i] << " bytes, chosen " << e.chosen);
+        REQUIRE(e.candidates.size() == 4);
+        CHECK(e.candidates[0].algorithm == gs::Ring::name);
+        CHECK(e.candidates[1].algorithm == gs::Tree::name);
+        CHECK(e.candidates[2].algorithm == gs::RecursiveHalvingDoubling::name);
+        CHECK(e.candidates[3].algorithm == gs::Native::name);
+        double best = e.candidates[0].seconds;
+        std::string_view argmin = e.candidates[0].algorithm;
+        for (const gs::Prediction& p : e.candidates) {
+          CHECK(std::isfinite(p.seconds));
+          CHECK(p.seconds >= 0.0);
+          if (p.seconds < best) {
+            best = p.seconds;
+            argmin = p.algorithm;
+          }
+        }
+        CHECK(e.chosen == argmin);
+      }
+    }
+  }
+}
+
+TEST_CASE("with one rank every prediction is zero") {
+  for (gs::Collective c : collectives) {
+    const auto all = explain_all(c, sizes);
+    for (const gs::Explanation& e : all[1]) {
+      INFO(gs::name(c));
+      for (const gs::Prediction& p : e.candidates) CHECK(p.seconds == 0.0);
+    }
+  }
+}
+
+TEST_CASE("ring predictions grow with the bytes moved") {
+  // Broadcast is left out: a pipelined chain of fixed-size chunks really is
+  // faster just past a chunk boundary than exactly at it.
+  std::vector<std::size_t> bytes;
+  for (std::size_t b = 1024; b <= (std::size_t{1} << 28); b *= 2) bytes.push_back(b);
+  for (gs::Collective c : {gs::Collective::all_reduce, gs::Collective::reduce_scatter, gs::Collective::all_gather}) {
+    const auto all = explain_all(c, bytes);
+    for (int n = 2; n <= 9; ++n) {
+      const auto& row = all[static_cast<std::size_t>(n)];
+      for (std::size_t i = 1; i < row.size(); ++i) {
+        INFO(gs::name(c) << ", N = " << n << ": " << bytes[i - 1] << " -> " << bytes[i] << " bytes");
+        CHECK(row[i].candidates[0].seconds > row[i - 1].candidates[0].seconds);
+      }
+    }
+  }
+}
+
+TEST_CASE("parse_cost_model reads every key and keeps the base for keys not given") {
+  const gs::CostModel base{.alpha = 1, .beta = 2, .gamma = 3, .native_alpha = 4, .chunk_bytes = 5};
+  const gs::CostModel m =
+      gs::detail::parse_cost_model("alpha=1e-6,beta=2.5e-10,gamma=3e-11,native_alpha=4e-7,chunk_bytes=65536", base);
+  CHECK(m.alpha == 1e-6);
+  CHECK(m.beta == 2.5e-10);
+  CHECK(m.gamma == 3e-11);
+  CHECK(m.native_alpha == 4e-7);
+  CHECK(m.chunk_bytes == 65536);
+  const gs::CostModel some = gs::detail::parse_cost_model("gamma=7,", base);
+  CHECK(some.alpha == 1);
+  CHECK(some.beta == 2);
+  CHECK(some.gamma == 7);
+  CHECK(some.native_alpha == 4);
+  CHECK(some.chunk_bytes == 5);
+  CHECK(gs::detail::parse_cost_model("", base).alpha == 1);
+}
+
+TEST_CASE("parse_cost_model rejects unknown keys and values that are not numbers") {
+  const gs::CostModel base{};
+  CHECK_THROWS_WITH_AS(gs::detail::parse_cost_model("alpah=1e-6", base), doctest::Contains("alpah"),
+                       gs::InvalidArgument);
+  CHECK_THROWS_WITH_AS(gs::detail::parse_cost_model("alpha=1e-6,bogus=2", base), doctest::Contains("bogus"),
+                       gs::InvalidArgument);
+  for (const std::string text : {"alpha=abc", "alpha=", "alpha=1e-6x", "beta=1,2", "alpha", "=1"}) {
+    CAPTURE(text);
+    CHECK_THROWS_AS(gs::detail::parse_cost_model(text, base), gs::InvalidArgument);
+  }
+  CHECK_THROWS_WITH_AS(gs::detail::parse_cost_model("alpha=abc", base), doctest::Contains("abc"),
+                       gs::InvalidArgument);
+}
+
+TEST_CASE("parse_cost_model rejects values no cost model can have") {
+  // A negative or NaN time makes Auto's choice meaningless, and converting a
+  // negative or huge double to chunk_bytes (size_t) is undefined behaviour.
+  const gs::CostModel base{};
+  for (const std::string text : {"alpha=-1e-6", "beta=nan", "gamma=inf", "native_alpha=-1", "chunk_bytes=-4096",
+                           "chunk_bytes=0", "chunk_bytes=1e30", "chunk_bytes=nan"}) {
+    CAPTURE(text);
+    CHECK_THROWS_AS(gs::detail::parse_cost_model(text, base), gs::InvalidArgument);
+  }
+}
+
+namespace {
+/// Stand-ins for a backend: cost_model<B>() reads B::cost_model and the
+/// environment once per type, so each test gets a type of its own.
+struct EnvProbe {
+  static constexpr gs::CostModel cost_model{.alpha = 9, .beta = 8, .gamma = 7, .native_alpha = 6, .chunk_bytes = 5};
+};
+struct BadEnvProbe {
+  static constexpr gs::CostModel cost_model{};
+};
+struct NoEnvProbe {
+  static constexpr gs::CostModel cost_model{.alpha = 9, .beta = 8, .gamma = 7, .native_alpha = 6, .chunk_bytes = 5};
+};
+
+/// Sets an environment variable for one scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+}  // namespace
+
+TEST_CASE("GRADSYNC_COST_MODEL overrides a backend's constants") {
+  {
+    const ScopedEnv env("GRADSYNC_COST_MODEL", "alpha=2e-6,chunk_bytes=4096");
+    const gs::CostModel& m = gs::cost_model<EnvProbe>();
+    CHECK(m.alpha == 2e-6);
+    CHECK(m.beta == 8);
+    CHECK(m.gamma == 7);
+    CHECK(m.native_alpha == 6);
+    CHECK(m.chunk_bytes == 4096);
+  }
+  {
+    const ScopedEnv env("GRADSYNC_COST_MODEL", "alpha=fast");
+    CHECK_THROWS_AS(gs::cost_model<BadEnvProbe>(), gs::InvalidArgument);
+  }
+  {
+    const ScopedEnv env("GRADSYNC_COST_MODEL", nullptr);
+    const gs::CostModel& m = gs::cost_model<NoEnvProbe>();
+    CHECK(m.alpha == 9);
+    CHECK(m.chunk_bytes == 5);
+  }
+}

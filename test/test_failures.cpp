@@ -1,0 +1,526 @@
+// Failures: bad arguments are caught before any communication and say what
+// was expected and given; a rank that throws makes the others fail fast; a
+// rank that never comes makes the others time out with a message naming it;
+// ranks that disagree end in an error, never in a hang or a stray write.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "gradsync/gradsync.hpp"
+
+namespace gs = gradsync;
+using Comm = gs::Communicator<gs::Threads>;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+template <class... Ts>
+struct List {};
+template <class... Ts, class F>
+void for_each_type(List<Ts...>, F&& f) {
+  (f(std::type_identity<Ts>{}), ...);
+}
+using Algorithms = List<gs::Ring, gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto>;
+
+bool contains(std::string_view haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string_view::npos;
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Messages collected from several ranks.
+struct Log {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  void add(std::string s) {
+    std::lock_guard<std::mutex> lock(mutex);
+    lines.push_back(std::move(s));
+  }
+};
+
+/// A collective called with bad arguments, and the same collective called well.
+struct BadCall {
+  std::string name;
+  std::function<void(Comm&, bool bad)> call;
+  std::vector<std::string> message_has;
+};
+
+/// All bad calls, for a world of 3.
+std::vector<BadCall> bad_calls() {
+  std::vector<BadCall> cases;
+  cases.push_back({"AllReduce with in and out of different sizes",
+                   [](Comm& comm, bool bad) {
+                     std::vector<float> in(10, 1.0f), out(bad ? 12 : 10);
+                     gs::AllReduce<gs::Ring>{}(comm, std::span<const float>(in), std::span<float>(out));
+                   },
+                   {"AllReduce", "in.size() = 10", "out.size() = 12"}});
+  cases.push_back({"AllReduce with partially overlapping in and out",
+                   [](Comm& comm, bool bad) {
+                     std::vector<float> buf(20, 1.0f);
+                     std::span<float> s(buf);
+                     gs::AllReduce<gs::Ring>{}(comm, std::span<const float>(s.subspan(0, 10)), s.subspan(bad ? 5 : 10, 10));
+                   },
+                   {"AllReduce", "overlap"}});
+  cases.push_back({"ReduceScatter with in.size() != out.size() * N",
+                   [](Comm& comm, bool bad) {
+                     std::vector<double> in(bad ? 10 : 12, 1.0), out(4);
+                     gs::ReduceScatter<gs::Ring>{}(comm, std::span<const double>(in), std::span<double>(out));
+                   },
+                   {"ReduceScatter", "4 * 3 = 12", "in.size() = 10"}});
+  cases.push_back({"ReduceScatter with overlapping in and out",
+                   [](Comm& comm, bool bad) {
+                     std::vector<double> buf(16, 1.0);
+                     std::span<double> s(buf);
+                     gs::ReduceScatter<gs::Ring>{}(comm, std::span<const double>(s.subspan(0, 12)), s.subspan(bad ? 8 : 12, 4));
+                   },
+                   {"ReduceScatter", "overlap"}});
+  cases.push_back({"AllGather with out.size() != in.size() * N",
+                   [](Comm& comm, bool bad) {
+                     std::vector<std::int32_t> in(4, 1), out(bad ? 10 : 12);
+                     gs::AllGather<gs::Ring>{}(comm, std::span<const std::int32_t>(in), std::span<std::int32_t>(out));
+                   },
+                   {"AllGather", "4 * 3 = 12", "out.size() = 10"}});
+  cases.push_back({"AllGather with in overlapping out but not its own block",
+                   [](Comm& comm, bool bad) {
+                     std::vector<std::int32_t> out(12, 1);
+                     std::span<std::int32_t> s(out);
+                     const auto own = static_cast<std::size_t>(comm.rank()) * 4;
+                     gs::AllGather<gs::Ring>{}(comm, std::span<const std::int32_t>(s.subspan(bad ? (own + 1) % 9 : own, 4)), s);
+                   },
+                   {"AllGather", "overlap"}});
+  cases.push_back({"AllGather with in being another rank's block of out",
+                   [](Comm& comm, bool bad) {
+                     std::vector<std::int32_t> out(12, 1);
+                     std::span<std::int32_t> s(out);
+                     const auto block = static_cast<std::size_t>(bad ? (comm.rank() + 1) % 3 : comm.rank());
+                     gs::AllGather<gs::Ring>{}(comm, std::span<const std::int32_t>(s.subspan(block * 4, 4)), s);
+                   },
+                   {"AllGather", "overlap"}});
+  cases.push_back({"Broadcast with root -1",
+                   [](Comm& comm, bool bad) {
+                     std::vector<std::int64_t> buf(5, 1);
+                     gs::Broadcast<gs::Ring>{}(comm, std::span<std::int64_t>(buf), bad ? -1 : 0);
+                   },
+                   {"Broadcast", "[0, 3)", "got -1"}});
+  cases.push_back({"Broadcast with root N",
+                   [](Comm& comm, bool bad) {
+                     std::vector<std::int64_t> buf(5, 1);
+                     gs::Broadcast<gs::Ring>{}(comm, std::span<std::int64_t>(buf), bad ? 3 : 0);
+                   },
+                   {"Broadcast", "[0, 3)", "got 3"}});
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("bad arguments throw InvalidArgument before any communication, naming expected and given") {
+  for (const BadCall& bad : bad_calls()) {
+    INFO(bad.name);
+    Log messages;
+    std::atomic<int> caught{0};
+    std::vector<float> after(3);
+    // Every rank makes the bad call and survives it; since nothing was sent,
+    // the world is still usable and its next collective is call #1.
+    gs::run_threads(3, [&](Comm& comm) {
+      try {
+        bad.call(comm, true);
+      } catch (const gs::InvalidArgument& e) {
+        ++caught;
+        messages.add(e.what());
+      }
+      if (comm.sequence() != 0) messages.add("sequence advanced to " + std::to_string(comm.sequence()));
+      float x = static_cast<float>(comm.rank());
+      gs::AllReduce<gs::Ring>{}(comm, std::span<float>(&x, 1));
+      after[static_cast<std::size_t>(comm.rank())] = x;
+    });
+    CHECK(caught == 3);
+    REQUIRE(messages.lines.size() == 3);
+    for (const std::string& m : messages.lines) {
+      INFO(m);
+      for (const std::string& needle : bad.message_has) CHECK(contains(m, needle));
+    }
+    CHECK(after == std::vector<float>(3, 3.0f));
+  }
+}
+
+TEST_CASE("one rank's bad arguments: run_threads rethrows its InvalidArgument, the others are Aborted") {
+  for (const BadCall& bad : bad_calls()) {
+    INFO(bad.name);
+    Log aborted;
+    const auto t0 = Clock::now();
+    try {
+      gs::run_threads(3, [&](Comm& comm) {
+        try {
+          bad.call(comm, comm.rank() == 1);
+        } catch (const gs::Aborted& e) {
+          aborted.add(e.what());
+          throw;
+        }
+      });
+      FAIL_CHECK("run_threads returned normally");
+    } catch (const gs::InvalidArgument& e) {
+      INFO(e.what());
+      CHECK(contains(e.what(), "on rank 1"));
+      for (const std::string& needle : bad.message_has) CHECK(contains(e.what(), needle));
+    } catch (const std::exception& e) {
+      FAIL_CHECK("expected InvalidArgument, got: " << e.what());
+    }
+    CHECK(seconds_since(t0) < 1.0);
+    // Ranks 0 and 2 either never got far enough to notice, or were Aborted.
+    for (const std::string& m : aborted.lines) CHECK(contains(m, "rank 1 failed"));
+  }
+}
+
+TEST_CASE("run_threads rejects a world size below 1 and a timeout that is not positive") {
+  std::atomic<int> ran{0};
+  auto body = [&](Comm&) { ++ran; };
+  CHECK_THROWS_WITH_AS(gs::run_threads(0, body), doctest::Contains("got 0"), gs::InvalidArgument);
+  CHECK_THROWS_WITH_AS(gs::run_threads(-1, body), doctest::Contains("got -1"), gs::InvalidArgument);
+  CHECK_THROWS_AS(gs::run_threads(2, gs::ThreadsOptions{.timeout = 0ms}, body), gs::InvalidArgument);
+  CHECK(ran == 0);
+  gs::run_threads(1, [](Comm& comm) {
+    CHECK_THROWS_AS(comm.set_timeout(0ms), gs::InvalidArgument);
+    CHECK_THROWS_AS(comm.set_timeout(-1s), gs::InvalidArgument);
+  });
+}
+
+namespace {
+
+/// Rank `thrower` throws "boom" (after `warmup` good collectives) while the
+/// others are inside `collective` number warmup + 1.
+template <class Algo>
+void boom_case(int n, int thrower, int which, int warmup) {
+  Log aborted;
+  const auto t0 = Clock::now();
+  std::atomic<double> thrown_at{0.0};
+  try {
+    gs::run_threads(n, [&](Comm& comm) {
+      const auto p = static_cast<std::size_t>(comm.size());
+      std::vector<float> x(1000, 1.0f), big(1000 * p, 1.0f), small(1000);
+      auto step = [&] {
+        switch (which) {
+          case 0: gs::AllReduce<Algo>{}(comm, std::span<float>(x)); break;
+          case 1: gs::ReduceScatter<Algo>{}(comm, std::span<const float>(big), std::span<float>(small)); break;
+          case 2: gs::AllGather<Algo>{}(comm, std::span<const float>(x), std::span<float>(big)); break;
+          case 3: gs::Broadcast<Algo>{}(comm, std::span<float>(x), 0); break;
+          default: comm.barrier(); break;
+        }
+      };
+      for (int i = 0; i < warmup; ++i) step();
+      if (comm.rank() == thrower) {
+        std::this_thread::sleep_for(20ms);
+        thrown_at = seconds_since(t0);
+        throw std::runtime_error("boom");
+      }
+      try {
+        step();
+      } catch (const gs::Aborted& e) {
+        aborted.add(e.what());
+        throw;
+      }
+    });
+    FAIL_CHECK("run_threads returned normally");
+  } catch (const gs::Error& e) {
+    FAIL_CHECK("expected the rank's own std::runtime_error, got gradsync::Error: " << e.what());
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string_view(e.what()) == "boom");
+  }
+  const double total = seconds_since(t0);
+  CHECK(total - thrown_at.load() < 1.0);
+  // Every rank that needed the thrower was told why; in a broadcast some
+  // ranks may finish without it.
+  if (which == 3) {
+    CHECK(!aborted.lines.empty());
+  } else {
+    CHECK(aborted.lines.size() == static_cast<std::size_t>(n - 1));
+  }
+  for (const std::string& m : aborted.lines) {
+    INFO(m);
+    CHECK(contains(m, "rank " + std::to_string(thrower) + " failed: boom"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("a rank that throws makes the others' collectives fail fast; run_threads rethrows it", Algo,
+                   gs::Ring, gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto) {
+  // The communicator keeps its 300 s default timeout: a hang would show.
+  const char* names[] = {"AllReduce", "ReduceScatter", "AllGather", "Broadcast", "barrier"};
+  for (int which = 0; which < 5; ++which) {
+    for (int n : {2, 3, 5}) {
+      for (int thrower : {0, n - 1}) {
+        for (int warmup : {0, 2}) {
+          INFO(names[which] << "<" << Algo::name << "> N = " << n << ", rank " << thrower << " throws after "
+                            << warmup << " good calls");
+          boom_case<Algo>(n, thrower, which, warmup);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("an exception not derived from std::exception is rethrown too") {
+  Log aborted;
+  try {
+    gs::run_threads(3, [&](Comm& comm) {
+      if (comm.rank() == 2) throw 42;
+      try {
+        comm.barrier();
+      } catch (const gs::Aborted& e) {
+        aborted.add(e.what());
+        throw;
+      }
+    });
+    FAIL_CHECK("run_threads returned normally");
+  } catch (int v) {
+    CHECK(v == 42);
+  }
+  for (const std::string& m : aborted.lines) CHECK(contains(m, "unknown exception"));
+}
+
+namespace {
+
+/// Rank 1 sleeps 600 ms and leaves without calling; the others call. Returns
+/// the Timeout's message, and checks it came after the 200 ms deadline.
+std::string timeout_message(int n, const std::function<void(Comm&)>& call) {
+  const auto t0 = Clock::now();
+  std::atomic<double> first_error_at{0.0};
+  std::string message;
+  try {
+    gs::run_threads(n, gs::ThreadsOptions{.timeout = 200ms}, [&](Comm& comm) {
+      if (comm.rank() == 1) {
+        std::this_thread::sleep_for(600ms);
+        return;
+      }
+      try {
+        call(comm);
+      } catch (...) {
+        double zero = 0.0;
+        first_error_at.compare_exchange_strong(zero, seconds_since(t0));
+        throw;
+      }
+    });
+    FAIL_CHECK("run_threads returned normally");
+  } catch (const gs::Timeout& e) {
+    message = e.what();
+  } catch (const std::exception& e) {
+    FAIL_CHECK("expected Timeout, got: " << e.what());
+  }
+  CHECK(first_error_at.load() >= 0.19);
+  CHECK(first_error_at.load() < 0.55);
+  return message;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that never arrives: the others time out naming the rank, call and peer") {
+  auto all_reduce = [](auto algo) {
+    return [](Comm& comm) {
+      std::vector<float> x(100, 1.0f);
+      gs::AllReduce<typename decltype(algo)::type>{}(comm, std::span<float>(x));
+    };
+  };
+  SUBCASE("AllReduce<Ring>") {
+    for (int n : {2, 3}) {
+      const std::string m = timeout_message(n, all_reduce(std::type_identity<gs::Ring>{}));
+      INFO("N = " << n << ": " << m);
+      CHECK(contains(m, "timed out"));
+      CHECK(contains(m, "AllReduce #1"));
+      CHECK(contains(m, "rank 1"));
+    }
+  }
+  SUBCASE("AllReduce<Native>") {
+    for (int n : {2, 3}) {
+      const std::string m = timeout_message(n, all_reduce(std::type_identity<gs::Native>{}));
+      INFO("N = " << n << ": " << m);
+      CHECK(contains(m, "timed out"));
+      CHECK(contains(m, "AllReduce #1"));
+      CHECK(contains(m, "rank 1"));
+    }
+  }
+  SUBCASE("barrier") {
+    for (int n : {2, 3}) {
+      const std::string m = timeout_message(n, [](Comm& comm) { comm.barrier(); });
+      INFO("N = " << n << ": " << m);
+      CHECK(contains(m, "timed out"));
+      CHECK(contains(m, "Barrier #1"));
+      CHECK(contains(m, "rank 1"));
+    }
+  }
+  SUBCASE("the sequence number counts earlier calls") {
+    // Rank 1 takes part in calls #1 and #2 and leaves before #3.
+    const auto t0 = Clock::now();
+    std::string message;
+    try {
+      gs::run_threads(2, gs::ThreadsOptions{.timeout = 200ms}, [&](Comm& comm) {
+        std::vector<float> x(10, 1.0f);
+        gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
+        comm.barrier();
+        if (comm.rank() == 1) return;
+        gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
+      });
+      FAIL_CHECK("run_threads returned normally");
+    } catch (const gs::Timeout& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(contains(message, "AllReduce #3"));
+    CHECK(contains(message, "rank 1"));
+    CHECK(seconds_since(t0) < 1.0);
+  }
+}
+
+namespace {
+
+/// Runs `body` on 2 ranks with a short timeout; it must end in InvalidArgument
+/// or Timeout, promptly. Returns the message ("" if something else happened).
+std::string disagreement(const std::function<void(Comm&)>& body, bool timeout_ok) {
+  const auto t0 = Clock::now();
+  std::string message;
+  try {
+    gs::run_threads(2, gs::ThreadsOptions{.timeout = 300ms}, body);
+    FAIL_CHECK("run_threads returned normally");
+  } catch (const gs::InvalidArgument& e) {
+    message = e.what();
+    CHECK(contains(message, "disagree"));
+  } catch (const gs::Timeout& e) {
+    message = e.what();
+    CHECK_MESSAGE(timeout_ok, "expected the disagreement to be detected, got: " << message);
+  } catch (const std::exception& e) {
+    FAIL_CHECK("expected InvalidArgument or Timeout, got: " << e.what());
+  }
+  CHECK(seconds_since(t0) < 2.0);
+  return message;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("ranks that disagree on the call end in an error, not a hang or a stray write", Algo, gs::Ring,
+                   gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto) {
+  // Auto may pick different algorithms for different calls, which can only
+  // be noticed as a timeout.
+  constexpr bool timeout_ok = std::is_same_v<Algo, gs::Auto>;
+  // Repeated: detection races with the peer's own detection and unwinding.
+  for (int i = 0; i < 10; ++i) {
+    INFO(Algo::name << ", try " << i);
+    {
+      INFO("counts 10 and 12");
+      // Buffers of exactly the size each rank passes: ASan sees any overrun.
+      const std::string m = disagreement(
+          [](Comm& comm) {
+            std::vector<float> x(comm.rank() == 0 ? 10 : 12, 1.0f);
+            gs::AllReduce<Algo>{}(comm, std::span<float>(x));
+          },
+          true);
+      INFO(m);
+      CHECK(!m.empty());
+    }
+    {
+      INFO("AllReduce on rank 0, Broadcast on rank 1");
+      const std::string m = disagreement(
+          [](Comm& comm) {
+            std::vector<float> x(10, 1.0f);
+            if (comm.rank() == 0) {
+              gs::AllReduce<Algo>{}(comm, std::span<float>(x));
+            } else {
+              gs::Broadcast<Algo>{}(comm, std::span<float>(x), 0);
+            }
+          },
+          timeout_ok);
+      INFO(m);
+      if (contains(m, "disagree")) CHECK((contains(m, "AllReduce") && contains(m, "Broadcast")));
+    }
+    {
+      INFO("float on rank 0, double on rank 1");
+      disagreement(
+          [](Comm& comm) {
+            std::vector<float> f(10, 1.0f);
+            std::vector<double> d(10, 1.0);
+            if (comm.rank() == 0) {
+              gs::AllReduce<Algo>{}(comm, std::span<float>(f));
+            } else {
+              gs::AllReduce<Algo>{}(comm, std::span<double>(d));
+            }
+          },
+          timeout_ok);
+    }
+    {
+      INFO("Sum on rank 0, Max on rank 1");
+      disagreement(
+          [](Comm& comm) {
+            std::vector<float> x(10, 1.0f);
+            if (comm.rank() == 0) {
+              gs::AllReduce<Algo>{}(comm, std::span<float>(x), gs::Sum{});
+            } else {
+              gs::AllReduce<Algo>{}(comm, std::span<float>(x), gs::Max{});
+            }
+          },
+          false);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("a disagreement both ranks detect at once unwinds safely, however the race goes", Algo, gs::Ring,
+                   gs::Tree, gs::RecursiveHalvingDoubling) {
+  // Each rank may find the other's mismatched message while the other is
+  // already unwinding; under ASan/TSan a read of the departed rank's state shows.
+  const int tries = std::is_same_v<Algo, gs::Ring> ? 1000 : 200;
+  int invalid = 0;
+  for (int i = 0; i < tries; ++i) {
+    try {
+      gs::run_threads(2, gs::ThreadsOptions{.timeout = 300ms}, [](Comm& comm) {
+        std::vector<float> x(comm.rank() == 0 ? 10 : 12, 1.0f);
+        gs::AllReduce<Algo>{}(comm, std::span<float>(x));
+      });
+    } catch (const gs::InvalidArgument&) {
+      ++invalid;
+    } catch (const std::exception& e) {
+      FAIL_CHECK("try " << i << ": expected InvalidArgument, got: " << e.what());
+      break;
+    }
+  }
+  CHECK(invalid == tries);
+}
+
+TEST_CASE("after a failure, a new run_threads works normally") {
+  CHECK_THROWS_AS(gs::run_threads(4, [](Comm& comm) {
+                    if (comm.rank() == 3) throw std::runtime_error("boom");
+                    std::vector<float> x(100, 1.0f);
+                    gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
+                  }),
+                  std::runtime_error);
+  CHECK_THROWS_AS(gs::run_threads(4, gs::ThreadsOptions{.timeout = 100ms},
+                                  [](Comm& comm) {
+                                    if (comm.rank() == 3) return;
+                                    comm.barrier();
+                                  }),
+                  gs::Timeout);
+  for_each_type(Algorithms{}, [](auto algo) {
+    using Algo = typename decltype(algo)::type;
+    INFO(Algo::name);
+    std::vector<std::vector<std::int64_t>> out(4);
+    gs::run_threads(4, [&](Comm& comm) {
+      auto& x = out[static_cast<std::size_t>(comm.rank())];
+      x.assign(33, comm.rank());
+      gs::AllReduce<Algo>{}(comm, std::span<std::int64_t>(x));
+      comm.barrier();
+    });
+    for (const auto& x : out) CHECK(x == std::vector<std::int64_t>(33, 6));
+  });
+}
