@@ -85,24 +85,47 @@ struct Explanation {
   std::vector<Prediction> candidates;
 };
 
+namespace detail {
+
+inline constexpr std::array<std::string_view, 4> auto_candidates{Ring::name, Tree::name, RecursiveHalvingDoubling::name,
+                                                                 Native::name};
+
+/// Calls f(name, predicted seconds) for each algorithm backend B can run.
+template <class B, class F>
+void for_each_prediction(int world, Collective collective, std::size_t bytes, F&& f) {
+  const CostModel& m = cost_model<B>();
+  for (std::string_view n : auto_candidates) {
+    if (n == Native::name && !HasNative<B>) continue;
+    f(n, predict(n, collective, world, static_cast<double>(bytes), m));
+  }
+}
+
+/// Auto's pick: the cheapest prediction. Allocates nothing, since it runs
+/// on every call and an 8-byte all-reduce takes a fraction of a microsecond.
+template <class B>
+std::string_view choose(int world, Collective collective, std::size_t bytes) {
+  std::string_view best_name = Ring::name;
+  double best = HUGE_VAL;
+  for_each_prediction<B>(world, collective, bytes, [&](std::string_view n, double t) {
+    if (t < best) {
+      best = t;
+      best_name = n;
+    }
+  });
+  return best_name;
+}
+
+}  // namespace detail
+
 /// Predicts every algorithm for `collective` on `bytes` (per-rank bytes for
 /// all-reduce and broadcast, total for reduce-scatter and all-gather) and
 /// names the fastest, as Auto picks it.
 template <class B>
 Explanation explain(const Communicator<B>& comm, Collective collective, std::size_t bytes) {
-  const CostModel& m = cost_model<B>();
   Explanation e;
-  std::array<std::string_view, 4> names{Ring::name, Tree::name, RecursiveHalvingDoubling::name, Native::name};
-  double best = HUGE_VAL;
-  for (auto n : names) {
-    if (n == Native::name && !detail::HasNative<B>) continue;
-    const double t = detail::predict(n, collective, comm.size(), static_cast<double>(bytes), m);
-    e.candidates.push_back({n, t});
-    if (t < best) {
-      best = t;
-      e.chosen = n;
-    }
-  }
+  e.chosen = detail::choose<B>(comm.size(), collective, bytes);
+  detail::for_each_prediction<B>(comm.size(), collective, bytes,
+                                 [&](std::string_view n, double t) { e.candidates.push_back({n, t}); });
   return e;
 }
 
@@ -112,7 +135,7 @@ template <>
 struct Algorithm<Auto> {
   template <class B, class F>
   static void dispatch(Communicator<B>& comm, Collective c, std::size_t bytes, F&& run) {
-    const std::string_view pick = explain(comm, c, bytes).chosen;
+    const std::string_view pick = choose<B>(comm.size(), c, bytes);
     if (pick == Native::name) {
       if constexpr (HasNative<B>) return run(Algorithm<Native>{});
     }
