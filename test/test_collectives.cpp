@@ -8,6 +8,7 @@
 // The op is a run-time value here (OpKind), dispatched to the op type only
 // at the call: it keeps this file's template instantiations, and so its
 // compile time under the sanitizers, five times smaller.
+#include "support/common.hpp"
 #include "support/world.hpp"
 
 #include <algorithm>
@@ -28,33 +29,10 @@
 #include "gradsync/gradsync.hpp"
 
 namespace gs = gradsync;
+using namespace test;
 
 namespace {
 
-/// One seed per process, printed by every case (CAPTURE) so that a failure can
-/// be replayed with GRADSYNC_TEST_SEED=<seed>.
-std::uint64_t test_seed() {
-  static const std::uint64_t seed = []() -> std::uint64_t {
-    if (const char* env = std::getenv("GRADSYNC_TEST_SEED")) return std::strtoull(env, nullptr, 0);
-    std::random_device rd;
-    return (std::uint64_t{rd()} << 32) ^ std::uint64_t{rd()};
-  }();
-  return seed;
-}
-
-/// A generator of its own per case, so one case replays alone under -tc.
-std::mt19937_64 rng_for(std::string_view salt) {
-  std::seed_seq seq{static_cast<std::uint32_t>(test_seed()), static_cast<std::uint32_t>(test_seed() >> 32),
-                    static_cast<std::uint32_t>(std::hash<std::string_view>{}(salt))};
-  return std::mt19937_64(seq);
-}
-
-template <class... Ts>
-struct List {};
-template <class... Ts, class F>
-void for_each_type(List<Ts...>, F&& f) {
-  (f(std::type_identity<Ts>{}), ...);
-}
 using Types = List<float, double, std::int32_t, std::int64_t, gs::bfloat16, gs::float16>;
 constexpr gs::OpKind all_ops[] = {gs::OpKind::sum, gs::OpKind::avg, gs::OpKind::min, gs::OpKind::max, gs::OpKind::prod};
 
@@ -67,24 +45,6 @@ void with_op(gs::OpKind kind, F&& f) {
     case gs::OpKind::min: return f(gs::Min{});
     case gs::OpKind::max: return f(gs::Max{});
     case gs::OpKind::prod: return f(gs::Prod{});
-  }
-}
-
-template <class T>
-std::string type_name() {
-  return std::string(gs::name(gs::data_type_v<T>));
-}
-
-/// 16-bit storage types (bfloat16, float16) convert through float.
-template <class T>
-constexpr bool is_half_v = std::is_same_v<T, gs::bfloat16> || std::is_same_v<T, gs::float16>;
-
-template <class T>
-double to_double(T x) {
-  if constexpr (is_half_v<T>) {
-    return static_cast<double>(static_cast<float>(x));
-  } else {
-    return static_cast<double>(x);
   }
 }
 

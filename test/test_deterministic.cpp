@@ -4,6 +4,7 @@
 // run. The data spans twelve decades, so any other order changes the bits.
 // Built with GRADSYNC_TEST_MPI it runs under mpirun on the Mpi backend, which
 // is how the Mpi results are shown bitwise equal to the Threads ones.
+#include "support/common.hpp"
 #include "support/world.hpp"
 
 #include <cmath>
@@ -22,49 +23,9 @@
 #include "gradsync/gradsync.hpp"
 
 namespace gs = gradsync;
+using namespace test;
 
 namespace {
-
-std::uint64_t test_seed() {
-  static const std::uint64_t seed = []() -> std::uint64_t {
-    if (const char* env = std::getenv("GRADSYNC_TEST_SEED")) return std::strtoull(env, nullptr, 0);
-    std::random_device rd;
-    return (std::uint64_t{rd()} << 32) ^ std::uint64_t{rd()};
-  }();
-  return seed;
-}
-
-std::mt19937_64 rng_for(std::string_view salt) {
-  std::seed_seq seq{static_cast<std::uint32_t>(test_seed()), static_cast<std::uint32_t>(test_seed() >> 32),
-                    static_cast<std::uint32_t>(std::hash<std::string_view>{}(salt))};
-  return std::mt19937_64(seq);
-}
-
-template <class... Ts>
-struct List {};
-template <class... Ts, class F>
-void for_each_type(List<Ts...>, F&& f) {
-  (f(std::type_identity<Ts>{}), ...);
-}
-using Algorithms = List<gs::Ring, gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto>;
-
-template <class T>
-std::string type_name() {
-  return std::string(gs::name(gs::data_type_v<T>));
-}
-
-/// 16-bit storage types (bfloat16, float16) convert through float.
-template <class T>
-constexpr bool is_half_v = std::is_same_v<T, gs::bfloat16> || std::is_same_v<T, gs::float16>;
-
-template <class T>
-double to_double(T x) {
-  if constexpr (is_half_v<T>) {
-    return static_cast<double>(static_cast<float>(x));
-  } else {
-    return static_cast<double>(x);
-  }
-}
 
 /// u * 10^k, u in [1, 2) with a random sign, k in [-6, 6] (float16, whose
 /// range ends at 65504: k in [-3, 3]).

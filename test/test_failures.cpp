@@ -20,21 +20,16 @@
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
+#include "support/common.hpp"
 
 namespace gs = gradsync;
+using test::Algorithms;
+using test::for_each_type;
 using Comm = gs::Communicator<gs::Threads>;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 namespace {
-
-template <class... Ts>
-struct List {};
-template <class... Ts, class F>
-void for_each_type(List<Ts...>, F&& f) {
-  (f(std::type_identity<Ts>{}), ...);
-}
-using Algorithms = List<gs::Ring, gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto>;
 
 bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;

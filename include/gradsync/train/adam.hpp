@@ -52,13 +52,18 @@ void adam_step(const AdamOptions& o, bool decoupled, std::size_t t, std::span<T>
 
 }  // namespace detail
 
-/// Adam on flat spans.
-template <std::floating_point T = float>
-class Adam {
+namespace detail {
+
+/// Adam and AdamW: one class, since they differ only in where the weight
+/// decay goes.
+template <std::floating_point T, bool Decoupled>
+class AdamImpl {
  public:
   using value_type = T;
 
-  explicit Adam(AdamOptions options = {}) : o_(options) {}
+  /// PyTorch's AdamW defaults weight_decay to 0.01 and Adam to 0; so do these.
+  explicit AdamImpl(AdamOptions options = Decoupled ? AdamOptions{.weight_decay = 0.01} : AdamOptions{})
+      : o_(options) {}
 
   double lr() const noexcept { return o_.lr; }
   void set_lr(double lr) noexcept { o_.lr = lr; }
@@ -72,12 +77,12 @@ class Adam {
   }
 
   void step(std::span<T> params, std::span<const T> grads) {
-    detail::check_step_sizes("Adam", params.size(), grads.size(), m_.size());
+    check_step_sizes(Decoupled ? "AdamW" : "Adam", params.size(), grads.size(), m_.size());
     if (m_.empty()) {
       m_.assign(params.size(), T(0));
       v_.assign(params.size(), T(0));
     }
-    detail::adam_step(o_, false, ++t_, params, grads, m_, v_);
+    adam_step(o_, Decoupled, ++t_, params, grads, m_, v_);
   }
 
  private:
@@ -85,5 +90,11 @@ class Adam {
   std::vector<T> m_, v_;
   std::size_t t_ = 0;
 };
+
+}  // namespace detail
+
+/// Adam on flat spans; weight decay, if any, is added to the gradient (L2).
+template <std::floating_point T = float>
+using Adam = detail::AdamImpl<T, false>;
 
 }  // namespace gradsync
