@@ -1,5 +1,8 @@
 // all_reduce_perf: an nccl-tests style all-reduce benchmark over gradsync's
-// in-process Threads backend. Run with -h for the options.
+// in-process Threads backend, or, built with -DGRADSYNC_BENCH_MPI (the
+// all_reduce_perf_mpi target), over the Mpi backend under mpirun. Run with -h
+// for the options. Besides timing, it fits the cost model (--calibrate) and
+// predicts without communicating (--model).
 //
 // Conventions (nccl-tests, doc/PERFORMANCE.md): GB = 1e9 bytes, algbw = bytes
 // per rank / time, busbw = algbw * 2(N-1)/N. The time of one size is the
@@ -7,6 +10,9 @@
 // the median of that over repeats.
 
 #include <gradsync/gradsync.hpp>
+#ifdef GRADSYNC_BENCH_MPI
+#include <gradsync/backend/mpi.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -29,7 +35,14 @@
 
 namespace {
 
-using Comm = gradsync::Communicator<gradsync::Threads>;
+#ifdef GRADSYNC_BENCH_MPI
+using Backend = gradsync::Mpi;
+constexpr std::string_view backend_name = "mpi";
+#else
+using Backend = gradsync::Threads;
+constexpr std::string_view backend_name = "threads";
+#endif
+using Comm = gradsync::Communicator<Backend>;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view usage_text = R"(usage: all_reduce_perf [options]
@@ -43,9 +56,20 @@ constexpr std::string_view usage_text = R"(usage: all_reduce_perf [options]
   -c 0|1     check every rank's result against the exact one (default 1)
   -d TYPE    float, double, int32, int64, bfloat16 or float16 (default float)
   -o OP      sum, avg, min, max or prod (default sum)
-  -t RANKS   in-process ranks (default 2)
+  -t RANKS   in-process ranks (default 2; threads backend only)
+  --backend B  threads (all_reduce_perf) or mpi (all_reduce_perf_mpi, run under
+             mpirun; the world size is mpirun's -np). Default: the one built in
   --algo A   ring, tree, rhd, native, auto or all (default auto)
   -J FILE    also write every figure, with p50 and p99 over repeats, as JSON
+  --calibrate  fit the cost model on this backend and world size (>= 2 ranks)
+             and print GRADSYNC_COST_MODEL=... in the format Auto reads
+  --model    predict only, no communication: time per algorithm per size
+             (-b -e -f) and the winner, for each world size in --ranks
+  --ranks LIST       comma-separated world sizes for --model (default 8,64,512,4096)
+  --alpha S --beta S --gamma S --native-alpha S   link figures for --model
+             (seconds per message, per byte moved, per byte reduced, per Native
+             synchronisation; native-alpha 0 = no Native)
+  --preset P nvlink or infiniband: published link figures for --model
   -h         show this text
 Exits with status 1 if any result was wrong, 2 on a usage or run error.
 )";
@@ -69,7 +93,40 @@ struct Config {
   int ranks = 2;
   std::vector<std::string> algorithms{"auto"};
   std::string json_path;
+  bool ranks_given = false;
+  bool calibrate = false;
+  bool model = false;
+  std::vector<int> model_ranks{8, 64, 512, 4096};
+  std::string preset;
+  gradsync::CostModel link;  // --model's figures; preset, then flags
+  bool link_given = false;
 };
+
+/// Presets for --model, from published figures:
+/// - nvlink: NVLink 4 (H100 SXM), 18 links x 25 GB/s = 450 GB/s per direction
+///   per GPU (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022);
+///   NCCL's small-message all-reduce latency within an NVLink node is a few
+///   microseconds (NCCL tuning model, src/graph/tuning.cc: ~0.6-5 us per step
+///   for LL/Simple), so alpha = 3 us; gamma from HBM3 at 3.35 TB/s (reduce
+///   reads two bytes and writes one: ~1e-12 s/B).
+/// - infiniband: NDR 400 Gb/s = 50 GB/s per port per direction (NVIDIA
+///   ConnectX-7 / Quantum-2 datasheets); MPI point-to-point latency over IB
+///   is about 1-2 us (OSU micro-benchmarks, osu_latency), so alpha = 1.5 us;
+///   gamma = host reduce at ~10 GB/s.
+gradsync::CostModel preset_model(const std::string& name) {
+  gradsync::CostModel m;
+  if (name == "nvlink") {
+    m.alpha = 3e-6;
+    m.beta = 1.0 / 450e9;
+    m.gamma = 1e-12;
+  } else {
+    m.alpha = 1.5e-6;
+    m.beta = 1.0 / 50e9;
+    m.gamma = 1e-10;
+  }
+  m.native_alpha = 0;
+  return m;
+}
 
 const std::vector<std::string> type_names{"float", "double", "int32", "int64", "bfloat16", "float16"};
 const std::vector<std::string> op_names{"sum", "avg", "min", "max", "prod"};
@@ -127,6 +184,14 @@ Config parse_args(int argc, char** argv) {
       std::fputs(usage_text.data(), stdout);
       std::exit(0);
     }
+    if (flag == "--calibrate") {
+      cfg.calibrate = true;
+      continue;
+    }
+    if (flag == "--model") {
+      cfg.model = true;
+      continue;
+    }
     if (i + 1 >= argc) usage_error("unknown option or missing value: " + flag);
     const std::string value = argv[++i];
     if (flag == "-b") cfg.min_bytes = parse_bytes(flag, value);
@@ -138,7 +203,32 @@ Config parse_args(int argc, char** argv) {
     else if (flag == "-c") cfg.check = parse_int(flag, value, 0, 1) != 0;
     else if (flag == "-d") cfg.type = pick(flag, value, type_names);
     else if (flag == "-o") cfg.op = pick(flag, value, op_names);
-    else if (flag == "-t") cfg.ranks = static_cast<int>(parse_int(flag, value, 1, 1024));
+    else if (flag == "-t") {
+      cfg.ranks = static_cast<int>(parse_int(flag, value, 1, 1024));
+      cfg.ranks_given = true;
+    } else if (flag == "--backend") {
+      const std::string b = pick(flag, value, {"threads", "mpi", "nccl"});
+      if (b != backend_name) {
+        usage_error("--backend " + b + " is not built into this binary (it runs " + std::string(backend_name) +
+                    (b == "mpi" ? "; use all_reduce_perf_mpi under mpirun" : b == "threads" ? "; use all_reduce_perf" : "; use nccl_all_reduce_perf") +
+                    ")");
+      }
+    } else if (flag == "--ranks") {
+      cfg.model_ranks.clear();
+      std::size_t pos = 0;
+      while (pos <= value.size()) {
+        const std::size_t comma = std::min(value.find(',', pos), value.size());
+        cfg.model_ranks.push_back(static_cast<int>(parse_int(flag, value.substr(pos, comma - pos), 1, 1 << 24)));
+        pos = comma + 1;
+      }
+    } else if (flag == "--preset") {
+      cfg.preset = pick(flag, value, {"nvlink", "infiniband"});
+    } else if (flag == "--alpha" || flag == "--beta" || flag == "--gamma" || flag == "--native-alpha") {
+      cfg.link = gradsync::detail::parse_cost_model(flag.substr(2) == "native-alpha" ? "native_alpha=" + value
+                                                                                       : flag.substr(2) + "=" + value,
+                                                    cfg.link);
+      cfg.link_given = true;
+    }
     else if (flag == "-J") cfg.json_path = value;
     else if (flag == "--algo") {
       std::vector<std::string> choices = all_algorithm_names;
@@ -150,6 +240,21 @@ Config parse_args(int argc, char** argv) {
     }
   }
   if (cfg.min_bytes > cfg.max_bytes) usage_error("-b must not exceed -e");
+  if (cfg.model && !cfg.preset.empty()) {
+    // The preset first, then any figure given explicitly on top of it.
+    gradsync::CostModel m = preset_model(cfg.preset);
+    const gradsync::CostModel defaults;
+    if (cfg.link.alpha != defaults.alpha) m.alpha = cfg.link.alpha;
+    if (cfg.link.beta != defaults.beta) m.beta = cfg.link.beta;
+    if (cfg.link.gamma != defaults.gamma) m.gamma = cfg.link.gamma;
+    if (cfg.link.native_alpha != defaults.native_alpha) m.native_alpha = cfg.link.native_alpha;
+    cfg.link = m;
+  } else if (cfg.model && !cfg.link_given) {
+    usage_error("--model needs --preset or --alpha/--beta/--gamma");
+  }
+#ifdef GRADSYNC_BENCH_MPI
+  if (cfg.ranks_given) usage_error("-t is for the threads backend; under mpi the world size is mpirun's -np");
+#endif
   return cfg;
 }
 
@@ -234,9 +339,19 @@ struct Report {
 /// Hands a number from every rank to every rank, without going through the
 /// all-reduce under test: the ranks share memory, and the barriers order each
 /// write before the reads, and the reads before the next write.
+///
+/// Over MPI the ranks are processes: MPI_Allgather on MPI_COMM_WORLD, which
+/// the communicator under test has duplicated, so the two never mix.
 class Board {
  public:
   explicit Board(int ranks) : slots_(static_cast<std::size_t>(ranks)) {}
+#ifdef GRADSYNC_BENCH_MPI
+  std::vector<double> gather(Comm&, double mine) {
+    std::vector<double> all = slots_;
+    MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
+    return all;
+  }
+#else
   std::vector<double> gather(Comm& comm, double mine) {
     slots_[static_cast<std::size_t>(comm.rank())] = mine;
     comm.barrier();
@@ -244,6 +359,7 @@ class Board {
     comm.barrier();
     return all;
   }
+#endif
   double max(Comm& comm, double mine) {
     const auto all = gather(comm, mine);
     return *std::max_element(all.begin(), all.end());
@@ -470,7 +586,8 @@ void print_header(const Report& rep) {
   const Config& cfg = rep.cfg;
   const int n = cfg.ranks;
   std::printf("# memcpy bandwidth: %.2f GB/s (read+write)\n", rep.memcpy_gbps);
-  std::printf("# gradsync all_reduce_perf: world size %d (Threads backend, one thread per rank)\n", n);
+  std::printf("# gradsync all_reduce_perf: world size %d (%s)\n", n,
+              backend_name == "mpi" ? "Mpi backend, one MPI process per rank" : "Threads backend, one thread per rank");
   std::string algorithms;
   for (const auto& a : cfg.algorithms) algorithms += " " + a;
   std::printf("# algorithm:%s\n", algorithms.c_str());
@@ -561,7 +678,7 @@ void write_json(const Report& rep) {
   const double factor = busbw_factor(cfg.ranks);
   std::ofstream out(cfg.json_path);
   if (!out) throw std::runtime_error("cannot write " + cfg.json_path);
-  out << "{\n  \"benchmark\": \"all_reduce_perf\", \"backend\": \"threads\", \"world_size\": " << cfg.ranks
+  out << "{\n  \"benchmark\": \"all_reduce_perf\", \"backend\": " << json_string(backend_name) << ", \"world_size\": " << cfg.ranks
       << ", \"type\": " << json_string(cfg.type) << ", \"op\": " << json_string(cfg.op)
       << ", \"busbw_factor\": " << json_number(factor) << ",\n  \"time\": "
       << json_string("per-call mean of back-to-back calls, max over ranks, median over repeats")
@@ -581,6 +698,139 @@ void write_json(const Report& rep) {
     out << "\n    ]}";
   }
   out << "\n  ]\n}\n";
+}
+
+// ------------------------------------------------------------ calibrate
+
+/// The fitted constants and the measurements they came from.
+struct Fit {
+  gradsync::CostModel model;
+  double small_ring_s = 0, big_ring_s = 0, reduce_s = 0, native_s = 0;
+  std::size_t big_bytes = 0;
+};
+
+/// Every rank: fits alpha, beta, gamma and native_alpha for this backend at
+/// this world size, by inverting the model's own formulas (core/cost_model.hpp):
+/// - alpha: an 8-byte Ring all-reduce is 2(p-1) messages of ~nothing, so
+///   alpha = t / (2(p-1)) (at 2 ranks: half of a ping-pong round trip);
+/// - gamma: reduce_into<Sum> of 64 MiB of floats on every rank at once, per byte;
+/// - beta: a 64 MiB Ring all-reduce, less its alpha and gamma terms, per
+///   byte moved (2(p-1)/p·n);
+/// - native_alpha: an 8-byte Native all-reduce / (2·ceil(log2 p)).
+Fit calibrate_rank(Comm& comm, Board& board, const Config& cfg) {
+  const int p = comm.size();
+  if (p < 2) throw std::invalid_argument("--calibrate needs at least 2 ranks");
+  Fit fit;
+  fit.model = gradsync::cost_model<Backend>();
+  gradsync::CostModel& m = fit.model;
+  std::vector<float> small(2, 0.0f);
+  fit.small_ring_s =
+      time_calls(comm, board, cfg, [&] { gradsync::AllReduce<gradsync::Ring>{}(comm, std::span<float>(small), gradsync::Sum{}); })
+          .seconds;
+  m.alpha = fit.small_ring_s / (2.0 * (p - 1));
+
+  fit.big_bytes = std::size_t{64} << 20;
+  const std::size_t count = fit.big_bytes / sizeof(float);
+  std::vector<float> acc(count, 0.0f), src(count, 0.0f);  // zeros: in-place sums stay put
+  double best = HUGE_VAL;
+  for (int i = 0; i < 5; ++i) {
+    board.max(comm, 0);  // start together, as in a collective
+    const auto t0 = Clock::now();
+    gradsync::detail::reduce_into<gradsync::Sum>(acc.data(), src.data(), count);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  fit.reduce_s = board.max(comm, best);
+  m.gamma = fit.reduce_s / static_cast<double>(fit.big_bytes);
+
+  fit.big_ring_s =
+      time_calls(comm, board, cfg, [&] { gradsync::AllReduce<gradsync::Ring>{}(comm, std::span<float>(acc), gradsync::Sum{}); })
+          .seconds;
+  const double n = static_cast<double>(fit.big_bytes);
+  const double frac = static_cast<double>(p - 1) / p;
+  const double k = gradsync::detail::chunks(n / p, m);
+  const double moved = fit.big_ring_s - 2.0 * (p - 1) * k * m.alpha - frac * n * m.gamma;
+  // When the reduce overlaps the transfer the remainder can vanish: then
+  // charge the whole time to the bytes moved.
+  m.beta = (moved > 0.1 * fit.big_ring_s ? moved : fit.big_ring_s) / (2.0 * frac * n);
+
+  if constexpr (gradsync::detail::HasNative<Backend>) {
+    fit.native_s = time_calls(comm, board, cfg, [&] {
+                     gradsync::AllReduce<gradsync::Native>{}(comm, std::span<float>(small), gradsync::Sum{});
+                   }).seconds;
+    m.native_alpha = fit.native_s / (2.0 * gradsync::detail::ceil_log2(p));
+  } else {
+    m.native_alpha = 0;
+  }
+  return fit;
+}
+
+void print_fit(const Fit& f, int p) {
+  std::printf("# gradsync calibrate: %s backend, world size %d\n", backend_name.data(), p);
+  std::printf("# 8-byte Ring all-reduce     %10.3f us -> alpha = t/(2(p-1))\n", f.small_ring_s * 1e6);
+  std::printf("# reduce_into<Sum> %zu B %10.1f us -> gamma = t/n (%.2f GB/s)\n", f.big_bytes, f.reduce_s * 1e6,
+              static_cast<double>(f.big_bytes) / f.reduce_s / 1e9);
+  std::printf("# Ring all-reduce %zu B  %10.1f us -> beta = (t - alpha, gamma terms)/(2(p-1)/p n) (%.2f GB/s)\n",
+              f.big_bytes, f.big_ring_s * 1e6, 1.0 / f.model.beta / 1e9);
+  std::printf("# 8-byte Native all-reduce   %10.3f us -> native_alpha = t/(2 ceil(lg p))\n", f.native_s * 1e6);
+  std::printf("# use: export the line below, then rerun all_reduce_perf --algo all to see predicted vs measured\n");
+  std::printf("GRADSYNC_COST_MODEL=alpha=%.4g,beta=%.4g,gamma=%.4g,native_alpha=%.4g\n", f.model.alpha, f.model.beta,
+              f.model.gamma, f.model.native_alpha);
+}
+
+// ---------------------------------------------------------------- model
+
+/// --model: the cost model's prediction per algorithm per size at each world
+/// size in --ranks, and the winner. No communication.
+void run_model(const Config& cfg) {
+  const gradsync::CostModel& m = cfg.link;
+  std::vector<std::string> algos{"ring", "tree", "rhd"};
+  if (m.native_alpha > 0) algos.push_back("native");
+  std::printf("# gradsync all_reduce_perf --model: predictions only, no communication\n");
+  std::printf("# link: %s alpha=%g s, beta=%g s/B (%.1f GB/s), gamma=%g s/B, native_alpha=%g s, chunk %zu B\n",
+              cfg.preset.empty() ? "(flags)" : cfg.preset.c_str(), m.alpha, m.beta, 1.0 / m.beta / 1e9, m.gamma,
+              m.native_alpha, m.chunk_bytes);
+  std::printf("GRADSYNC_COST_MODEL=alpha=%.4g,beta=%.4g,gamma=%.4g,native_alpha=%.4g\n", m.alpha, m.beta, m.gamma,
+              m.native_alpha);
+  std::string json = "{\n  \"benchmark\": \"all_reduce_model\", \"preset\": " + json_string(cfg.preset) +
+                     ", \"alpha\": " + json_number(m.alpha) + ", \"beta\": " + json_number(m.beta) +
+                     ", \"gamma\": " + json_number(m.gamma) + ", \"native_alpha\": " + json_number(m.native_alpha) +
+                     ",\n  \"tables\": [";
+  bool first_table = true;
+  for (const int p : cfg.model_ranks) {
+    std::printf("#\n# world size %d (busbw factor %.4f); predicted time per call (us)\n#%11s", p, busbw_factor(p),
+                "size (B)");
+    for (const auto& a : algos) std::printf("  %10s", a.c_str());
+    std::printf("  %7s  %11s\n", "winner", "busbw(GB/s)");
+    json += std::string(first_table ? "" : ",") + "\n    {\"world_size\": " + std::to_string(p) + ", \"rows\": [";
+    first_table = false;
+    bool first_row = true;
+    for (const std::size_t bytes : sizes(cfg)) {
+      std::printf("%12zu", bytes);
+      std::string best;
+      double best_t = HUGE_VAL;
+      std::string row = std::string(first_row ? "" : ",") + "\n      {\"size\": " + std::to_string(bytes);
+      first_row = false;
+      for (const auto& a : algos) {
+        const double t = gradsync::detail::predict(a, gradsync::Collective::all_reduce, p, static_cast<double>(bytes), m);
+        std::printf("  %s  ", format_time_us(t).c_str());
+        row += ", \"" + a + "_us\": " + json_number(t * 1e6);
+        if (t < best_t) {
+          best_t = t;
+          best = a;
+        }
+      }
+      const double busbw = gb_per_s(bytes, best_t) * busbw_factor(p);
+      std::printf("  %7s  %11.2f\n", best.c_str(), busbw);
+      json += row + ", \"winner\": " + json_string(best) + ", \"winner_busbw_GBps\": " + json_number(busbw) + "}";
+    }
+    json += "\n    ]}";
+  }
+  json += "\n  ]\n}\n";
+  if (!cfg.json_path.empty()) {
+    std::ofstream out(cfg.json_path);
+    if (!out) throw std::runtime_error("cannot write " + cfg.json_path);
+    out << json;
+  }
 }
 
 // ------------------------------------------------------------- dispatch
@@ -617,17 +867,45 @@ int main(int argc, char** argv) {
   try {
     Report rep;
     rep.cfg = parse_args(argc, argv);
+    if (rep.cfg.model) {
+      run_model(rep.cfg);
+      return 0;
+    }
     for (const auto& a : rep.cfg.algorithms) rep.tables.push_back(Table{a, {}});
     rep.memcpy_gbps = memcpy_gb_per_s();
-    print_header(rep);
+#ifdef GRADSYNC_BENCH_MPI
+    Comm world(MPI_COMM_WORLD);
+    rep.cfg.ranks = world.size();
+    const bool printer = world.rank() == 0;
+    auto run_ranks = [&](auto&& body) {
+      Board board(world.size());
+      body(world, board);
+    };
+#else
+    const bool printer = true;
+    auto run_ranks = [&](auto&& body) {
+      Board board(rep.cfg.ranks);
+      gradsync::run_threads(rep.cfg.ranks, [&](Comm& comm) { body(comm, board); });
+    };
+#endif
+    if (rep.cfg.calibrate) {
+      Fit fit;
+      run_ranks([&](Comm& comm, Board& board) {
+        Fit f = calibrate_rank(comm, board, rep.cfg);
+        if (comm.rank() == 0) fit = f;
+      });
+      if (printer) print_fit(fit, rep.cfg.ranks);
+      return 0;
+    }
+    if (printer) print_header(rep);
     std::fflush(stdout);
     with_type(rep.cfg.type, [&](auto type) {
       using T = typename decltype(type)::type;
       with_op(rep.cfg.op, [&](auto op) {
-        Board board(rep.cfg.ranks);
-        gradsync::run_threads(rep.cfg.ranks, [&](Comm& comm) { run_rank<T, decltype(op)>(comm, board, rep); });
+        run_ranks([&](Comm& comm, Board& board) { run_rank<T, decltype(op)>(comm, board, rep); });
       });
     });
+    if (!printer) return 0;
     for (const Table& t : rep.tables) print_table(t, rep.cfg);
     print_summary(rep);
     if (!rep.cfg.json_path.empty()) write_json(rep);
