@@ -345,6 +345,10 @@ void broadcast_case(std::mt19937_64& g, int n, const std::vector<std::size_t>& c
 
 }  // namespace
 
+// The file builds as one suite, or as two halves (GRADSYNC_TEST_PART 1:
+// all-reduce, 2: the rest) that compile in parallel; CI compiles it three
+// times, under two sanitizers.
+#if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 1
 TEST_CASE_TEMPLATE("AllReduce matches the reference for every op, type, world size 1..9 and count", Algo,
                    GRADSYNC_ALGORITHMS) {
   const std::uint64_t seed = test_seed();
@@ -364,6 +368,9 @@ TEST_CASE_TEMPLATE("AllReduce matches the reference for every op, type, world si
   }
 }
 
+#endif
+
+#if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 2
 TEST_CASE_TEMPLATE("ReduceScatter matches the reference for every op, type, world size 1..9 and count", Algo,
                    GRADSYNC_ALGORITHMS) {
   const std::uint64_t seed = test_seed();
@@ -411,6 +418,9 @@ TEST_CASE_TEMPLATE("Broadcast from every root for every type, world size 1..9 an
   });
 }
 
+#endif
+
+#if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 1
 TEST_CASE_TEMPLATE("AllReduce of a million floats at N = 3 and 4", Algo, GRADSYNC_ALGORITHMS) {
   const std::uint64_t seed = test_seed();
   CAPTURE(seed);
@@ -438,3 +448,4 @@ TEST_CASE("AllReduce accepts any contiguous range and defaults to Auto and Sum")
     CHECK(maxes[r] == std::vector<double>(3, 1.5));
   }
 }
+#endif
