@@ -1,7 +1,7 @@
 #pragma once
-/// \file The umbrella header: the core, the Threads backend and every
-/// algorithm and primitive. It never includes MPI, NCCL or CUDA headers;
-/// those backends are opt-in through their own headers.
+/// \file The umbrella header: the core, the Threads backend, every
+/// algorithm and primitive, and the trainers. It never includes MPI, NCCL or
+/// CUDA headers; those backends are opt-in through their own headers.
 
 #include "gradsync/algorithm/auto.hpp"
 #include "gradsync/algorithm/native.hpp"
@@ -13,6 +13,7 @@
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
+#include "gradsync/collective/progress_worker.hpp"
 #include "gradsync/collective/reduce_scatter.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
@@ -21,9 +22,8 @@
 #include "gradsync/core/float16.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
-#include "gradsync/core/types.hpp"
-#include "gradsync/collective/progress_worker.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/types.hpp"
 #include "gradsync/train/adam.hpp"
 #include "gradsync/train/adamw.hpp"
 #include "gradsync/train/distributed_sampler.hpp"

@@ -17,9 +17,11 @@ namespace gradsync {
 struct Mpi {
   using Endpoint = detail::mpi::Endpoint;
 
-  /// Cost-model constants for Auto over Open MPI 4.1 shared memory (vader)
-  /// on the 2-core development machine; see README, "Cost model". Native is
-  /// MPI's own collective, whose synchronisation cost is native_alpha.
+  /// Cost-model constants for Auto over Open MPI 4.1 shared memory (vader),
+  /// set by hand for the 2-core development VM, not yet fitted: run
+  /// `mpirun -np 2 all_reduce_perf_mpi --backend mpi --calibrate` and pass its
+  /// line as GRADSYNC_COST_MODEL. Native is MPI's own collective, whose
+  /// synchronisation cost is native_alpha.
   static constexpr CostModel cost_model{
       .alpha = 1.0e-6,
       .beta = 1.0 / 6.0e9,

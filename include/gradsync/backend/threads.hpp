@@ -22,9 +22,12 @@ namespace gradsync {
 struct Threads {
   using Endpoint = detail::threads::Endpoint;
 
-  /// Cost-model constants for Auto. Fitted on the 2-core development machine
-  /// (see README, "Cost model"): alpha per message, beta per byte moved,
-  /// gamma per byte reduced, in seconds.
+  /// Cost-model constants for Auto, in seconds: alpha per message, beta per
+  /// byte copied, gamma per byte reduced, native_alpha per synchronisation of
+  /// the shared-memory path. Set by hand from `all_reduce_perf -t 2 --algo
+  /// all` on the 2-core development VM (8-byte ring ≈ 2 messages ≈ 1 µs,
+  /// native ≈ 0.2 µs; memcpy ≈ 9 GB/s per copied byte). `all_reduce_perf
+  /// --calibrate` prints fitted values for GRADSYNC_COST_MODEL.
   static constexpr CostModel cost_model{
       .alpha = 0.6e-6,
       .beta = 1.0 / 9.0e9,
