@@ -62,9 +62,12 @@ class Spinner {
   std::chrono::nanoseconds budget_;
 };
 
-/// Yields before sleeping: when ranks outnumber cores, yielding hands the core
-/// to the rank being waited for.
-inline constexpr int yield_iterations = 200;
+/// How long to yield before sleeping. Yielding hands the core to the awaited
+/// rank when it shares the core, and costs only a system call when the core
+/// is free, so it also covers waits for a peer that is busy copying a large
+/// message (hundreds of microseconds), which a sleep would lengthen by its
+/// wake-up latency.
+inline constexpr std::chrono::microseconds yield_time{2000};
 
 /// Waits until `ready()` holds. `check()` runs between attempts once spinning
 /// is over and throws to give up (abort, deadline).
@@ -77,11 +80,12 @@ void wait_on(Doorbell& bell, Spinner& spinner, Ready&& ready, Check&& check) {
     if (i % 32 == 0 && std::chrono::steady_clock::now() > until) break;
   }
   spinner.spun_in_vain();
-  for (int i = 0;; ++i) {
+  const auto yield_until = std::chrono::steady_clock::now() + yield_time;
+  for (;;) {
     const std::uint64_t seen = bell.epoch.load(std::memory_order_seq_cst);
     if (ready()) return;
     check();
-    if (i < yield_iterations) {
+    if (std::chrono::steady_clock::now() < yield_until) {
       std::this_thread::yield();
       continue;
     }
