@@ -135,7 +135,19 @@ template <>
 struct Algorithm<Auto> {
   template <class B, class F>
   static void dispatch(Communicator<B>& comm, Collective c, std::size_t bytes, F&& run) {
-    const std::string_view pick = choose<B>(comm.size(), c, bytes);
+    // Training loops repeat the same calls; remembering the last answer per
+    // thread keeps Auto's cost on an 8-byte call to a compare.
+    struct Memo {
+      Collective collective = Collective::barrier;
+      int world = 0;
+      std::size_t bytes = 0;
+      std::string_view pick;
+    };
+    thread_local Memo memo;
+    if (memo.pick.empty() || memo.collective != c || memo.world != comm.size() || memo.bytes != bytes) {
+      memo = {c, comm.size(), bytes, choose<B>(comm.size(), c, bytes)};
+    }
+    const std::string_view pick = memo.pick;
     if (pick == Native::name) {
       if constexpr (HasNative<B>) return run(Algorithm<Native>{});
     }
