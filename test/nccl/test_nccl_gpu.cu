@@ -143,12 +143,12 @@ void on_every_gpu(F&& body) {
 
 }  // namespace
 
-TEST_CASE("Nccl: Native, Ring and RecursiveHalvingDoubling on every GPU") {
+TEST_CASE("Nccl: Native, Ring, Tree and RecursiveHalvingDoubling on every GPU") {
   on_every_gpu([](gradsync::Communicator<gradsync::Nccl>& comm) {
     check_algorithm<gradsync::Native>(comm);
     check_algorithm<gradsync::Ring>(comm);
+    check_algorithm<gradsync::Tree>(comm);
     check_algorithm<gradsync::RecursiveHalvingDoubling>(comm);
-    if (comm.size() == 1) check_algorithm<gradsync::Tree>(comm);
     comm.barrier();
   });
 }

@@ -19,6 +19,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gradsync/algorithm/recursive_halving_doubling.hpp"
@@ -95,9 +96,9 @@ const char* coll_name(Coll c) {
 }
 
 /// Runs one collective on every rank (one after another: nothing blocks)
-/// and returns the order checker's verdict, empty when all is well.
+/// and returns what each rank issued.
 template <class Algo>
-std::string run_one(Coll coll, int p, std::size_t count, int root, gradsync::Options opt) {
+std::vector<RankLog> record(Coll coll, int p, std::size_t count, int root, gradsync::Options opt) {
   std::vector<RankLog> logs(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) {
     gradsync::Communicator<Recording> comm{RecordingEndpoint(r, p, &logs[static_cast<std::size_t>(r)])};
@@ -116,7 +117,13 @@ std::string run_one(Coll coll, int p, std::size_t count, int root, gradsync::Opt
       case Coll::broadcast: gradsync::Broadcast<Algo>{opt}(comm, std::span<float>(out), root); break;
     }
   }
-  return gradsync::detail::nccl::check_order(logs);
+  return logs;
+}
+
+/// The order checker's verdict on one collective, empty when all is well.
+template <class Algo>
+std::string run_one(Coll coll, int p, std::size_t count, int root, gradsync::Options opt) {
+  return gradsync::detail::nccl::check_order(record<Algo>(coll, p, count, root, opt));
 }
 
 gradsync::Collective collective_of(Coll c) {
@@ -135,11 +142,11 @@ gradsync::Collective collective_of(Coll c) {
 template <class Algo>
 std::vector<std::string> sweep(Coll coll, int& refused) {
   std::vector<std::string> wrong;
-  for (int p = 1; p <= 8; ++p) {
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{97}, std::size_t{1000}}) {
+  for (int p : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17}) {
+    for (std::size_t count : {0, 1, 2, 5, 13, 97, 1000}) {
       for (bool det : {false, true}) {
-        // 64-byte chunks: many pipelined pieces in flight at once.
-        for (std::size_t chunk : {std::size_t{0}, std::size_t{64}}) {
+        // 4- and 64-byte chunks: many pipelined pieces in flight at once.
+        for (std::size_t chunk : {0, 4, 64}) {
           const int roots = coll == Coll::broadcast ? p : 1;
           for (int root = 0; root < roots; ++root) {
             const std::string why = run_one<Algo>(coll, p, count, root, {.deterministic = det, .chunk_bytes = chunk});
@@ -176,8 +183,64 @@ void expect_order_safe(Coll coll) {
 TEST_CASE_TEMPLATE("p2p issue order matches across ranks", Algo, gradsync::Ring, gradsync::Tree,
                    gradsync::RecursiveHalvingDoubling) {
   for (Coll c : {Coll::all_reduce, Coll::reduce_scatter, Coll::all_gather, Coll::broadcast}) {
-    
     expect_order_safe<Algo>(c);
+  }
+}
+
+TEST_CASE("Tree's double-tree AllReduce is order-safe and accepted at every size and chunking") {
+  // Sizes past full trees (15..17, 31..33), counts that leave one half empty
+  // or odd, and chunks down to one element, so hundreds of pieces of both
+  // trees go up and down at once.
+  std::size_t checked = 0;
+  for (int p : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 31, 32, 33}) {
+    for (std::size_t count : {0, 1, 2, 3, 7, 13, 31, 97, 1000, 1021}) {
+      for (std::size_t chunk : {0, 4, 8, 12, 64, 1024}) {
+        CAPTURE(p);
+        CAPTURE(count);
+        CAPTURE(chunk);
+        const auto logs = record<gradsync::Tree>(Coll::all_reduce, p, count, -1, {.chunk_bytes = chunk});
+        CHECK(gradsync::detail::nccl::check_order(logs) == "");
+        // Per chunk, each of the two trees' p - 1 edges carries one message up
+        // and one down, each a send and a receive: nothing is left out.
+        std::size_t ops = 0;
+        for (const RankLog& log : logs) ops += log.ops.size();
+        const std::size_t chunks = gradsync::detail::pieces_for(
+            (count + 1) / 2, gradsync::detail::chunk_bytes({.chunk_bytes = chunk}) / sizeof(float));
+        CHECK(ops == (p > 1 ? 2 * chunks * 4 * static_cast<std::size_t>(p - 1) : 0));
+        const gradsync::detail::CallInfo call{gradsync::Collective::all_reduce, gradsync::Tree::name,
+                                              gradsync::DataType::float32, gradsync::OpKind::sum, count, -1, false};
+        CHECK(gradsync::detail::nccl::unsupported_reason(call, p) == "");
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 1000);
+}
+
+TEST_CASE("the checker catches two messages of a real Tree AllReduce swapped") {
+  // Every pair of same-direction messages between two ranks with different
+  // tags, swapped in one rank's log, must be caught.
+  for (int p : {2, 3, 5, 8}) {
+    const auto logs = record<gradsync::Tree>(Coll::all_reduce, p, 97, -1, {.chunk_bytes = 64});
+    REQUIRE(gradsync::detail::nccl::check_order(logs) == "");
+    std::size_t swaps = 0;
+    for (std::size_t r = 0; r < logs.size(); ++r) {
+      const auto& ops = logs[r].ops;
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        for (std::size_t j = i + 1; j < ops.size(); ++j) {
+          const PostedOp& a = ops[i].op;
+          const PostedOp& b = ops[j].op;
+          if (a.peer != b.peer || (a.kind == PostedOp::send) != (b.kind == PostedOp::send) || a.tag == b.tag) continue;
+          auto broken = logs;
+          std::swap(broken[r].ops[i].op, broken[r].ops[j].op);
+          CAPTURE(p);
+          CAPTURE(r);
+          CHECK(gradsync::detail::nccl::check_order(broken) != "");
+          ++swaps;
+        }
+      }
+    }
+    CHECK(swaps > 0);
   }
 }
 

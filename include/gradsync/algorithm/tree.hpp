@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "gradsync/algorithm/algorithm.hpp"
 #include "gradsync/algorithm/binary_tree.hpp"
@@ -66,21 +67,56 @@ inline std::uint32_t tree_tag(std::size_t unit, int down) noexcept {
 
 /// Reduce up (and, with `broadcast_down`, back down) a set of trees, each
 /// over its own range of x, in chunks. Unit u = chunk * trees + tree.
-/// Without broadcast_down, `on_root_done` is never needed: the caller
-/// scatters. Returns after every chunk has gone up (and down).
+/// Without broadcast_down the caller scatters. Returns after every chunk has
+/// gone up (and down).
+///
+/// Posting order, so that tagless order matching (Nccl) pairs every message:
+/// between two ranks, messages go up one tree and down the other only where
+/// one is a leaf child of the other in the first tree and the other's leaf
+/// child in the second (no rank has children in both trees of the double
+/// tree). So each rank posts, per peer, every up message before any down
+/// message, each kind in chunk order:
+///  - a leaf sends all its chunks up at once, and an interior rank receives
+///    all its chunks from both children at once, before anything comes down
+///    (receiving from the second child only after the first would let two
+///    ranks that are each other's leaf child wait on each other's second
+///    Nccl batch);
+///  - a rank receives chunk k of a tree it is a leaf in only once chunk k of
+///    the tree it has children in is final here (a rank with no children
+///    anywhere receives at once). Posted any earlier, that receive would sit
+///    in an Nccl batch waiting on the other tree's whole descent, and the
+///    two descents would wait on each other.
+/// Chunks still pipeline: both children's chunks overlap, and each chunk
+/// starts down as soon as it is reduced.
 template <class B, class T>
 void tree_reduce(Communicator<B>& comm, std::span<T> x, OpKind op, std::span<const TreeNode> nodes,
                  std::span<const Range> ranges, std::size_t k_chunks, bool broadcast_down) {
   const std::size_t trees = nodes.size();
+  const std::size_t units = trees * k_chunks;
   auto piece = [&](std::size_t u) {
     const Range c = sub(ranges[u % trees], k_chunks, u / trees);
     return x.subspan(c.begin, c.size());
   };
-  std::size_t open = trees * k_chunks;  // units not yet finished on this rank
+  // The tree this rank has children in, or `trees` if none.
+  std::size_t inner = trees;
+  for (std::size_t w = 0; w < trees; ++w)
+    if (nodes[w].children[0] >= 0) inner = w;
+  // Children still to arrive per unit: few units fit on the stack.
+  std::array<std::uint8_t, 256> few{};
+  std::vector<std::uint8_t> many(units > few.size() ? units : 0);
+  std::uint8_t* left = units > few.size() ? many.data() : few.data();
+  std::size_t open = units;  // units not yet finished on this rank
+  auto from_parent = [&](std::size_t u) {
+    comm.recv(piece(u), nodes[u % trees].parent, tree_tag(u, 1), tree_token(u, ev_parent));
+  };
   auto down = [&](std::size_t u) {
     for (int c : nodes[u % trees].children)
       if (c >= 0) comm.send(std::span<const T>(piece(u)), c, tree_tag(u, 1), ev_send);
     --open;
+    if (u % trees != inner) return;
+    const std::size_t k = u / trees;
+    for (std::size_t w = 0; w < trees; ++w)
+      if (nodes[w].children[0] < 0 && !nodes[w].is_root()) from_parent(k * trees + w);
   };
   auto up = [&](std::size_t u) {
     const TreeNode& n = nodes[u % trees];
@@ -94,34 +130,30 @@ void tree_reduce(Communicator<B>& comm, std::span<T> x, OpKind op, std::span<con
       return;
     }
     comm.send(std::span<const T>(piece(u)), n.parent, tree_tag(u, 0), ev_send);
-    if (broadcast_down) {
-      comm.recv(piece(u), n.parent, tree_tag(u, 1), tree_token(u, ev_parent));
-    } else {
+    if (!broadcast_down) {
       --open;
+    } else if (u % trees == inner || inner == trees) {
+      from_parent(u);
     }
   };
-  for (std::size_t u = 0; u < trees * k_chunks; ++u) {
+  for (std::size_t u = 0; u < units; ++u) {
     const TreeNode& n = nodes[u % trees];
-    if (n.children[0] >= 0) {
-      comm.recv_reduce(piece(u), n.children[0], tree_tag(u, 0), tree_token(u, ev_child0), op);
-    } else {
-      up(u);
+    left[u] = 0;
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (n.children[i] < 0) continue;
+      comm.recv_reduce(piece(u), n.children[i], tree_tag(u, 0), tree_token(u, i == 0 ? ev_child0 : ev_child1), op);
+      ++left[u];
     }
+    if (!left[u]) up(u);
   }
   while (open) {
     const std::uint32_t t = comm.wait_any();
     const std::size_t u = t >> 2;
     switch (t & 3u) {
-      case ev_child0: {
-        const TreeNode& n = nodes[u % trees];
-        if (n.children[1] >= 0) {
-          comm.recv_reduce(piece(u), n.children[1], tree_tag(u, 0), tree_token(u, ev_child1), op);
-        } else {
-          up(u);
-        }
+      case ev_child0:
+      case ev_child1:
+        if (!--left[u]) up(u);
         break;
-      }
-      case ev_child1: up(u); break;
       case ev_parent: down(u); break;
       default: break;
     }

@@ -13,11 +13,11 @@
 /// receive at B from A. That is correct only for algorithms whose posts,
 /// under FIFO completion, agree in tag order on both sides of every pair and
 /// never wait on a later batch; test/nccl/test_nccl_matching.cpp checks this
-/// per algorithm. Ring, RecursiveHalvingDoubling and the one-tree Tree
-/// collectives, and the rank-ordered (deterministic) reduce-scatter, hold
-/// it. Tree's double-tree AllReduce (it posts its receive from the parent
-/// before the parent can send) does not, so this endpoint refuses it before
-/// issuing anything, rather than deadlock or mismatch on the GPU.
+/// per algorithm: Ring, Tree (its double-tree AllReduce included) and
+/// RecursiveHalvingDoubling, and the rank-ordered (deterministic)
+/// reduce-scatter, all hold it. A schedule that did not would be refused by
+/// unsupported_reason before issuing anything, rather than deadlock or
+/// mismatch on the GPU.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
