@@ -29,13 +29,14 @@ struct bfloat16 {
  private:
   static constexpr std::uint16_t round_from(float f) noexcept {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-    // A NaN must stay a NaN after truncation, so force a mantissa bit.
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
-      return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-    }
     // Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even.
-    const std::uint32_t lsb = (u >> 16) & 1u;
-    return static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    // A NaN must stay a NaN after truncation, so force a mantissa bit. A
+    // select rather than an early return keeps the conversion branch-free,
+    // so a loop of them vectorizes.
+    const std::uint32_t quiet = (u >> 16) | 0x0040u;
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    return static_cast<std::uint16_t>(nan ? quiet : rounded);
   }
 };
 
