@@ -3,22 +3,33 @@
 //   ddp_mlp                       4 ranks (threads), built-in synthetic data
 //   ddp_mlp --mnist DIR           MNIST from DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte
 //   ddp_mlp --ranks 2 --epochs 5 --hidden 512
+//   mpirun -np 4 ddp_mlp --backend mpi     one rank per process (built with MPI)
 //
 // Each rank trains on its DistributedSampler shard with batch 64 (effective
-// batch 64 x ranks), the learning rate scaled by the linear rule. Eigen does
+// batch 64 x ranks), the learning rate scaled by the linear rule and decayed
+// by a cosine over the epochs. On the built-in data the default run (6
+// epochs, about 10 s on 2 cores) reaches the 80% target. Eigen does
 // the math, single-threaded inside each rank: the parallelism is the ranks.
+// The training code is written once, for any gradsync::Communicator.
 
-#include <gradsync/gradsync.hpp>
-
+// First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
 #include "eigen_mlp.hpp"
 
+#include <gradsync/gradsync.hpp>
+#ifdef GRADSYNC_HAVE_MPI
+#include <gradsync/backend/mpi.hpp>
+#endif
+
+#include "mnist.hpp"
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -29,71 +40,133 @@ struct Dataset {
   int dim = 0, classes = 0;
   std::vector<float> x;  // sample i at x[i * dim]
   std::vector<int> y;
+  double ceiling = 0;  // best test accuracy possible, where known
   std::size_t size() const { return y.size(); }
 };
 
-/// Ten classes, each a mixture of four Gaussian blobs in a 12-dimensional
-/// latent space, seen through a random nonlinear map in 128 dimensions
-/// with noise. The blobs overlap, so accuracy is capped near 92%: the MLP
-/// passes 90% within a few epochs while its training loss keeps falling.
-void synthetic(Dataset& train, Dataset& test) {
-  constexpr int latent = 12, dim = 128, classes = 10, blobs = 4;
-  std::mt19937_64 rng(2024);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> centers(classes * blobs * latent), a(dim * latent), b(dim);
-  for (float& c : centers) c = 1.0f * normal(rng);
-  for (float& v : a) v = normal(rng) / std::sqrt(float(latent));
-  for (float& v : b) v = 0.5f * normal(rng);
+/// splitmix64: the same stream on every platform and standard library, so
+/// every process of an MPI run builds the very same data.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [0, n).
+  int below(int n) { return static_cast<int>((next() >> 11) % static_cast<std::uint64_t>(n)); }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  /// Standard normal (Box–Muller).
+  float normal() {
+    const double u = 1.0 - uniform(), v = uniform();
+    return static_cast<float>(std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v));
+  }
+  /// Roughly normal, mean 0 and variance 1, from one draw: the sum of four
+  /// 16-bit uniforms (Irwin–Hall), cheap enough for every pixel.
+  float noise() {
+    const std::uint64_t r = next();
+    const float s = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
+    return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+  }
+
+ private:
+  std::uint64_t s_;
+};
+
+/// Built-in data: 784 features, 10 classes, 5% of labels replaced by a
+/// random class. A 3-dimensional latent cube is cut into 100 Voronoi cells,
+/// ten per class, scattered, so classes interleave across nonlinear
+/// boundaries. A sample is a uniform point of the cube labelled by its
+/// cell; its features are that point, jittered, seen through a random
+/// two-layer tanh network as 784 values, plus noise on each. The default
+/// run learns it over several epochs: test accuracy about 59% after the
+/// first, 85% after the sixth; a classifier that knew the cells would score
+/// about 88% (set in `ceiling`). Every process of a run builds the same
+/// data from the same seed.
+void synthetic(Dataset& train, Dataset& test, std::size_t train_samples, std::size_t test_samples,
+               std::uint64_t seed) {
+  constexpr int latent = 3, cells = 100, hidden = 64, dim = 784, classes = 10;
+  constexpr float jitter = 0.02f, pixel_noise = 0.1f;
+  constexpr double label_noise = 0.05;
+  Rng rng(seed);
+  auto random = [&](int rows, int cols, float scale) {
+    Eigen::MatrixXf m(rows, cols);
+    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = scale * rng.normal();
+    return m;
+  };
+  // Cell k's centre is sites.col(k); it belongs to class k % 10.
+  Eigen::MatrixXf sites(latent, cells);
+  for (Eigen::Index i = 0; i < sites.size(); ++i) sites.data()[i] = static_cast<float>(2 * rng.uniform() - 1);
+  const Eigen::MatrixXf a1 = random(hidden, latent, 1.5f / std::sqrt(float(latent)));
+  const Eigen::MatrixXf a2 = random(dim, hidden, 1.5f / std::sqrt(float(hidden)));
+  const Eigen::VectorXf b1 = random(hidden, 1, 0.5f), b2 = random(dim, 1, 0.5f);
+  auto cell_class = [&](const Eigen::VectorXf& z) {
+    Eigen::Index k;
+    (sites.colwise() - z).colwise().squaredNorm().minCoeff(&k);
+    return static_cast<int>(k % classes);
+  };
   auto fill = [&](Dataset& d, std::size_t n) {
     d.dim = dim;
     d.classes = classes;
-    d.x.resize(n * dim);
     d.y.resize(n);
-    std::vector<float> z(latent);
+    Eigen::MatrixXf z(latent, static_cast<Eigen::Index>(n));
+    std::size_t knowable = 0;  // samples whose label is their jittered point's cell
+    Eigen::VectorXf p(latent);
     for (std::size_t i = 0; i < n; ++i) {
-      const int cls = static_cast<int>(rng() % classes), blob = static_cast<int>(rng() % blobs);
-      for (int k = 0; k < latent; ++k) z[k] = centers[(cls * blobs + blob) * latent + k] + 0.7f * normal(rng);
-      for (int j = 0; j < dim; ++j) {
-        float s = b[j];
-        for (int k = 0; k < latent; ++k) s += a[j * latent + k] * z[k];
-        d.x[i * dim + j] = std::tanh(s) + 0.3f * normal(rng);
-      }
-      d.y[i] = cls;
+      for (int k = 0; k < latent; ++k) p[k] = static_cast<float>(2 * rng.uniform() - 1);
+      int c = cell_class(p);
+      if (rng.uniform() < label_noise) c = rng.below(classes);
+      d.y[i] = c;
+      for (int k = 0; k < latent; ++k) p[k] += jitter * rng.normal();
+      z.col(Eigen::Index(i)) = p;
+      knowable += cell_class(p) == c;
     }
+    d.ceiling = n ? double(knowable) / double(n) : 0.0;
+    const Eigen::MatrixXf h = ((a1 * z).colwise() + b1).array().tanh().matrix();
+    d.x.resize(n * dim);
+    Eigen::Map<Eigen::MatrixXf> x(d.x.data(), dim, static_cast<Eigen::Index>(n));
+    x.noalias() = a2 * h;
+    x.colwise() += b2;
+    x = x.array().tanh().matrix();
+    for (float& v : d.x) v += pixel_noise * rng.noise();
   };
-  fill(train, 40000);
-  fill(test, 8000);
+  fill(train, train_samples);
+  fill(test, test_samples);
 }
 
-std::uint32_t be32(std::ifstream& f) {
-  unsigned char c[4];
-  f.read(reinterpret_cast<char*>(c), 4);
-  return (std::uint32_t(c[0]) << 24) | (std::uint32_t(c[1]) << 16) | (std::uint32_t(c[2]) << 8) | c[3];
-}
-
-void read_idx(const std::string& images, const std::string& labels, Dataset& d) {
-  std::ifstream fi(images, std::ios::binary), fl(labels, std::ios::binary);
-  if (!fi || !fl) throw std::runtime_error("cannot open " + images + " or " + labels);
-  if (be32(fi) != 0x803 || be32(fl) != 0x801) throw std::runtime_error("not MNIST IDX files: " + images);
-  const std::uint32_t n = be32(fi), rows = be32(fi), cols = be32(fi);
-  if (be32(fl) != n) throw std::runtime_error("image and label counts differ in " + images);
-  d.dim = static_cast<int>(rows * cols);
+/// MNIST from its IDX files, pixels normalised as torchvision's example does.
+Dataset from_mnist(const std::string& images, const std::string& labels) {
+  const example::mnist::LabelledImages m = example::mnist::read(images, labels);
+  Dataset d;
+  d.dim = static_cast<int>(m.images.rows * m.images.cols);
   d.classes = 10;
-  std::vector<unsigned char> px(std::size_t(n) * d.dim), lb(n);
-  fi.read(reinterpret_cast<char*>(px.data()), static_cast<std::streamsize>(px.size()));
-  fl.read(reinterpret_cast<char*>(lb.data()), static_cast<std::streamsize>(lb.size()));
-  if (!fi || !fl) throw std::runtime_error("truncated MNIST file " + images);
-  d.x.resize(px.size());
-  for (std::size_t i = 0; i < px.size(); ++i) d.x[i] = (px[i] / 255.0f - 0.1307f) / 0.3081f;
-  d.y.assign(lb.begin(), lb.end());
+  d.x.resize(m.images.pixels.size());
+  for (std::size_t i = 0; i < d.x.size(); ++i) d.x[i] = (m.images.pixels[i] / 255.0f - 0.1307f) / 0.3081f;
+  d.y.assign(m.labels.begin(), m.labels.end());
+  return d;
+}
+
+/// Keeps the first `n` samples (all when n is 0 or more than there are).
+void truncate(Dataset& d, std::size_t n) {
+  if (n == 0 || n >= d.size()) return;
+  d.x.resize(n * std::size_t(d.dim));
+  d.y.resize(n);
 }
 
 struct Args {
-  int ranks = 4, epochs = 5, batch = 64, hidden = 256;
+  int ranks = 4, epochs = 6, batch = 64, hidden = 256;
+  bool ranks_given = false;
   double base_lr = 0.05;  // at batch 64
-  double target = 0.90;
+  // The default run ends at 83-85% on the synthetic data (seeds 1-3 and 2024).
+  double target = 0.80;
+  std::size_t train_samples = 0, test_samples = 0;  // 0: the dataset's own
+  std::uint64_t seed = 2024;
   std::string mnist, backend = "threads";
 };
+
+constexpr std::size_t synthetic_train = 48000, synthetic_test = 8000;
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -103,18 +176,124 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--ranks") a.ranks = std::stoi(next());
-    else if (k == "--epochs") a.epochs = std::stoi(next());
-    else if (k == "--batch") a.batch = std::stoi(next());
-    else if (k == "--hidden") a.hidden = std::stoi(next());
-    else if (k == "--lr") a.base_lr = std::stod(next());
-    else if (k == "--target") a.target = std::stod(next());
+    // A whole non-negative integer, or an error naming the option.
+    auto count = [&]() -> std::uint64_t {
+      const std::string v = next();
+      std::size_t used = 0;
+      std::uint64_t n = 0;
+      try {
+        n = std::stoull(v, &used);
+      } catch (const std::logic_error&) {
+        used = 0;
+      }
+      if (used == 0 || used != v.size() || v[0] == '-') {
+        throw std::runtime_error("bad value for " + k + ": '" + v + "'");
+      }
+      return n;
+    };
+    auto real = [&]() -> double {
+      const std::string v = next();
+      std::size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(v, &used);
+      } catch (const std::logic_error&) {
+        used = 0;
+      }
+      if (used == 0 || used != v.size()) throw std::runtime_error("bad value for " + k + ": '" + v + "'");
+      return x;
+    };
+    auto small = [&]() { return static_cast<int>(std::min<std::uint64_t>(count(), 1u << 20)); };
+    if (k == "--ranks") a.ranks = small(), a.ranks_given = true;
+    else if (k == "--epochs") a.epochs = small();
+    else if (k == "--batch") a.batch = small();
+    else if (k == "--hidden") a.hidden = small();
+    else if (k == "--lr") a.base_lr = real();
+    else if (k == "--target") a.target = real();
+    else if (k == "--train-samples") a.train_samples = count();
+    else if (k == "--test-samples") a.test_samples = count();
+    else if (k == "--seed") a.seed = count();
     else if (k == "--mnist") a.mnist = next();
     else if (k == "--backend") a.backend = next();
     else throw std::runtime_error("unknown option " + k +
-                                  " (expected --ranks --epochs --batch --hidden --lr --target --mnist --backend)");
+                                  " (expected --backend --ranks --epochs --batch --hidden --lr --target"
+                                  " --train-samples --test-samples --seed --mnist)");
+  }
+  if (a.ranks < 1 || a.epochs < 1 || a.batch < 1 || a.hidden < 1) {
+    throw std::runtime_error("--ranks, --epochs, --batch and --hidden must be at least 1");
+  }
+  if (a.backend != "threads" && a.backend != "mpi") {
+    throw std::runtime_error("unknown backend '" + a.backend + "' (expected threads or mpi)");
+  }
+  if (a.backend == "mpi" && a.ranks_given) {
+    throw std::runtime_error("--ranks is for the threads backend; under --backend mpi the world size is mpirun's -np");
   }
   return a;
+}
+
+/// Trains on `comm`'s ranks and returns the final test accuracy (the same
+/// on every rank). Rank 0 prints a line per epoch.
+template <class Comm>
+double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Args& args) {
+  const std::size_t effective = std::size_t(args.batch) * std::size_t(comm.size());
+  const double lr = gradsync::linear_scaled_lr(args.base_lr, 64, effective);
+  if (comm.rank() == 0) {
+    std::printf("MLP %d-%d-%d-%d on %s (%zu train / %zu test), %s backend, %d ranks x batch %d = %zu, "
+                "lr %.3g (%.3g at 64)\n",
+                train.dim, args.hidden, args.hidden, train.classes, args.mnist.empty() ? "synthetic data" : "MNIST",
+                train.size(), test.size(), args.backend.c_str(), comm.size(), args.batch, effective, lr, args.base_lr);
+    if (test.ceiling > 0) std::printf("best possible test accuracy about %.1f%%\n", 100 * test.ceiling);
+    std::fflush(stdout);
+  }
+  // Each rank seeds its own initial weights; the trainer broadcasts rank 0's.
+  example::EigenMlp model({train.dim, args.hidden, args.hidden, train.classes}, 100 + std::uint64_t(comm.rank()));
+  // The replica check hashes every rank's parameters: cheap every 100 steps.
+  gradsync::ReplicatedTrainer trainer(comm, std::move(model), gradsync::Sgd<float>({.lr = lr, .momentum = 0.9}),
+                                      {.check_replicas_every = 100});
+  gradsync::DistributedSampler sampler(train.size(), comm.size(), comm.rank(), {.seed = 7});
+  std::vector<float> xb(std::size_t(args.batch) * train.dim);
+  std::vector<int> yb(args.batch);
+  // Test accuracy: rank r scores its contiguous share, 256 samples at a time.
+  const std::size_t test_begin = test.size() * comm.rank() / comm.size();
+  const std::size_t test_end = test.size() * (comm.rank() + 1) / comm.size();
+  double accuracy = 0;
+  for (int epoch = 0; epoch < args.epochs; ++epoch) {
+    sampler.set_epoch(epoch);
+    // Cosine decay, epoch by epoch, from the scaled rate towards zero.
+    trainer.optimizer().set_lr(lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
+    const auto idx = sampler.indices();
+    trainer.reset_stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    std::int64_t steps = 0;
+    for (std::size_t at = 0; at < idx.size(); at += args.batch) {
+      const int n = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
+      for (int i = 0; i < n; ++i) {
+        std::copy_n(&train.x[idx[at + i] * train.dim], train.dim, &xb[std::size_t(i) * train.dim]);
+        yb[i] = train.y[idx[at + i]];
+      }
+      loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), n});
+      ++steps;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::int64_t correct = 0;
+    for (std::size_t i = test_begin; i < test_end; i += 256) {
+      const int n = static_cast<int>(std::min<std::size_t>(256, test_end - i));
+      correct += trainer.model().correct(example::Batch{&test.x[i * test.dim], &test.y[i], n});
+    }
+    std::vector<double> sums{loss_sum, double(steps), double(correct), trainer.stats().exposed_comm_seconds,
+                             trainer.stats().comm_seconds};
+    gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
+    accuracy = sums[2] / double(test.size());
+    if (comm.rank() == 0) {
+      std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %8.0f samples/s  "
+                  "comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
+                  epoch + 1, sums[0] / sums[1], 100 * accuracy, double(idx.size()) * comm.size() / seconds,
+                  sums[4] / comm.size(), sums[3] / comm.size(), seconds);
+      std::fflush(stdout);
+    }
+  }
+  return accuracy;
 }
 
 }  // namespace
@@ -122,68 +301,46 @@ Args parse(int argc, char** argv) {
 int main(int argc, char** argv) try {
   Eigen::setNbThreads(1);
   const Args args = parse(argc, argv);
-  if (args.backend != "threads") {
-    std::fprintf(stderr, "ddp_mlp: backend '%s' is not built in this binary; only 'threads' is\n", args.backend.c_str());
-    return 2;
+#ifndef GRADSYNC_HAVE_MPI
+  if (args.backend == "mpi") {
+    throw std::runtime_error("--backend mpi: this ddp_mlp was built without MPI; install it (e.g. libopenmpi-dev) "
+                             "and reconfigure with meson option -Dmpi=enabled");
   }
+#endif
+  const auto t0 = std::chrono::steady_clock::now();
   Dataset train, test;
   if (args.mnist.empty()) {
-    synthetic(train, test);
+    synthetic(train, test, args.train_samples ? args.train_samples : synthetic_train,
+              args.test_samples ? args.test_samples : synthetic_test, args.seed);
   } else {
-    read_idx(args.mnist + "/train-images-idx3-ubyte", args.mnist + "/train-labels-idx1-ubyte", train);
-    read_idx(args.mnist + "/t10k-images-idx3-ubyte", args.mnist + "/t10k-labels-idx1-ubyte", test);
+    train = from_mnist(args.mnist + "/train-images-idx3-ubyte", args.mnist + "/train-labels-idx1-ubyte");
+    test = from_mnist(args.mnist + "/t10k-images-idx3-ubyte", args.mnist + "/t10k-labels-idx1-ubyte");
+    truncate(train, args.train_samples);
+    truncate(test, args.test_samples);
   }
-  const std::size_t effective = std::size_t(args.batch) * args.ranks;
-  const double lr = gradsync::linear_scaled_lr(args.base_lr, 64, effective);
-  std::printf("MLP %d-%d-%d-%d on %s (%zu train / %zu test), %d ranks x batch %d = %zu, lr %.3g (%.3g at 64)\n",
-              train.dim, args.hidden, args.hidden, train.classes, args.mnist.empty() ? "synthetic data" : "MNIST",
-              train.size(), test.size(), args.ranks, args.batch, effective, lr, args.base_lr);
+  if (train.size() == 0 || test.size() == 0) throw std::runtime_error("the training or the test set is empty");
+  const double data_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  double final_accuracy = 0;
-  gradsync::run_threads(args.ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-    // Each rank seeds its own initial weights; the trainer broadcasts rank 0's.
-    example::EigenMlp model({train.dim, args.hidden, args.hidden, train.classes}, 100 + comm.rank());
-    gradsync::ReplicatedTrainer trainer(comm, std::move(model), gradsync::Sgd<float>({.lr = lr, .momentum = 0.9}));
-    gradsync::DistributedSampler sampler(train.size(), comm.size(), comm.rank(), {.seed = 7});
-    std::vector<float> xb(std::size_t(args.batch) * train.dim);
-    std::vector<int> yb(args.batch);
-    for (int epoch = 0; epoch < args.epochs; ++epoch) {
-      sampler.set_epoch(epoch);
-      const auto idx = sampler.indices();
-      trainer.reset_stats();
-      const auto t0 = std::chrono::steady_clock::now();
-      double loss_sum = 0;
-      std::int64_t steps = 0;
-      for (std::size_t at = 0; at < idx.size(); at += args.batch) {
-        const int n = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
-        for (int i = 0; i < n; ++i) {
-          std::copy_n(&train.x[idx[at + i] * train.dim], train.dim, &xb[std::size_t(i) * train.dim]);
-          yb[i] = train.y[idx[at + i]];
-        }
-        loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), n});
-        ++steps;
-      }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      // Test accuracy: rank r scores samples r, r+N, ...; the counts are summed.
-      std::int64_t correct = 0;
-      for (std::size_t i = comm.rank(); i < test.size(); i += comm.size()) {
-        correct += trainer.model().correct(example::Batch{&test.x[i * test.dim], &test.y[i], 1});
-      }
-      std::vector<double> sums{loss_sum, double(steps), double(correct), trainer.stats().exposed_comm_seconds,
-                               trainer.stats().comm_seconds};
-      gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
-      if (comm.rank() == 0) {
-        final_accuracy = sums[2] / double(test.size());
-        std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %8.0f samples/s  comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
-                    epoch + 1, sums[0] / sums[1], 100 * final_accuracy,
-                    double(idx.size()) * comm.size() / seconds, sums[4] / comm.size(), sums[3] / comm.size(), seconds);
-        std::fflush(stdout);
-      }
-    }
-  });
-  const bool ok = final_accuracy >= args.target;
-  std::printf("%s: test accuracy %.2f%% (target %.0f%%)\n", ok ? "reached" : "MISSED", 100 * final_accuracy,
-              100 * args.target);
+  double accuracy = 0;
+  bool printer = true;
+  if (args.backend == "threads") {
+    gradsync::run_threads(args.ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+      const double a = train_mlp(comm, train, test, args);
+      if (comm.rank() == 0) accuracy = a;
+    });
+  } else {
+#ifdef GRADSYNC_HAVE_MPI
+    // MPI starts here, only for this backend: the threads run needs no mpirun.
+    gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
+    printer = comm.rank() == 0;
+    accuracy = train_mlp(comm, train, test, args);
+#endif
+  }
+  const bool ok = accuracy >= args.target;
+  if (printer) {
+    std::printf("%s: test accuracy %.2f%% (target %.0f%%); data ready in %.2f s\n", ok ? "reached" : "MISSED",
+                100 * accuracy, 100 * args.target, data_seconds);
+  }
   return ok ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "ddp_mlp: %s\n", e.what());

@@ -5,10 +5,12 @@
 //
 // Shared by examples/ddp_mlp.cpp and bench/ddp_step.cpp.
 
+// First: its pragma reaches the intrinsics header only if nothing included it before.
+#include "eigen_dense.hpp"
+
 #include <gradsync/train/model.hpp>
 
-#include <Eigen/Dense>
-
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +58,7 @@ class EigenMlp {
       for (float& b : views_[l].params[1].value) b = 0.0f;
     }
     acts_.resize(sizes_.size());
+    deltas_.resize(sizes_.size());
   }
 
   std::size_t parameter_count() const {
@@ -70,27 +73,29 @@ class EigenMlp {
     const int n = batch.count;
     const std::size_t L = views_.size();
     forward(batch);
-    Matrix& p = acts_[L];  // softmax probabilities, overwritten by delta
+    // Softmax probabilities become dLoss/dlogits in place: (p - onehot) / n.
+    Matrix& delta = acts_[L];
     double loss = 0;
     for (int i = 0; i < n; ++i) {
       const int y = batch.labels[i];
-      loss -= std::log(std::max(p(y, i), 1e-30f));
-      p(y, i) -= 1.0f;
+      loss -= std::log(std::max(delta(y, i), 1e-30f));
+      delta(y, i) -= 1.0f;
     }
-    p *= 1.0f / static_cast<float>(n);
-    delta_ = p;
+    delta *= 1.0f / static_cast<float>(n);
     for (std::size_t l = L; l-- > 0;) {
       const auto in = sizes_[l], out = sizes_[l + 1];
+      const Matrix& d = l + 1 == L ? acts_[L] : deltas_[l + 1];
+      const Eigen::Ref<const Matrix> a = input(l, n);
       MatrixMap gw(views_[l].params[0].grad.data(), out, in);
       VectorMap gb(views_[l].params[1].grad.data(), out);
-      const Matrix& a = acts_[l];
-      gw.noalias() += delta_ * a.transpose();
-      gb.noalias() += delta_.rowwise().sum();
+      gw.noalias() += d * a.transpose();
+      gb.noalias() += d.rowwise().sum();
       ready(l);
       if (l > 0) {
-        MatrixMap w(views_[l].params[0].value.data(), out, in);
-        back_.noalias() = w.transpose() * delta_;
-        delta_ = back_.cwiseProduct((a.array() > 0.0f).cast<float>().matrix());
+        // Through the weights, then the ReLU: zero where the activation was.
+        const MatrixMap w(views_[l].params[0].value.data(), out, in);
+        deltas_[l].noalias() = w.transpose() * d;
+        deltas_[l].array() *= (a.array() > 0.0f).cast<float>();
       }
     }
     return loss / n;
@@ -110,15 +115,21 @@ class EigenMlp {
   }
 
  private:
+  /// Layer l's input: the batch itself for l = 0 (no copy), else acts_[l].
+  Eigen::Ref<const Matrix> input(std::size_t l, int n) const {
+    if (l == 0) return Eigen::Map<const Matrix>(x_, sizes_[0], n);
+    return acts_[l];
+  }
+
   void forward(const Batch& batch) {
     const int n = batch.count;
     const std::size_t L = views_.size();
-    acts_[0] = Eigen::Map<const Matrix>(batch.x, sizes_[0], n);
+    x_ = batch.x;
     for (std::size_t l = 0; l < L; ++l) {
       const auto in = sizes_[l], out = sizes_[l + 1];
-      MatrixMap w(views_[l].params[0].value.data(), out, in);
-      VectorMap b(views_[l].params[1].value.data(), out);
-      acts_[l + 1].noalias() = w * acts_[l];
+      const MatrixMap w(views_[l].params[0].value.data(), out, in);
+      const VectorMap b(views_[l].params[1].value.data(), out);
+      acts_[l + 1].noalias() = w * input(l, n);
       acts_[l + 1].colwise() += b;
       if (l + 1 < L) acts_[l + 1] = acts_[l + 1].cwiseMax(0.0f);
     }
@@ -133,8 +144,11 @@ class EigenMlp {
   std::vector<int> sizes_;
   std::uint64_t seed_;
   std::vector<gradsync::UnitView<float>> views_;
-  std::vector<Matrix> acts_;
-  Matrix delta_, back_;
+  const float* x_ = nullptr;
+  // acts_[l]: the output of layer l-1, after ReLU (acts_[0] unused: the
+  // batch is read in place); deltas_[l]: dLoss/d that output before ReLU.
+  // Each keeps its size from step to step: a step resizes none of them.
+  std::vector<Matrix> acts_, deltas_;
 };
 
 }  // namespace example

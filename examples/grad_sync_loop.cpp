@@ -5,9 +5,10 @@
 // takes to run it on 4 ranks: register the gradients once, report each one
 // ready as backward produces it, and call finish() before the update.
 
-#include <gradsync/gradsync.hpp>
+// First: its pragma reaches the intrinsics header only if nothing included it before.
+#include "eigen_dense.hpp"
 
-#include <Eigen/Dense>
+#include <gradsync/gradsync.hpp>
 
 #include <cmath>
 #include <cstdio>
