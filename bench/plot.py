@@ -10,6 +10,8 @@ Each file is recognised by its "benchmark" field:
   all_reduce_perf  (all_reduce_perf -J) -> perf_<backend>_N<n>.png: busbw per algorithm,
                    crossover marked; perf_<backend>_N<n>_model.png: measured time
                    against the cost model's prediction per algorithm.
+  reduce_scatter_perf, all_gather_perf, broadcast_perf  the same charts from those
+                   tools' -J, out of place (broadcast: in place, its only placement).
   all_reduce_model (all_reduce_perf --model -J) -> model_scaling.png: predicted
                    busbw of each algorithm against size, one panel per world size,
                    winner bold.
@@ -43,10 +45,10 @@ def mark_crossover(ax, x, label):
         ax.text(x, ax.get_ylim()[0], f" {label}\n {x} B", fontsize=7, color="grey", va="bottom")
 
 
-def style(ax, title, ylabel="busbw (GB/s, 1e9)"):
+def style(ax, title, ylabel="busbw (GB/s, 1e9)", xlabel="size per rank (bytes)"):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("size per rank (bytes)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
@@ -86,17 +88,24 @@ def plot_compare(doc, outdir):
     return out
 
 
+def primary(row):
+    """The placement the tool's footer reports: out of place, else in place (broadcast)."""
+    return row["out_of_place"] or row["in_place"]
+
+
 def plot_perf(doc, outdir, stem):
     n, factor = doc["world_size"], doc["busbw_factor"]
+    # Reduce-scatter and all-gather count the whole array, as nccl-tests does.
+    xlabel = "size, N x per rank (bytes)" if doc["benchmark"] in ("reduce_scatter_perf", "all_gather_perf") else "size per rank (bytes)"
     fig, ax = plt.subplots(figsize=(8, 5))
     bw = {}
     for t in doc["tables"]:
         xs = [r["size"] for r in t["rows"]]
-        ys = [r["out_of_place"]["busbw_GBps"] or None for r in t["rows"]]
+        ys = [primary(r)["busbw_GBps"] or None for r in t["rows"]]
         bw[t["algorithm"]] = dict(zip(xs, ys))
         ax.plot(xs, ys, marker="o", markersize=3, label=t["algorithm"])
     ax.axhline(doc["memcpy_GBps"], color="black", linestyle="--", linewidth=1, label="memcpy ceiling")
-    style(ax, f"gradsync all_reduce_perf, {doc['backend']} backend, N={n}")
+    style(ax, f"gradsync {doc['benchmark']}, {doc['backend']} backend, N={n}", xlabel=xlabel)
     sizes = sorted({s for v in bw.values() for s in v})
     if "ring" in bw and "tree" in bw:
         mark_crossover(ax, crossover(sizes, [bw["ring"].get(s) for s in sizes], [bw["tree"].get(s) for s in sizes]),
@@ -110,10 +119,11 @@ def plot_perf(doc, outdir, stem):
     for i, t in enumerate(doc["tables"]):
         xs = [r["size"] for r in t["rows"]]
         color = f"C{i}"
-        ax.plot(xs, [r["out_of_place"]["time_us"] for r in t["rows"]], "-", marker="o", markersize=3, color=color,
+        ax.plot(xs, [primary(r)["time_us"] for r in t["rows"]], "-", marker="o", markersize=3, color=color,
                 label=f"{t['algorithm']} measured")
         ax.plot(xs, [r["predicted_us"] for r in t["rows"]], ":", color=color, label=f"{t['algorithm']} model")
-    style(ax, f"measured vs cost model, {doc['backend']} backend, N={n} (busbw factor {factor:.2f})", "time per call (us)")
+    style(ax, f"measured vs cost model, {doc['backend']} backend, N={n} (busbw factor {factor:.2f})", "time per call (us)",
+          xlabel)
     p2 = os.path.join(outdir, f"{stem}_{doc['backend']}_N{n}_model.png")
     fig.tight_layout()
     fig.savefig(p2, dpi=120)
@@ -160,7 +170,7 @@ def main(argv):
         stem = os.path.splitext(os.path.basename(f))[0]
         if kind == "compare":
             made = plot_compare(doc, outdir)
-        elif kind == "all_reduce_perf":
+        elif kind in ("all_reduce_perf", "reduce_scatter_perf", "all_gather_perf", "broadcast_perf"):
             made = plot_perf(doc, outdir, stem)
         elif kind == "all_reduce_model":
             made = plot_model(doc, outdir)

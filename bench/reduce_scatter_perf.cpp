@@ -1,0 +1,62 @@
+// reduce_scatter_perf: an nccl-tests style reduce-scatter benchmark over the
+// Threads backend, or, built with -DGRADSYNC_BENCH_MPI (reduce_scatter_perf_mpi),
+// over the Mpi backend under mpirun. Run with -h for the options.
+//
+// Conventions (nccl-tests, doc/PERFORMANCE.md): size = the whole array, N x
+// the count elements each rank ends with; algbw = size / time, busbw = algbw
+// * (N-1)/N. ReduceScatter needs separate in and out buffers, so the in-place
+// columns are not measured.
+
+#include "perf/driver.hpp"
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+namespace {
+
+using bench::Shape;
+
+/// Reduce-scatter: rank r ends with block r of op over all ranks' N-block
+/// inputs.
+struct ReduceScatterPerf {
+  static constexpr std::string_view name = "reduce_scatter_perf";
+  static constexpr gradsync::Collective collective = gradsync::Collective::reduce_scatter;
+  static constexpr bool reduces = true;
+  static constexpr bool rooted = false;
+  static constexpr bool model_modes = false;
+  static constexpr bool out_of_place = true;
+  static constexpr bool in_place = false;
+  static constexpr std::string_view busbw_formula = "(N-1)/N";
+  static constexpr std::string_view usage_note =
+      "  Sizes (-b, -e and the size column) are the whole array, N x the bytes each\n"
+      "  rank ends with, as nccl-tests counts them; count is elements per rank.\n";
+  static constexpr std::string_view header_note =
+      "# size = N x count x sizeof(type): the whole array, as nccl-tests counts it; count = elements per rank\n"
+      "# in-place: not measured (ReduceScatter needs separate in and out buffers)\n";
+  static constexpr std::string_view size_convention = "N x per-rank bytes (count is elements per rank)";
+
+  static double busbw_factor(int n) { return static_cast<double>(n - 1) / n; }
+  static std::size_t count_for(std::size_t elements, int n) { return elements / static_cast<std::size_t>(n); }
+  static std::size_t size_elements(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
+  static std::size_t send_count(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
+  static std::size_t recv_count(std::size_t count, int) { return count; }
+
+  template <class T, class Op>
+  static T input(const Shape& s, std::size_t i) {
+    return bench::from_int<T>(bench::input_value<Op>(s.rank, i));
+  }
+  template <class T, class Op>
+  static void expect(const Shape& s, std::span<T> out) {
+    const std::size_t first = static_cast<std::size_t>(s.rank) * s.count;
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = bench::expected_value<T, Op>(s.ranks, first + i);
+  }
+  template <class Algo, class T, class Op>
+  static void run(bench::Comm& comm, const Shape&, std::span<const T> send, std::span<T> recv, bool) {
+    gradsync::ReduceScatter<Algo>{}(comm, send, recv, Op{});
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) { return bench::perf_main<ReduceScatterPerf>(argc, argv); }
