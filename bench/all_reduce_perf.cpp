@@ -89,7 +89,7 @@ double busbw_factor(int n) { return AllReducePerf::busbw_factor(n); }
 /// The fitted constants and the measurements they came from.
 struct Fit {
   gradsync::CostModel model;
-  double small_ring_s = 0, big_ring_s = 0, reduce_s = 0, native_s = 0;
+  double small_ring_s = 0, big_ring_s = 0, reduce_s = 0, native_s = 0, big_native_s = 0;
   std::size_t big_bytes = 0;
 };
 
@@ -100,7 +100,10 @@ struct Fit {
 /// - gamma: reduce_into<Sum> of 64 MiB of floats on every rank at once, per byte;
 /// - beta: a 64 MiB Ring all-reduce, less its alpha and gamma terms, per
 ///   byte moved (2(p-1)/p·n);
-/// - native_alpha: an 8-byte Native all-reduce / (2·ceil(log2 p)).
+/// - native_alpha: an 8-byte Native all-reduce / (2·ceil(log2 p));
+/// - native_beta: a 64 MiB Native all-reduce, less its sync and gamma
+///   terms, per byte (Native is the backend's own code: MPI's or NCCL's
+///   algorithms, or the Threads shared-memory path).
 Fit calibrate_rank(Comm& comm, Board& board, const Config& cfg) {
   const int p = comm.size();
   if (p < 2) throw std::invalid_argument("--calibrate needs at least 2 ranks");
@@ -142,6 +145,11 @@ Fit calibrate_rank(Comm& comm, Board& board, const Config& cfg) {
                      gradsync::AllReduce<gradsync::Native>{}(comm, std::span<float>(small), gradsync::Sum{});
                    }).seconds;
     m.native_alpha = fit.native_s / (2.0 * gradsync::detail::ceil_log2(p));
+    fit.big_native_s = time_calls(comm, board, cfg, [&] {
+                         gradsync::AllReduce<gradsync::Native>{}(comm, std::span<float>(acc), gradsync::Sum{});
+                       }).seconds;
+    const double rest = fit.big_native_s - 2.0 * m.native_alpha * gradsync::detail::ceil_log2(p) - frac * n * m.gamma;
+    m.native_beta = (rest > 0.1 * fit.big_native_s ? rest : fit.big_native_s) / n;
   } else {
     m.native_alpha = 0;
   }
@@ -156,9 +164,11 @@ void print_fit(const Fit& f, int p) {
   std::printf("# Ring all-reduce %zu B  %10.1f us -> beta = (t - alpha, gamma terms)/(2(p-1)/p n) (%.2f GB/s)\n",
               f.big_bytes, f.big_ring_s * 1e6, 1.0 / f.model.beta / 1e9);
   std::printf("# 8-byte Native all-reduce   %10.3f us -> native_alpha = t/(2 ceil(lg p))\n", f.native_s * 1e6);
+  std::printf("# Native all-reduce %zu B %10.1f us -> native_beta = (t - sync, gamma terms)/n\n", f.big_bytes,
+              f.big_native_s * 1e6);
   std::printf("# use: export the line below, then rerun all_reduce_perf --algo all to see predicted vs measured\n");
-  std::printf("GRADSYNC_COST_MODEL=alpha=%.4g,beta=%.4g,gamma=%.4g,native_alpha=%.4g\n", f.model.alpha, f.model.beta,
-              f.model.gamma, f.model.native_alpha);
+  std::printf("GRADSYNC_COST_MODEL=alpha=%.4g,beta=%.4g,gamma=%.4g,native_alpha=%.4g,native_beta=%.4g\n", f.model.alpha,
+              f.model.beta, f.model.gamma, f.model.native_alpha, f.model.native_beta);
 }
 
 // ---------------------------------------------------------------- model

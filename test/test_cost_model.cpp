@@ -108,6 +108,20 @@ TEST_CASE("parse_cost_model reads every key and keeps the base for keys not give
   CHECK(gs::detail::parse_cost_model("", base).alpha == 1);
 }
 
+TEST_CASE("native_beta prices the Native path on its own, and 0 falls back to beta") {
+  gs::CostModel m{.alpha = 1e-6, .beta = 1e-10, .gamma = 1e-10, .native_alpha = 1e-6};
+  const double n = 64.0 * (1 << 20);
+  const double same = gs::detail::predict("native", gs::Collective::all_reduce, 4, n, m);
+  m = gs::detail::parse_cost_model("native_beta=4e-10", m);
+  CHECK(m.native_beta == 4e-10);
+  const double slower = gs::detail::predict("native", gs::Collective::all_reduce, 4, n, m);
+  // Only the per-byte term changes: by n * (native_beta - beta).
+  CHECK(slower - same == doctest::Approx(n * 3e-10).epsilon(1e-9));
+  // Ring does not depend on it.
+  CHECK(gs::detail::predict("ring", gs::Collective::all_reduce, 4, n, m) ==
+        gs::detail::predict("ring", gs::Collective::all_reduce, 4, n, gs::CostModel{.alpha = 1e-6, .beta = 1e-10, .gamma = 1e-10, .native_alpha = 1e-6}));
+}
+
 TEST_CASE("parse_cost_model rejects unknown keys and values that are not numbers") {
   const gs::CostModel base{};
   CHECK_THROWS_WITH_AS(gs::detail::parse_cost_model("alpah=1e-6", base), doctest::Contains("alpah"),

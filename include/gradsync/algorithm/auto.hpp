@@ -25,7 +25,7 @@ namespace gradsync {
 
 namespace detail {
 
-/// Reads "alpha=..,beta=..,gamma=..,native_alpha=..,chunk_bytes=.." over a
+/// Reads "alpha=..,beta=..,gamma=..,native_alpha=..,native_beta=..,chunk_bytes=.." over a
 /// model; unknown keys are an error so that a typo is not silently ignored.
 inline CostModel parse_cost_model(std::string_view text, CostModel m) {
   while (!text.empty()) {
@@ -49,13 +49,14 @@ inline CostModel parse_cost_model(std::string_view text, CostModel m) {
     else if (key == "beta") m.beta = v;
     else if (key == "gamma") m.gamma = v;
     else if (key == "native_alpha") m.native_alpha = v;
+    else if (key == "native_beta") m.native_beta = v;
     else if (key == "chunk_bytes") {
       if (v < 1 || v > 1099511627776.0 || v != std::floor(v)) {
         throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: chunk_bytes must be a whole number of bytes in [1, 2^40], got '" + value + "'");
       }
       m.chunk_bytes = static_cast<std::size_t>(v);
     }
-    else throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: unknown key '" + key + "' (expected alpha, beta, gamma, native_alpha, chunk_bytes)");
+    else throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: unknown key '" + key + "' (expected alpha, beta, gamma, native_alpha, native_beta, chunk_bytes)");
   }
   return m;
 }

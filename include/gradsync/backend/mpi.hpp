@@ -18,15 +18,19 @@ struct Mpi {
   using Endpoint = detail::mpi::Endpoint;
 
   /// Cost-model constants for Auto over Open MPI 4.1 shared memory (vader),
-  /// set by hand for the 2-core development VM, not yet fitted: run
-  /// `mpirun -np 2 all_reduce_perf_mpi --backend mpi --calibrate` and pass its
-  /// line as GRADSYNC_COST_MODEL. Native is MPI's own collective, whose
-  /// synchronisation cost is native_alpha.
+  /// fitted by `mpirun -np 2 all_reduce_perf_mpi --backend mpi --calibrate`
+  /// on the 2-core development VM (2026-11-29, rounded). Native is MPI's own
+  /// collective: native_alpha is its synchronisation cost and native_beta its
+  /// per-byte cost, fitted apart from gradsync's point-to-point beta because
+  /// Open MPI picks its own algorithm (its default all-reduce took 3.7x the
+  /// time of gradsync's ring at 64 MiB here). On another machine or network,
+  /// rerun it and export its line as GRADSYNC_COST_MODEL.
   static constexpr CostModel cost_model{
-      .alpha = 1.0e-6,
-      .beta = 1.0 / 6.0e9,
-      .gamma = 1.0 / 9.0e9,
-      .native_alpha = 0.5e-6,
+      .alpha = 0.5e-6,
+      .beta = 3.3e-10,
+      .gamma = 1.6e-10,
+      .native_alpha = 0.6e-6,
+      .native_beta = 1.4e-9,
   };
 };
 

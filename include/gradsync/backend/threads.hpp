@@ -23,16 +23,17 @@ struct Threads {
   using Endpoint = detail::threads::Endpoint;
 
   /// Cost-model constants for Auto, in seconds: alpha per message, beta per
-  /// byte copied, gamma per byte reduced, native_alpha per synchronisation of
-  /// the shared-memory path. Set by hand from `all_reduce_perf -t 2 --algo
-  /// all` on the 2-core development VM (8-byte ring ≈ 2 messages ≈ 1 µs,
-  /// native ≈ 0.2 µs; memcpy ≈ 9 GB/s per copied byte). `all_reduce_perf
-  /// --calibrate` prints fitted values for GRADSYNC_COST_MODEL.
+  /// byte copied, gamma per byte reduced, native_alpha per synchronisation
+  /// and native_beta per byte of the shared-memory path. Fitted by
+  /// `all_reduce_perf -t 2 --calibrate` on the 2-core development VM
+  /// (2026-11-29, rounded); on another machine run it and export its line as
+  /// GRADSYNC_COST_MODEL.
   static constexpr CostModel cost_model{
       .alpha = 0.6e-6,
-      .beta = 1.0 / 9.0e9,
-      .gamma = 1.0 / 9.0e9,
-      .native_alpha = 0.25e-6,
+      .beta = 7.8e-11,
+      .gamma = 1.4e-10,
+      .native_alpha = 0.13e-6,
+      .native_beta = 5.2e-11,
   };
 };
 

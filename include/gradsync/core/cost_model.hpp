@@ -21,6 +21,10 @@ struct CostModel {
   double beta = 1e-10;        ///< seconds per byte moved between ranks
   double gamma = 1e-10;       ///< seconds per byte reduced locally
   double native_alpha = 0.0;  ///< seconds per synchronisation of the Native path (0: no Native)
+  /// Seconds per byte of the Native path, where it is not gradsync's own
+  /// code (MPI's and NCCL's collectives choose their own algorithms, so
+  /// their per-byte cost is fitted on its own); 0: the same as beta.
+  double native_beta = 0.0;
   std::size_t chunk_bytes = std::size_t{1} << 19;
 };
 
@@ -95,11 +99,12 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
     // rank's buffer: beta is per byte copied, so reading n and writing n
     // costs n·beta, where a ring's 2(p-1)/p·n of messages cost that much each.
     const double sync = 2 * m.native_alpha * lg;
+    const double nb = m.native_beta > 0 ? m.native_beta : b;
     switch (c) {
-      case Collective::all_reduce: return sync + n * b + frac * n * g;
-      case Collective::reduce_scatter: return sync + (n + n / p) / 2 * b + frac * n * g;
-      case Collective::all_gather: return sync + n * b;
-      case Collective::broadcast: return sync + n * b;
+      case Collective::all_reduce: return sync + n * nb + frac * n * g;
+      case Collective::reduce_scatter: return sync + (n + n / p) / 2 * nb + frac * n * g;
+      case Collective::all_gather: return sync + n * nb;
+      case Collective::broadcast: return sync + n * nb;
       default: return 0.0;
     }
   }
