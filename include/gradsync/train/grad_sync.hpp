@@ -71,7 +71,8 @@ struct GradSyncStats {
   /// Buckets that started before finish(), i.e. overlapped with backward.
   std::size_t buckets_launched_early = 0;
   std::size_t buckets_launched = 0;
-  /// Time the progress worker spent in bucket collectives (pack, reduce, unpack).
+  /// Time spent in bucket collectives (pack, reduce, unpack), on the progress
+  /// worker or, for the buckets finish() runs itself, on the caller's thread.
   double comm_seconds = 0;
   /// Time finish() blocked waiting for them: the communication backward did not hide.
   double wait_seconds = 0;
@@ -110,9 +111,11 @@ struct BucketInfo {
 /// A bucket whose units are adjacent in memory is reduced in place; others
 /// are packed into a per-bucket buffer kept across steps.
 ///
-/// The collectives run on a ProgressWorker thread; the communicator belongs
-/// to it between the first ready() and the end of finish(), so do not call
-/// collectives on it yourself in between (idle() says when you may).
+/// The buckets launched during backward run on a ProgressWorker thread;
+/// those still to start when finish() finds nothing in flight run on the
+/// caller's thread. The communicator belongs to GradSync between the first
+/// ready() and the end of finish(), so do not call collectives on it
+/// yourself in between (idle() says when you may).
 ///
 /// \tparam B     the backend of the communicator.
 /// \tparam T     the gradient element type (float or double).
@@ -227,11 +230,26 @@ class GradSync {
                             ". Every unit must call ready() in every synced backward; if some units are unused on "
                             "some steps, set GradSyncOptions::find_unused_parameters = true");
     }
-    launch_ready(false);
     const auto t0 = std::chrono::steady_clock::now();
-    std::exception_ptr first = drain();
+    std::exception_ptr first;
+    if (idle()) {
+      // Nothing in flight, so the communicator is this thread's again: the
+      // buckets left run here, on the thread that would only wait for them.
+      // Handing them to the worker would add its wake-up (tens of
+      // microseconds, milliseconds on a crowded machine) to every step's
+      // critical path, which was most of the gap to one flat all-reduce.
+      try {
+        while (next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++, false, true);
+      } catch (...) {
+        first = std::current_exception();
+      }
+      inline_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (!first) launch_ready(false);
+    std::exception_ptr drained = drain();
+    if (!first) first = drained;
     stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.comm_seconds = worker_->busy_seconds() - busy_at_reset_;
+    stats_.comm_seconds = worker_->busy_seconds() - busy_at_reset_ + inline_seconds_;
     ++stats_.syncs;
     reset_backward();
     std::fill(touched_.begin(), touched_.end(), 0);
@@ -273,6 +291,7 @@ class GradSync {
   void reset_stats() {
     stats_ = {};
     busy_at_reset_ = worker_->busy_seconds();
+    inline_seconds_ = 0;
   }
 
  private:
@@ -343,7 +362,9 @@ class GradSync {
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++, early);
   }
 
-  void launch(std::size_t k, bool early) {
+  /// Starts bucket k on the progress worker, or runs it here and now when
+  /// `here` (the caller owns the communicator: nothing is in flight).
+  void launch(std::size_t k, bool early, bool here = false) {
     Bucket& b = buckets_[k];
     ++launched_;
     ++stats_.buckets_launched;
@@ -356,13 +377,14 @@ class GradSync {
     const double scale = use_avg ? avg_.local_scale : avg_.local_scale / divisor;
     const Compression compression = o_.compression;
     const Options options = o_.collective;
+    if (here) return reduce_bucket(comm_, b, use_avg, static_cast<T>(scale), compression, options);
     std::string label = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(b.count) + " elements)";
     b.request = worker_->submit(std::move(label), [this, &b, use_avg, scale, compression, options](Communicator<B>& c) {
       reduce_bucket(c, b, use_avg, static_cast<T>(scale), compression, options);
     });
   }
 
-  /// Runs on the progress worker.
+  /// Runs on the progress worker, or on the owner's thread from finish().
   void reduce_bucket(Communicator<B>& c, Bucket& b, bool use_avg, T scale, Compression compression,
                      const Options& options) {
     const AllReduce<Algo> all_reduce{options};
@@ -445,6 +467,7 @@ class GradSync {
   Averaging avg_{};
   GradSyncStats stats_{};
   double busy_at_reset_ = 0;
+  double inline_seconds_ = 0;  ///< buckets finish() ran on the caller's thread
   std::unique_ptr<ProgressWorker<B>> worker_;  // last: destroyed first, while the buckets still exist
 };
 
