@@ -20,7 +20,10 @@
 //             part of comm spent waiting for a peer to reach the collective
 //             (load imbalance, not communication). From steady_clock stamps
 //             gathered after the run, so ranks must share a host's clock.
-//   flat      one AllReduce of all gradients alone, same algorithm (Auto)
+//   flat      one AllReduce of all gradients alone, same algorithm (Auto),
+//             back to back (the gradients stay in cache)
+//   flat cold the same, each call after streaming 64 MiB through the caches
+//             as a step's compute does
 // comm/flat is printed raw and net of skew ((comm - skew) / flat): the latter
 // is what bucketing costs over one flat all-reduce.
 // "overlap off" launches every bucket after backward, for comparison.
@@ -47,7 +50,7 @@
 namespace {
 
 struct Row {
-  double step = 0, compute = 0, comm = 0, exposed = 0, skew = 0, flat = 0;
+  double step = 0, compute = 0, comm = 0, exposed = 0, skew = 0, flat = 0, flat_cold = 0;
 };
 
 /// One measurement on `comm`'s ranks; the row is rank 0's.
@@ -96,19 +99,32 @@ Row measure(Comm& comm, const std::vector<int>& sizes, int steps, bool overlap) 
   const auto t1 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) all_reduce(comm, grads, gradsync::Avg{});
   const double flat = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  // The same, each call after this rank has streamed 64 MiB through its
+  // caches, as a training step does between two syncs: the loop above keeps
+  // the gradients cache-resident, which no step does.
+  std::vector<float> sweep(std::size_t{16} << 20);
+  double flat_cold = 0;
+  for (int i = 0; i < steps; ++i) {
+    for (float& v : sweep) v += 1.0f;
+    comm.barrier();
+    const auto t2 = std::chrono::steady_clock::now();
+    all_reduce(comm, grads, gradsync::Avg{});
+    flat_cold += std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
+  }
   const auto& s = trainer.stats();
   return {wall / steps, s.compute_seconds / steps, s.comm_seconds / steps, s.exposed_comm_seconds / steps,
-          skew / steps, flat / steps};
+          skew / steps, flat / steps, flat_cold / steps};
 }
 
 void print_row(int n, bool overlap, const Row& r, double base) {
   const double sps = 64.0 * n / r.step;
-  std::printf("%4d  %-7s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %10.0f", n, overlap ? "on" : "off", 1e3 * r.step,
-              1e3 * r.compute, 1e3 * r.comm, 1e3 * r.exposed, 1e3 * std::max(0.0, r.comm - r.exposed), 1e3 * r.skew,
-              1e3 * r.flat, sps);
+  std::printf("%4d  %-7s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %10.0f", n, overlap ? "on" : "off",
+              1e3 * r.step, 1e3 * r.compute, 1e3 * r.comm, 1e3 * r.exposed, 1e3 * std::max(0.0, r.comm - r.exposed),
+              1e3 * r.skew, 1e3 * r.flat, 1e3 * r.flat_cold, sps);
   if (n > 1 && r.flat > 0) {
     if (base > 0) std::printf("   weak-scaling eff %.0f%%,", 100 * sps / (n * base));
-    std::printf(" comm/flat %.2f (net of skew %.2f)", r.comm / r.flat, std::max(0.0, r.comm - r.skew) / r.flat);
+    std::printf(" comm/flat %.2f (net of skew %.2f; over flat cold %.2f)", r.comm / r.flat,
+                std::max(0.0, r.comm - r.skew) / r.flat, std::max(0.0, r.comm - r.skew) / r.flat_cold);
   }
   std::printf("\n");
   std::fflush(stdout);
@@ -211,7 +227,7 @@ int main(int argc, char** argv) {
   auto header = [&](const std::vector<int>& m, int s) {
     std::printf("# %s, per-rank batch 64, SGD, %s, %d steps; ms per step (rank 0)\n", describe(m).c_str(),
                 backend == "mpi" ? "Mpi" : "Threads", s);
-    std::printf("#  N  overlap     step  compute     comm  exposed   hidden     skew     flat  samples/s\n");
+    std::printf("#  N  overlap     step  compute     comm  exposed   hidden     skew     flat flat cold  samples/s\n");
   };
   // The large model is measured over fewer steps: each is ~5x the small one's.
   auto steps_for = [&](const std::vector<int>& m) { return m.size() > 4 ? std::max(3, steps / 4) : steps; };

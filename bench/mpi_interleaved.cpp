@@ -1,0 +1,106 @@
+// mpi_interleaved: gradsync's all-reduce algorithms over the Mpi backend and
+// MPI_Allreduce, interleaved call batch by call batch inside one mpirun, so
+// that both see the same machine state. bench/compare.py runs each contender
+// in its own job, minutes apart; on a noisy machine that alone moves a
+// ratio by 20%, which this tool removes.
+//
+//   mpirun -np N mpi_interleaved [-r ROUNDS] [SIZE...]      (sizes in bytes; K, M suffixes)
+//   add  --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4
+//   to mpirun to make MPI_Allreduce Open MPI's ring.
+//
+// Each round times a batch of calls of every contender in turn (per-call
+// mean, max over ranks); the figure is the median over rounds. Float sum,
+// in place and out of place. Ratios are MPI_Allreduce's time / gradsync's:
+// above 1 means gradsync is faster.
+
+#include <gradsync/gradsync.hpp>
+#include <gradsync/backend/mpi.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::size_t parse_size(const std::string& s) {
+  const char unit = s.empty() ? '\0' : s.back();
+  const std::size_t mult = unit == 'K' ? 1u << 10 : unit == 'M' ? 1u << 20 : unit == 'G' ? 1u << 30 : 1;
+  return std::strtoull(s.c_str(), nullptr, 10) * mult;
+}
+
+/// Per-call seconds of `iters` back-to-back calls, the maximum over ranks.
+double batch(const std::function<void()>& call, int iters) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) call();
+  double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
+  int rounds = 7;
+  std::vector<std::size_t> sizes;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-r" && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    } else {
+      sizes.push_back(parse_size(a));
+    }
+  }
+  if (sizes.empty()) sizes = {64u << 10, 1u << 20, 16u << 20};
+  if (comm.rank() == 0) {
+    std::printf("# mpi_interleaved: world %d, float sum, median of %d rounds, time per call in us\n", comm.size(),
+                rounds);
+    std::printf("# %10s %5s %12s %10s %10s %10s %10s   %s\n", "bytes", "place", "MPI_Allreduce", "ring", "tree", "rhd",
+                "auto", "MPI/ring");
+  }
+  for (const std::size_t bytes : sizes) {
+    const std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
+    std::vector<float> in(count, 0.5f), out(count, 0.0f);
+    for (const bool in_place : {false, true}) {
+      using Fn = std::function<void()>;
+      auto gs = [&](auto algo) -> Fn {
+        return [&, algo] {
+          const gradsync::AllReduce<decltype(algo)> all_reduce;
+          if (in_place) {
+            all_reduce(comm, std::span<float>(out), gradsync::Sum{});
+          } else {
+            all_reduce(comm, std::span<const float>(in), std::span<float>(out), gradsync::Sum{});
+          }
+        };
+      };
+      const std::vector<Fn> calls{
+          [&] {
+            MPI_Allreduce(in_place ? MPI_IN_PLACE : in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                          MPI_COMM_WORLD);
+          },
+          gs(gradsync::Ring{}), gs(gradsync::Tree{}), gs(gradsync::RecursiveHalvingDoubling{}), gs(gradsync::Auto{})};
+      // About 20 ms per batch, from a first probe of the slowest contender.
+      double probe = 0;
+      for (const Fn& c : calls) probe = std::max(probe, batch(c, 2));
+      const int iters = static_cast<int>(std::clamp(0.02 / std::max(probe, 1e-9), 2.0, 20000.0));
+      std::vector<std::vector<double>> t(calls.size());
+      for (int r = 0; r < rounds; ++r) {
+        for (std::size_t c = 0; c < calls.size(); ++c) t[c].push_back(batch(calls[c], iters));
+      }
+      std::vector<double> med;
+      for (auto& v : t) {
+        std::sort(v.begin(), v.end());
+        med.push_back(v[v.size() / 2] * 1e6);
+      }
+      if (comm.rank() == 0) {
+        std::printf("  %10zu %5s %12.2f %10.2f %10.2f %10.2f %10.2f   %.2f\n", bytes, in_place ? "in" : "out", med[0],
+                    med[1], med[2], med[3], med[4], med[0] / med[1]);
+      }
+    }
+  }
+}
