@@ -27,9 +27,12 @@ inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
 /// Runs ring steps [first, last) on x, split into `parts` blocks of
 /// block(count, parts, i). Steps below `reduce_steps` reduce; the step that
 /// completes a block's reduction (reduce_steps - 1) also applies op's finish.
+/// A non-empty `step0_src` (same size as x) is where step 0's sends read
+/// from: its block is one this rank never reduces into, so the caller need
+/// not have copied it into x.
 template <class B, class T>
 void ring_steps(Communicator<B>& comm, std::span<T> x, OpKind op, int shift, int first, int last, int reduce_steps,
-                const Options& opt) {
+                const Options& opt, std::span<const T> step0_src = {}) {
   const int p = comm.size();
   const int r = comm.rank();
   if (first >= last) return;
@@ -38,14 +41,23 @@ void ring_steps(Communicator<B>& comm, std::span<T> x, OpKind op, int shift, int
   const std::size_t n = x.size();
   const std::size_t biggest = (n + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p);
   const std::size_t k_chunks = pieces_for(biggest, chunk_bytes(opt) / sizeof(T));
+  auto range = [&](int blk, std::size_t k) {
+    return sub(block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(blk)), k_chunks, k);
+  };
   auto chunk = [&](int blk, std::size_t k) {
-    const Range b = sub(block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(blk)), k_chunks, k);
+    const Range b = range(blk, k);
     return x.subspan(b.begin, b.size());
   };
   // Tokens: (step * chunks + chunk) * 2 + 1 for receives, 0 for sends.
   auto post = [&](int s, std::size_t k) {
     const auto id = static_cast<std::uint32_t>(static_cast<std::size_t>(s) * k_chunks + k);
-    comm.send(std::span<const T>(chunk(mod(r + shift - s, p), k)), right, id, 0);
+    const int out_blk = mod(r + shift - s, p);
+    if (s == 0 && !step0_src.empty()) {
+      const Range b = range(out_blk, k);
+      comm.send(step0_src.subspan(b.begin, b.size()), right, id, 0);
+    } else {
+      comm.send(std::span<const T>(chunk(out_blk, k)), right, id, 0);
+    }
     auto dst = chunk(mod(r + shift - s - 1, p), k);
     if (s < reduce_steps) {
       comm.recv_reduce(dst, left, id, id * 2 + 1, op);
@@ -74,7 +86,17 @@ struct Algorithm<Ring> {
   static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
-    comm.copy(out, in);
+    if (p == 1 || opt.deterministic || in.data() == out.data()) {
+      comm.copy(out, in);
+    } else {
+      // Out of place: block r is sent at step 0 straight from `in` and only
+      // ever received back whole (never reduced into here), so it is the one
+      // block not copied first: 1/N of the copy saved.
+      const Range mine = block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(comm.rank()));
+      comm.copy(out.first(mine.begin), in.first(mine.begin));
+      comm.copy(out.subspan(mine.end), in.subspan(mine.end));
+      return ring_steps(comm, out, op, 0, 0, 2 * (p - 1), p - 1, opt, in);
+    }
     if (p == 1) return comm.finish(out, op);
     if (opt.deterministic) {
       const Range mine = block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(comm.rank()));
