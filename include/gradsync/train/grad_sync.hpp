@@ -238,8 +238,11 @@ class GradSync {
       // Handing them to the worker would add its wake-up (tens of
       // microseconds, milliseconds on a crowded machine) to every step's
       // critical path, which was most of the gap to one flat all-reduce.
+      // What ran early is done: if any of it failed, run nothing more, as
+      // the worker would not.
+      first = drain();
       try {
-        while (next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++, false, true);
+        while (!first && next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++, false, true);
       } catch (...) {
         first = std::current_exception();
       }
