@@ -16,21 +16,18 @@
 #include <gradsync/gradsync.hpp>
 #include <gradsync/backend/mpi.hpp>
 
+#include "perf/args.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
-
-std::size_t parse_size(const std::string& s) {
-  const char unit = s.empty() ? '\0' : s.back();
-  const std::size_t mult = unit == 'K' ? 1u << 10 : unit == 'M' ? 1u << 20 : unit == 'G' ? 1u << 30 : 1;
-  return std::strtoull(s.c_str(), nullptr, 10) * mult;
-}
 
 /// Per-call seconds of `iters` back-to-back calls, the maximum over ranks.
 double batch(const std::function<void()>& call, int iters) {
@@ -48,13 +45,20 @@ int main(int argc, char** argv) {
   gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
   int rounds = 7;
   std::vector<std::size_t> sizes;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-r" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
-    } else {
-      sizes.push_back(parse_size(a));
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "-r" && i + 1 < argc) {
+        rounds = static_cast<int>(bench::parse_int("-r", argv[++i], 1, 1000));
+      } else {
+        sizes.push_back(bench::parse_bytes("size", a));
+      }
     }
+  } catch (const std::invalid_argument& e) {
+    if (comm.rank() == 0) {
+      std::fprintf(stderr, "mpi_interleaved: %s\nusage: mpirun -np N mpi_interleaved [-r ROUNDS] [SIZE...]\n", e.what());
+    }
+    return 2;
   }
   if (sizes.empty()) sizes = {64u << 10, 1u << 20, 16u << 20};
   if (comm.rank() == 0) {
