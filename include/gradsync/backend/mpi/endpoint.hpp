@@ -2,7 +2,11 @@
 /// \file One rank's end of the MPI transport.
 
 #include <mpi.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +24,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/spinner.hpp"
 
 namespace gradsync {
 
@@ -51,6 +56,7 @@ class Endpoint {
     check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_), "MPI_Comm_split_type");
     MPI_Comm_rank(node_, &local_rank_);
     MPI_Comm_size(node_, &local_size_);
+    spinner_ = Spinner(local_size_ > node_cores());
     void* ub = nullptr;
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
@@ -114,16 +120,8 @@ class Endpoint {
 
   std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds timeout) {
     if (completed_.empty()) {
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      for (int spins = 0; completed_.empty(); ++spins) {
-        if (ops_.empty()) throw Error("gradsync: wait_any with nothing in flight in " + describe(call));
-        test_some();
-        if (!completed_.empty()) break;
-        if (spins > 1000) {
-          if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
-          if (spins > 100000) std::this_thread::yield();
-        }
-      }
+      if (ops_.empty()) throw Error("gradsync: wait_any with nothing in flight in " + describe(call));
+      await([&] { return test_some(), !completed_.empty(); }, timeout, [&] { throw_timeout(call, timeout); });
     }
     const std::uint32_t token = completed_.back();
     completed_.pop_back();
@@ -227,6 +225,7 @@ class Endpoint {
     std::swap(local_rank_, o.local_rank_);
     std::swap(local_size_, o.local_size_);
     std::swap(tag_ub_, o.tag_ub_);
+    std::swap(spinner_, o.spinner_);
     std::swap(failure_policy, o.failure_policy);
     ops_.swap(o.ops_);
     requests_.swap(o.requests_);
@@ -303,23 +302,63 @@ class Endpoint {
   }
 
   void poll(MPI_Request& req, const CallInfo& call, std::chrono::nanoseconds timeout, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (int spins = 0;; ++spins) {
-      int flag = 0;
-      check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
-      if (flag) return;
-      if (spins > 1000) {
-        if (std::chrono::steady_clock::now() > deadline) {
+    await(
+        [&] {
+          int flag = 0;
+          check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+          return flag != 0;
+        },
+        timeout,
+        [&] {
           // MPI can neither cancel nor free a pending collective request;
           // it stays with this (now failed) communicator until MPI ends.
           abandoned_.push_back(req);
           throw Timeout("gradsync: rank " + std::to_string(rank_) + " timed out after " +
                         std::to_string(std::chrono::duration<double>(timeout).count()) + " s in " + describe(call) +
                         " waiting in " + what + " (some rank has not joined)");
-        }
-        if (spins > 100000) std::this_thread::yield();
-      }
+        });
+  }
+
+  /// Polls `ready` until it holds: spinning for the spinner's budget, then
+  /// yielding the core between polls, as Open MPI itself does when
+  /// oversubscribed (mpi_yield_when_idle). Spinning on a core the awaited
+  /// peer needs would hold that peer off for a whole time slice.
+  template <class Ready, class Expired>
+  void await(Ready&& ready, std::chrono::nanoseconds timeout, Expired&& expired) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto spin_until = start + spinner_.budget();
+    for (int i = 1;; ++i) {
+      if (ready()) return spinner_.spun_enough();
+      cpu_relax();
+      if (i % 16 == 0 && std::chrono::steady_clock::now() > spin_until) break;
     }
+    spinner_.spun_in_vain();
+    const auto deadline = start + timeout;
+    for (;;) {
+      if (ready()) return;
+      if (std::chrono::steady_clock::now() > deadline) expired();
+      std::this_thread::yield();
+    }
+  }
+
+  /// Cores the ranks on this host may use together: the union of their
+  /// affinity masks, since a rank bound to one core sees only that one.
+  /// Collective over the node communicator, so every rank takes part even
+  /// where the mask cannot be read.
+  int node_cores() {
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+      const int n = static_cast<int>(std::thread::hardware_concurrency());
+      for (int c = 0; c < n && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
+    }
+    check(MPI_Allreduce(MPI_IN_PLACE, &set, static_cast<int>(sizeof(set)), MPI_BYTE, MPI_BOR, node_),
+          "MPI_Allreduce of the cores on this host");
+    return std::max(1, CPU_COUNT(&set));
+#else
+    return usable_cores();
+#endif
   }
 
   /// Takes back what is in flight: receives are cancelled, sends are left to
@@ -380,6 +419,7 @@ class Endpoint {
   int local_rank_ = 0;
   int local_size_ = 1;
   int tag_ub_ = 32767;
+  Spinner spinner_{false};
   std::vector<Op> ops_;
   std::vector<MPI_Request> requests_;
   std::vector<std::uint32_t> completed_;

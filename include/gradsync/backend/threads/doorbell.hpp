@@ -9,15 +9,9 @@
 #include <mutex>
 #include <thread>
 
-namespace gradsync::detail::threads {
+#include "gradsync/core/spinner.hpp"
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
+namespace gradsync::detail::threads {
 
 /// One per rank. Whoever changes state a rank may be waiting on rings its
 /// bell; a rank that found nothing to do sleeps on it. The epoch counter and
@@ -35,31 +29,6 @@ struct alignas(64) Doorbell {
       cv.notify_all();
     }
   }
-};
-
-/// How long a waiting rank spins before it yields, adapted to what spinning
-/// has been worth. Spinning pays when the awaited peer is running on another
-/// core: a small message then arrives in well under a microsecond, without a
-/// system call. It only burns time when the peer shares this core (more
-/// ranks than the cores this process may use, or other processes busy): each
-/// wait that outlasts its spin shrinks the budget fourfold and each one that
-/// ends within it doubles it, so a crowded machine converges to yielding at
-/// once, and a quiet one to spinning.
-class Spinner {
- public:
-  static constexpr std::chrono::nanoseconds max_spin{30'000};
-  /// Even at a zero budget a wait first polls this long, so that the budget
-  /// can recover once the machine is quiet again.
-  static constexpr std::chrono::nanoseconds probe{500};
-
-  explicit Spinner(bool oversubscribed) noexcept : budget_(oversubscribed ? probe : max_spin) {}
-
-  std::chrono::nanoseconds budget() const noexcept { return budget_ > probe ? budget_ : probe; }
-  void spun_enough() noexcept { budget_ = std::min(max_spin, budget_ * 2 + probe); }
-  void spun_in_vain() noexcept { budget_ /= 4; }
-
- private:
-  std::chrono::nanoseconds budget_;
 };
 
 /// How long to yield before sleeping. Yielding hands the core to the awaited

@@ -2,9 +2,6 @@
 /// \file State shared by the ranks of one run_threads call.
 
 #include <algorithm>
-#if defined(__linux__)
-#include <sched.h>
-#endif
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +12,7 @@
 #include <vector>
 
 #include "gradsync/backend/threads/doorbell.hpp"
+#include "gradsync/core/spinner.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/types.hpp"
 
@@ -53,17 +51,6 @@ struct alignas(64) NativeSlot {
 struct alignas(64) PaddedCounter {
   std::atomic<std::uint64_t> value{0};
 };
-
-/// Cores this process may run on: its affinity mask where the OS has one
-/// (taskset, cgroups), which hardware_concurrency() ignores.
-inline int usable_cores() noexcept {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-#endif
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 /// Shared by all ranks of one in-process world.
 class World {
