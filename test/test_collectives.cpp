@@ -432,6 +432,33 @@ TEST_CASE_TEMPLATE("AllReduce of a million floats at N = 3 and 4", Algo, GRADSYN
   }
 }
 
+// Max and min of +0 and -0 depend on the operand order, so an algorithm in
+// which ranks reduce separately (RHD's short recursive doubling) must order
+// operands the same way on every rank. Counts on both sides of the 2 KiB
+// short path, world sizes with and without a fold.
+TEST_CASE_TEMPLATE("AllReduce hands every rank the same bits for max and min of signed zeros", Algo,
+                   GRADSYNC_ALGORITHMS) {
+  for (int n = 2; n <= 9; ++n) {
+    if (!test::world_has(n)) continue;
+    for (const gs::OpKind op : {gs::OpKind::max, gs::OpKind::min}) {
+      for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1031}}) {
+        INFO("AllReduce<" << Algo::name << "> " << gs::detail::name(op) << " float N = " << n << " count = " << count);
+        const auto world = static_cast<std::size_t>(n);
+        std::vector<std::vector<float>> out(world, std::vector<float>(count));
+        test::run_world(n, [&](auto& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          for (std::size_t i = 0; i < count; ++i) out[r][i] = (r + i) % 2 ? -0.0f : 0.0f;
+          with_op(op, [&](auto o) { gs::AllReduce<Algo>{}(comm, std::span<float>(out[r]), o); });
+        });
+        for (std::size_t r : test::local_ranks(n)) {
+          CHECK_MESSAGE(std::all_of(out[r].begin(), out[r].end(), [](float x) { return x == 0.0f; }), "rank " << r);
+        }
+        check_same_on_all_ranks(out, n, "signed zeros");
+      }
+    }
+  }
+}
+
 TEST_CASE("AllReduce accepts any contiguous range and defaults to Auto and Sum") {
   if (!test::world_has(4)) return;
   std::vector<std::vector<std::int64_t>> sums(4);

@@ -7,6 +7,12 @@
 /// two, the first 2r ranks (r = p - p') pair up and fold: one of each pair
 /// hands its data to the other before and gets the result back after
 /// (Thakur, Rabenseifner & Gropp 2005).
+///
+/// A short all-reduce (at most short_bytes per rank) is latency-bound, so it
+/// skips the halving and runs recursive doubling on whole buffers: lg p'
+/// exchanges instead of 2 lg p', each carrying everything. That is MPICH's
+/// split (recursive doubling below MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE, 2 KiB,
+/// Rabenseifner above; Thakur et al. 2005, section 4.4).
 
 #include <cstddef>
 #include <cstdint>
@@ -66,8 +72,11 @@ void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, std::span<cons
 
 /// Recursive halving over virtual parts; `range(a, b)` maps a run of parts
 /// to elements of x. Leaves virtual rank v's part reduced (not finished).
+/// With `src` (out of place), x starts empty: the first step sends its half
+/// straight from src and copies in only the half it keeps.
 template <class B, class T, class RangeOf>
-void halving(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, int v, RangeOf range) {
+void halving(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, int v, RangeOf range,
+             std::span<const T> src = {}) {
   int lo = 0;
   int hi = f.pow2;
   for (int d = f.pow2 / 2, step = 0; d >= 1; d /= 2, ++step) {
@@ -75,8 +84,13 @@ void halving(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, in
     const bool lower = (v & d) == 0;
     const Range keep = lower ? range(lo, mid) : range(mid, hi);
     const Range give = lower ? range(mid, hi) : range(lo, mid);
-    exchange(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
-                 x.subspan(keep.begin, keep.size()), op);
+    std::span<const T> from(x);
+    if (step == 0 && !src.empty()) {
+      comm.copy(x.subspan(keep.begin, keep.size()), src.subspan(keep.begin, keep.size()));
+      from = src;
+    }
+    exchange(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), from.subspan(give.begin, give.size()),
+             x.subspan(keep.begin, keep.size()), op);
     if (lower) {
       hi = mid;
     } else {
@@ -103,13 +117,28 @@ template <>
 struct Algorithm<RecursiveHalvingDoubling> {
   static constexpr std::uint32_t fold_tag = 100;
   static constexpr std::uint32_t unfold_tag = 101;
+  /// Tags of the short path's steps: 64 + step, clear of halving's 0.. and
+  /// doubling's 32.. (at most 31 steps each).
+  static constexpr std::uint32_t short_tag = 64;
+  /// Bytes per rank up to which all-reduce takes the short path. The
+  /// alpha-beta-gamma costs of the two (cost_model.hpp) cross between 2.7 KiB
+  /// (Mpi's constants, p = 4) and 8.6 KiB (Threads', p = 2); MPICH's 2 KiB
+  /// sits below both, keeping the short path where it wins clearly.
+  static constexpr std::size_t short_bytes = RecursiveHalvingDoubling::short_bytes;
 
   template <class B, class T>
   static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
     const int r = comm.rank();
-    comm.copy(out, in);
+    const Fold f(p);
+    const int v = f.virt(r);
+    const int partner = f.partner(r);
+    // Out of place, a rank outside the fold pairs on the halving path sends
+    // its first half straight from `in` (see halving): half the copy saved.
+    const bool from_in = p > 1 && !opt.deterministic && in.data() != out.data() && partner < 0 &&
+                         out.size_bytes() > short_bytes;
+    if (!from_in) comm.copy(out, in);
     if (p == 1) return comm.finish(out, op);
     if (opt.deterministic) {
       const auto blocks = [&](int q) { return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q)); };
@@ -117,9 +146,6 @@ struct Algorithm<RecursiveHalvingDoubling> {
       ordered_reduce_scatter(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), op, blocks);
       return gather_blocks(comm, out, blocks);
     }
-    const Fold f(p);
-    const int v = f.virt(r);
-    const int partner = f.partner(r);
     if (v < 0) {
       // Send and receive share the buffer, so one after the other.
       comm.send(std::span<const T>(out), partner, fold_tag, 0);
@@ -133,14 +159,18 @@ struct Algorithm<RecursiveHalvingDoubling> {
       comm.wait_all();
     }
     const std::size_t n = out.size();
-    auto range = [&](int a, int b) {
-      return Range{block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(a)).begin,
-                   block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(b - 1)).end};
-    };
-    halving(comm, out, op, f, v, range);
-    const Range own = range(v, v + 1);
-    comm.finish(out.subspan(own.begin, own.size()), op);
-    doubling(comm, out, f, v, range);
+    if (out.size_bytes() <= short_bytes) {
+      whole_doubling(comm, out, op, f, v);
+    } else {
+      auto range = [&](int a, int b) {
+        return Range{block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(a)).begin,
+                     block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(b - 1)).end};
+      };
+      halving(comm, out, op, f, v, range, from_in ? in : std::span<const T>{});
+      const Range own = range(v, v + 1);
+      comm.finish(out.subspan(own.begin, own.size()), op);
+      doubling(comm, out, f, v, range);
+    }
     if (partner >= 0) {
       comm.send(std::span<const T>(out), partner, unfold_tag, 0);
       comm.wait_all();
@@ -239,6 +269,31 @@ struct Algorithm<RecursiveHalvingDoubling> {
   }
 
  private:
+  /// The short all-reduce: each step swaps the whole buffer with the partner
+  /// and reduces, so after lg p' steps every rank holds the full result. The
+  /// lower virtual rank's data is always the left operand, so both partners
+  /// evaluate the same expression and all ranks end with the same bits, even
+  /// for an op that is not bitwise commutative (max of +0 and -0, NaN
+  /// payloads), as the halving path guarantees by reducing each part once.
+  template <class B, class T>
+  static void whole_doubling(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, int v) {
+    auto theirs = comm.template scratch<T>(x.size());
+    for (int d = 1, step = 0; d < f.pow2; d *= 2, ++step) {
+      const int peer = f.real(v ^ d);
+      const auto tag = short_tag + static_cast<std::uint32_t>(step);
+      comm.recv(theirs, peer, tag, 1);
+      comm.send(std::span<const T>(x), peer, tag, 0);
+      comm.wait_all();
+      if ((v & d) == 0) {
+        comm.reduce(x, std::span<const T>(theirs), op);
+      } else {
+        comm.reduce(theirs, std::span<const T>(x), op);
+        comm.copy(x, std::span<const T>(theirs));
+      }
+    }
+    comm.finish(x, op);
+  }
+
   /// All-gather of x, where rank q's block is blocks(q) and this rank's own
   /// block is already in place: the fold pairs merge first, recursive
   /// doubling runs on the power-of-two group, the pairs split at the end.

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <string_view>
 
+#include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/collective.hpp"
 
 namespace gradsync {
@@ -86,8 +87,12 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
   }
   if (algo == "rhd") {
     switch (c) {
-      case Collective::all_reduce:
-        return 2 * lgp2 * a + 2 * pfrac * n * b + pfrac * n * g + fold * (2 * a + 2 * n * b + n * g);
+      case Collective::all_reduce: {
+        const double folding = fold * (2 * a + 2 * n * b + n * g);
+        // Short buffers: recursive doubling on whole buffers.
+        if (n <= static_cast<double>(RecursiveHalvingDoubling::short_bytes)) return lgp2 * (a + n * b + n * g) + folding;
+        return 2 * lgp2 * a + 2 * pfrac * n * b + pfrac * n * g + folding;
+      }
       case Collective::reduce_scatter: return lgp2 * a + pfrac * n * (b + g) + n * b + fold * (2 * a + n * b + n * g);
       case Collective::all_gather: return lgp2 * a + pfrac * n * b + fold * (2 * a + n * b);
       case Collective::broadcast: return 2 * lgp2 * a + 2 * pfrac * n * b + fold * (a + n * b);
