@@ -432,16 +432,41 @@ TEST_CASE_TEMPLATE("AllReduce of a million floats at N = 3 and 4", Algo, GRADSYN
   }
 }
 
+// RHD's all-reduce runs recursive doubling on whole buffers below the size
+// where the backend's cost model says Rabenseifner wins, and Rabenseifner
+// above: both sides of that switch, for every world size and op.
+TEST_CASE_TEMPLATE("RecursiveHalvingDoubling all-reduce is right on both sides of its short-path switch", T, float,
+                   double) {
+  const std::uint64_t seed = test_seed();
+  CAPTURE(seed);
+  auto g = rng_for("rhd_switch/" + std::string(type_name<T>()));
+  const gs::CostModel& m = gs::cost_model<test::Backend>();
+  for (int n = 2; n <= 9; ++n) {
+    std::size_t first_long = 0;
+    for (std::size_t c = 1; c <= (std::size_t{1} << 20); ++c) {
+      if (!gs::detail::rhd_all_reduce_short(n, static_cast<double>(c * sizeof(T)), m)) {
+        first_long = c;
+        break;
+      }
+    }
+    INFO("N = " << n << ", first count on the halving path: " << first_long);
+    REQUIRE(first_long > 1);
+    for (gs::OpKind op : all_ops) {
+      all_reduce_case<gs::RecursiveHalvingDoubling, T>(g, n, op, {first_long - 1, first_long}, {});
+    }
+  }
+}
+
 // Max and min of +0 and -0 depend on the operand order, so an algorithm in
 // which ranks reduce separately (RHD's short recursive doubling) must order
-// operands the same way on every rank. Counts on both sides of the 2 KiB
-// short path, world sizes with and without a fold.
+// operands the same way on every rank. Counts on both sides of the short
+// path's switch, world sizes with and without a fold.
 TEST_CASE_TEMPLATE("AllReduce hands every rank the same bits for max and min of signed zeros", Algo,
                    GRADSYNC_ALGORITHMS) {
   for (int n = 2; n <= 9; ++n) {
     if (!test::world_has(n)) continue;
     for (const gs::OpKind op : {gs::OpKind::max, gs::OpKind::min}) {
-      for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1031}}) {
+      for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1031}, std::size_t{20011}}) {
         INFO("AllReduce<" << Algo::name << "> " << gs::detail::name(op) << " float N = " << n << " count = " << count);
         const auto world = static_cast<std::size_t>(n);
         std::vector<std::vector<float>> out(world, std::vector<float>(count));

@@ -37,6 +37,7 @@ inline int mpi_rank() {
 }
 
 inline constexpr const char* backend_name = "mpi";
+using Backend = gradsync::Mpi;
 inline bool world_has(int n) { return n == mpi_size(); }
 inline std::vector<std::size_t> local_ranks(int) { return {static_cast<std::size_t>(mpi_rank())}; }
 
@@ -59,6 +60,7 @@ inline std::vector<std::uint64_t> all_values(int n, const std::vector<std::uint6
 #else
 
 inline constexpr const char* backend_name = "threads";
+using Backend = gradsync::Threads;
 inline bool world_has(int) { return true; }
 inline std::vector<std::size_t> local_ranks(int n) {
   std::vector<std::size_t> r(static_cast<std::size_t>(n));

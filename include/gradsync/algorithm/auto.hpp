@@ -19,60 +19,10 @@
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
+#include "gradsync/core/cost_model_env.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync {
-
-namespace detail {
-
-/// Reads "alpha=..,beta=..,gamma=..,native_alpha=..,native_beta=..,chunk_bytes=.." over a
-/// model; unknown keys are an error so that a typo is not silently ignored.
-inline CostModel parse_cost_model(std::string_view text, CostModel m) {
-  while (!text.empty()) {
-    const std::size_t comma = text.find(',');
-    const std::string_view item = text.substr(0, comma);
-    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
-    if (item.empty()) continue;
-    const std::size_t eq = item.find('=');
-    if (eq == std::string_view::npos) throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL expects key=value, got '" + std::string(item) + "'");
-    const std::string key(item.substr(0, eq));
-    const std::string value(item.substr(eq + 1));
-    char* end = nullptr;
-    const double v = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != '\0') throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: '" + value + "' is not a number");
-    // Times are finite and non-negative; a chunk is a whole number of bytes
-    // from 1 up to 1 TiB (beyond that it would not fit a size_t cast safely).
-    if (!std::isfinite(v) || v < 0) {
-      throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: " + key + " must be a finite number >= 0, got '" + value + "'");
-    }
-    if (key == "alpha") m.alpha = v;
-    else if (key == "beta") m.beta = v;
-    else if (key == "gamma") m.gamma = v;
-    else if (key == "native_alpha") m.native_alpha = v;
-    else if (key == "native_beta") m.native_beta = v;
-    else if (key == "chunk_bytes") {
-      if (v < 1 || v > 1099511627776.0 || v != std::floor(v)) {
-        throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: chunk_bytes must be a whole number of bytes in [1, 2^40], got '" + value + "'");
-      }
-      m.chunk_bytes = static_cast<std::size_t>(v);
-    }
-    else throw InvalidArgument("gradsync: GRADSYNC_COST_MODEL: unknown key '" + key + "' (expected alpha, beta, gamma, native_alpha, native_beta, chunk_bytes)");
-  }
-  return m;
-}
-
-}  // namespace detail
-
-/// The cost model Auto uses for backend B: B::cost_model, overridden by the
-/// environment variable GRADSYNC_COST_MODEL (as written by bench/calibrate).
-template <class B>
-const CostModel& cost_model() {
-  static const CostModel model = [] {
-    const char* env = std::getenv("GRADSYNC_COST_MODEL");
-    return env ? detail::parse_cost_model(env, B::cost_model) : B::cost_model;
-  }();
-  return model;
-}
 
 /// One candidate's predicted time.
 struct Prediction {

@@ -8,11 +8,13 @@
 /// hands its data to the other before and gets the result back after
 /// (Thakur, Rabenseifner & Gropp 2005).
 ///
-/// A short all-reduce (at most short_bytes per rank) is latency-bound, so it
-/// skips the halving and runs recursive doubling on whole buffers: lg p'
-/// exchanges instead of 2 lg p', each carrying everything. That is MPICH's
-/// split (recursive doubling below MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE, 2 KiB,
-/// Rabenseifner above; Thakur et al. 2005, section 4.4).
+/// A short all-reduce is latency-bound, so it skips the halving and runs
+/// recursive doubling on whole buffers: lg p' exchanges instead of 2 lg p',
+/// each carrying everything. MPICH splits the two at a fixed 2 KiB
+/// (MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE; Thakur et al. 2005, section 4.4);
+/// here the backend's cost model decides, since the crossover moves with the
+/// world size and with the transport's eager limit (on Open MPI's shared
+/// memory, 2 ranks: up to 16 KiB).
 
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +26,8 @@
 #include "gradsync/algorithm/ring.hpp"
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/communicator.hpp"
+#include "gradsync/core/cost_model.hpp"
+#include "gradsync/core/cost_model_env.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
@@ -120,11 +124,24 @@ struct Algorithm<RecursiveHalvingDoubling> {
   /// Tags of the short path's steps: 64 + step, clear of halving's 0.. and
   /// doubling's 32.. (at most 31 steps each).
   static constexpr std::uint32_t short_tag = 64;
-  /// Bytes per rank up to which all-reduce takes the short path. The
-  /// alpha-beta-gamma costs of the two (cost_model.hpp) cross between 2.7 KiB
-  /// (Mpi's constants, p = 4) and 8.6 KiB (Threads', p = 2); MPICH's 2 KiB
-  /// sits below both, keeping the short path where it wins clearly.
-  static constexpr std::size_t short_bytes = RecursiveHalvingDoubling::short_bytes;
+  /// Whether an all-reduce of `bytes` per rank takes the short path, by the
+  /// backend's cost model. Remembered for the last size per thread: a
+  /// training loop repeats its sizes, and this sits on an 8-byte call's path.
+  template <class B>
+  static bool short_path(int p, std::size_t bytes) {
+    struct Memo {
+      const CostModel* model = nullptr;
+      int p = 0;
+      std::size_t bytes = 0;
+      bool value = false;
+    };
+    thread_local Memo memo;
+    const CostModel& m = cost_model<B>();
+    if (memo.model != &m || memo.p != p || memo.bytes != bytes) {
+      memo = {&m, p, bytes, rhd_all_reduce_short(p, static_cast<double>(bytes), m)};
+    }
+    return memo.value;
+  }
 
   template <class B, class T>
   static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
@@ -136,8 +153,8 @@ struct Algorithm<RecursiveHalvingDoubling> {
     const int partner = f.partner(r);
     // Out of place, a rank outside the fold pairs on the halving path sends
     // its first half straight from `in` (see halving): half the copy saved.
-    const bool from_in = p > 1 && !opt.deterministic && in.data() != out.data() && partner < 0 &&
-                         out.size_bytes() > short_bytes;
+    const bool whole = p > 1 && !opt.deterministic && short_path<B>(p, out.size_bytes());
+    const bool from_in = p > 1 && !opt.deterministic && in.data() != out.data() && partner < 0 && !whole;
     if (!from_in) comm.copy(out, in);
     if (p == 1) return comm.finish(out, op);
     if (opt.deterministic) {
@@ -159,7 +176,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
       comm.wait_all();
     }
     const std::size_t n = out.size();
-    if (out.size_bytes() <= short_bytes) {
+    if (whole) {
       whole_doubling(comm, out, op, f, v);
     } else {
       auto range = [&](int a, int b) {

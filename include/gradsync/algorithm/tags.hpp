@@ -1,7 +1,6 @@
 #pragma once
 /// \file The algorithm policies a primitive is templated on.
 
-#include <cstddef>
 #include <string_view>
 
 namespace gradsync {
@@ -15,12 +14,10 @@ struct Tree {
   static constexpr std::string_view name = "tree";
 };
 /// Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive
-/// doubling, with a fold for world sizes that are not a power of two.
+/// doubling, with a fold for world sizes that are not a power of two; a short
+/// all-reduce runs recursive doubling alone.
 struct RecursiveHalvingDoubling {
   static constexpr std::string_view name = "rhd";
-  /// All-reduce of at most this many bytes per rank runs recursive doubling
-  /// on whole buffers (lg p' messages, not 2 lg p'): MPICH's split at 2 KiB.
-  static constexpr std::size_t short_bytes = 2048;
 };
 /// The backend's own best path (shared memory on Threads, MPI_* on Mpi).
 struct Native {

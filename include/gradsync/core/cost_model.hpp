@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <string_view>
 
-#include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/collective.hpp"
 
 namespace gradsync {
@@ -27,6 +26,12 @@ struct CostModel {
   /// their per-byte cost is fitted on its own); 0: the same as beta.
   double native_beta = 0.0;
   std::size_t chunk_bytes = std::size_t{1} << 19;
+  /// Largest message payload the transport sends eagerly; a larger one first
+  /// waits for a rendezvous handshake (MPI's eager/rendezvous switch). 0: no
+  /// such switch.
+  std::size_t eager_bytes = 0;
+  /// Seconds the handshake adds to each message above eager_bytes.
+  double rendezvous_alpha = 0.0;
 };
 
 namespace detail {
@@ -44,13 +49,47 @@ inline double floor_log2(int p) noexcept {
 inline double chunks(double bytes, const CostModel& m) noexcept {
   return std::max(1.0, std::ceil(bytes / static_cast<double>(m.chunk_bytes)));
 }
+/// Latency of one message of `bytes`: alpha, plus the handshake above the
+/// eager limit.
+inline double latency(double bytes, const CostModel& m) noexcept {
+  const bool rendezvous = m.eager_bytes > 0 && bytes > static_cast<double>(m.eager_bytes);
+  return m.alpha + (rendezvous ? m.rendezvous_alpha : 0.0);
+}
+
+/// RecursiveHalvingDoubling's all-reduce, the two ways it can run on p ranks
+/// with n bytes each. Rabenseifner: lg p' halving steps with messages of
+/// n/2, n/4, ..., then the same sizes back while doubling.
+inline double rhd_all_reduce_halving(int p, double n, const CostModel& m) noexcept {
+  int pow2 = 1;
+  while (pow2 * 2 <= p) pow2 *= 2;
+  const double pfrac = static_cast<double>(pow2 - 1) / pow2;
+  double messages = 0;
+  for (int part = 2; part <= pow2; part *= 2) messages += 2 * latency(n / part, m);
+  const double fold = pow2 == p ? 0.0 : 2 * latency(n, m) + 2 * n * m.beta + n * m.gamma;
+  return messages + 2 * pfrac * n * m.beta + pfrac * n * m.gamma + fold;
+}
+/// Recursive doubling on whole buffers: lg p' messages of n bytes, each
+/// reduced on arrival; cheaper while latency dominates.
+inline double rhd_all_reduce_doubling(int p, double n, const CostModel& m) noexcept {
+  int pow2 = 1;
+  int lg = 0;
+  while (pow2 * 2 <= p) pow2 *= 2, ++lg;
+  const double fold = pow2 == p ? 0.0 : 2 * latency(n, m) + 2 * n * m.beta + n * m.gamma;
+  return lg * (latency(n, m) + n * m.beta + n * m.gamma) + fold;
+}
+/// Whether RecursiveHalvingDoubling all-reduces n bytes on p ranks by
+/// recursive doubling alone. Every rank decides from the same model, so
+/// they agree.
+inline bool rhd_all_reduce_short(int p, double n, const CostModel& m) noexcept {
+  return rhd_all_reduce_doubling(p, n, m) <= rhd_all_reduce_halving(p, n, m);
+}
 
 /// Predicted seconds for one call. `bytes` is the per-rank buffer of
 /// all-reduce and broadcast, and the whole (N blocks) buffer of reduce-scatter
 /// and all-gather, as nccl-tests counts them.
 inline double predict(std::string_view algo, Collective c, int p, double n, const CostModel& m) noexcept {
   if (p <= 1) return 0.0;
-  const double a = m.alpha, b = m.beta, g = m.gamma;
+  const double b = m.beta, g = m.gamma;
   const double frac = static_cast<double>(p - 1) / p;
   const double lg = ceil_log2(p);
   const int pow2 = 1 << static_cast<int>(floor_log2(p));
@@ -59,13 +98,14 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
   const double lgp2 = floor_log2(p);
   if (algo == "ring") {
     const double k = chunks(n / p, m);
+    const double msg = latency(n / p / k, m);
     switch (c) {
-      case Collective::all_reduce: return 2 * (p - 1) * k * a + 2 * frac * n * b + frac * n * g;
-      case Collective::reduce_scatter: return (p - 1) * k * a + frac * n * (b + g) + n * b;
-      case Collective::all_gather: return (p - 1) * k * a + frac * n * b;
+      case Collective::all_reduce: return 2 * (p - 1) * k * msg + 2 * frac * n * b + frac * n * g;
+      case Collective::reduce_scatter: return (p - 1) * k * msg + frac * n * (b + g) + n * b;
+      case Collective::all_gather: return (p - 1) * k * msg + frac * n * b;
       case Collective::broadcast: {
         const double kb = chunks(n, m);
-        return (p - 2 + kb) * (a + n / kb * b);
+        return (p - 2 + kb) * (latency(n / kb, m) + n / kb * b);
       }
       default: return 0.0;
     }
@@ -74,28 +114,26 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
     switch (c) {
       case Collective::all_reduce: {
         const double k = chunks(n / 2, m);
-        return (2 * lg + 2 * (k - 1)) * a + 2 * n * b + n * g;
+        return (2 * lg + 2 * (k - 1)) * latency(n / 2 / k, m) + 2 * n * b + n * g;
       }
-      case Collective::reduce_scatter: return (2 * lg + chunks(n, m)) * a + 2 * n * b + n * g;
-      case Collective::all_gather: return (2 * lg + chunks(n, m)) * a + 2 * n * b;
+      case Collective::reduce_scatter: return (2 * lg + chunks(n, m)) * latency(n / chunks(n, m), m) + 2 * n * b + n * g;
+      case Collective::all_gather: return (2 * lg + chunks(n, m)) * latency(n / chunks(n, m), m) + 2 * n * b;
       case Collective::broadcast: {
         const double k = chunks(n, m);
-        return (lg + k - 1) * (a + 2 * n / k * b);
+        return (lg + k - 1) * (latency(n / k, m) + 2 * n / k * b);
       }
       default: return 0.0;
     }
   }
   if (algo == "rhd") {
+    // Messages halve at each step; charged at the first (largest) one's latency.
+    const double half = latency(n / 2, m);
     switch (c) {
-      case Collective::all_reduce: {
-        const double folding = fold * (2 * a + 2 * n * b + n * g);
-        // Short buffers: recursive doubling on whole buffers.
-        if (n <= static_cast<double>(RecursiveHalvingDoubling::short_bytes)) return lgp2 * (a + n * b + n * g) + folding;
-        return 2 * lgp2 * a + 2 * pfrac * n * b + pfrac * n * g + folding;
-      }
-      case Collective::reduce_scatter: return lgp2 * a + pfrac * n * (b + g) + n * b + fold * (2 * a + n * b + n * g);
-      case Collective::all_gather: return lgp2 * a + pfrac * n * b + fold * (2 * a + n * b);
-      case Collective::broadcast: return 2 * lgp2 * a + 2 * pfrac * n * b + fold * (a + n * b);
+      case Collective::all_reduce: return std::min(rhd_all_reduce_halving(p, n, m), rhd_all_reduce_doubling(p, n, m));
+      case Collective::reduce_scatter:
+        return lgp2 * half + pfrac * n * (b + g) + n * b + fold * (2 * latency(n, m) + n * b + n * g);
+      case Collective::all_gather: return lgp2 * half + pfrac * n * b + fold * (2 * latency(n, m) + n * b);
+      case Collective::broadcast: return 2 * lgp2 * half + 2 * pfrac * n * b + fold * (latency(n, m) + n * b);
       default: return 0.0;
     }
   }
