@@ -6,7 +6,7 @@
 Each file is recognised by its "benchmark" field:
   compare          (bench/compare.py -J)  -> compare_busbw_N<n>.png: busbw against size,
                    log-log, one line per gradsync algorithm and peer, memcpy ceiling
-                   dashed, the out-of-cache bound memcpy*(N-1)/N^2 dotted, the
+                   dashed, memcpy*(N-1)/N^2 (out of cache, one thread's memcpy) dotted, the
                    ring/tree crossover (threads) marked.
   all_reduce_perf  (all_reduce_perf -J) -> perf_<backend>_N<n>.png: busbw per algorithm,
                    crossover marked; perf_<backend>_N<n>_model.png: measured time
@@ -79,11 +79,13 @@ def plot_compare(doc, outdir):
                    label=f"memcpy ceiling {doc['memcpy_GBps']:.1f}")
         # Once the buffers no longer fit in cache, an all-reduce among N ranks
         # of one machine must read N inputs and write N outputs of S bytes
-        # through memory: t >= 2*N*S / memcpy(read+write), so busbw
-        # (S/t * 2(N-1)/N) <= memcpy * (N-1)/N^2.
+        # through memory: at the single-thread memcpy rate that takes
+        # 2*N*S / memcpy(read+write), so busbw (S/t * 2(N-1)/N) is
+        # memcpy * (N-1)/N^2. Several cores copying at once can beat it, so it
+        # is a reference line, not a ceiling.
         dram = doc["memcpy_GBps"] * (n - 1) / (n * n)
         ax.axhline(dram, color="black", linestyle=":", linewidth=1,
-                   label=f"out-of-cache bound {dram:.2f} = memcpy(N-1)/N²")
+                   label=f"out of cache at 1-thread memcpy: {dram:.2f} = memcpy(N-1)/N²")
         sizes = sorted(doc["sizes"])
         r_, t_ = series.get("threads/ring", {}), series.get("threads/tree", {})
         style(ax, f"all-reduce busbw, N={n} (load avg {min(doc['load_average']):.1f}-{max(doc['load_average']):.1f})")

@@ -28,8 +28,9 @@ struct Mpi {
   ///
   /// eager_bytes and rendezvous_alpha are Open MPI's shared-memory transport
   /// (btl vader, eager limit 4096 B including its header): `mpirun -np 2
-  /// mpi_exchange 4032 4048` took 0.68 and 2.30 us per exchange on the same
-  /// VM (2026-11-30), so payloads above 4032 B pay a 1.6 us handshake.
+  /// mpi_exchange` on the same VM (2026-11-30) jumps between 4032 and 4048 B
+  /// by 1.6-2.5 us over runs (quietest: 0.68 -> 2.30 us per exchange), so
+  /// payloads above 4032 B pay a handshake of 1.6 us.
   static constexpr CostModel cost_model{
       .alpha = 0.5e-6,
       .beta = 3.3e-10,
