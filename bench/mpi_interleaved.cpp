@@ -8,11 +8,12 @@
 //   add  --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4
 //   to mpirun to make MPI_Allreduce Open MPI's ring.
 //
-// Each round times a batch of calls of every contender in turn (per-call
-// mean, max over ranks); the figure is the median over rounds. Float sum,
-// in place and out of place. MPI/ring is MPI_Allreduce's time / gradsync
-// ring's (above 1: gradsync is faster); auto/best is Auto's time / the
-// fastest of all the others (1.00: Auto picked the winner).
+// Each round times a batch of calls of every contender in turn, starting
+// one contender later each round (per-call mean, max over ranks); the
+// figure is the median over rounds. Float sum, in place and out of place.
+// MPI/ring is MPI_Allreduce's time / gradsync ring's (above 1: gradsync is
+// faster); auto/best is Auto's time / the fastest of all the others (1.00:
+// Auto picked the winner).
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/backend/mpi.hpp>
@@ -95,8 +96,14 @@ int main(int argc, char** argv) {
       for (const Fn& c : calls) probe = std::max(probe, batch(c, 2));
       const int iters = static_cast<int>(std::clamp(0.02 / std::max(probe, 1e-9), 2.0, 20000.0));
       std::vector<std::vector<double>> t(calls.size());
+      // Each round starts one contender later, so that none always runs
+      // right after the same neighbour (a slow one leaves caches and the
+      // scheduler in a state the next pays for) or always last.
       for (int r = 0; r < rounds; ++r) {
-        for (std::size_t c = 0; c < calls.size(); ++c) t[c].push_back(batch(calls[c], iters));
+        for (std::size_t i = 0; i < calls.size(); ++i) {
+          const std::size_t c = (i + static_cast<std::size_t>(r)) % calls.size();
+          t[c].push_back(batch(calls[c], iters));
+        }
       }
       std::vector<double> med;
       for (auto& v : t) {
