@@ -106,6 +106,48 @@ TEST_CASE("parse_cost_model reads every key and keeps the base for keys not give
   CHECK(some.native_alpha == 4);
   CHECK(some.chunk_bytes == 5);
   CHECK(gs::detail::parse_cost_model("", base).alpha == 1);
+  const gs::CostModel eager = gs::detail::parse_cost_model("eager_bytes=4032,rendezvous_alpha=1.6e-6", base);
+  CHECK(eager.eager_bytes == 4032);
+  CHECK(eager.rendezvous_alpha == 1.6e-6);
+  CHECK(eager.alpha == 1);
+}
+
+TEST_CASE("a message above the eager limit pays the rendezvous handshake") {
+  const gs::CostModel plain{.alpha = 1e-6, .beta = 1e-10, .gamma = 1e-10};
+  gs::CostModel m = plain;
+  m.eager_bytes = 4096;
+  m.rendezvous_alpha = 2e-6;
+  CHECK(gs::detail::latency(4096, m) == 1e-6);
+  CHECK(gs::detail::latency(4097, m) == 3e-6);
+  CHECK(gs::detail::latency(1e9, plain) == 1e-6);  // eager_bytes 0: no switch
+  // Ring at 2 ranks on 64 KiB: 2 messages of 32 KiB, each pays it once.
+  const double n = 65536;
+  CHECK(gs::detail::predict("ring", gs::Collective::all_reduce, 2, n, m) -
+            gs::detail::predict("ring", gs::Collective::all_reduce, 2, n, plain) ==
+        doctest::Approx(2 * 2e-6));
+}
+
+TEST_CASE("RecursiveHalvingDoubling takes the short path for small buffers only") {
+  // Open MPI shared memory's constants (backend/mpi.hpp): at 2 ranks one
+  // whole-buffer exchange beats two half-size ones while both pay the
+  // handshake, up to about 16 KiB.
+  const gs::CostModel m{.alpha = 0.5e-6, .beta = 3.3e-10, .gamma = 1.6e-10, .eager_bytes = 4032,
+                        .rendezvous_alpha = 1.6e-6};
+  for (int p = 2; p <= 9; ++p) {
+    CAPTURE(p);
+    CHECK(gs::detail::rhd_all_reduce_short(p, 8, m));
+    CHECK_FALSE(gs::detail::rhd_all_reduce_short(p, 1 << 20, m));
+    // What predict reports for rhd is what the algorithm will run.
+    for (double n : {8.0, 4096.0, 16384.0, 1048576.0}) {
+      CAPTURE(n);
+      const double h = gs::detail::rhd_all_reduce_halving(p, n, m);
+      const double d = gs::detail::rhd_all_reduce_doubling(p, n, m);
+      CHECK(gs::detail::predict("rhd", gs::Collective::all_reduce, p, n, m) ==
+            (gs::detail::rhd_all_reduce_short(p, n, m) ? d : h));
+    }
+  }
+  CHECK(gs::detail::rhd_all_reduce_short(2, 12288, m));
+  CHECK_FALSE(gs::detail::rhd_all_reduce_short(2, 65536, m));
 }
 
 TEST_CASE("native_beta prices the Native path on its own, and 0 falls back to beta") {
@@ -141,7 +183,8 @@ TEST_CASE("parse_cost_model rejects values no cost model can have") {
   // negative or huge double to chunk_bytes (size_t) is undefined behaviour.
   const gs::CostModel base{};
   for (const std::string text : {"alpha=-1e-6", "beta=nan", "gamma=inf", "native_alpha=-1", "chunk_bytes=-4096",
-                           "chunk_bytes=0", "chunk_bytes=1e30", "chunk_bytes=nan"}) {
+                           "chunk_bytes=0", "chunk_bytes=1e30", "chunk_bytes=nan", "eager_bytes=-1",
+                           "eager_bytes=4032.5", "eager_bytes=1e30", "rendezvous_alpha=-1e-6"}) {
     CAPTURE(text);
     CHECK_THROWS_AS(gs::detail::parse_cost_model(text, base), gs::InvalidArgument);
   }
