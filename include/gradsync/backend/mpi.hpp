@@ -29,8 +29,8 @@ struct Mpi {
   /// eager_bytes and rendezvous_alpha are Open MPI's shared-memory transport
   /// (btl vader, eager limit 4096 B including its header): `mpirun -np 2
   /// mpi_exchange` on the same VM (2026-11-30) jumps between 4032 and 4048 B
-  /// by 1.6-2.5 us over runs (quietest: 0.68 -> 2.30 us per exchange), so
-  /// payloads above 4032 B pay a handshake of 1.6 us.
+  /// by 1.6-2.5 us over runs (0.73 -> 2.53 us per exchange in one, 1.00 ->
+  /// 3.48 in bench/results/mpi_exchange.txt); the model takes the low end.
   static constexpr CostModel cost_model{
       .alpha = 0.5e-6,
       .beta = 3.3e-10,

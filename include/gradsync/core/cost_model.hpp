@@ -56,26 +56,27 @@ inline double latency(double bytes, const CostModel& m) noexcept {
   return m.alpha + (rendezvous ? m.rendezvous_alpha : 0.0);
 }
 
+/// The fold of a world size that is not a power of two: the extra ranks
+/// hand their n bytes to a partner, which reduces them and hands the result
+/// back.
+inline double rhd_fold(int p, double n, const CostModel& m) noexcept {
+  const bool pow2 = (p & (p - 1)) == 0;
+  return pow2 ? 0.0 : 2 * latency(n, m) + 2 * n * m.beta + n * m.gamma;
+}
 /// RecursiveHalvingDoubling's all-reduce, the two ways it can run on p ranks
 /// with n bytes each. Rabenseifner: lg p' halving steps with messages of
 /// n/2, n/4, ..., then the same sizes back while doubling.
 inline double rhd_all_reduce_halving(int p, double n, const CostModel& m) noexcept {
-  int pow2 = 1;
-  while (pow2 * 2 <= p) pow2 *= 2;
+  const int pow2 = 1 << static_cast<int>(floor_log2(p));
   const double pfrac = static_cast<double>(pow2 - 1) / pow2;
   double messages = 0;
   for (int part = 2; part <= pow2; part *= 2) messages += 2 * latency(n / part, m);
-  const double fold = pow2 == p ? 0.0 : 2 * latency(n, m) + 2 * n * m.beta + n * m.gamma;
-  return messages + 2 * pfrac * n * m.beta + pfrac * n * m.gamma + fold;
+  return messages + 2 * pfrac * n * m.beta + pfrac * n * m.gamma + rhd_fold(p, n, m);
 }
 /// Recursive doubling on whole buffers: lg p' messages of n bytes, each
 /// reduced on arrival; cheaper while latency dominates.
 inline double rhd_all_reduce_doubling(int p, double n, const CostModel& m) noexcept {
-  int pow2 = 1;
-  int lg = 0;
-  while (pow2 * 2 <= p) pow2 *= 2, ++lg;
-  const double fold = pow2 == p ? 0.0 : 2 * latency(n, m) + 2 * n * m.beta + n * m.gamma;
-  return lg * (latency(n, m) + n * m.beta + n * m.gamma) + fold;
+  return floor_log2(p) * (latency(n, m) + n * m.beta + n * m.gamma) + rhd_fold(p, n, m);
 }
 /// Whether RecursiveHalvingDoubling all-reduces n bytes on p ranks by
 /// recursive doubling alone. Every rank decides from the same model, so
