@@ -44,6 +44,7 @@ struct AllGather {
     }
     detail::CallInfo call{Collective::all_gather, Algo::name, data_type_v<T>, OpKind::sum, in.size(), -1,
                           options.deterministic};
+    call.chunk_bytes = detail::chunk_bytes(options);
     comm.run(call, [&](const detail::CallInfo&) {
       if constexpr (std::same_as<Algo, Auto>) {
         detail::Algorithm<Auto>::dispatch(comm, Collective::all_gather, out.size_bytes(),

@@ -47,6 +47,7 @@ struct AllReduce {
       detail::invalid(what, comm.rank(), "in and out overlap without being the same buffer; pass one span for in place");
     }
     detail::CallInfo call{Collective::all_reduce, Algo::name, data_type_v<T>, Op::kind, in.size(), -1, options.deterministic};
+    call.chunk_bytes = detail::chunk_bytes(options);
     comm.run(call, [&](const detail::CallInfo&) {
       if constexpr (std::same_as<Algo, Auto>) {
         detail::Algorithm<Auto>::dispatch(comm, Collective::all_reduce, in.size_bytes(), [&](auto impl) {

@@ -35,6 +35,7 @@ struct Broadcast {
     }
     detail::CallInfo call{Collective::broadcast, Algo::name, data_type_v<T>, OpKind::sum, buf.size(), root,
                           options.deterministic};
+    call.chunk_bytes = detail::chunk_bytes(options);
     comm.run(call, [&](const detail::CallInfo&) {
       if constexpr (std::same_as<Algo, Auto>) {
         detail::Algorithm<Auto>::dispatch(comm, Collective::broadcast, buf.size_bytes(),

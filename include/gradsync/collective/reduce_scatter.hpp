@@ -42,6 +42,7 @@ struct ReduceScatter {
     }
     detail::CallInfo call{Collective::reduce_scatter, Algo::name, data_type_v<T>, Op::kind, out.size(), -1,
                           options.deterministic};
+    call.chunk_bytes = detail::chunk_bytes(options);
     comm.run(call, [&](const detail::CallInfo&) {
       if constexpr (std::same_as<Algo, Auto>) {
         detail::Algorithm<Auto>::dispatch(comm, Collective::reduce_scatter, in.size_bytes(), [&](auto impl) {

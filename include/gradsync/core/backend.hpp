@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "gradsync/core/call_info.hpp"
+#include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/types.hpp"
 
@@ -38,8 +39,9 @@ concept Endpoint = requires(E& e, const E& ce, const detail::CallInfo& call, voi
   e.local_copy(p, cp, n, t);
   e.local_reduce(p, cp, n, t, op);
   e.local_finish(p, n, t, op);
-  /// Abandons pending operations and tells the other ranks this rank failed.
-  e.fail(call, std::string_view{});
+  /// Abandons pending operations and tells the other ranks this rank failed,
+  /// and how (so a disagreement reads as one on every rank).
+  e.fail(call, std::string_view{}, detail::FailureKind{});
 };
 
 /// A backend policy: a type naming its Endpoint, e.g. `gradsync::Threads`.

@@ -8,6 +8,7 @@
 
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
 
 namespace gradsync::detail {
@@ -22,7 +23,8 @@ struct CallInfo {
   std::size_t count = 0;  ///< the count every rank passes (per-rank block for gather/scatter)
   int root = -1;
   bool deterministic = false;
-  std::uint64_t seq = 0;  ///< this communicator's call number, from 1
+  std::size_t chunk_bytes = 0;  ///< the pipelining chunk the algorithm cuts messages into
+  std::uint64_t seq = 0;        ///< this communicator's call number, from 1
 
   friend bool operator==(const CallInfo&, const CallInfo&) = default;
 };
@@ -53,6 +55,8 @@ inline std::string describe(const CallInfo& c) {
   }
   if (c.collective == Collective::broadcast) s += ", root " + std::to_string(c.root);
   if (c.deterministic) s += ", deterministic";
+  // Only a chunk size someone chose is worth a word in a message.
+  if (c.chunk_bytes && c.chunk_bytes != default_chunk_bytes) s += ", chunks of " + std::to_string(c.chunk_bytes) + " B";
   s += ")";
   return s;
 }

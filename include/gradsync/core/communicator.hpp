@@ -1,7 +1,9 @@
 #pragma once
 /// \file Communicator<Backend>: what every primitive takes.
 
+#include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -9,6 +11,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,11 +40,22 @@ class Communicator {
   /// rank ends the job rather than the job's allocation.
   static constexpr duration default_timeout = std::chrono::seconds(300);
 
-  explicit Communicator(endpoint_type endpoint) : ep_(std::move(endpoint)) {}
+  /// Builds the backend's endpoint from `args`: an endpoint itself, or what
+  /// the endpoint is made from (`Communicator<Mpi> comm(MPI_COMM_WORLD)`,
+  /// optionally followed by the backend's options).
+  template <class... Args>
+    requires std::constructible_from<endpoint_type, Args&&...>
+  explicit Communicator(Args&&... args) : ep_(std::forward<Args>(args)...) {}
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   /// Movable while idle, so factories can return several (one per GPU).
-  Communicator(Communicator&&) = default;
+  Communicator(Communicator&& o) noexcept(std::is_nothrow_move_constructible_v<endpoint_type>)
+      : ep_(std::move(o.ep_)),
+        timeout_(o.timeout_),
+        seq_(o.seq_),
+        call_(o.call_),
+        scratch_(std::move(o.scratch_)),
+        failure_(std::move(o.failure_)) {}
 
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
@@ -71,20 +85,45 @@ class Communicator {
 
   endpoint_type& endpoint() noexcept { return ep_; }
 
+  /// Whether a collective on this communicator has failed; it then refuses
+  /// every later call at once (see run()).
+  bool failed() const noexcept { return !failure_.empty(); }
+
   /// Runs one collective: stamps it with the next sequence number, and if it
   /// throws, abandons what is in flight and tells the other ranks, so they
-  /// fail fast instead of waiting out the deadline.
+  /// fail fast instead of waiting out the deadline. A communicator whose call
+  /// failed refuses the next ones at once (Aborted, naming that failure): its
+  /// peers may be anywhere in the sequence, so nothing later can match.
   template <class F>
   void run(detail::CallInfo call, F&& body) {
+    if (!failure_.empty()) {
+      throw Aborted("gradsync: rank " + std::to_string(rank()) + ": " + describe_next(call) +
+                    " refused: this communicator failed earlier and cannot be used again (" + failure_ + ")");
+    }
+    // Two threads in one communicator would interleave sequence numbers and
+    // messages; one atomic exchange per call says so instead of a confusing
+    // mismatch or a hang later.
+    if (busy_.exchange(true, std::memory_order_acquire)) {
+      throw InvalidArgument("gradsync: rank " + std::to_string(rank()) + ": Communicator used from two threads at once (" +
+                            describe_next(call) +
+                            " started while another call was in progress); a communicator serves one thread at a "
+                            "time: give each thread its own communicator");
+    }
+    struct Release {
+      std::atomic<bool>& busy;
+      ~Release() { busy.store(false, std::memory_order_release); }
+    } release{busy_};
     call.seq = ++seq_;
     call_ = call;
     try {
+      if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
       std::forward<F>(body)(call_);
+      if constexpr (requires { ep_.end_call(call_, timeout_); }) ep_.end_call(call_, timeout_);
     } catch (const std::exception& e) {
-      ep_.fail(call_, e.what());
+      record_failure(detail::current_failure_kind(), e.what());
       throw;
     } catch (...) {
-      ep_.fail(call_, "unknown exception");
+      record_failure(detail::FailureKind::error, "unknown exception");
       throw;
     }
   }
@@ -154,11 +193,27 @@ class Communicator {
     std::size_t bytes = 0;
   };
 
+  std::string describe_next(detail::CallInfo call) const {
+    call.seq = seq_ + 1;
+    return describe(call);
+  }
+
+  void record_failure(detail::FailureKind kind, const char* what) noexcept {
+    try {
+      failure_ = describe(call_) + " failed: " + what;
+    } catch (...) {
+      failure_ = "a call failed";
+    }
+    ep_.fail(call_, what, kind);
+  }
+
   endpoint_type ep_;
   duration timeout_ = default_timeout;
   std::uint64_t seq_ = 0;
   detail::CallInfo call_{};
   std::vector<Scratch> scratch_;
+  std::string failure_;  ///< empty until a call fails
+  std::atomic<bool> busy_{false};
 };
 
 }  // namespace gradsync

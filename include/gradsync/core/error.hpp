@@ -1,6 +1,8 @@
 #pragma once
 /// \file Exceptions thrown by gradsync; every one derives from gradsync::Error.
 
+#include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -31,4 +33,37 @@ class Aborted : public Error {
   using Error::Error;
 };
 
+namespace detail {
+
+/// Which of the classes above a failure was, so that a failure can travel to
+/// other ranks (or be remembered by a communicator) and be rethrown there as
+/// the same class.
+enum class FailureKind : std::uint8_t { error, invalid_argument, timeout, aborted };
+
+/// The kind of the exception being handled; call only inside a catch block.
+inline FailureKind current_failure_kind() noexcept {
+  try {
+    throw;
+  } catch (const InvalidArgument&) {
+    return FailureKind::invalid_argument;
+  } catch (const Timeout&) {
+    return FailureKind::timeout;
+  } catch (const Aborted&) {
+    return FailureKind::aborted;
+  } catch (...) {
+    return FailureKind::error;
+  }
+}
+
+[[noreturn]] inline void throw_failure(FailureKind kind, const std::string& what) {
+  switch (kind) {
+    case FailureKind::invalid_argument: throw InvalidArgument(what);
+    case FailureKind::timeout: throw Timeout(what);
+    case FailureKind::aborted: throw Aborted(what);
+    case FailureKind::error: break;
+  }
+  throw Error(what);
+}
+
+}  // namespace detail
 }  // namespace gradsync

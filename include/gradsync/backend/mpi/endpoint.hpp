@@ -144,7 +144,7 @@ class Endpoint {
     finish_erased(type, op, data, count, size_);
   }
 
-  void fail(const CallInfo& call, std::string_view why) noexcept {
+  void fail(const CallInfo& call, std::string_view why, FailureKind) noexcept {
     if (failure_policy == MpiFailurePolicy::abort_job) {
       std::fprintf(stderr, "gradsync: rank %d aborting the MPI job: %.*s (in %s)\n", rank_, static_cast<int>(why.size()),
                    why.data(), describe(call).c_str());

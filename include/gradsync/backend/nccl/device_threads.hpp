@@ -82,7 +82,7 @@ class DeviceThreadsEndpoint {
   void local_copy(void* d, const void* s, std::size_t n, DataType t) { inner_.local_copy(d, s, n, t); }
   void local_reduce(void* d, const void* s, std::size_t n, DataType t, OpKind op) { inner_.local_reduce(d, s, n, t, op); }
   void local_finish(void* d, std::size_t n, DataType t, OpKind op) { inner_.local_finish(d, n, t, op); }
-  void fail(const CallInfo& call, std::string_view why) noexcept { inner_.fail(call, why); }
+  void fail(const CallInfo& call, std::string_view why, FailureKind kind) noexcept { inner_.fail(call, why, kind); }
 
   /// Device work buffers (Communicator::scratch); synchronous, like the rest.
   void* scratch(std::size_t bytes, std::size_t slot) {

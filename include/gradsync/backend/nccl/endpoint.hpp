@@ -183,7 +183,7 @@ class Endpoint {
   /// Drops what was posted. If this call already issued point-to-point
   /// work, the peers' matching is broken: the communicator is aborted so
   /// their operations fail instead of hanging, and later calls throw.
-  void fail(const CallInfo& call, std::string_view) noexcept {
+  void fail(const CallInfo& call, std::string_view, FailureKind) noexcept {
     queue_.clear();
     if (call.seq != 0 && issued_seq_ == call.seq) abort();
   }

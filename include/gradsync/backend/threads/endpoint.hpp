@@ -152,7 +152,7 @@ class Endpoint {
   }
 
   /// Abandons everything in flight and marks the world failed.
-  void fail(const CallInfo& call, std::string_view why) noexcept {
+  void fail(const CallInfo& call, std::string_view why, FailureKind) noexcept {
     cancel();
     std::string reason(why);
     if (call.seq) reason += " (in " + describe(call) + ")";
