@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -313,11 +315,100 @@ TEST_CASE("no_sync: micro-steps do not communicate; the synced backward reduces 
 TEST_CASE("a collective that fails on the worker surfaces from finish() on every rank") {
   CHECK_THROWS_WITH_AS(gradsync::run_threads(3,
                                              [](Communicator<Threads>& comm) {
-                                               // Rank 2 registers a different size: the ranks disagree.
-                                               std::vector<float> flat(comm.rank() == 2 ? 11 : 10, 1.0f);
-                                               GradSync<Threads, float> sync(comm, {std::span<float>(flat)});
+                                               // Rank 2 alone compresses to bfloat16: the ranks' first
+                                               // bucket disagrees on its element type.
+                                               std::vector<float> flat(10, 1.0f);
+                                               GradSyncOptions o;
+                                               if (comm.rank() == 2) o.compression = gradsync::Compression::bf16;
+                                               GradSync<Threads, float> sync(comm, {std::span<float>(flat)}, o);
                                                sync.ready(0);
                                                sync.finish();
                                              }),
                        doctest::Contains("disagree"), gradsync::InvalidArgument);
+}
+
+TEST_CASE("ranks that register different units all throw at construction, naming the unit and the rank") {
+  std::uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("GRADSYNC_TEST_SEED")) seed = std::stoull(s);
+  INFO("seed " << seed << " (rerun with GRADSYNC_TEST_SEED=" << seed << ")");
+  std::mt19937_64 rng(seed);
+  auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+  gradsync::ThreadsOptions topt;
+  topt.timeout = std::chrono::seconds(5);
+  for (int world : {3, 4, 5}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      for (int trial = 0; trial < 3; ++trial) {
+        std::vector<std::size_t> sizes(2 + pick(4));
+        std::vector<std::string> names;
+        for (std::size_t u = 0; u < sizes.size(); ++u) {
+          sizes[u] = 2 + pick(30);
+          names.push_back("unit" + std::to_string(u));
+        }
+        auto their_sizes = sizes;
+        auto their_names = names;
+        std::size_t unit = pick(sizes.size());
+        if (kind == 0) {
+          // The same total, split at another place.
+          const std::size_t a = unit + 1 < sizes.size() ? unit : unit - 1;
+          const std::size_t move = 1 + pick(their_sizes[a + 1] - 1);
+          their_sizes[a] += move;
+          their_sizes[a + 1] -= move;
+          unit = a;
+        } else if (kind == 1) {
+          their_names[unit] += "_renamed";
+        } else {
+          their_sizes.erase(their_sizes.begin() + static_cast<std::ptrdiff_t>(unit));
+          their_names.erase(their_names.begin() + static_cast<std::ptrdiff_t>(unit));
+        }
+        const int odd = static_cast<int>(pick(static_cast<std::size_t>(world)));
+        CAPTURE(world);
+        CAPTURE(kind);
+        CAPTURE(odd);
+        CAPTURE(unit);
+        std::vector<std::string> messages(static_cast<std::size_t>(world));
+        std::vector<int> constructed(static_cast<std::size_t>(world), 0);
+        const auto t0 = std::chrono::steady_clock::now();
+        gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          const bool differs = comm.rank() == odd;
+          std::vector<float> flat(256, 1.0f);
+          try {
+            GradSync<Threads, float> sync(comm, split(flat, differs ? their_sizes : sizes), {},
+                                          differs ? their_names : names);
+            constructed[r] = 1;
+            sync.mark_all_ready();
+            sync.finish();
+          } catch (const gradsync::InvalidArgument& e) {
+            messages[r] = e.what();
+          } catch (const std::exception& e) {
+            messages[r] = std::string("not an InvalidArgument: ") + e.what();
+          }
+        });
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+        const std::string& m = messages[0];
+        INFO(m);
+        CHECK(m.find("gradsync: GradSync: ranks declared different units: ") == 0);
+        const std::string u = std::to_string(unit);
+        CHECK((m.find("declared unit " + u + " as ") != std::string::npos ||
+               m.find("declared no unit " + u + " (") != std::string::npos));
+        CHECK(m.find("rank " + std::to_string(odd) + " declared") != std::string::npos);
+        for (std::size_t r = 0; r < messages.size(); ++r) {
+          CAPTURE(r);
+          CHECK(constructed[r] == 0);
+          CHECK(messages[r] == m);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("units that agree cost one small AllGather at construction, and none on one rank") {
+  for (int world : {1, 3}) {
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      std::vector<float> flat(20, 1.0f);
+      const auto seq0 = comm.sequence();
+      GradSync<Threads, float> sync(comm, split(flat, {12, 8}), {}, {"a", "b"});
+      CHECK(comm.sequence() - seq0 == (world == 1 ? 0u : 1u));
+    });
+  }
 }

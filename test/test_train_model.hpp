@@ -136,3 +136,38 @@ struct Mlp {
 };
 
 }  // namespace test_train
+
+namespace test_train {
+
+/// A model that declares whatever units it is given, for the tests of what
+/// ranks must agree on. Its loss is half the sum of squared parameters.
+template <class T>
+struct Declared {
+  using value_type = T;
+
+  std::vector<gradsync::UnitSpec> specs;
+
+  std::vector<gradsync::UnitSpec> units() const { return specs; }
+
+  void bind(std::span<const gradsync::UnitView<T>> v) {
+    views.assign(v.begin(), v.end());
+    for (const auto& unit : views)
+      for (std::size_t i = 0; i < unit.flat_params.size(); ++i) unit.flat_params[i] = static_cast<T>(i % 7) - T(3);
+  }
+
+  double forward_backward(const Batch<T>&, const gradsync::GradsReady& ready) {
+    double loss = 0;
+    for (std::size_t u = views.size(); u-- > 0;) {
+      for (std::size_t i = 0; i < views[u].flat_params.size(); ++i) {
+        loss += 0.5 * double(views[u].flat_params[i]) * double(views[u].flat_params[i]);
+        views[u].flat_grads[i] += views[u].flat_params[i];
+      }
+      ready(u);
+    }
+    return loss;
+  }
+
+  std::vector<gradsync::UnitView<T>> views;
+};
+
+}  // namespace test_train

@@ -8,6 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "test_train_model.hpp"
@@ -17,6 +22,7 @@ using gradsync::ReplicatedTrainer;
 using gradsync::ReplicatedTrainerOptions;
 using gradsync::Threads;
 using test_train::Batch;
+using test_train::Declared;
 using test_train::make_batch;
 using test_train::Mlp;
 
@@ -242,4 +248,189 @@ TEST_CASE("uneven inputs: join lets ranks with less data finish cleanly; each st
     single.assign(trainer.parameters().begin(), trainer.parameters().end());
   });
   check_close(params[0], single, 2e-5f);
+}
+
+namespace {
+
+/// The randomized tests' seed: GRADSYNC_TEST_SEED if set, else a fresh one.
+std::uint64_t test_seed() {
+  if (const char* s = std::getenv("GRADSYNC_TEST_SEED")) return std::stoull(s);
+  std::random_device rd;
+  return (std::uint64_t{rd()} << 32) ^ rd();
+}
+
+std::size_t pick(std::mt19937_64& rng, std::size_t n) { return static_cast<std::size_t>(rng() % n); }
+
+/// 2 to 6 units of 1 to 3 parameters, 1- or 2-D, some with a buffer.
+std::vector<gradsync::UnitSpec> random_units(std::mt19937_64& rng) {
+  std::vector<gradsync::UnitSpec> units(2 + pick(rng, 5));
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    units[u].name = "unit" + std::to_string(u);
+    const std::size_t params = 1 + pick(rng, 3);
+    for (std::size_t p = 0; p < params; ++p) {
+      std::vector<std::size_t> shape{1 + pick(rng, 9)};
+      if (pick(rng, 2)) shape.push_back(1 + pick(rng, 9));
+      units[u].params.push_back({"p" + std::to_string(p), shape});
+    }
+    if (pick(rng, 3) == 0) units[u].buffers.push_back({"stat", {1 + pick(rng, 4)}});
+  }
+  return units;
+}
+
+/// What the ranks' declarations differ in.
+enum class Mismatch { shape, split, name, count };
+
+/// `u` changed as `kind` says, and the index of the first unit that differs.
+std::pair<std::vector<gradsync::UnitSpec>, std::size_t> mutate(std::vector<gradsync::UnitSpec> u, Mismatch kind,
+                                                               std::mt19937_64& rng) {
+  const std::size_t i = pick(rng, u.size());
+  switch (kind) {
+    case Mismatch::shape: {
+      // Same elements, another shape: transposed, or one more axis of 1.
+      auto& shape = u[i].params[pick(rng, u[i].params.size())].shape;
+      if (shape.size() == 2 && shape[0] != shape[1]) {
+        std::swap(shape[0], shape[1]);
+      } else {
+        shape.push_back(1);
+      }
+      return {u, i};
+    }
+    case Mismatch::split: {
+      // The same tensors, grouped into units differently.
+      if (u[i].params.size() >= 2) {
+        gradsync::UnitSpec tail{u[i].name + "b", {u[i].params.begin() + 1, u[i].params.end()}, {}};
+        u[i].params.resize(1);
+        u.insert(u.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::move(tail));
+        return {u, i};
+      }
+      const std::size_t a = i + 1 < u.size() ? i : i - 1;
+      u[a].params.insert(u[a].params.end(), u[a + 1].params.begin(), u[a + 1].params.end());
+      u[a].buffers.insert(u[a].buffers.end(), u[a + 1].buffers.begin(), u[a + 1].buffers.end());
+      u.erase(u.begin() + static_cast<std::ptrdiff_t>(a) + 1);
+      return {u, a};
+    }
+    case Mismatch::name:
+      if (pick(rng, 2)) {
+        u[i].name += "_renamed";
+      } else {
+        u[i].params[pick(rng, u[i].params.size())].name += "_renamed";
+      }
+      return {u, i};
+    case Mismatch::count:
+      if (pick(rng, 2)) {
+        u.erase(u.begin() + static_cast<std::ptrdiff_t>(i));
+        return {u, i};
+      } else {
+        const std::size_t at = pick(rng, u.size() + 1);
+        u.insert(u.begin() + static_cast<std::ptrdiff_t>(at), gradsync::UnitSpec{"extra", {{"w", {3, 2}}}, {}});
+        return {u, at};
+      }
+  }
+  return {u, 0};
+}
+
+std::size_t total(const std::vector<gradsync::UnitSpec>& units) {
+  std::size_t n = 0;
+  for (const auto& u : units)
+    for (const auto& t : u.params) n += t.count();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("units: ranks that declare different units all throw at construction, naming the unit and the rank") {
+  const std::uint64_t seed = test_seed();
+  INFO("seed " << seed << " (rerun with GRADSYNC_TEST_SEED=" << seed << ")");
+  std::mt19937_64 rng(seed);
+  gradsync::ThreadsOptions topt;
+  topt.timeout = std::chrono::seconds(5);
+  const char* names[] = {"a different shape, same total", "a different unit split, same total",
+                         "a different name", "one unit fewer or more"};
+  for (int world : {3, 4, 5}) {
+    for (int k = 0; k < 4; ++k) {
+      for (int trial = 0; trial < 3; ++trial) {
+        const auto kind = static_cast<Mismatch>(k);
+        const auto mine = random_units(rng);
+        const auto [theirs, unit] = mutate(mine, kind, rng);
+        const int odd = static_cast<int>(pick(rng, static_cast<std::size_t>(world)));
+        CAPTURE(world);
+        CAPTURE(names[k]);
+        CAPTURE(odd);
+        CAPTURE(unit);
+        if (kind != Mismatch::count) REQUIRE(total(theirs) == total(mine));
+        std::vector<std::string> messages(static_cast<std::size_t>(world));
+        std::vector<int> constructed(static_cast<std::size_t>(world), 0);
+        const auto t0 = std::chrono::steady_clock::now();
+        gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          try {
+            ReplicatedTrainer trainer(comm, Declared<float>{comm.rank() == odd ? theirs : mine, {}},
+                                      gradsync::Sgd<float>({.lr = 0.1}));
+            constructed[r] = 1;
+            trainer.step(Batch<float>{});
+          } catch (const gradsync::InvalidArgument& e) {
+            messages[r] = e.what();
+          } catch (const std::exception& e) {
+            messages[r] = std::string("not an InvalidArgument: ") + e.what();
+          }
+        });
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+        const std::string& m = messages[0];
+        INFO(m);
+        CHECK(m.find("gradsync: ReplicatedTrainer: ranks declared different units: ") == 0);
+        const std::string u = std::to_string(unit);
+        CHECK((m.find("declared unit " + u + " as ") != std::string::npos ||
+               m.find("declared no unit " + u + " (") != std::string::npos));
+        CHECK(m.find("rank " + std::to_string(odd) + " declared") != std::string::npos);
+        for (std::size_t r = 0; r < messages.size(); ++r) {
+          CAPTURE(r);
+          CHECK(constructed[r] == 0);
+          CHECK(messages[r] == m);
+        }
+      }
+    }
+    // Agreeing ranks: no error, and training goes on as before.
+    const auto units = random_units(rng);
+    std::vector<std::vector<float>> params(static_cast<std::size_t>(world));
+    gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, Declared<float>{units, {}}, gradsync::Sgd<float>({.lr = 0.5}));
+      const std::vector<float> before(trainer.parameters().begin(), trainer.parameters().end());
+      trainer.step(Batch<float>{});
+      params[static_cast<std::size_t>(comm.rank())].assign(trainer.parameters().begin(), trainer.parameters().end());
+      // The loss is half the squared norm: one step of lr 0.5 halves every parameter.
+      for (std::size_t i = 0; i < before.size(); ++i) REQUIRE(params[static_cast<std::size_t>(comm.rank())][i] == before[i] * 0.5f);
+    });
+    for (const auto& p : params) CHECK(p == params[0]);
+  }
+}
+
+TEST_CASE("units: the message names both declarations, the unit counts, and every rank that differs") {
+  const std::vector<gradsync::UnitSpec> mine{{"fc1", {{"weight", {10, 1024}}}, {}}, {"fc2", {{"weight", {1024, 10}}}, {}}};
+  auto transposed = mine;
+  transposed[1].params[0].shape = {10, 1024};
+  auto shorter = mine;
+  shorter.pop_back();
+  auto run = [&](int world, auto declared) {
+    std::vector<std::string> messages(static_cast<std::size_t>(world));
+    gradsync::ThreadsOptions topt;
+    topt.timeout = std::chrono::seconds(5);
+    gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+      try {
+        ReplicatedTrainer trainer(comm, Declared<float>{declared(comm.rank()), {}}, gradsync::Sgd<float>({.lr = 0.1}));
+      } catch (const gradsync::InvalidArgument& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (const auto& m : messages) CHECK(m == messages[0]);
+    return messages[0];
+  };
+  CHECK(run(3, [&](int r) { return r == 2 ? transposed : mine; }) ==
+        "gradsync: ReplicatedTrainer: ranks declared different units: rank 0 declared unit 1 as 'fc2' (weight "
+        "[1024 x 10]), rank 2 declared it as 'fc2' (weight [10 x 1024]). Every rank's model must declare the same "
+        "units, with the same names and shapes, in the same order: check what its units() depends on "
+        "(configuration, rank, world size).");
+  // Rank 0 alone differs: the majority is the reference, and both other differing ranks are listed.
+  const std::string m = run(5, [&](int r) { return r == 0 ? shorter : r == 3 ? transposed : mine; });
+  CHECK(m.find("rank 1 declared unit 1 as 'fc2' (weight [1024 x 10]) (2 units in all), rank 0 declared no unit 1 "
+               "(1 unit in all). Ranks that differ from rank 1: 0, 3.") != std::string::npos);
 }

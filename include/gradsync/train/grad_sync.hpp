@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
 
@@ -93,7 +95,10 @@ struct BucketInfo {
 /// its own loop can use alone.
 ///
 /// Register the gradient spans once, in forward (parameter) order; each one
-/// is a "unit" that becomes ready as a whole. Then per step:
+/// is a "unit" that becomes ready as a whole. Construction is collective: it
+/// checks that every rank registered the same sizes and names in the same
+/// order, and otherwise throws InvalidArgument on every rank, naming the
+/// first unit and rank that differ. Then per step:
 ///
 ///     model.backward(/* calls sync.ready(u) as each unit's gradient is final */);
 ///     sync.finish();            // every rank now holds the mean gradient
@@ -141,6 +146,14 @@ class GradSync {
       throw InvalidArgument("gradsync: GradSync expects one name per unit, got " + std::to_string(names_.size()) +
                             " names for " + std::to_string(units_.size()) + " units");
     }
+    // Equal totals split differently would reduce without complaint, each
+    // rank's unit i averaged with another rank's unrelated gradients.
+    std::vector<std::string> declared;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      declared.push_back(detail::describe_unit(names_.empty() ? std::string_view() : names_[u], units_[u].size()));
+    }
+    detail::check_units_agree(comm_, declared, "GradSync",
+                              "Every rank must register the same gradient spans (sizes and names) in the same order.");
     plan();
     ready_.assign(units_.size(), 0);
     touched_.assign(units_.size(), 0);

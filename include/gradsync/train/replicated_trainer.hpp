@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -21,8 +20,10 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/train/grad_sync.hpp"
+#include "gradsync/train/hash_bytes.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
 
@@ -63,21 +64,6 @@ struct CommunicatorTraits<Communicator<B>> : std::true_type {
   using backend = B;
 };
 
-/// 64-bit hash of a buffer's bits: a word-at-a-time multiply–xorshift, fast
-/// enough to run over a whole model as a debug check.
-inline std::uint64_t hash_bytes(const void* data, std::size_t bytes, std::uint64_t h) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  constexpr std::uint64_t k = 0x9E3779B97F4A7C15ull;
-  std::size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * k;
-    h ^= h >> 29;
-  }
-  for (; i < bytes; ++i) h = (h ^ p[i]) * k;
-  return h ^ (h >> 32);
-}
 }  // namespace detail
 
 /// Trains `Model` with a full replica on every rank of `Comm`: each step
@@ -87,9 +73,11 @@ inline std::uint64_t hash_bytes(const void* data, std::size_t bytes, std::uint64
 ///
 /// The trainer owns the model (moved in) and its storage: one flat array of
 /// parameters, one of gradients, one of buffers, each unit a contiguous
-/// range of it; the model holds views. Construction broadcasts rank 0's
-/// parameters and buffers. N ranks with per-rank batch b under a mean loss
-/// then train as one rank with batch N·b.
+/// range of it; the model holds views. Construction checks that every rank
+/// declared the same units (names and shapes, in order; otherwise every rank
+/// throws InvalidArgument naming the first unit and rank that differ) and
+/// broadcasts rank 0's parameters and buffers. N ranks with per-rank batch
+/// b under a mean loss then train as one rank with batch N·b.
 ///
 /// \tparam M     the model (see gradsync::Model).
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -123,6 +111,11 @@ class ReplicatedTrainer {
 
   ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
+    // Before anything is allocated or broadcast: the same total split into
+    // other units or shapes would otherwise train on unrelated gradients.
+    detail::check_units_agree(comm_, detail::describe_units(specs_), "ReplicatedTrainer",
+                              "Every rank's model must declare the same units, with the same names and shapes, in "
+                              "the same order: check what its units() depends on (configuration, rank, world size).");
     allocate();
     model_.bind(std::span<const UnitView<value_type>>(views_));
     const Broadcast<Algo> broadcast{};
