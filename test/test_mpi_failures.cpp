@@ -6,6 +6,7 @@
 #include <gradsync/gradsync.hpp>
 
 #include <chrono>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -40,7 +41,186 @@ std::string skipped_collective_message(auto algo) {
   return what;
 }
 
+/// What one rank's call ended with: the exception's class and text, and how long it took.
+struct Outcome {
+  std::string kind = "none";
+  std::string what;
+  double seconds = 0;
+};
+
+template <class F>
+Outcome outcome(F&& f) {
+  Outcome o;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    f();
+  } catch (const gs::InvalidArgument& e) {
+    o = {"InvalidArgument", e.what()};
+  } catch (const gs::Timeout& e) {
+    o = {"Timeout", e.what()};
+  } catch (const gs::Aborted& e) {
+    o = {"Aborted", e.what()};
+  } catch (const gs::Error& e) {
+    o = {"Error", e.what()};
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return o;
+}
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+/// Every rank raised InvalidArgument quickly, naming its own call and another that differs.
+void check_disagreement(const Outcome& o, const std::string& mine, const std::string& other) {
+  INFO("rank ", world_rank(), ": ", o.kind, ": ", o.what);
+  CHECK(o.kind == "InvalidArgument");
+  CHECK(o.what.find("gradsync: ranks disagree on a collective: rank " + std::to_string(world_rank()) + " called " +
+                    mine) != std::string::npos);
+  CHECK(o.what.find(other) != std::string::npos);
+  // Far below the deadline: the verdict, not a timeout, ended it.
+  CHECK(o.seconds < 2.0);
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE("a rank that skips a call whose count differs makes every rank throw InvalidArgument naming both",
+                   Algo, gs::Ring, gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto) {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(10s);
+  // The program calls AllReduce on 1000 floats, then on 7; rank 1 skips the first.
+  std::vector<float> big(1000, 1.0f), small(7, 1.0f);
+  const Outcome o = outcome([&] {
+    if (comm.rank() != 1) gs::AllReduce<Algo>{}(comm, std::span<float>(big));
+    gs::AllReduce<Algo>{}(comm, std::span<float>(small));
+  });
+  const std::string algo(Algo::name);
+  const std::string mine = comm.rank() == 1 ? "AllReduce #1 (" + algo + ", 7 x" : "AllReduce #1 (" + algo + ", 1000 x";
+  const std::string other = comm.rank() == 1 ? "called AllReduce #1 (" + algo + ", 1000 x" : "rank 1 called AllReduce #1 (" + algo + ", 7 x";
+  check_disagreement(o, mine, other);
+  // Nothing returned a wrong sum: no rank came back normally.
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE_TEMPLATE("ranks that pass different roots to Broadcast all throw InvalidArgument", Algo, gs::Ring, gs::Tree,
+                   gs::RecursiveHalvingDoubling, gs::Native) {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(10s);
+  std::vector<float> x(100, static_cast<float>(comm.rank()));
+  const int root = comm.rank() == 1 ? 1 : 0;
+  const Outcome o = outcome([&] { gs::Broadcast<Algo>{}(comm, std::span<float>(x), root); });
+  const std::string algo(Algo::name);
+  const std::string mine = "Broadcast #1 (" + algo + ", 100 x float, root " + std::to_string(root) + ")";
+  const std::string other = comm.rank() == 1 ? "root 0)" : "rank 1 called Broadcast #1 (" + algo + ", 100 x float, root 1)";
+  check_disagreement(o, mine, other);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE_TEMPLATE("AllReduce on one rank and AllGather on another throw InvalidArgument everywhere", Algo, gs::Ring,
+                   gs::Native) {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(10s);
+  std::vector<float> x(64, 1.0f), all(64 * static_cast<std::size_t>(comm.size()));
+  const Outcome o = outcome([&] {
+    if (comm.rank() == 1) {
+      gs::AllGather<Algo>{}(comm, std::span<const float>(x), std::span<float>(all));
+    } else {
+      gs::AllReduce<Algo>{}(comm, std::span<float>(x));
+    }
+  });
+  const std::string mine = comm.rank() == 1 ? "AllGather #1" : "AllReduce #1";
+  const std::string other = comm.rank() == 1 ? "called AllReduce #1" : "rank 1 called AllGather #1";
+  check_disagreement(o, mine, other);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("ranks that disagree only on the chunk size or on determinism throw InvalidArgument") {
+  for (const bool on_chunks : {true, false}) {
+    gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+    comm.set_timeout(10s);
+    std::vector<float> x(1000, 1.0f);
+    gs::Options opt;
+    if (comm.rank() == 1 && on_chunks) opt.chunk_bytes = 1024;
+    if (comm.rank() == 1 && !on_chunks) opt.deterministic = true;
+    const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{opt}(comm, std::span<float>(x)); });
+    check_disagreement(o, "AllReduce #1 (ring, 1000 x float, sum", on_chunks ? "chunks of 1024 B" : "deterministic");
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("after a Timeout the communicator refuses every later call at once") {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(300ms);
+  std::vector<float> x(10, 1.0f);
+  // Rank 1 sits the call out: the others time out.
+  if (comm.rank() != 1) {
+    const Outcome first = outcome([&] { gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x)); });
+    INFO("rank ", comm.rank(), ": ", first.what);
+    CHECK(first.kind == "Timeout");
+    CHECK(comm.failed());
+    const Outcome again = outcome([&] { gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x)); });
+    INFO(again.what);
+    CHECK(again.kind == "Aborted");
+    CHECK(again.what.find("AllReduce #1 (ring") != std::string::npos);
+    CHECK(again.seconds < 0.05);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("a rank that fails makes the others fail fast, naming it") {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  // Only rank 1's deadline is short; the others would wait 20 s on their own.
+  comm.set_timeout(comm.rank() == 1 ? std::chrono::nanoseconds(200ms) : std::chrono::nanoseconds(20s));
+  std::vector<float> x(1000, 1.0f);
+  gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
+  // Rank 0 comes to #2 a second late: rank 1 times out first.
+  if (comm.rank() == 0) std::this_thread::sleep_for(1s);
+  const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x)); });
+  INFO("rank ", comm.rank(), ": ", o.kind, ": ", o.what);
+  if (comm.rank() == 1) {
+    CHECK(o.kind == "Timeout");
+  } else {
+    CHECK((o.kind == "Timeout" || o.kind == "Aborted"));
+    CHECK(o.what.find("because rank 1 failed") != std::string::npos);
+    CHECK(o.what.find("AllReduce #2") != std::string::npos);
+    CHECK(o.seconds < 2.0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("a rank that leaves makes the others fail fast, naming it") {
+  std::optional<gs::Communicator<gs::Mpi>> comm(std::in_place, MPI_COMM_WORLD);
+  comm->set_timeout(20s);
+  std::vector<float> x(1000, 1.0f);
+  gs::AllReduce<gs::Ring>{}(*comm, std::span<float>(x));
+  const int rank = comm->rank();
+  if (rank == 1) {
+    comm.reset();
+  } else {
+    const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(*comm, std::span<float>(x)); });
+    INFO("rank ", rank, ": ", o.kind, ": ", o.what);
+    CHECK(o.kind == "Aborted");
+    CHECK(o.what.find("rank 1 left (destroyed its communicator) after 1 calls") != std::string::npos);
+    CHECK(o.seconds < 2.0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("MpiOptions are taken at construction, and unchecked calls still work") {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, gs::MpiOptions{.check_calls = false});
+  CHECK(comm.endpoint().failure_policy == gs::MpiFailurePolicy::throw_error);
+  std::vector<float> x(10, 1.0f);
+  gs::AllReduce<gs::Native>{}(comm, std::span<float>(x));
+  gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
+  comm.barrier();
+  CHECK(x[0] == static_cast<float>(comm.size() * comm.size()));
+  gs::Communicator<gs::Mpi> checked(MPI_COMM_WORLD, gs::MpiOptions{.failure_policy = gs::MpiFailurePolicy::throw_error});
+  checked.barrier();
+  gs::AllReduce<gs::Tree>{}(checked, std::span<float>(x));
+  CHECK(x[0] == static_cast<float>(comm.size() * comm.size() * comm.size()));
+}
 
 TEST_CASE_TEMPLATE("a rank that skips a collective makes the others time out, naming it", Algo, gs::Ring, gs::Tree,
                    gs::RecursiveHalvingDoubling, gs::Native) {

@@ -4,10 +4,18 @@
 /// Opt-in: include this header (it includes <mpi.h>) and build with MPI.
 /// `gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);` duplicates
 /// the communicator, initialising MPI first if the program has not.
+/// `Communicator<Mpi> comm(MPI_COMM_WORLD, MpiOptions{.check_calls = false});`
+/// sets options (MpiOptions); every rank must pass the same ones.
+///
+/// Ranks agree or fail together: every call is checked against the other
+/// ranks' (a mismatch throws InvalidArgument on every rank, naming both
+/// calls), and a rank that fails, or destroys its communicator while others
+/// still wait for it, tells them so, and they fail at once naming it.
 
 #include <mpi.h>
 
 #include "gradsync/backend/mpi/endpoint.hpp"
+#include "gradsync/backend/mpi/mpi_options.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -18,8 +19,10 @@
 #include <thread>
 #include <vector>
 
+#include "gradsync/backend/mpi/control.hpp"
 #include "gradsync/backend/mpi/datatype.hpp"
 #include "gradsync/backend/mpi/environment.hpp"
+#include "gradsync/backend/mpi/mpi_options.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/local_reduce.hpp"
@@ -27,27 +30,23 @@
 #include "gradsync/core/spinner.hpp"
 
 namespace gradsync {
-
-/// What an Mpi communicator does when a collective fails on this rank.
-enum class MpiFailurePolicy : std::uint8_t {
-  /// Throw (Timeout, InvalidArgument, ...) and leave the job to the caller.
-  /// Other ranks fail by their own deadlines; the communicator is unusable.
-  throw_error,
-  /// Print the error to stderr and MPI_Abort the whole job, so that no
-  /// process anywhere is left waiting.
-  abort_job,
-};
-
 namespace detail::mpi {
 
 /// Non-blocking MPI point-to-point under the backend concept. The user's
 /// communicator is duplicated, so gradsync's messages never match the
 /// user's. MPI has no timeouts: waits poll with MPI_Testsome against the
 /// communicator's deadline.
+///
+/// Every call is checked against the other ranks' (see Control) unless
+/// MpiOptions::check_calls is off, and a rank that fails or leaves tells the
+/// others on the control channel, so they fail fast naming it.
 class Endpoint {
  public:
-  /// Duplicates `comm` (MPI is initialised first if the program has not).
-  Endpoint(MPI_Comm comm) {  // NOLINT: implicit, so Communicator<Mpi> comm(MPI_COMM_WORLD) reads naturally
+  /// Duplicates `comm` twice, for data and for control (MPI is initialised
+  /// first if the program has not). Collective: every rank passes the same
+  /// options.
+  Endpoint(MPI_Comm comm, MpiOptions options = {})  // NOLINT: implicit, so Communicator<Mpi> comm(MPI_COMM_WORLD) reads naturally
+      : failure_policy(options.failure_policy) {
     Environment::ensure();
     check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -61,6 +60,7 @@ class Endpoint {
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
     tag_ub_ = found ? *static_cast<int*>(ub) : 32767;
+    control_ = Control(comm_, options.check_calls);
   }
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -70,10 +70,11 @@ class Endpoint {
     cancel();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
-      if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
-      if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-    }
+    // The data duplicate is kept until MPI ends, never freed: a peer may
+    // still send to it (it does not know this rank left), and Open MPI
+    // hands a message for a freed communicator to the next one created with
+    // the same context id, where it breaks the message order and hangs.
+    if (!finalized && node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
   }
 
   int rank() const noexcept { return rank_; }
@@ -84,7 +85,14 @@ class Endpoint {
   /// gradsync's private duplicate of the user's communicator.
   MPI_Comm mpi_comm() const noexcept { return comm_; }
 
+  /// Set at construction from MpiOptions; may be changed between calls.
   MpiFailurePolicy failure_policy = MpiFailurePolicy::throw_error;
+
+  /// Starts the call's agreement, which its waits then watch.
+  void begin_call(const CallInfo& call, std::chrono::nanoseconds) { control_.begin(call); }
+
+  /// No rank returns from a call the ranks disagreed on.
+  void end_call(const CallInfo& call, std::chrono::nanoseconds timeout) { settle(call, timeout); }
 
   void post_send(const void* data, std::size_t count, DataType type, int peer, std::uint32_t tag, std::uint32_t token,
                  const CallInfo& call) {
@@ -121,7 +129,8 @@ class Endpoint {
   std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds timeout) {
     if (completed_.empty()) {
       if (ops_.empty()) throw Error("gradsync: wait_any with nothing in flight in " + describe(call));
-      await([&] { return test_some(), !completed_.empty(); }, timeout, [&] { throw_timeout(call, timeout); });
+      await([&] { return test_some(call, timeout), !completed_.empty(); }, timeout,
+            [&] { throw_timeout(call, timeout); });
     }
     const std::uint32_t token = completed_.back();
     completed_.pop_back();
@@ -129,6 +138,8 @@ class Endpoint {
   }
 
   void barrier(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    // The agreement completes only once every rank has joined: a barrier.
+    if (control_.checking()) return settle(call, timeout);
     MPI_Request req = MPI_REQUEST_NULL;
     check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
     poll(req, call, timeout, "the barrier");
@@ -144,20 +155,19 @@ class Endpoint {
     finish_erased(type, op, data, count, size_);
   }
 
-  void fail(const CallInfo& call, std::string_view why, FailureKind) noexcept {
-    if (failure_policy == MpiFailurePolicy::abort_job) {
-      std::fprintf(stderr, "gradsync: rank %d aborting the MPI job: %.*s (in %s)\n", rank_, static_cast<int>(why.size()),
-                   why.data(), describe(call).c_str());
-      std::fflush(stderr);
-      MPI_Abort(comm_, 1);
-    }
+  void fail(const CallInfo& call, std::string_view why, FailureKind kind) noexcept {
+    if (failure_policy == MpiFailurePolicy::abort_job) abort_job(why, call);
     cancel();
+    control_.tell(kind, why);
   }
 
   // Native collectives: MPI's own. Non-blocking forms, so the deadline holds.
+  // Each first waits for the ranks to agree on the call: MPI collectives that
+  // do not match are undefined behaviour (Open MPI may kill the job).
 
   template <class T>
   void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    settle(call, timeout);
     MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
     const int n = static_cast<int>(call.count);
@@ -168,6 +178,7 @@ class Endpoint {
   }
   template <class T>
   void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    settle(call, timeout);
     MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
     check(MPI_Ireduce_scatter_block(in, out, static_cast<int>(call.count), datatype(call.type), op(call.op, call.type),
@@ -178,6 +189,7 @@ class Endpoint {
   }
   template <class T>
   void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    settle(call, timeout);
     MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
     const int n = static_cast<int>(call.count);
@@ -188,6 +200,7 @@ class Endpoint {
   }
   template <class T>
   void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    settle(call, timeout);
     MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
     check(MPI_Ibcast(buf, static_cast<int>(call.count), datatype(call.type), call.root, comm_, &req), "MPI_Ibcast");
@@ -227,6 +240,7 @@ class Endpoint {
     std::swap(tag_ub_, o.tag_ub_);
     std::swap(spinner_, o.spinner_);
     std::swap(failure_policy, o.failure_policy);
+    std::swap(control_, o.control_);
     ops_.swap(o.ops_);
     requests_.swap(o.requests_);
     buffers_.swap(o.buffers_);
@@ -263,12 +277,22 @@ class Endpoint {
     return buffers_.size() - 1;
   }
 
-  void test_some() {
+  void test_some(const CallInfo& call, std::chrono::nanoseconds timeout) {
     const int n = static_cast<int>(requests_.size());
     indices_.resize(requests_.size());
     statuses_.resize(requests_.size());
     int done = 0;
-    check(MPI_Testsome(n, requests_.data(), &done, indices_.data(), statuses_.data()), "MPI_Testsome");
+    const int rc = MPI_Testsome(n, requests_.data(), &done, indices_.data(), statuses_.data());
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (int j = 0; j < done; ++j) {
+        const MPI_Status& st = statuses_[static_cast<std::size_t>(j)];
+        if (st.MPI_ERROR != MPI_SUCCESS) op_failed(ops_[static_cast<std::size_t>(indices_[static_cast<std::size_t>(j)])], st.MPI_ERROR, timeout);
+      }
+    }
+    if (rc != MPI_SUCCESS) {
+      control_.explain(timeout);
+      check(rc, ("MPI_Testsome in " + describe(call)).c_str());
+    }
     if (done == MPI_UNDEFINED || done == 0) return;
     for (int j = 0; j < done; ++j) {
       Op& op = ops_[static_cast<std::size_t>(indices_[static_cast<std::size_t>(j)])];
@@ -277,6 +301,8 @@ class Endpoint {
         int got = 0;
         MPI_Get_count(&st, datatype(op.type), &got);
         if (static_cast<std::size_t>(got) != op.count) {
+          // Ranks that called different things are told so first.
+          control_.explain(timeout);
           throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " expected " + std::to_string(op.count) +
                                 " x " + std::string(name(op.type)) + " from rank " + std::to_string(op.peer) + " in " +
                                 describe(*op.call) + " but received " + std::to_string(got) +
@@ -305,7 +331,11 @@ class Endpoint {
     await(
         [&] {
           int flag = 0;
-          check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+          const int rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+          if (rc != MPI_SUCCESS) {
+            control_.explain(timeout);
+            check(rc, what);
+          }
           return flag != 0;
         },
         timeout,
@@ -313,10 +343,45 @@ class Endpoint {
           // MPI can neither cancel nor free a pending collective request;
           // it stays with this (now failed) communicator until MPI ends.
           abandoned_.push_back(req);
-          throw Timeout("gradsync: rank " + std::to_string(rank_) + " timed out after " +
-                        std::to_string(std::chrono::duration<double>(timeout).count()) + " s in " + describe(call) +
-                        " waiting in " + what + " (some rank has not joined)");
+          timed_out(call, timeout, std::string(" waiting in ") + what + " (some rank has not joined)");
         });
+  }
+
+  /// Waits for the ranks' verdict on the call: returns when they agree.
+  void settle(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    if (!control_.pending()) return;
+    await([&] { return control_.agreed(timeout); }, timeout, [&] {
+      control_.abandon();
+      timed_out(call, timeout, " waiting for every rank to join it (some rank has not called it)");
+    });
+  }
+
+  /// One request failed inside MPI: named with its peer, and as a
+  /// disagreement if the ranks called different things.
+  [[noreturn]] void op_failed(const Op& op, int error, std::chrono::nanoseconds timeout) {
+    control_.explain(timeout);
+    int cls = error;
+    MPI_Error_class(error, &cls);
+    const std::string where = std::string(op.kind == Op::send ? " sending to" : " receiving from") + " rank " +
+                              std::to_string(op.peer) + " in " + describe(*op.call);
+    if (cls == MPI_ERR_TRUNCATE) {
+      throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " received more than the " +
+                            std::to_string(op.count) + " x " + std::string(name(op.type)) + " it expected" + where +
+                            ": the ranks called it with different arguments");
+    }
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(error, text, &len);
+    throw Error("gradsync: rank " + std::to_string(rank_) + ": MPI failed" + where + ": " +
+                std::string(text, static_cast<std::size_t>(len)));
+  }
+
+  [[noreturn]] void abort_job(std::string_view why, const CallInfo& call) const noexcept {
+    std::fprintf(stderr, "gradsync: rank %d aborting the MPI job: %.*s (in %s)\n", rank_, static_cast<int>(why.size()),
+                 why.data(), describe(call).c_str());
+    std::fflush(stderr);
+    MPI_Abort(comm_, 1);
+    std::abort();
   }
 
   /// Polls `ready` until it holds: spinning for the spinner's budget, then
@@ -332,15 +397,21 @@ class Endpoint {
     }
     const auto start = std::chrono::steady_clock::now();
     const auto spin_until = start + spinner_.budget();
+    // Past the fast polls, a wait also watches the agreement and the other
+    // ranks' notices, so it ends as soon as the call is known to be doomed.
     for (int i = 1;; ++i) {
       if (ready()) return spinner_.spun_enough();
       cpu_relax();
-      if (i % 16 == 0 && std::chrono::steady_clock::now() > spin_until) break;
+      if (i % 16 == 0) {
+        control_.poll(timeout);
+        if (std::chrono::steady_clock::now() > spin_until) break;
+      }
     }
     spinner_.spun_in_vain();
     const auto deadline = start + timeout;
     for (;;) {
       if (ready()) return;
+      control_.poll(timeout);
       if (std::chrono::steady_clock::now() > deadline) expired();
       std::this_thread::yield();
     }
@@ -403,17 +474,34 @@ class Endpoint {
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, text, &len);
+    // Also outside a call (construction), where no fail() would abort.
+    if (failure_policy == MpiFailurePolicy::abort_job) {
+      std::fprintf(stderr, "gradsync: rank %d aborting the MPI job: %s failed: %.*s\n", rank_, what, len, text);
+      std::fflush(stderr);
+      MPI_Abort(comm_ == MPI_COMM_NULL ? MPI_COMM_WORLD : comm_, 1);
+    }
     throw Error("gradsync: rank " + std::to_string(rank_) + ": " + what + " failed: " + std::string(text, static_cast<std::size_t>(len)));
   }
 
-  [[noreturn]] void throw_timeout(const CallInfo& call, std::chrono::nanoseconds timeout) const {
-    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " +
-                       std::to_string(std::chrono::duration<double>(timeout).count()) + " s in " + describe(call);
+  [[noreturn]] void throw_timeout(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    std::string waiting;
     if (!ops_.empty()) {
       const Op& op = ops_.front();
-      what += op.kind == Op::send ? " waiting for rank " + std::to_string(op.peer) + " to receive"
-                                  : " waiting for rank " + std::to_string(op.peer) + " to send";
+      waiting = op.kind == Op::send ? " waiting for rank " + std::to_string(op.peer) + " to receive"
+                                    : " waiting for rank " + std::to_string(op.peer) + " to send";
     }
+    timed_out(call, timeout, waiting);
+  }
+
+  /// Tells the others, then hears them out briefly, so that the message can
+  /// name the rank that is really missing, not only the neighbour waited for.
+  [[noreturn]] void timed_out(const CallInfo& call, std::chrono::nanoseconds timeout, const std::string& waiting) {
+    std::string s = std::to_string(std::chrono::duration<double>(timeout).count());
+    s = s.substr(0, s.find('.') + 4);
+    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + s + " s in " + describe(call) + waiting;
+    const auto grace = std::clamp<std::chrono::nanoseconds>(timeout / 4, std::chrono::milliseconds(1),
+                                                            std::chrono::milliseconds(250));
+    what += control_.after_timeout(what, grace);
     throw Timeout(what);
   }
 
@@ -432,6 +520,7 @@ class Endpoint {
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
   std::vector<MPI_Request> abandoned_;
+  Control control_;
 };
 
 }  // namespace detail::mpi
