@@ -9,6 +9,7 @@
 //
 // Each trial prints "trial i seed S: ..."; GRADSYNC_FAULT_SEED=S replays it
 // (with the same mpirun -np). GRADSYNC_FAULT_TRIALS sets the count,
+// GRADSYNC_FAULT_KINDS=skip,sleep,... draws only those faults,
 // GRADSYNC_FAULT_LONG=1 runs 10,000, GRADSYNC_FAULT_SLACK_FACTOR scales every
 // deadline and limit (sanitizer builds pick a factor of their own).
 #ifdef GRADSYNC_TEST_MPI
@@ -156,6 +157,7 @@ std::string describe(const Trial& t) {
   }
   s += "]";
   if (is_disagreement(t.fault) && t.fault != Fault::skip) s += " rank " + std::to_string(t.f) + " calls " + describe(t.odd);
+  if (const char* env = std::getenv("GRADSYNC_FAULT_KINDS")) s += std::string(" (GRADSYNC_FAULT_KINDS=") + env + ")";
   return s;
 }
 
@@ -197,6 +199,24 @@ T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
 }
 int uniform(std::mt19937_64& rng, int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
 
+/// GRADSYNC_FAULT_KINDS=sleep,throw restricts the faults drawn (a replay
+/// then needs the same list).
+const std::vector<Fault>& only_kinds() {
+  static const std::vector<Fault> kinds = [] {
+    std::vector<Fault> k;
+    const char* env = std::getenv("GRADSYNC_FAULT_KINDS");
+    if (!env) return k;
+    const std::string list = std::string(",") + env + ",";
+    for (int i = 0; i < fault_kinds; ++i) {
+      if (list.find(std::string(",") + name(static_cast<Fault>(i)) + ",") != std::string::npos) {
+        k.push_back(static_cast<Fault>(i));
+      }
+    }
+    return k;
+  }();
+  return kinds;
+}
+
 /// The trial seeded `seed`: the same on every rank.
 Trial make_trial(int index, std::uint64_t seed, int mpi_world) {
   std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32), 0x11u};
@@ -209,6 +229,7 @@ Trial make_trial(int index, std::uint64_t seed, int mpi_world) {
   t.algo = static_cast<AlgoId>(uniform(rng, 0, 4));
   t.det = uniform(rng, 0, 2) == 0;
   t.fault = static_cast<Fault>(uniform(rng, 0, fault_kinds - 1));
+  if (const auto& only = only_kinds(); !only.empty()) t.fault = only[static_cast<std::size_t>(t.fault) % only.size()];
   const int k = uniform(rng, 3, 6);
   t.f = uniform(rng, 0, t.n - 1);
   t.j = uniform(rng, 0, t.fault == Fault::skip ? k - 2 : k - 1);
@@ -666,6 +687,18 @@ struct Tally {
   }
 };
 
+/// GRADSYNC_FAULT_VERBOSE=1: every rank's outcome of every call.
+void print_outcomes(int r, const RankRun& run) {
+  static const bool verbose = std::getenv("GRADSYNC_FAULT_VERBOSE") != nullptr;
+  if (!verbose) return;
+  std::string s;
+  for (const Outcome& o : run.calls) if (o.st != St::none) s += "    rank " + std::to_string(r) + " " + describe(o) + "\n";
+  if (run.probe.st != St::none) s += "    rank " + std::to_string(r) + " then " + describe(run.probe) + "\n";
+  if (run.left) s += "    rank " + std::to_string(r) + " left\n";
+  std::printf("%s", s.c_str());
+  std::fflush(stdout);
+}
+
 void print_violations(const std::vector<std::string>& v) {
   const std::size_t shown = std::min<std::size_t>(v.size(), 8);
   for (std::size_t i = 0; i < shown; ++i) std::printf("    %s\n", v[i].c_str());
@@ -710,6 +743,7 @@ TEST_CASE("randomized faults on Threads: every rank ends promptly with the promi
     for (const RankRun& run : runs) status.push_back(statuses(run, t.calls.size()));
     std::vector<std::string> v;
     for (int r = 0; r < t.n; ++r) {
+      print_outcomes(r, runs[static_cast<std::size_t>(r)]);
       auto vr = check_rank(t, lim, status, r, runs[static_cast<std::size_t>(r)]);
       v.insert(v.end(), vr.begin(), vr.end());
     }
@@ -796,6 +830,7 @@ TEST_CASE("randomized faults on Mpi: every rank ends promptly with the promised 
       status.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(q * mine.size()),
                           all.begin() + static_cast<std::ptrdiff_t>((q + 1) * mine.size()));
     }
+    print_outcomes(me, run);
     std::vector<std::string> v = check_rank(t, lim, status, me, run);
     if (me == t.f && t.fault == Fault::user_throw && top != St::user) {
       v.push_back("rank " + std::to_string(me) + ": the user's exception did not come through; got " + name(top));
