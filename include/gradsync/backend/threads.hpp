@@ -46,7 +46,8 @@ struct ThreadsOptions {
 /// Runs `body(Communicator<Threads>&)` on `world_size` threads and returns
 /// when all are done. If a rank throws, the others' pending and later
 /// collectives fail promptly with Aborted, and the first exception is
-/// rethrown here.
+/// rethrown here. A rank whose body returns while others still call
+/// collectives makes those calls fail promptly with Aborted naming it.
 template <class F>
 void run_threads(int world_size, ThreadsOptions options, F&& body) {
   static_assert(std::is_invocable_v<F&, Communicator<Threads>&>,
@@ -62,9 +63,12 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
   std::exception_ptr first;      // the failure itself
   std::exception_ptr reaction;   // an Aborted caused by it
   auto rank_main = [&](int r) {
+    // The communicator outlives the handler below: its destruction tells
+    // waiting peers that this rank left, which must not race ahead of the
+    // abort that says why.
+    Communicator<Threads> comm(world, r);
+    comm.set_timeout(options.timeout);
     try {
-      Communicator<Threads> comm{Threads::Endpoint(world, r)};
-      comm.set_timeout(options.timeout);
       body(comm);
     } catch (...) {
       // An Aborted from a rank that was only reacting to the failure must

@@ -83,6 +83,8 @@ class DeviceThreadsEndpoint {
   void local_reduce(void* d, const void* s, std::size_t n, DataType t, OpKind op) { inner_.local_reduce(d, s, n, t, op); }
   void local_finish(void* d, std::size_t n, DataType t, OpKind op) { inner_.local_finish(d, n, t, op); }
   void fail(const CallInfo& call, std::string_view why, FailureKind kind) noexcept { inner_.fail(call, why, kind); }
+  void begin_call(const CallInfo& call, std::chrono::nanoseconds timeout) { inner_.begin_call(call, timeout); }
+  void end_call(const CallInfo& call, std::chrono::nanoseconds timeout) { inner_.end_call(call, timeout); }
 
   /// Device work buffers (Communicator::scratch); synchronous, like the rest.
   void* scratch(std::size_t bytes, std::size_t slot) {

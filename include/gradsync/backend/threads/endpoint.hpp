@@ -7,12 +7,15 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "gradsync/backend/threads/doorbell.hpp"
@@ -50,7 +53,11 @@ class Endpoint {
   Endpoint& operator=(const Endpoint&) = delete;
   Endpoint(Endpoint&&) = default;
   Endpoint& operator=(Endpoint&&) = delete;
-  ~Endpoint() { cancel(); }
+  /// A rank that goes away is named to the peers still waiting for it.
+  ~Endpoint() {
+    cancel();
+    if (world_) world_->leave(rank_, started_);
+  }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_->size(); }
@@ -91,25 +98,56 @@ class Endpoint {
 
   std::size_t pending() const noexcept { return active_.size() + completed_.size(); }
 
+  /// Publishes the call, so peers can compare it with theirs while they
+  /// wait, and refuses to start when another rank has already failed.
+  void begin_call(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    if (world_->aborted()) throw_aborted(call);
+    started_ = call.seq;
+    timeout_ = timeout;
+    world_->log(rank_).publish(call);
+    if (world_->publish_waiters() > 0) world_->ring_all();
+  }
+
+  /// No rank returns from a call its peers disagree on: before returning,
+  /// every peer must have started this call, as the same call. Native calls
+  /// compared everything at their opening barrier already.
+  void end_call(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    if (world_->aborted()) throw_aborted(call);
+    if (verified_ == call.seq) return;
+    auto all_started = [&] {
+      for (int q = 0; q < size(); ++q)
+        if (world_->log(q).latest() < call.seq) return false;
+      return true;
+    };
+    if (!all_started()) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      world_->add_publish_waiter(1);
+      try {
+        wait_on(world_->bell(rank_), spinner_, all_started, [&] { check_peers(call, deadline, timeout); });
+      } catch (...) {
+        world_->add_publish_waiter(-1);
+        throw;
+      }
+      world_->add_publish_waiter(-1);
+    }
+    check_agreement(call);
+  }
+
   /// Returns the token of one completed operation, waiting if none has.
   std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds timeout) {
     if (completed_.empty()) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       wait_on(
           world_->bell(rank_), spinner_, [&] { return progress(), !completed_.empty(); },
-          [&] {
-            if (world_->aborted()) throw_aborted(call);
-            if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
-          });
+          [&] { check_peers(call, deadline, timeout); });
     }
     const std::uint32_t token = completed_.back();
     completed_.pop_back();
     return token;
   }
 
-  /// Waits for the barrier. `abortable` is false only where other ranks may
-  /// still be writing into this rank's memory (Native's closing barrier).
-  void barrier(const CallInfo& call, std::chrono::nanoseconds timeout, bool abortable = true) {
+  /// Waits for every rank to arrive.
+  void barrier(const CallInfo& call, std::chrono::nanoseconds timeout) {
     const std::uint64_t k = ++barriers_;
     const std::uint64_t target = k * static_cast<std::uint64_t>(size());
     auto& count = world_->barrier_count();
@@ -134,10 +172,10 @@ class Endpoint {
     wait_on(
         world_->bell(rank_), spinner_, [&] { return count.load(std::memory_order_acquire) >= target; },
         [&] {
-          if (abortable && world_->aborted()) give_up([&] { throw_aborted(call); });
-          if (std::chrono::steady_clock::now() > deadline) {
-            give_up([&] { throw_barrier_timeout(call, timeout, k); });
-          }
+          if (world_->aborted()) give_up([&] { throw_aborted(call); });
+          if (std::chrono::steady_clock::now() > deadline) give_up([&] { throw_barrier_timeout(call, timeout, k); });
+          // A peer in another call (or gone) will never arrive.
+          if (const std::string why = peer_problem(call); !why.empty()) give_up([&] { throw_peer_problem(call, why); });
         });
   }
 
@@ -151,12 +189,20 @@ class Endpoint {
     memory_.finish(type, op, data, count, size());
   }
 
-  /// Abandons everything in flight and marks the world failed.
-  void fail(const CallInfo& call, std::string_view why, FailureKind) noexcept {
+  /// Marks the world failed, then abandons everything in flight. In that
+  /// order: a peer whose message this rank hands back unread must already
+  /// see the failure when it sees its send "done", or it could return from
+  /// a call that failed here.
+  void fail(const CallInfo& call, std::string_view why, FailureKind kind) noexcept {
+    std::string reason;
+    try {
+      reason = why;
+      // A disagreement's message already names both calls.
+      if (call.seq && kind != FailureKind::invalid_argument) reason += " (in " + describe(call) + ")";
+    } catch (...) {
+    }
+    world_->abort(rank_, reason, kind);
     cancel();
-    std::string reason(why);
-    if (call.seq) reason += " (in " + describe(call) + ")";
-    world_->abort(rank_, reason);
   }
 
   World& world() noexcept { return *world_; }
@@ -164,15 +210,42 @@ class Endpoint {
   // Native collectives: the shared-memory path. Each rank publishes its
   // buffers, a barrier makes them visible, every rank works on its own slice
   // of everyone's buffers, and a closing barrier keeps the buffers alive
-  // until all are done.
+  // until all are done. A rank that gives up after the opening barrier first
+  // waits until no peer is still inside its buffers (native_call).
 
   template <class T>
   void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    with_op(call.op, [&]<class Op>() { native_all_reduce<Op>(in, out, call, timeout); });
+    with_op(call.op, [&]<class Op>() {
+      native_call(in, out, call, timeout, [&] { native_all_reduce_slice<Op, T>(call); });
+    });
   }
   template <class T>
   void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    with_op(call.op, [&]<class Op>() { native_reduce_scatter<Op>(in, out, call, timeout); });
+    with_op(call.op, [&]<class Op>() {
+      native_call(in, out, call, timeout, [&] { native_reduce_scatter_slice<Op>(out, call); });
+    });
+  }
+
+  template <class T>
+  void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    native_call(in, out, call, timeout, [&] {
+      for (int q = 0; q < size(); ++q) {
+        const T* src = static_cast<const T*>(world_->slot(q).in);
+        T* dst = out + call.count * static_cast<std::size_t>(q);
+        // In place, our own block is already there, and others are reading it.
+        if (src != dst) std::copy(src, src + call.count, dst);
+      }
+    });
+  }
+
+  template <class T>
+  void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    native_call(buf, buf, call, timeout, [&] {
+      if (rank_ != call.root) {
+        const T* src = static_cast<const T*>(world_->slot(call.root).in);
+        std::copy(src, src + call.count, buf);
+      }
+    });
   }
 
  private:
@@ -190,9 +263,8 @@ class Endpoint {
   }
 
   template <ReduceOp Op, class T>
-  void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+  void native_all_reduce_slice(const CallInfo& call) {
     const int n = size();
-    publish_and_check(in, out, call, timeout);
     const Range mine = block(call.count, static_cast<std::size_t>(n), static_cast<std::size_t>(rank_));
     // In place, rank r's output is rank r's input, so the sum is built in a
     // small tile first and only then written to every rank's output.
@@ -207,13 +279,11 @@ class Endpoint {
       finish<Op>(acc.data(), len, n);
       for (int q = 0; q < n; ++q) std::copy(acc.data(), acc.data() + len, static_cast<T*>(world_->slot(q).out) + b);
     }
-    barrier(call, timeout, false);
   }
 
   template <ReduceOp Op, class T>
-  void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
+  void native_reduce_scatter_slice(T* out, const CallInfo& call) {
     const int n = size();
-    publish_and_check(in, out, call, timeout);
     const std::size_t off = call.count * static_cast<std::size_t>(rank_);
     constexpr std::size_t tile = 16384 / sizeof(T);
     for (std::size_t b = 0; b < call.count; b += tile) {
@@ -223,30 +293,74 @@ class Endpoint {
       for (int q = 1; q < n; ++q) reduce_into<Op>(out + b, static_cast<const T*>(world_->slot(q).in) + off + b, len);
       finish<Op>(out + b, len, n);
     }
-    barrier(call, timeout);
   }
 
- public:
-  template <class T>
-  void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    publish_and_check(in, out, call, timeout);
+  /// Publish, opening barrier, compare the calls, `work` on the peers'
+  /// buffers, closing barrier. While `busy` holds this call's number, this
+  /// rank may touch its peers' buffers; a rank leaving by any path after the
+  /// opening barrier (timeout, abort, disagreement) first waits for every
+  /// peer's `busy` to drop, which takes bounded time since `work` never
+  /// waits on anyone. So no buffer is freed while a peer still uses it.
+  template <class Work>
+  void native_call(const void* in, void* out, const CallInfo& call, std::chrono::nanoseconds timeout, Work&& work) {
+    NativeSlot& s = world_->slot(rank_);
+    s.in = in;
+    s.out = out;
+    s.call = call;
+    // Made visible by the barrier's release, before any peer can pass it.
+    s.busy.store(call.seq, std::memory_order_relaxed);
+    try {
+      barrier(call, timeout);
+    } catch (...) {
+      // The barrier completed for nobody, so nobody touched anything.
+      s.busy.store(0, std::memory_order_release);
+      throw;
+    }
+    try {
+      for (int q = 0; q < size(); ++q) {
+        const CallInfo& theirs = world_->slot(q).call;
+        if (!(theirs == call)) throw InvalidArgument(mismatch_message(call, q, theirs));
+      }
+      verified_ = call.seq;
+      work();
+      s.busy.store(0, std::memory_order_release);
+      barrier(call, timeout);
+    } catch (...) {
+      s.busy.store(0, std::memory_order_release);
+      fence_native(call);
+      throw;
+    }
+  }
+
+  /// Waits until no peer is inside Native call `call` any more.
+  void fence_native(const CallInfo& call) const noexcept {
     for (int q = 0; q < size(); ++q) {
-      const T* src = static_cast<const T*>(world_->slot(q).in);
-      T* dst = out + call.count * static_cast<std::size_t>(q);
-      // In place, our own block is already there, and others are reading it.
-      if (src != dst) std::copy(src, src + call.count, dst);
+      const auto& busy = world_->slot(q).busy;
+      bounded_wait([&] { return busy.load(std::memory_order_acquire) != call.seq; }, "a peer's Native copy loop", q);
     }
-    barrier(call, timeout);
   }
 
-  template <class T>
-  void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    publish_and_check(buf, buf, call, timeout);
-    if (rank_ != call.root) {
-      const T* src = static_cast<const T*>(world_->slot(call.root).in);
-      std::copy(src, src + call.count, buf);
+  /// Waits for something that takes bounded time by construction (a peer's
+  /// copy loop, or its hand-back of a message it claimed). Past a generous
+  /// bound that can only be a bug, and freeing memory a peer still uses
+  /// would be worse than stopping, so it terminates with a message.
+  template <class Ready>
+  void bounded_wait(Ready&& ready, const char* what, int peer) const noexcept {
+    const auto bound = std::chrono::steady_clock::now() +
+                       std::max<std::chrono::nanoseconds>(timeout_, std::chrono::seconds(10));
+    for (int i = 0; !ready(); ++i) {
+      if (i < 64) {
+        cpu_relax();
+        continue;
+      }
+      std::this_thread::yield();
+      if (i % 256 == 0 && std::chrono::steady_clock::now() > bound) {
+        std::fprintf(stderr, "gradsync: internal error on rank %d: waiting for %s on rank %d ran past its bound\n",
+                     rank_, what, peer);
+        std::fflush(stderr);
+        std::terminate();
+      }
     }
-    barrier(call, timeout);
   }
 
  private:
@@ -326,26 +440,22 @@ class Endpoint {
         done = op->msg.state.load(std::memory_order_acquire) == Message::done;
       } else if (op->matched) {
         Message* m = op->matched;
-        const bool fits = m->count == op->count && m->type == op->type;
-        if (fits) {
-          if (op->reduce) {
-            memory_.reduce(op->type, op->reduce_op, op->dst, m->data, op->count);
-          } else if (op->count) {
-            memory_.copy(op->dst, m->data, op->count * size_of(op->type));
-          }
+        if (m->count != op->count || m->type != op->type) {
+          // The message stays claimed: fail() hands it back once the world
+          // is marked failed, so its sender cannot mistake it for delivered.
+          throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " expected " + std::to_string(op->count) +
+                                " x " + std::string(name(op->type)) + " from rank " + std::to_string(m->src) + " in " +
+                                describe(*op->call) + " but was sent " + std::to_string(m->count) + " x " +
+                                std::string(name(m->type)) + ": the ranks called it with different arguments");
+        }
+        if (op->reduce) {
+          memory_.reduce(op->type, op->reduce_op, op->dst, m->data, op->count);
+        } else if (op->count) {
+          memory_.copy(op->dst, m->data, op->count * size_of(op->type));
         }
         const int src = m->src;
-        const std::size_t their_count = m->count;
-        const DataType their_type = m->type;
         m->state.store(Message::done, std::memory_order_release);
         world_->bell(src).ring();
-        if (!fits) {
-          release(i);
-          throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " expected " + std::to_string(op->count) +
-                                " x " + std::string(name(op->type)) + " from rank " + std::to_string(src) + " in " +
-                                describe(*op->call) + " but was sent " + std::to_string(their_count) + " x " +
-                                std::string(name(their_type)) + ": the ranks called it with different arguments");
-        }
         done = true;
       }
       if (done) {
@@ -357,13 +467,21 @@ class Endpoint {
     }
   }
 
-  /// Takes back every send still in flight. A message already claimed is
-  /// being copied by its receiver right now, which takes bounded time, so
-  /// waiting for it cannot hang.
+  /// Takes back every send still in flight, and hands back unread every
+  /// message this rank claimed but did not consume (a receive that threw
+  /// part-way), so that no sender waits for it. A send already claimed is
+  /// being read by its receiver right now, which takes bounded time.
   void cancel() noexcept {
     if (!world_) return;
     for (Op* op : active_) {
-      if (op->kind != Op::send) continue;
+      if (op->kind == Op::recv) {
+        if (Message* m = op->matched) {
+          const int src = m->src;
+          m->state.store(Message::done, std::memory_order_release);
+          world_->bell(src).ring();
+        }
+        continue;
+      }
       Mailbox& box = world_->mailbox(op->peer);
       bool retracted = false;
       {
@@ -374,23 +492,55 @@ class Endpoint {
           retracted = true;
         }
       }
-      if (!retracted)
-        while (op->msg.state.load(std::memory_order_acquire) != Message::done) cpu_relax();
+      if (!retracted) {
+        const auto& state = op->msg.state;
+        bounded_wait([&] { return state.load(std::memory_order_acquire) == Message::done; },
+                     "the receiver to finish reading a message", op->peer);
+      }
     }
     for (Op* op : active_) free_.push_back(op);
     active_.clear();
     completed_.clear();
   }
 
-  void publish_and_check(const void* in, void* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    NativeSlot& s = world_->slot(rank_);
-    s.in = in;
-    s.out = out;
-    s.call = call;
-    barrier(call, timeout);
+  /// What makes waiting in `call` pointless, besides the deadline: a peer
+  /// that started the same call number as a different call, or a peer that
+  /// left before it. Empty when there is nothing wrong (yet).
+  std::string peer_problem(const CallInfo& call) const {
     for (int q = 0; q < size(); ++q) {
-      const CallInfo& theirs = world_->slot(q).call;
-      if (!(theirs == call)) throw InvalidArgument(mismatch_message(call, q, theirs));
+      if (q == rank_) continue;
+      CallInfo theirs;
+      if (world_->log(q).read(call.seq, theirs) && !(theirs == call)) return mismatch_message(call, q, theirs);
+      const std::uint64_t left = world_->left_after(q);
+      if (left != World::still_here && left < call.seq) {
+        return "gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because rank " +
+               std::to_string(q) + " left (its communicator was destroyed) after " + std::to_string(left) +
+               " calls, so it will never join";
+      }
+    }
+    return {};
+  }
+
+  [[noreturn]] void throw_peer_problem(const CallInfo&, const std::string& why) const {
+    if (why.find("disagree") != std::string::npos) throw InvalidArgument(why);
+    throw Aborted(why);
+  }
+
+  /// Checks made while a wait finds nothing to do: another rank failed, a
+  /// peer is in a different call or gone, or the deadline has passed.
+  void check_peers(const CallInfo& call, std::chrono::steady_clock::time_point deadline,
+                   std::chrono::nanoseconds timeout) const {
+    if (world_->aborted()) throw_aborted(call);
+    if (const std::string why = peer_problem(call); !why.empty()) throw_peer_problem(call, why);
+    if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
+  }
+
+  /// Every peer has started `call`: was it the same call?
+  void check_agreement(const CallInfo& call) const {
+    for (int q = 0; q < size(); ++q) {
+      CallInfo theirs;
+      if (q != rank_ && world_->log(q).read(call.seq, theirs) && !(theirs == call))
+        throw InvalidArgument(mismatch_message(call, q, theirs));
     }
   }
 
@@ -399,9 +549,25 @@ class Endpoint {
            ", rank " + std::to_string(their_rank) + " called " + describe(theirs);
   }
 
+  /// Fails the way the world failed: a disagreement is InvalidArgument on
+  /// every rank, with the text that names both calls.
   [[noreturn]] void throw_aborted(const CallInfo& call) const {
-    throw Aborted("gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because " +
-                  world_->abort_reason());
+    const AbortInfo a = world_->abort_info();
+    if (a.kind == FailureKind::invalid_argument) throw InvalidArgument(a.reason);
+    throw Aborted("gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because " + a.reason);
+  }
+
+  /// " (rank 2 has not started it: its last call was #3)", for every peer
+  /// that is behind: the rank a timeout is really about.
+  std::string laggards(const CallInfo& call) const {
+    std::string s;
+    for (int q = 0; q < size(); ++q) {
+      const std::uint64_t latest = world_->log(q).latest();
+      if (q == rank_ || latest >= call.seq) continue;
+      s += "; rank " + std::to_string(q) + " has not started it";
+      s += latest ? " (its last call was #" + std::to_string(latest) + ")" : " (it has made no call)";
+    }
+    return s;
   }
 
   static std::string seconds(std::chrono::nanoseconds t) {
@@ -417,7 +583,7 @@ class Endpoint {
       what += op->kind == Op::recv ? " waiting for rank " + std::to_string(op->peer) + " to send"
                                    : " waiting for rank " + std::to_string(op->peer) + " to receive";
     }
-    throw Timeout(what);
+    throw Timeout(what + laggards(call));
   }
 
   [[noreturn]] void throw_barrier_timeout(const CallInfo& call, std::chrono::nanoseconds timeout,
@@ -429,7 +595,7 @@ class Endpoint {
         what += " " + std::to_string(q);
         break;
       }
-    throw Timeout(what);
+    throw Timeout(what + laggards(call));
   }
 
   std::shared_ptr<World> world_;
@@ -437,6 +603,9 @@ class Endpoint {
   Memory memory_;
   Spinner spinner_;
   std::uint64_t barriers_ = 0;
+  std::uint64_t started_ = 0;   ///< the last call begun
+  std::uint64_t verified_ = 0;  ///< the last call whose agreement Native checked
+  std::chrono::nanoseconds timeout_ = std::chrono::seconds(300);
   std::uint64_t seen_ = 0;
   bool scan_needed_ = false;
   std::vector<std::unique_ptr<Op>> pool_;

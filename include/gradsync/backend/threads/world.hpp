@@ -8,12 +8,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "gradsync/backend/threads/doorbell.hpp"
 #include "gradsync/core/spinner.hpp"
 #include "gradsync/core/call_info.hpp"
+#include "gradsync/core/error.hpp"
 #include "gradsync/core/types.hpp"
 
 namespace gradsync::detail::threads {
@@ -46,10 +48,80 @@ struct alignas(64) NativeSlot {
   const void* in = nullptr;
   void* out = nullptr;
   CallInfo call;
+  /// The sequence number of the Native call whose buffers this rank may be
+  /// reading or writing right now, 0 when none: a rank that abandons a Native
+  /// call waits until no peer is inside it before its buffers can be freed.
+  std::atomic<std::uint64_t> busy{0};
 };
 
 struct alignas(64) PaddedCounter {
   std::atomic<std::uint64_t> value{0};
+};
+
+/// The last few calls a rank has started, so that a waiting peer can tell a
+/// disagreement (same sequence number, different call) from a peer that is
+/// merely late, and name both calls. Written only by its rank, read by any:
+/// a sequence lock built of atomics, so readers never block the writer.
+class alignas(64) CallLog {
+ public:
+  static constexpr std::uint64_t depth = 4;
+
+  /// Publishes call `c` (c.seq >= 1) as started.
+  void publish(const CallInfo& c) noexcept {
+    Entry& e = entries_[c.seq % depth];
+    e.seq.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    e.words[0].store(static_cast<std::uint64_t>(c.collective) | static_cast<std::uint64_t>(c.type) << 8 |
+                         static_cast<std::uint64_t>(c.op) << 16 | static_cast<std::uint64_t>(c.deterministic) << 24 |
+                         static_cast<std::uint64_t>(static_cast<std::uint32_t>(c.root)) << 32,
+                     std::memory_order_relaxed);
+    e.words[1].store(c.count, std::memory_order_relaxed);
+    e.words[2].store(c.chunk_bytes, std::memory_order_relaxed);
+    // Algorithm names are string literals with static storage, shared by
+    // every rank of the process, so their address is a stable identity.
+    e.words[3].store(reinterpret_cast<std::uintptr_t>(c.algorithm.data()), std::memory_order_relaxed);
+    e.words[4].store(c.algorithm.size(), std::memory_order_relaxed);
+    e.seq.store(c.seq, std::memory_order_release);
+    latest_.store(c.seq, std::memory_order_seq_cst);
+  }
+
+  /// The highest sequence number published (0 before the first call).
+  std::uint64_t latest() const noexcept { return latest_.load(std::memory_order_seq_cst); }
+
+  /// Call number `seq` as this rank started it, if it is still in the log.
+  bool read(std::uint64_t seq, CallInfo& out) const noexcept {
+    const Entry& e = entries_[seq % depth];
+    if (e.seq.load(std::memory_order_acquire) != seq) return false;
+    std::uint64_t w[5];
+    for (int i = 0; i < 5; ++i) w[i] = e.words[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.seq.load(std::memory_order_relaxed) != seq) return false;
+    out.collective = static_cast<Collective>(w[0] & 0xff);
+    out.type = static_cast<DataType>(w[0] >> 8 & 0xff);
+    out.op = static_cast<OpKind>(w[0] >> 16 & 0xff);
+    out.deterministic = (w[0] >> 24 & 1) != 0;
+    out.root = static_cast<int>(static_cast<std::uint32_t>(w[0] >> 32));
+    out.count = w[1];
+    out.chunk_bytes = w[2];
+    out.algorithm = std::string_view(reinterpret_cast<const char*>(static_cast<std::uintptr_t>(w[3])), w[4]);
+    out.seq = seq;
+    return true;
+  }
+
+ private:
+  struct Entry {
+    std::atomic<std::uint64_t> seq{0};
+    std::atomic<std::uint64_t> words[5]{};
+  };
+  std::atomic<std::uint64_t> latest_{0};
+  Entry entries_[depth];
+};
+
+/// Why the world failed, so other ranks can fail the same way: a
+/// disagreement reads as InvalidArgument on every rank.
+struct AbortInfo {
+  std::string reason;
+  FailureKind kind = FailureKind::error;
 };
 
 /// Shared by all ranks of one in-process world.
@@ -61,7 +133,11 @@ class World {
         bells_(size),
         mailboxes_(size),
         slots_(size),
-        arrivals_(size) {}
+        logs_(size),
+        left_after_(size),
+        arrivals_(size) {
+    for (auto& l : left_after_) l.value.store(still_here, std::memory_order_relaxed);
+  }
 
   int size() const noexcept { return size_; }
   /// More ranks than cores: waiting ranks should give their core away at once.
@@ -69,24 +145,52 @@ class World {
   Doorbell& bell(int r) noexcept { return bells_[static_cast<std::size_t>(r)]; }
   Mailbox& mailbox(int r) noexcept { return mailboxes_[static_cast<std::size_t>(r)]; }
   NativeSlot& slot(int r) noexcept { return slots_[static_cast<std::size_t>(r)]; }
+  CallLog& log(int r) noexcept { return logs_[static_cast<std::size_t>(r)]; }
+
+  /// left_after(r) is still_here until rank r's endpoint is destroyed, then
+  /// the number of calls it had made: a peer waiting in a later call knows
+  /// rank r will never come.
+  static constexpr std::uint64_t still_here = ~std::uint64_t{0};
+  std::uint64_t left_after(int r) const noexcept {
+    return left_after_[static_cast<std::size_t>(r)].value.load(std::memory_order_acquire);
+  }
+  void leave(int r, std::uint64_t calls) noexcept {
+    left_after_[static_cast<std::size_t>(r)].value.store(calls, std::memory_order_release);
+    for (auto& b : bells_) b.ring();
+  }
 
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
+  void ring_all() noexcept {
+    for (auto& b : bells_) b.ring();
+  }
+  /// Ranks waiting for a peer to start a call; a rank starting one rings
+  /// the bells only when there are some. Sequentially consistent on both
+  /// sides, so a waiter either sees the start or is rung.
+  int publish_waiters() const noexcept { return publish_waiters_.load(std::memory_order_seq_cst); }
+  void add_publish_waiter(int d) noexcept { publish_waiters_.fetch_add(d, std::memory_order_seq_cst); }
+
   /// Marks the world failed (first caller's reason wins) and wakes everyone.
-  void abort(int rank, const std::string& why) noexcept {
+  void abort(int rank, const std::string& why, FailureKind kind = FailureKind::error) noexcept {
     {
       std::lock_guard<std::mutex> lock(reason_mutex_);
       if (!aborted_.load(std::memory_order_relaxed)) {
-        reason_ = "rank " + std::to_string(rank) + " failed: " + why;
+        try {
+          // A disagreement's own text already names both ranks and calls.
+          abort_.reason = kind == FailureKind::invalid_argument ? why : "rank " + std::to_string(rank) + " failed: " + why;
+        } catch (...) {
+          abort_.reason = "a rank failed";
+        }
+        abort_.kind = kind;
         aborted_.store(true, std::memory_order_release);
       }
     }
     for (auto& b : bells_) b.ring();
   }
 
-  std::string abort_reason() const {
+  AbortInfo abort_info() const {
     std::lock_guard<std::mutex> lock(reason_mutex_);
-    return reason_;
+    return abort_;
   }
 
   /// The barrier: one counter of all arrivals ever. The k-th barrier (from 1)
@@ -103,11 +207,14 @@ class World {
   std::vector<Doorbell> bells_;
   std::vector<Mailbox> mailboxes_;
   std::vector<NativeSlot> slots_;
+  std::vector<CallLog> logs_;
+  std::vector<PaddedCounter> left_after_;
   std::vector<PaddedCounter> arrivals_;
   PaddedCounter barrier_count_;
   std::atomic<bool> aborted_{false};
+  std::atomic<int> publish_waiters_{0};
   mutable std::mutex reason_mutex_;
-  std::string reason_;
+  AbortInfo abort_;
 };
 
 }  // namespace gradsync::detail::threads
