@@ -70,7 +70,7 @@ class Control {
       s_.release();  // NOLINT: buffers MPI may have held; the process is ending
       return;
     }
-    if (!s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "");
+    if (!s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1);
     bool busy = s_->abandoned;
     for (auto& o : s_->outbox) {
       int done = 0;
@@ -95,7 +95,7 @@ class Control {
     State& s = *s_;
     s.call = call;
     for (int q = 0; q < s.size; ++q) {
-      if (s.gone[static_cast<std::size_t>(q)] < call.seq) throw_notice(q, std::chrono::nanoseconds::zero());
+      if (s.gone[static_cast<std::size_t>(q)] < call.seq) throw_notice(q, std::chrono::nanoseconds::zero(), -1);
     }
     if (!s.check) return;
     s.wire = WireCall::of(call);
@@ -126,12 +126,13 @@ class Control {
   }
 
   /// The slow part of a wait: the agreement, then notices from peers.
-  /// Throws if the current call cannot complete.
-  void poll(std::chrono::nanoseconds timeout) {
+  /// Throws if the current call cannot complete. `waiting_for` is the peer
+  /// the wait is for (-1: none in particular), passed on to the others.
+  void poll(std::chrono::nanoseconds timeout, int waiting_for) {
     agreed(timeout);
     State& s = *s_;
     for (Notice n; receive(n);) {
-      if (s.gone[static_cast<std::size_t>(n.rank)] < s.call.seq) throw_notice(n.rank, timeout);
+      if (s.gone[static_cast<std::size_t>(n.rank)] < s.call.seq) throw_notice(n.rank, timeout, waiting_for);
     }
   }
 
@@ -157,18 +158,18 @@ class Control {
 
   /// Tells every other rank that this one failed, unless they know already
   /// (it failed because of them, or said so before). Never blocks.
-  void tell(FailureKind kind, std::string_view why) noexcept {
+  void tell(FailureKind kind, std::string_view why, int waiting_for = -1) noexcept {
     if (!s_ || s_->spoken) return;
     abandon();
-    send(false, kind, s_->call.seq, why);
+    send(false, kind, s_->call.seq, why, waiting_for);
   }
 
   /// What the others say after this rank timed out: tells them first, then
   /// listens for up to `grace`, and returns a sentence to append naming those
   /// that failed too and those that said nothing (dead, stuck, elsewhere).
-  std::string after_timeout(std::string_view what, std::chrono::nanoseconds grace) {
+  std::string after_timeout(std::string_view what, std::chrono::nanoseconds grace, int waiting_for) {
     State& s = *s_;
-    tell(FailureKind::timeout, what);
+    tell(FailureKind::timeout, what, waiting_for);
     const auto until = std::chrono::steady_clock::now() + grace;
     std::vector<bool> heard(static_cast<std::size_t>(s.size), false);
     heard[static_cast<std::size_t>(s.rank)] = true;
@@ -192,7 +193,14 @@ class Control {
         continue;
       }
       ++answered;
-      said += "; " + account(q);
+      const Notice& n = s.heard[static_cast<std::size_t>(q)];
+      if (n.left) {
+        said += "; " + account(q);
+      } else if (n.waiting_for >= 0) {
+        said += "; rank " + std::to_string(q) + " gave up too, waiting for rank " + std::to_string(n.waiting_for);
+      } else {
+        said += "; rank " + std::to_string(q) + " gave up too";
+      }
     }
     // Only when some answered does silence single a rank out.
     if (answered && !silent.empty()) said += "; no word from rank " + silent + " (dead, stuck or not in this call)";
@@ -230,7 +238,7 @@ class Control {
     std::vector<Outgoing> outbox;
   };
 
-  void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why) noexcept {
+  void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for) noexcept {
     State& s = *s_;
     s.spoken = true;
     std::erase_if(s.outbox, [](Outgoing& o) {
@@ -247,6 +255,7 @@ class Control {
         n->rank = s.rank;
         n->seq = seq;
         n->nonce = s.nonce;
+        n->waiting_for = waiting_for;
         std::memcpy(n->text, why.data(), std::min(why.size(), sizeof(n->text) - 1));
         Outgoing o{MPI_REQUEST_NULL, std::move(n)};
         if (MPI_Isend(o.notice.get(), sizeof(Notice), MPI_BYTE, q, notice_tag, s.comm, &o.request) == MPI_SUCCESS) {
@@ -289,17 +298,23 @@ class Control {
   }
 
   /// This rank cannot finish its call because of rank q's notice.
-  [[noreturn]] void throw_notice(int q, std::chrono::nanoseconds timeout) {
+  [[noreturn]] void throw_notice(int q, std::chrono::nanoseconds timeout, int waiting_for) {
     State& s = *s_;
     const Notice& n = s.heard[static_cast<std::size_t>(q)];
     // A disagreement is best named from this rank's own view of it: the
     // agreement of the call the peer refused is complete, or about to be.
     if (!n.left && n.kind == FailureKind::invalid_argument && s.pending) explain(timeout);
-    abandon();
-    s.spoken = true;
-    const std::string what = "gradsync: rank " + std::to_string(s.rank) + " abandoned " + describe(s.call) +
-                             " because " + account(q);
-    if (n.left) throw Aborted(what);
+    std::string what = "gradsync: rank " + std::to_string(s.rank) + " abandoned " + describe(s.call) + " because " +
+                       account(q);
+    if (n.left) {
+      s.spoken = true;
+      abandon();
+      throw Aborted(what);
+    }
+    // Whom this rank was waiting for is news to the others: with it, a
+    // timeout elsewhere can name the rank that is really missing.
+    if (waiting_for >= 0) what += "; rank " + std::to_string(s.rank) + " was waiting for rank " + std::to_string(waiting_for);
+    tell(n.kind == FailureKind::timeout ? FailureKind::timeout : FailureKind::aborted, what, waiting_for);
     switch (n.kind) {
       case FailureKind::invalid_argument: throw InvalidArgument(what);
       case FailureKind::timeout: throw Timeout(what);

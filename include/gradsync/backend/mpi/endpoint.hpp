@@ -403,7 +403,7 @@ class Endpoint {
       if (ready()) return spinner_.spun_enough();
       cpu_relax();
       if (i % 16 == 0) {
-        control_.poll(timeout);
+        control_.poll(timeout, waiting_for());
         if (std::chrono::steady_clock::now() > spin_until) break;
       }
     }
@@ -411,7 +411,7 @@ class Endpoint {
     const auto deadline = start + timeout;
     for (;;) {
       if (ready()) return;
-      control_.poll(timeout);
+      control_.poll(timeout, waiting_for());
       if (std::chrono::steady_clock::now() > deadline) expired();
       std::this_thread::yield();
     }
@@ -493,6 +493,10 @@ class Endpoint {
     timed_out(call, timeout, waiting);
   }
 
+  /// The peer of the oldest operation in flight, which the others may want
+  /// to hear about; -1 when waiting for no one in particular.
+  int waiting_for() const noexcept { return ops_.empty() ? -1 : ops_.front().peer; }
+
   /// Tells the others, then hears them out briefly, so that the message can
   /// name the rank that is really missing, not only the neighbour waited for.
   [[noreturn]] void timed_out(const CallInfo& call, std::chrono::nanoseconds timeout, const std::string& waiting) {
@@ -501,7 +505,7 @@ class Endpoint {
     std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + s + " s in " + describe(call) + waiting;
     const auto grace = std::clamp<std::chrono::nanoseconds>(timeout / 4, std::chrono::milliseconds(1),
                                                             std::chrono::milliseconds(250));
-    what += control_.after_timeout(what, grace);
+    what += control_.after_timeout(what, grace, waiting_for());
     throw Timeout(what);
   }
 

@@ -78,8 +78,10 @@ struct Notice {
   std::uint8_t pad[2] = {};
   std::int32_t rank = 0;
   std::uint64_t seq = 0;
-  std::uint64_t nonce = 0;  ///< which communicator it belongs to
-  char text[488] = {};
+  std::uint64_t nonce = 0;    ///< which communicator it belongs to
+  std::int32_t waiting_for = -1;  ///< the peer this rank was waiting for, if one
+  std::int32_t pad2 = 0;
+  char text[480] = {};
 
   std::string_view what() const noexcept { return {text, strnlen(text, sizeof(text))}; }
 };

@@ -1,0 +1,67 @@
+// kill_rank: 3 ranks all-reduce in a loop under a short deadline, and rank 2
+// kills itself (SIGKILL) mid-loop. Run by kill_rank.py under
+// `mpirun --enable-recovery`, which checks what the survivors say and when.
+//
+//   mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S
+//
+// Lines it prints (wall-clock times, so the script can compare processes):
+//   KILL <t>                          rank 2, just before it dies
+//   SURVIVOR <rank> <t> <Class> <what> a survivor, once its call has failed
+
+#include <gradsync/backend/mpi.hpp>
+#include <gradsync/gradsync.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gs = gradsync;
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+void survived(int rank, const char* kind, const char* what) {
+  std::printf("SURVIVOR %d %.3f %s %s\n", rank, now(), kind, what);
+  std::fflush(stdout);
+  // MPI_Finalize would wait for the dead rank: leave without it.
+  std::_Exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S\n");
+    return 2;
+  }
+  const std::string policy = argv[1];
+  const double deadline = std::atof(argv[2]);
+  gs::MpiOptions options;
+  options.failure_policy = policy == "abort" ? gs::MpiFailurePolicy::abort_job : gs::MpiFailurePolicy::throw_error;
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, options);
+  comm.set_timeout(std::chrono::duration<double>(deadline));
+  std::vector<float> x(256, 1.0f);
+  for (int i = 0;; ++i) {
+    if (i == 200 && comm.rank() == 2) {
+      std::printf("KILL %.3f\n", now());
+      std::fflush(stdout);
+      kill(getpid(), SIGKILL);
+    }
+    try {
+      gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x), gs::Max{});
+    } catch (const gs::Timeout& e) {
+      survived(comm.rank(), "Timeout", e.what());
+    } catch (const gs::Aborted& e) {
+      survived(comm.rank(), "Aborted", e.what());
+    } catch (const gs::Error& e) {
+      survived(comm.rank(), "Error", e.what());
+    }
+  }
+}
