@@ -18,6 +18,7 @@
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
+#include "gradsync/core/denormals.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/float16.hpp"
 #include "gradsync/core/ops.hpp"

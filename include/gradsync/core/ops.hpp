@@ -4,13 +4,15 @@
 /// An op combines two elements with `apply(a, b)`; `Avg` is a `Sum` whose
 /// result is divided by the world size once, at the end (`finish`). bfloat16
 /// and float16 operands are widened to float for each step and rounded back, so every
-/// algorithm rounds at the same points.
+/// algorithm rounds at the same points. Integer sums and products wrap modulo
+/// 2^bits (two's complement), computed in the unsigned type: no signed overflow.
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/types.hpp"
@@ -28,20 +30,50 @@ constexpr T combine(T a, T b, F f) noexcept {
     return static_cast<T>(f(a, b));
   }
 }
+
+/// The unsigned type integer T computes in: at least unsigned int, so that
+/// a narrow type is not promoted back to (signed) int before the operation.
+template <class T>
+using wrap_unsigned_t = std::common_type_t<std::make_unsigned_t<T>, unsigned>;
+
+/// True for the integer types whose sum and product wrap (not bool).
+template <class T>
+inline constexpr bool wraps_v = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+/// a + b modulo 2^bits: unsigned arithmetic is defined to wrap, and the
+/// conversion back to a signed T is modulo 2^bits since C++20. It compiles to
+/// the same add instruction as the signed one, so loops vectorize alike.
+template <class T>
+constexpr T wrapping_add(T a, T b) noexcept {
+  using U = wrap_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+}
+
+/// a * b modulo 2^bits, for the same reason as wrapping_add.
+template <class T>
+constexpr T wrapping_mul(T a, T b) noexcept {
+  using U = wrap_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+}
 }  // namespace detail
 
-/// Element-wise sum.
+/// Element-wise sum. Integers wrap modulo 2^bits (two's complement).
 struct Sum {
   static constexpr OpKind kind = OpKind::sum;
   static constexpr std::string_view name = "sum";
   template <class T>
   static constexpr T apply(T a, T b) noexcept {
-    return detail::combine(a, b, [](auto x, auto y) { return x + y; });
+    if constexpr (detail::wraps_v<T>) {
+      return detail::wrapping_add(a, b);
+    } else {
+      return detail::combine(a, b, [](auto x, auto y) { return x + y; });
+    }
   }
 };
 
 /// Sum divided by the world size: what gradient averaging needs. Integers
-/// divide with truncation toward zero, as C++ does.
+/// take the wrapped sum and divide it by the world size with truncation
+/// toward zero, as C++ does.
 struct Avg {
   static constexpr OpKind kind = OpKind::avg;
   static constexpr std::string_view name = "avg";
@@ -79,13 +111,17 @@ struct Max {
   }
 };
 
-/// Element-wise product.
+/// Element-wise product. Integers wrap modulo 2^bits (two's complement).
 struct Prod {
   static constexpr OpKind kind = OpKind::prod;
   static constexpr std::string_view name = "prod";
   template <class T>
   static constexpr T apply(T a, T b) noexcept {
-    return detail::combine(a, b, [](auto x, auto y) { return x * y; });
+    if constexpr (detail::wraps_v<T>) {
+      return detail::wrapping_mul(a, b);
+    } else {
+      return detail::combine(a, b, [](auto x, auto y) { return x * y; });
+    }
   }
 };
 
