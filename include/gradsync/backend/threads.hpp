@@ -80,9 +80,9 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
       } catch (const Aborted&) {
         secondary = world->aborted();
       } catch (const std::exception& ex) {
-        world->abort(r, ex.what());
+        world->abort(r, comm.sequence() + 1, ex.what());
       } catch (...) {
-        world->abort(r, "unknown exception");
+        world->abort(r, comm.sequence() + 1, "unknown exception");
       }
       std::lock_guard<std::mutex> lock(first_mutex);
       std::exception_ptr& slot = secondary ? reaction : first;

@@ -101,7 +101,7 @@ class Endpoint {
   /// Publishes the call, so peers can compare it with theirs while they
   /// wait, and refuses to start when another rank has already failed.
   void begin_call(const CallInfo& call, std::chrono::nanoseconds timeout) {
-    if (world_->aborted()) throw_aborted(call);
+    if (world_->aborted_for(call.seq)) throw_aborted(call);
     started_ = call.seq;
     timeout_ = timeout;
     world_->log(rank_).publish(call);
@@ -111,8 +111,11 @@ class Endpoint {
   /// No rank returns from a call its peers disagree on: before returning,
   /// every peer must have started this call, as the same call. Native calls
   /// compared everything at their opening barrier already.
+  ///
+  /// A failure elsewhere does not fail a call whose every peer has started
+  /// it alike: that call is complete here, and the failure belongs to a
+  /// later one (this rank's next call is refused at once).
   void end_call(const CallInfo& call, std::chrono::nanoseconds timeout) {
-    if (world_->aborted()) throw_aborted(call);
     if (verified_ == call.seq) return;
     auto all_started = [&] {
       for (int q = 0; q < size(); ++q)
@@ -123,7 +126,9 @@ class Endpoint {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       world_->add_publish_waiter(1);
       try {
-        wait_on(world_->bell(rank_), spinner_, all_started, [&] { check_peers(call, deadline, timeout); });
+        wait_on(world_->bell(rank_), spinner_, all_started, [&] {
+          if (!all_started()) check_peers(call, deadline, timeout);
+        });
       } catch (...) {
         world_->add_publish_waiter(-1);
         throw;
@@ -172,7 +177,7 @@ class Endpoint {
     wait_on(
         world_->bell(rank_), spinner_, [&] { return count.load(std::memory_order_acquire) >= target; },
         [&] {
-          if (world_->aborted()) give_up([&] { throw_aborted(call); });
+          if (world_->aborted_for(call.seq)) give_up([&] { throw_aborted(call); });
           if (std::chrono::steady_clock::now() > deadline) give_up([&] { throw_barrier_timeout(call, timeout, k); });
           // A peer in another call (or gone) will never arrive.
           if (const std::string why = peer_problem(call); !why.empty()) give_up([&] { throw_peer_problem(call, why); });
@@ -190,9 +195,8 @@ class Endpoint {
   }
 
   /// Marks the world failed, then abandons everything in flight. In that
-  /// order: a peer whose message this rank hands back unread must already
-  /// see the failure when it sees its send "done", or it could return from
-  /// a call that failed here.
+  /// order: a peer whose message this rank hands back unread (refused) reads
+  /// the failure's reason when it sees that.
   void fail(const CallInfo& call, std::string_view why, FailureKind kind) noexcept {
     std::string reason;
     try {
@@ -201,7 +205,7 @@ class Endpoint {
       if (call.seq && kind != FailureKind::invalid_argument) reason += " (in " + describe(call) + ")";
     } catch (...) {
     }
-    world_->abort(rank_, reason, kind);
+    world_->abort(rank_, call.seq, reason, kind);
     cancel();
   }
 
@@ -437,7 +441,9 @@ class Endpoint {
       Op* op = active_[i];
       bool done = false;
       if (op->kind == Op::send) {
-        done = op->msg.state.load(std::memory_order_acquire) == Message::done;
+        const int state = op->msg.state.load(std::memory_order_acquire);
+        if (state == Message::refused) throw_aborted(*op->call);
+        done = state == Message::done;
       } else if (op->matched) {
         Message* m = op->matched;
         if (m->count != op->count || m->type != op->type) {
@@ -477,7 +483,7 @@ class Endpoint {
       if (op->kind == Op::recv) {
         if (Message* m = op->matched) {
           const int src = m->src;
-          m->state.store(Message::done, std::memory_order_release);
+          m->state.store(Message::refused, std::memory_order_release);
           world_->bell(src).ring();
         }
         continue;
@@ -494,7 +500,7 @@ class Endpoint {
       }
       if (!retracted) {
         const auto& state = op->msg.state;
-        bounded_wait([&] { return state.load(std::memory_order_acquire) == Message::done; },
+        bounded_wait([&] { return state.load(std::memory_order_acquire) >= Message::done; },
                      "the receiver to finish reading a message", op->peer);
       }
     }
@@ -530,7 +536,7 @@ class Endpoint {
   /// peer is in a different call or gone, or the deadline has passed.
   void check_peers(const CallInfo& call, std::chrono::steady_clock::time_point deadline,
                    std::chrono::nanoseconds timeout) const {
-    if (world_->aborted()) throw_aborted(call);
+    if (world_->aborted_for(call.seq)) throw_aborted(call);
     if (const std::string why = peer_problem(call); !why.empty()) throw_peer_problem(call, why);
     if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
   }

@@ -24,7 +24,9 @@ namespace gradsync::detail::threads {
 /// endpoint until `state` says done; the receiver copies straight out of
 /// `data`, so a message is one copy, never two.
 struct Message {
-  enum State : int { posted = 0, claimed = 1, done = 2 };
+  /// refused: the receiver failed and handed the message back unread; its
+  /// sender must fail too rather than count it as delivered.
+  enum State : int { posted = 0, claimed = 1, done = 2, refused = 3 };
   const void* data = nullptr;
   std::size_t count = 0;
   DataType type = DataType::float32;
@@ -161,6 +163,14 @@ class World {
 
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
+  /// Whether the failure concerns call number `seq`: the call it happened in
+  /// and every later one. A rank still finishing an earlier call goes on:
+  /// every rank has done its part of that call, and the failure belongs to
+  /// the next (which is then refused at once).
+  bool aborted_for(std::uint64_t seq) const noexcept {
+    return aborted_.load(std::memory_order_acquire) && seq >= abort_seq_.load(std::memory_order_relaxed);
+  }
+
   void ring_all() noexcept {
     for (auto& b : bells_) b.ring();
   }
@@ -170,8 +180,9 @@ class World {
   int publish_waiters() const noexcept { return publish_waiters_.load(std::memory_order_seq_cst); }
   void add_publish_waiter(int d) noexcept { publish_waiters_.fetch_add(d, std::memory_order_seq_cst); }
 
-  /// Marks the world failed (first caller's reason wins) and wakes everyone.
-  void abort(int rank, const std::string& why, FailureKind kind = FailureKind::error) noexcept {
+  /// Marks the world failed from call number `seq` on (first caller's
+  /// reason wins) and wakes everyone.
+  void abort(int rank, std::uint64_t seq, const std::string& why, FailureKind kind = FailureKind::error) noexcept {
     {
       std::lock_guard<std::mutex> lock(reason_mutex_);
       if (!aborted_.load(std::memory_order_relaxed)) {
@@ -182,6 +193,7 @@ class World {
           abort_.reason = "a rank failed";
         }
         abort_.kind = kind;
+        abort_seq_.store(seq, std::memory_order_relaxed);
         aborted_.store(true, std::memory_order_release);
       }
     }
@@ -212,6 +224,7 @@ class World {
   std::vector<PaddedCounter> arrivals_;
   PaddedCounter barrier_count_;
   std::atomic<bool> aborted_{false};
+  std::atomic<std::uint64_t> abort_seq_{0};
   std::atomic<int> publish_waiters_{0};
   mutable std::mutex reason_mutex_;
   AbortInfo abort_;
