@@ -73,6 +73,12 @@ int world_rank() {
   return rank;
 }
 
+int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
 /// Every rank raised InvalidArgument quickly, naming its own call and another that differs.
 void check_disagreement(const Outcome& o, const std::string& mine, const std::string& other) {
   INFO("rank ", world_rank(), ": ", o.kind, ": ", o.what);
@@ -134,6 +140,33 @@ TEST_CASE_TEMPLATE("AllReduce on one rank and AllGather on another throw Invalid
   const std::string other = comm.rank() == 1 ? "called AllReduce #1" : "rank 1 called AllGather #1";
   check_disagreement(o, mine, other);
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The agreement is recursive doubling, with a fold for world sizes that are
+// not powers of two (run this file at -np 3 and 5 as well as 2 and 4).
+TEST_CASE("at any world size, the ranks agree call after call, and any one rank that differs is named everywhere") {
+  {
+    gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+    comm.set_timeout(10s);
+    const auto p = static_cast<float>(comm.size());
+    for (std::size_t n = 1; n <= 40; ++n) {
+      std::vector<float> x(n, static_cast<float>(comm.rank() + 1));
+      gs::AllReduce<gs::Auto>{}(comm, std::span<float>(x));
+      CHECK(x[n - 1] == p * (p + 1) / 2);
+      comm.barrier();
+    }
+  }
+  for (int odd = 0; odd < world_size(); ++odd) {
+    gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+    comm.set_timeout(10s);
+    std::vector<float> x(comm.rank() == odd ? 5 : 4, 1.0f);
+    gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x.data(), 3));  // #1 agrees
+    const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x)); });
+    const std::string odd_call = "rank " + std::to_string(odd) + " called AllReduce #2 (ring, 5 x";
+    check_disagreement(o, comm.rank() == odd ? "AllReduce #2 (ring, 5 x" : "AllReduce #2 (ring, 4 x",
+                       comm.rank() == odd ? "called AllReduce #2 (ring, 4 x" : odd_call);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
 }
 
 TEST_CASE("ranks that disagree only on the chunk size or on determinism throw InvalidArgument") {

@@ -25,11 +25,17 @@ namespace gradsync::detail::mpi {
 /// A second private duplicate of the user's communicator, apart from the one
 /// the data moves on, so that nothing here can match an algorithm's message.
 ///
-/// Agreement: each call posts a non-blocking all-reduce (bitwise and) of
-/// {h, ~h}, h the hash of its CallInfo. The result is {h, ~h} again on every
-/// rank exactly when all hashes are equal, so every rank reaches the same
-/// verdict without a second round. Only when they differ do the ranks gather
-/// their calls, to name who called what.
+/// Agreement: the ranks all-reduce (bitwise and) {h, ~h}, h the hash of
+/// each one's CallInfo. The result is {h, ~h} again on every rank exactly
+/// when all hashes are equal, so every rank reaches the same verdict without
+/// a second round. Only when they differ do the ranks gather their calls, to
+/// name who called what. The all-reduce is recursive doubling written out in
+/// MPI_Isend/MPI_Irecv of 16 bytes (lg p rounds; for other p, the first 2r
+/// ranks fold in pairs first and unfold last, r = p - the largest power of
+/// two <= p), not MPI_Iallreduce, whose non-blocking machinery costs a tiny
+/// call more than its own messages. Its receives for the next call are
+/// posted when a call's verdict is in, so that a round costs a send and a
+/// test, and the waits advance it without ever blocking.
 ///
 /// Notices: a rank that fails sends each other rank a fixed-size Notice, and
 /// waits that run long look for them, so a failure anywhere ends the call
@@ -54,6 +60,14 @@ class Control {
                   static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     }
     MPI_Bcast(&s_->nonce, 1, MPI_UINT64_T, 0, s_->comm);
+    if (!check_calls) return;
+    s_->steps = schedule(s_->rank, s_->size);
+    const std::size_t n = s_->steps.size();
+    s_->in.resize(n);
+    s_->out.resize(n);
+    s_->recvs.assign(n, MPI_REQUEST_NULL);
+    s_->sends.assign(n, MPI_REQUEST_NULL);
+    arm();
   }
   Control(Control&&) noexcept = default;
   Control& operator=(Control&&) noexcept = default;
@@ -72,14 +86,15 @@ class Control {
     }
     if (!s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1);
     bool busy = s_->abandoned;
-    for (auto& o : s_->outbox) {
-      int done = 0;
-      MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
-      if (!done) {
-        MPI_Request_free(&o.request);
-        busy = true;
-      }
+    for (auto& o : s_->outbox) busy = drop(o.request) || busy;
+    // Receives posted for a call that never comes are taken back; a peer's
+    // message for it stays unmatched on this never-freed communicator.
+    for (auto& r : s_->recvs) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Wait(&r, MPI_STATUS_IGNORE);
     }
+    for (auto& r : s_->sends) busy = drop(r) || busy;
     // Kept, not freed, for the reason the data duplicate is (see ~Endpoint):
     // the notices just sent are exactly such late messages for the peers.
     // A request MPI still holds writes into these buffers when it ends; a
@@ -90,21 +105,27 @@ class Control {
   bool checking() const noexcept { return s_->check; }
 
   /// Starts `call`: fails at once if a peer is known not to join it, then
-  /// posts the agreement.
+  /// sends this rank's part of the agreement.
   void begin(const CallInfo& call) {
     State& s = *s_;
     s.call = call;
     for (int q = 0; q < s.size; ++q) {
       if (s.gone[static_cast<std::size_t>(q)] < call.seq) throw_notice(q, std::chrono::nanoseconds::zero(), -1);
     }
-    if (!s.check) return;
+    if (!s.check || s.steps.empty()) return;
+    // Armed at the end of the previous call, unless posting failed there.
+    if (!s.armed && !arm()) {
+      throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Irecv of the call agreement failed in " +
+                  describe(call));
+    }
+    s.armed = false;
     s.wire = WireCall::of(call);
     const std::uint64_t h = s.wire.hash();
-    s.mine[0] = h;
-    s.mine[1] = ~h;
-    const int rc = MPI_Iallreduce(s.mine, s.verdict, 2, MPI_UINT64_T, MPI_BAND, s.comm, &s.agreement);
-    if (rc != MPI_SUCCESS) throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Iallreduce of the call agreement failed");
+    s.value = {h, ~h};
+    s.step = 0;
+    s.sent = 0;
     s.pending = true;
+    send_step();
   }
 
   /// True once the ranks' verdict on the current call is in and they agree
@@ -113,15 +134,10 @@ class Control {
   bool agreed(std::chrono::nanoseconds timeout) {
     State& s = *s_;
     if (!s.pending) return true;
-    int done = 0;
-    if (MPI_Test(&s.agreement, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      s.pending = false;
-      throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Test of the call agreement failed in " +
-                  describe(s.call));
-    }
-    if (!done) return false;
+    if (!advance()) return false;
     s.pending = false;
-    if ((s.verdict[0] ^ s.verdict[1]) != ~std::uint64_t{0}) disagree(timeout);
+    if ((s.value.h ^ s.value.not_h) != ~std::uint64_t{0}) disagree(timeout);
+    arm();
     return true;
   }
 
@@ -150,11 +166,9 @@ class Control {
   /// Whether the agreement for the current call is still in flight.
   bool pending() const noexcept { return s_->pending; }
 
-  /// Gives up on the agreement in flight: MPI cannot cancel a collective.
-  void abandon() noexcept {
-    if (s_->pending) s_->abandoned = true;
-    s_->pending = false;
-  }
+  /// Gives up on the agreement in flight; the destructor takes back its
+  /// receives.
+  void abandon() noexcept { s_->pending = false; }
 
   /// Tells every other rank that this one failed, unless they know already
   /// (it failed because of them, or said so before). Never blocks.
@@ -210,10 +224,27 @@ class Control {
  private:
   static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
   static constexpr int notice_tag = 1;
+  // The agreement's own tags, apart from the notices' (which are probed
+  // from any source): a pair that folds, its unfold, then round j.
+  static constexpr int fold_tag = 2;
+  static constexpr int unfold_tag = 3;
+  static constexpr int round_tag = 4;
 
   struct Outgoing {
     MPI_Request request = MPI_REQUEST_NULL;
     std::unique_ptr<Notice> notice;
+  };
+  /// What the agreement reduces: {h, ~h}, and together {and h, and ~h}.
+  struct Word {
+    std::uint64_t h = 0;
+    std::uint64_t not_h = 0;
+  };
+  /// One step of this rank's part in the agreement: send the value so far
+  /// to `to`, then and in what `from` sends (-1: no such half).
+  struct Step {
+    int to = -1;
+    int from = -1;
+    int tag = 0;
   };
   /// On the heap, so that MPI's pointers into it survive a move.
   struct State {
@@ -224,10 +255,16 @@ class Control {
     std::uint64_t nonce = 0;
     CallInfo call{};
     WireCall wire{};
-    std::uint64_t mine[2] = {};
-    std::uint64_t verdict[2] = {};
-    MPI_Request agreement = MPI_REQUEST_NULL;
-    bool pending = false;    ///< agreement posted, verdict not yet read
+    std::vector<Step> steps;
+    std::vector<Word> in;   ///< per step, what its peer sent
+    std::vector<Word> out;  ///< per step, what this rank sent
+    std::vector<MPI_Request> recvs;
+    std::vector<MPI_Request> sends;
+    Word value;
+    std::size_t step = 0;    ///< the first step whose receive is not in
+    std::size_t sent = 0;    ///< steps whose send is posted
+    bool armed = false;      ///< the next call's receives are posted
+    bool pending = false;    ///< agreement started, verdict not yet read
     bool abandoned = false;  ///< a collective request was given up
     bool spoken = false;     ///< the peers know this rank failed or left
     std::vector<WireCall> calls;  ///< every rank's call, gathered on disagreement
@@ -237,6 +274,97 @@ class Control {
     std::vector<Notice> heard;
     std::vector<Outgoing> outbox;
   };
+
+  /// Rank r's steps in a recursive-doubling all-reduce over p ranks. For p
+  /// not a power of two, the first 2(p - p') ranks (p' the largest power of
+  /// two <= p) pair up: the even one hands its value to the odd one, which
+  /// stands for both in the rounds, then hands the result back.
+  static std::vector<Step> schedule(int r, int p) {
+    int pow2 = 1;
+    while (pow2 * 2 <= p) pow2 *= 2;
+    const int extra = p - pow2;
+    std::vector<Step> steps;
+    if (r < 2 * extra && r % 2 == 0) {
+      steps.push_back({r + 1, -1, fold_tag});
+      steps.push_back({-1, r + 1, unfold_tag});
+      return steps;
+    }
+    const bool folds = r < 2 * extra;
+    if (folds) steps.push_back({-1, r - 1, fold_tag});
+    const int v = folds ? r / 2 : r - extra;
+    for (int d = 1, j = 0; d < pow2; d *= 2, ++j) {
+      const int w = v ^ d;
+      const int q = w < extra ? 2 * w + 1 : w + extra;
+      steps.push_back({q, q, round_tag + j});
+    }
+    if (folds) steps.push_back({r - 1, -1, unfold_tag});
+    return steps;
+  }
+
+  /// Posts the receives of the next call's agreement. False if MPI refused.
+  bool arm() noexcept {
+    State& s = *s_;
+    for (std::size_t i = 0; i < s.steps.size(); ++i) {
+      const Step& st = s.steps[i];
+      if (st.from < 0 || s.recvs[i] != MPI_REQUEST_NULL) continue;
+      if (MPI_Irecv(&s.in[i], 2, MPI_UINT64_T, st.from, st.tag, s.comm, &s.recvs[i]) != MPI_SUCCESS) return false;
+    }
+    s.armed = true;
+    return true;
+  }
+
+  /// Posts the send of the current step, if it has one and it is not posted.
+  void send_step() {
+    State& s = *s_;
+    if (s.sent > s.step) return;
+    const Step& st = s.steps[s.step];
+    s.sent = s.step + 1;
+    if (st.to < 0) return;
+    s.out[s.step] = s.value;
+    if (MPI_Isend(&s.out[s.step], 2, MPI_UINT64_T, st.to, st.tag, s.comm, &s.sends[s.step]) != MPI_SUCCESS) {
+      s.pending = false;
+      throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Isend of the call agreement failed in " +
+                  describe(s.call));
+    }
+  }
+
+  /// Takes the agreement as far as the messages in allow. True when every
+  /// step is done, its sends included (their buffers serve the next call).
+  bool advance() {
+    State& s = *s_;
+    for (; s.step < s.steps.size(); ++s.step) {
+      send_step();
+      const Step& st = s.steps[s.step];
+      if (st.from < 0) continue;
+      int done = 0;
+      if (MPI_Test(&s.recvs[s.step], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        s.pending = false;
+        throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Test of the call agreement failed in " +
+                    describe(s.call));
+      }
+      if (!done) return false;
+      s.value.h &= s.in[s.step].h;
+      s.value.not_h &= s.in[s.step].not_h;
+    }
+    int done = 0;
+    if (MPI_Testall(static_cast<int>(s.sends.size()), s.sends.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+      s.pending = false;
+      throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Testall of the call agreement failed in " +
+                  describe(s.call));
+    }
+    return done != 0;
+  }
+
+  /// Lets go of a request: done, or freed while MPI still holds its buffer
+  /// (then true: the buffer must outlive this object).
+  static bool drop(MPI_Request& r) noexcept {
+    if (r == MPI_REQUEST_NULL) return false;
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (done) return false;
+    MPI_Request_free(&r);
+    return true;
+  }
 
   void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for) noexcept {
     State& s = *s_;
