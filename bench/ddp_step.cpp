@@ -3,7 +3,7 @@
 // ranks on the Threads backend, or on the mpirun world with --backend mpi.
 //
 //   ddp_step [--steps S] [--ranks 1,2,4] [--large-only|--small-only]
-//            [--sizes 784,1024,1024,10] [--overlap on|off|both]
+//            [--sizes 784,1024,1024,10] [--overlap on|off|both] [--no-flush-denormals]
 //   mpirun -np 4 ddp_step --backend mpi [...]     (built with MPI)
 //
 // Models: the peer measurement's MLP 784-1024-1024-10 (1.86M parameters)
@@ -27,6 +27,8 @@
 // comm/flat is printed raw and net of skew ((comm - skew) / flat): the latter
 // is what bucketing costs over one flat all-reduce.
 // "overlap off" launches every bucket after backward, for comparison.
+// Each rank flushes subnormal floats to zero (gradsync::FlushDenormals), as
+// ddp_mlp does, unless --no-flush-denormals.
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
 #include "../examples/eigen_mlp.hpp"
@@ -55,7 +57,9 @@ struct Row {
 
 /// One measurement on `comm`'s ranks; the row is rank 0's.
 template <class Comm>
-Row measure(Comm& comm, const std::vector<int>& sizes, int steps, bool overlap) {
+Row measure(Comm& comm, const std::vector<int>& sizes, int steps, bool overlap, bool flush_denormals) {
+  // Before the trainer: its progress worker thread starts with this state.
+  const gradsync::FlushDenormals flush(flush_denormals);
   constexpr int batch = 64;
   std::mt19937 rng(5 + comm.rank());
   std::normal_distribution<float> normal;
@@ -159,7 +163,7 @@ std::vector<int> parse_list(const std::string& text, const char* option) {
   std::fprintf(stderr,
                "ddp_step: %s\n"
                "usage: ddp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
-               "                [--sizes 784,1024,1024,10] [--overlap on|off|both]\n",
+               "                [--sizes 784,1024,1024,10] [--overlap on|off|both] [--no-flush-denormals]\n",
                why.c_str());
   std::exit(2);
 }
@@ -170,7 +174,7 @@ int main(int argc, char** argv) {
   Eigen::setNbThreads(1);
   int steps = 20;
   std::vector<int> ranks{1, 2, 4}, sizes;
-  bool small = true, large = true, ranks_given = false;
+  bool small = true, large = true, ranks_given = false, flush_denormals = true;
   std::vector<bool> overlaps{true, false};
   std::string backend = "threads";
   for (int i = 1; i < argc; ++i) {
@@ -197,6 +201,8 @@ int main(int argc, char** argv) {
         small = false;
       } else if (k == "--small-only") {
         large = false;
+      } else if (k == "--no-flush-denormals") {
+        flush_denormals = false;
       } else {
         const bool takes_value = k == "--steps" || k == "--ranks" || k == "--sizes" || k == "--overlap" ||
                                  k == "--backend";
@@ -242,7 +248,7 @@ int main(int argc, char** argv) {
         for (bool overlap : overlaps) {
           Row row;
           gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-            const Row r = measure(comm, m, s, overlap);
+            const Row r = measure(comm, m, s, overlap, flush_denormals);
             if (comm.rank() == 0) row = r;
           });
           if (n == 1) base[overlap] = 64.0 / row.step;
@@ -258,7 +264,7 @@ int main(int argc, char** argv) {
       const int s = steps_for(m);
       if (comm.rank() == 0) header(m, s);
       for (bool overlap : overlaps) {
-        const Row row = measure(comm, m, s, overlap);
+        const Row row = measure(comm, m, s, overlap, flush_denormals);
         if (comm.rank() == 0) print_row(comm.size(), overlap, row, 0);
       }
     }
