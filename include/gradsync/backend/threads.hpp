@@ -42,7 +42,7 @@ struct Threads {
 /// Options for run_threads.
 struct ThreadsOptions {
   /// Deadline for every wait inside a collective (see Communicator::set_timeout).
-  std::chrono::nanoseconds timeout = std::chrono::seconds(300);
+  std::chrono::nanoseconds timeout = detail::default_timeout;
   /// Flush subnormal floats to zero on every rank's thread (FTZ and DAZ, see
   /// set_flush_denormals): arithmetic on them is 10-100x slower on x86, and
   /// training meets them where a momentum buffer decays geometrically.

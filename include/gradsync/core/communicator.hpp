@@ -19,6 +19,7 @@
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
 
 namespace gradsync {
@@ -36,9 +37,7 @@ class Communicator {
   using endpoint_type = typename B::Endpoint;
   using duration = std::chrono::nanoseconds;
 
-  /// 300 s: long enough for any real collective, short enough that a lost
-  /// rank ends the job rather than the job's allocation.
-  static constexpr duration default_timeout = std::chrono::seconds(300);
+  static constexpr duration default_timeout = detail::default_timeout;
 
   /// Builds the backend's endpoint from `args`: an endpoint itself, or what
   /// the endpoint is made from (`Communicator<Mpi> comm(MPI_COMM_WORLD)`,

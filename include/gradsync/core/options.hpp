@@ -1,6 +1,7 @@
 #pragma once
 /// \file Per-call options shared by every primitive.
 
+#include <chrono>
 #include <cstddef>
 
 namespace gradsync {
@@ -21,6 +22,10 @@ struct Options {
 
 namespace detail {
 inline constexpr std::size_t default_chunk_bytes = std::size_t{1} << 19;
+/// The deadline of every wait unless a communicator is told otherwise:
+/// long enough for any real collective, short enough that a lost rank ends
+/// the job rather than the job's allocation.
+inline constexpr std::chrono::seconds default_timeout{300};
 inline std::size_t chunk_bytes(const Options& o) noexcept {
   return o.chunk_bytes ? o.chunk_bytes : default_chunk_bytes;
 }

@@ -15,9 +15,8 @@
 /// never wait on a later batch; test/nccl/test_nccl_matching.cpp checks this
 /// per algorithm: Ring, Tree (its double-tree AllReduce included) and
 /// RecursiveHalvingDoubling, and the rank-ordered (deterministic)
-/// reduce-scatter, all hold it. A schedule that did not would be refused by
-/// unsupported_reason before issuing anything, rather than deadlock or
-/// mismatch on the GPU.
+/// reduce-scatter, all hold it; a new algorithm must pass that test before
+/// it may run here.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -295,8 +294,6 @@ class Endpoint {
   void check_call(const CallInfo& call) {
     if (checked_seq_ == call.seq) return;
     check_usable(call);
-    const std::string why = unsupported_reason(call, size_);
-    if (!why.empty()) throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + ": " + describe(call) + ": " + why);
     checked_seq_ = call.seq;
   }
 

@@ -33,12 +33,6 @@
 
 namespace gradsync::detail::nccl {
 
-/// Why order-matched NCCL point-to-point cannot run `call`, or empty: where a
-/// schedule that is not order-safe is refused before anything is issued.
-/// Every algorithm's schedule passes test/nccl/test_nccl_matching.cpp, so
-/// none is.
-inline std::string unsupported_reason(const CallInfo&, int) { return {}; }
-
 /// One posted point-to-point operation, not yet issued.
 struct PostedOp {
   enum Kind : std::uint8_t { send, recv, recv_reduce };

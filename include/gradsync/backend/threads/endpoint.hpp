@@ -24,6 +24,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/options.hpp"
 #include "gradsync/core/partition.hpp"
 
 namespace gradsync::detail::threads {
@@ -611,7 +612,7 @@ class Endpoint {
   std::uint64_t barriers_ = 0;
   std::uint64_t started_ = 0;   ///< the last call begun
   std::uint64_t verified_ = 0;  ///< the last call whose agreement Native checked
-  std::chrono::nanoseconds timeout_ = std::chrono::seconds(300);
+  std::chrono::nanoseconds timeout_ = default_timeout;
   std::uint64_t seen_ = 0;
   bool scan_needed_ = false;
   std::vector<std::unique_ptr<Op>> pool_;
