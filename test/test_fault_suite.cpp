@@ -14,6 +14,9 @@
 // GRADSYNC_FAULT_LENIENT=1 lets the fault's error end the call before it,
 // GRADSYNC_FAULT_LONG=1 runs 10,000, GRADSYNC_FAULT_SLACK_FACTOR scales every
 // deadline and limit (sanitizer builds pick a factor of their own).
+// A crash must end the process with its signal: doctest's handler allocates,
+// and after heap corruption it deadlocks in malloc (a hang instead of a crash).
+#define DOCTEST_CONFIG_NO_POSIX_SIGNALS
 #ifdef GRADSYNC_TEST_MPI
 #define DOCTEST_CONFIG_IMPLEMENT
 #else
