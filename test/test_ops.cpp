@@ -261,3 +261,21 @@ TEST_CASE("set_flush_denormals flushes subnormal results and operands on this th
   }
   gs::set_flush_denormals(false);
 }
+
+TEST_CASE("ThreadsOptions::flush_denormals flushes on every rank's thread and restores the caller's") {
+  gs::set_flush_denormals(false);
+  if (!gs::set_flush_denormals(true)) {
+    MESSAGE("flush-denormals is not supported on this platform; nothing to check");
+    gs::set_flush_denormals(false);
+    return;
+  }
+  gs::set_flush_denormals(false);
+  for (bool on : {true, false}) {
+    std::vector<int> flushed(4, -1);
+    gs::run_threads(4, gs::ThreadsOptions{.flush_denormals = on},
+                    [&](gs::Communicator<gs::Threads>& comm) { flushed[static_cast<std::size_t>(comm.rank())] = product_flushed(); });
+    CHECK(flushed == std::vector<int>(4, on ? 1 : 0));
+    // Rank 0 ran on this thread; its setting did not outlive the run.
+    CHECK_FALSE(product_flushed());
+  }
+}
