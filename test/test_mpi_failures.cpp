@@ -6,6 +6,7 @@
 #include <gradsync/gradsync.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <span>
 #include <string>
@@ -142,30 +143,37 @@ TEST_CASE_TEMPLATE("AllReduce on one rank and AllGather on another throw Invalid
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// The agreement is recursive doubling, with a fold for world sizes that are
-// not powers of two (run this file at -np 3 and 5 as well as 2 and 4).
+// The agreement goes through shared memory on one host, otherwise by
+// recursive doubling, with a fold for world sizes that are not powers of two
+// (run this file at -np 3 and 5 as well as 2 and 4). Both ways, here.
 TEST_CASE("at any world size, the ranks agree call after call, and any one rank that differs is named everywhere") {
-  {
-    gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
-    comm.set_timeout(10s);
-    const auto p = static_cast<float>(comm.size());
-    for (std::size_t n = 1; n <= 40; ++n) {
-      std::vector<float> x(n, static_cast<float>(comm.rank() + 1));
-      gs::AllReduce<gs::Auto>{}(comm, std::span<float>(x));
-      CHECK(x[n - 1] == p * (p + 1) / 2);
-      comm.barrier();
+  for (const bool by_messages : {false, true}) {
+    // Read at construction, on every rank alike.
+    if (by_messages) setenv("GRADSYNC_MPI_AGREEMENT", "messages", 1);
+    INFO("GRADSYNC_MPI_AGREEMENT=", by_messages ? "messages" : "(unset)");
+    {
+      gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+      comm.set_timeout(10s);
+      const auto p = static_cast<float>(comm.size());
+      for (std::size_t n = 1; n <= 40; ++n) {
+        std::vector<float> x(n, static_cast<float>(comm.rank() + 1));
+        gs::AllReduce<gs::Auto>{}(comm, std::span<float>(x));
+        CHECK(x[n - 1] == p * (p + 1) / 2);
+        comm.barrier();
+      }
     }
-  }
-  for (int odd = 0; odd < world_size(); ++odd) {
-    gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
-    comm.set_timeout(10s);
-    std::vector<float> x(comm.rank() == odd ? 5 : 4, 1.0f);
-    gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x.data(), 3));  // #1 agrees
-    const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x)); });
-    const std::string odd_call = "rank " + std::to_string(odd) + " called AllReduce #2 (ring, 5 x";
-    check_disagreement(o, comm.rank() == odd ? "AllReduce #2 (ring, 5 x" : "AllReduce #2 (ring, 4 x",
-                       comm.rank() == odd ? "called AllReduce #2 (ring, 4 x" : odd_call);
-    MPI_Barrier(MPI_COMM_WORLD);
+    for (int odd = 0; odd < world_size(); ++odd) {
+      gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+      comm.set_timeout(10s);
+      std::vector<float> x(comm.rank() == odd ? 5 : 4, 1.0f);
+      gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x.data(), 3));  // #1 agrees
+      const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x)); });
+      const std::string odd_call = "rank " + std::to_string(odd) + " called AllReduce #2 (ring, 5 x";
+      check_disagreement(o, comm.rank() == odd ? "AllReduce #2 (ring, 5 x" : "AllReduce #2 (ring, 4 x",
+                         comm.rank() == odd ? "called AllReduce #2 (ring, 4 x" : odd_call);
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    unsetenv("GRADSYNC_MPI_AGREEMENT");
   }
 }
 

@@ -3,9 +3,18 @@
 /// on each call, and tell each other that they failed or left.
 
 #include <mpi.h>
+#if __has_include(<sys/mman.h>)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#define GRADSYNC_MPI_SHARED_AGREEMENT 1
+#endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -29,13 +38,20 @@ namespace gradsync::detail::mpi {
 /// each one's CallInfo. The result is {h, ~h} again on every rank exactly
 /// when all hashes are equal, so every rank reaches the same verdict without
 /// a second round. Only when they differ do the ranks gather their calls, to
-/// name who called what. The all-reduce is recursive doubling written out in
-/// MPI_Isend/MPI_Irecv of 16 bytes (lg p rounds; for other p, the first 2r
-/// ranks fold in pairs first and unfold last, r = p - the largest power of
-/// two <= p), not MPI_Iallreduce, whose non-blocking machinery costs a tiny
-/// call more than its own messages. Its receives for the next call are
-/// posted when a call's verdict is in, so that a round costs a send and a
-/// test, and the waits advance it without ever blocking.
+/// name who called what. Nothing blocks: the waits advance it.
+///
+/// When every rank runs on one host, the all-reduce is read off shared
+/// memory: each rank writes its hash and call number into a cache line of
+/// its own, and reads the others' (two slots, by the call number's parity:
+/// no rank can be two calls ahead of a reader). That costs no message,
+/// where a 16-byte exchange costs a tiny call half its time again.
+/// Otherwise (or with GRADSYNC_MPI_AGREEMENT=messages in every rank's
+/// environment) it is recursive doubling written out in MPI_Isend/MPI_Irecv
+/// of 16 bytes (lg p rounds; for other p, the first 2r ranks fold in pairs
+/// first and unfold last, r = p - the largest power of two <= p), not
+/// MPI_Iallreduce, whose non-blocking machinery costs more than the
+/// messages. Its receives for the next call are posted when a call's
+/// verdict is in, so that a round costs a send and a test.
 ///
 /// Notices: a rank that fails sends each other rank a fixed-size Notice, and
 /// waits that run long look for them, so a failure anywhere ends the call
@@ -43,8 +59,9 @@ namespace gradsync::detail::mpi {
 class Control {
  public:
   Control() = default;
-  /// Collective over `comm`, like MPI_Comm_dup.
-  Control(MPI_Comm comm, bool check_calls) : s_(std::make_unique<State>()) {
+  /// Collective over `comm`, like MPI_Comm_dup. `one_host`: every rank of
+  /// `comm` runs on this host (MPI_COMM_TYPE_SHARED says so).
+  Control(MPI_Comm comm, bool check_calls, bool one_host) : s_(std::make_unique<State>()) {
     s_->check = check_calls;
     if (MPI_Comm_dup(comm, &s_->comm) != MPI_SUCCESS) throw Error("gradsync: MPI_Comm_dup of the control channel failed");
     MPI_Comm_set_errhandler(s_->comm, MPI_ERRORS_RETURN);
@@ -61,6 +78,7 @@ class Control {
     }
     MPI_Bcast(&s_->nonce, 1, MPI_UINT64_T, 0, s_->comm);
     if (!check_calls) return;
+    if (share(one_host)) return;
     s_->steps = schedule(s_->rank, s_->size);
     const std::size_t n = s_->steps.size();
     s_->in.resize(n);
@@ -77,6 +95,11 @@ class Control {
   /// that a peer still waiting for it fails at once, naming it.
   ~Control() {
     if (!s_) return;
+#ifdef GRADSYNC_MPI_SHARED_AGREEMENT
+    // The peers keep their own mappings: the segment lives while any does.
+    if (s_->slots) munmap(s_->slots, s_->slots_bytes);
+    s_->slots = nullptr;
+#endif
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) {
@@ -112,9 +135,9 @@ class Control {
     for (int q = 0; q < s.size; ++q) {
       if (s.gone[static_cast<std::size_t>(q)] < call.seq) throw_notice(q, std::chrono::nanoseconds::zero(), -1);
     }
-    if (!s.check || s.steps.empty()) return;
+    if (!s.check || s.size == 1) return;
     // Armed at the end of the previous call, unless posting failed there.
-    if (!s.armed && !arm()) {
+    if (!s.slots && !s.armed && !arm()) {
       throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Irecv of the call agreement failed in " +
                   describe(call));
     }
@@ -124,7 +147,15 @@ class Control {
     s.value = {h, ~h};
     s.step = 0;
     s.sent = 0;
+    s.seen = 0;
     s.pending = true;
+    if (s.slots) {
+      Slot& mine = s.slots[s.rank];
+      const std::size_t b = call.seq & 1;
+      std::atomic_ref<std::uint64_t>(mine.h[b]).store(h, std::memory_order_relaxed);
+      std::atomic_ref<std::uint64_t>(mine.seq[b]).store(call.seq, std::memory_order_release);
+      return;
+    }
     send_step();
   }
 
@@ -134,10 +165,10 @@ class Control {
   bool agreed(std::chrono::nanoseconds timeout) {
     State& s = *s_;
     if (!s.pending) return true;
-    if (!advance()) return false;
+    if (!(s.slots ? read_slots() : advance())) return false;
     s.pending = false;
     if ((s.value.h ^ s.value.not_h) != ~std::uint64_t{0}) disagree(timeout);
-    arm();
+    if (!s.slots) arm();
     return true;
   }
 
@@ -246,6 +277,12 @@ class Control {
     int from = -1;
     int tag = 0;
   };
+  /// One rank's line of the shared segment: its hash for the calls of
+  /// each parity, and which call it is (0: none yet).
+  struct alignas(64) Slot {
+    std::uint64_t seq[2] = {};
+    std::uint64_t h[2] = {};
+  };
   /// On the heap, so that MPI's pointers into it survive a move.
   struct State {
     MPI_Comm comm = MPI_COMM_NULL;
@@ -263,6 +300,9 @@ class Control {
     Word value;
     std::size_t step = 0;    ///< the first step whose receive is not in
     std::size_t sent = 0;    ///< steps whose send is posted
+    Slot* slots = nullptr;   ///< the shared segment, one slot per rank
+    std::size_t slots_bytes = 0;
+    int seen = 0;            ///< ranks whose slot this call has read
     bool armed = false;      ///< the next call's receives are posted
     bool pending = false;    ///< agreement started, verdict not yet read
     bool abandoned = false;  ///< a collective request was given up
@@ -299,6 +339,69 @@ class Control {
     }
     if (folds) steps.push_back({r - 1, -1, unfold_tag});
     return steps;
+  }
+
+  /// Maps a segment that every rank shares, if they all run on this host and
+  /// can; collective. False: the agreement goes by messages.
+  bool share(bool one_host) {
+    State& s = *s_;
+    int ok = one_host ? 1 : 0;
+    if (const char* env = std::getenv("GRADSYNC_MPI_AGREEMENT"); env && std::string_view(env) == "messages") ok = 0;
+#ifndef GRADSYNC_MPI_SHARED_AGREEMENT
+    ok = 0;
+#endif
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s.comm);
+    if (!ok) return false;
+#ifdef GRADSYNC_MPI_SHARED_AGREEMENT
+    const std::size_t bytes = sizeof(Slot) * static_cast<std::size_t>(s.size);
+    // Rank 0 creates it under a name no other communicator has; the others
+    // open it, and once all have, rank 0 unlinks the name.
+    char name[64] = {};
+    int fd = -1;
+    if (s.rank == 0) {
+      std::snprintf(name, sizeof(name), "/gradsync-%ld-%016llx", static_cast<long>(getpid()),
+                    static_cast<unsigned long long>(s.nonce));
+      fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+        close(fd);
+        shm_unlink(name);
+        fd = -1;
+      }
+      if (fd < 0) name[0] = '\0';
+    }
+    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, s.comm);
+    if (s.rank != 0 && name[0]) fd = shm_open(name, O_RDWR, 0600);
+    void* p = fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0) close(fd);
+    ok = p != MAP_FAILED ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s.comm);
+    if (s.rank == 0 && name[0]) shm_unlink(name);
+    if (!ok) {
+      if (p != MAP_FAILED) munmap(p, bytes);
+      return false;
+    }
+    s.slots = static_cast<Slot*>(p);
+    s.slots_bytes = bytes;
+    return true;
+#else
+    return false;
+#endif
+  }
+
+  /// Reads the other ranks' slots for the current call, as far as they have
+  /// written them. True once every rank's hash is in.
+  bool read_slots() noexcept {
+    State& s = *s_;
+    const std::size_t b = s.call.seq & 1;
+    for (; s.seen < s.size; ++s.seen) {
+      if (s.seen == s.rank) continue;
+      Slot& q = s.slots[s.seen];
+      if (std::atomic_ref<std::uint64_t>(q.seq[b]).load(std::memory_order_acquire) != s.call.seq) return false;
+      const std::uint64_t h = std::atomic_ref<std::uint64_t>(q.h[b]).load(std::memory_order_relaxed);
+      s.value.h &= h;
+      s.value.not_h &= ~h;
+    }
+    return true;
   }
 
   /// Posts the receives of the next call's agreement. False if MPI refused.

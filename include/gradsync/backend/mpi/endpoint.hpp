@@ -60,7 +60,7 @@ class Endpoint {
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
     tag_ub_ = found ? *static_cast<int*>(ub) : 32767;
-    control_ = Control(comm_, options.check_calls);
+    control_ = Control(comm_, options.check_calls, local_size_ == size_);
   }
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
