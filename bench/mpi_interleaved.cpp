@@ -18,7 +18,9 @@
 // The columns marked /nc run the same algorithms on a second communicator
 // built with MpiOptions{.check_calls = false}: the price of checking that
 // ranks agree on each call is the ratio of a column to its /nc twin
-// (check/nc prints it for Auto).
+// (check/nc prints it for Auto). Ranks on one host agree through shared
+// memory; `mpirun -x GRADSYNC_MPI_AGREEMENT=messages` times the 16-byte
+// exchange that ranks on several hosts use instead.
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/backend/mpi.hpp>

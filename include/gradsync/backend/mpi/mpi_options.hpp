@@ -25,15 +25,20 @@ struct MpiOptions {
   /// same arguments (count, type, op, root, algorithm, chunking,
   /// deterministic, sequence number), so that a mismatch throws
   /// InvalidArgument on every rank instead of corrupting data or crashing in
-  /// MPI. It costs a 16-byte MPI_Iallreduce per call, overlapped with the
-  /// call's own messages except under Native, which must wait for it before
-  /// starting MPI's collective. That is felt only on tiny calls: at 8 B an
-  /// all-reduce takes 1.4-2.6x as long (Auto, N=2: 1.6 us against 0.7 us
-  /// unchecked; N=4 on 2 cores: 29-79 us against 21-41 us); from 64 KiB the
-  /// two are within noise (0.95-1.13). `mpirun -np N mpi_interleaved -r 21 8
-  /// 64K` on the 2-core development VM (2026-12-01, machine loaded), columns
-  /// auto and auto/nc. Turn it off for latency-bound loops once the program
-  /// is known to call collectives alike on every rank.
+  /// MPI. When every rank runs on one host it costs no message: each rank
+  /// writes its call's hash to shared memory and reads the others'. Across
+  /// hosts it costs a 16-byte recursive-doubling exchange per call (lg p
+  /// rounds), overlapped with the call's own messages. Native waits for the
+  /// verdict before starting MPI's collective either way. On one host, 8 B
+  /// Auto all-reduce, checked / unchecked: N=2 1.1-1.45 (run medians; e.g.
+  /// 0.85-1.04 us against 0.61-0.80 us), N=4 0.88-1.03; by messages
+  /// (GRADSYNC_MPI_AGREEMENT=messages) N=2 1.6 (0.9 us against 0.55 us); an
+  /// MPI_Iallreduce of the 16 bytes costs 2.4-3.7 at N=2, 1.1-2.4 at N=4. From
+  /// 64 KiB all are within noise (0.85-1.08). `mpirun -np N mpi_interleaved
+  /// -r 21 8 8 64K`, column check/nc, on the 2-core development VM
+  /// (2026-12-01, load 5-12 from other builds). Turn it off for
+  /// latency-bound loops across hosts once the program is known to call
+  /// collectives alike on every rank.
   bool check_calls = true;
 };
 
