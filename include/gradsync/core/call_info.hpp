@@ -43,7 +43,8 @@ constexpr std::string_view name(OpKind k) noexcept {
 /// "AllReduce #3 (ring, 1000 x float, sum)".
 inline std::string describe(const CallInfo& c) {
   std::string s(name(c.collective));
-  s += " #" + std::to_string(c.seq);
+  // seq 0: a call not numbered yet (refused before it started).
+  if (c.seq) s += " #" + std::to_string(c.seq);
   if (c.collective == Collective::barrier) return s;
   s += " (";
   s += c.algorithm;

@@ -103,8 +103,9 @@ class Communicator {
     // messages; one atomic exchange per call says so instead of a confusing
     // mismatch or a hang later.
     if (busy_.exchange(true, std::memory_order_acquire)) {
+      // The other thread owns the sequence number; this call gets none.
       throw InvalidArgument("gradsync: rank " + std::to_string(rank()) + ": Communicator used from two threads at once (" +
-                            describe_next(call) +
+                            describe(call) +
                             " started while another call was in progress); a communicator serves one thread at a "
                             "time: give each thread its own communicator");
     }
