@@ -125,12 +125,13 @@ struct Prod {
   }
 };
 
-/// One of the ops above (or a user op shaped like them).
+/// One of the five ops above. Only these: the backends reduce by OpKind (an
+/// MPI_Op, an NCCL op, a device kernel), so a user-defined op's own apply()
+/// would never run, and a type that merely looked like an op would silently
+/// reduce as whatever kind it claimed.
 template <class Op>
-concept ReduceOp = requires {
-  { Op::kind } -> std::convertible_to<OpKind>;
-  { Op::template apply<float>(1.0f, 1.0f) } -> std::same_as<float>;
-};
+concept ReduceOp = std::same_as<Op, Sum> || std::same_as<Op, Avg> || std::same_as<Op, Min> ||
+                   std::same_as<Op, Max> || std::same_as<Op, Prod>;
 
 /// Ops that need a last pass after the reduction (Avg).
 template <class Op>
