@@ -24,7 +24,7 @@
 #include "gradsync/algorithm/ring.hpp"
 #include "gradsync/algorithm/tree.hpp"
 #include "gradsync/backend/nccl.hpp"
-#include "gradsync/backend/nccl/device_threads.hpp"
+#include "device_threads.hpp"
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"

@@ -1,6 +1,7 @@
 #pragma once
 /// \file DeviceThreads: several ranks on one GPU, for testing gradsync's own
-/// algorithms on device memory where NCCL can only run one rank.
+/// algorithms on device memory where NCCL can only run one rank. Test
+/// scaffolding, not part of the library.
 ///
 /// Ranks are threads, as on Threads, and reuse its transport unchanged
 /// (mailboxes, tag matching, deadlines, aborts); only the bytes move
@@ -118,16 +119,22 @@ void run_device_threads(int world_size, int device, std::chrono::nanoseconds tim
   std::exception_ptr first;
   std::exception_ptr reaction;
   auto rank_main = [&](int r) {
+    detail::nccl::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    // The communicator outlives the handler, as in run_threads: its
+    // destruction tells the peers this rank left.
+    Communicator<DeviceThreads> comm{DeviceThreads::Endpoint(world, r)};
+    comm.set_timeout(timeout);
     try {
-      detail::nccl::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-      Communicator<DeviceThreads> comm{DeviceThreads::Endpoint(world, r)};
-      comm.set_timeout(timeout);
       body(comm);
     } catch (const Aborted&) {
       std::lock_guard<std::mutex> lock(mutex);
       if (!reaction) reaction = std::current_exception();
     } catch (const std::exception& e) {
-      world->abort(r, e.what());
+      world->abort(r, comm.sequence() + 1, e.what());
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!first) first = std::current_exception();
+    } catch (...) {
+      world->abort(r, comm.sequence() + 1, "unknown exception");
       std::lock_guard<std::mutex> lock(mutex);
       if (!first) first = std::current_exception();
     }
