@@ -5,6 +5,7 @@
 #include <gradsync/backend/mpi.hpp>
 #include <gradsync/gradsync.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -274,6 +275,89 @@ TEST_CASE_TEMPLATE("a rank that skips a collective makes the others time out, na
     CHECK(what.find("AllReduce #2") != std::string::npos);
     CHECK(what.find("rank " + std::to_string(rank)) != std::string::npos);
   }
+}
+
+/// Lets MPI advance whatever it still holds (abandoned requests included)
+/// for a while, on every rank.
+void let_mpi_progress() {
+  for (int i = 0; i < 20; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+TEST_CASE("a Native call abandoned at its deadline never writes into the caller's buffer afterwards") {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  std::vector<float> x(std::size_t{1} << 24, 1.0f);
+  std::vector<float> warm(1, 1.0f);
+  gs::AllReduce<gs::Native>{}(comm, std::span<float>(warm));
+  // 64 MiB: rank 0 gives up while MPI's all-reduce is running (after the
+  // agreement, given 3 ms), and the others follow on its notice.
+  if (comm.rank() == 0) comm.set_timeout(3ms);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Outcome o = outcome([&] { gs::AllReduce<gs::Native>{}(comm, std::span<float>(x)); });
+  INFO("rank ", comm.rank(), ": ", o.kind, ": ", o.what);
+  if (o.kind == "none") {
+    CHECK(x[0] == static_cast<float>(comm.size()));
+  } else {
+    CHECK(o.what.find("AllReduce #2") != std::string::npos);
+    // The caller owns its buffer again: MPI finishing the abandoned
+    // collective must not show up in it.
+    std::fill(x.begin(), x.end(), -7.0f);
+  }
+  let_mpi_progress();
+  if (o.kind != "none") CHECK(std::count(x.begin(), x.end(), -7.0f) == static_cast<std::ptrdiff_t>(x.size()));
+}
+
+TEST_CASE("a deterministic Native AllReduce that fails is named as the AllReduce, not its inner AllGather") {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(1ms);
+  std::vector<float> x(std::size_t{1} << 22, 1.0f);
+  const Outcome o =
+      outcome([&] { gs::AllReduce<gs::Native>{gs::Options{.deterministic = true}}(comm, std::span<float>(x)); });
+  INFO("rank ", comm.rank(), ": ", o.kind, ": ", o.what);
+  if (o.kind != "none") {
+    CHECK(o.what.find("AllReduce #1") != std::string::npos);
+    CHECK(o.what.find("AllGather") == std::string::npos);
+  }
+  let_mpi_progress();
+}
+
+TEST_CASE("a rank that comes to a call its peers already gave up on refuses it at once, posting nothing") {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(300ms);
+  // Large enough that the peers' sends wait for the late rank's receives.
+  std::vector<float> x(std::size_t{1} << 20, 1.0f);
+  if (comm.rank() == 1) std::this_thread::sleep_for(700ms);
+  const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x)); });
+  INFO("rank ", comm.rank(), ": ", o.kind, ": ", o.what);
+  if (comm.rank() == 1) {
+    CHECK((o.kind == "Timeout" || o.kind == "Aborted"));
+    CHECK(o.what.find("abandoned AllReduce #1") != std::string::npos);
+    CHECK(o.seconds < 0.05);
+  } else {
+    CHECK(o.kind == "Timeout");
+  }
+  // The peers' buffers go away while their sends are still posted.
+  x = std::vector<float>();
+  let_mpi_progress();
+}
+
+TEST_CASE_TEMPLATE("a rank that sends more than the others expect writes nothing past their buffers", Algo, gs::Ring,
+                   gs::Tree, gs::RecursiveHalvingDoubling) {
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(2s);
+  // Large enough to go by MPI's single-copy path; a canary follows the data.
+  const std::size_t n = 50000;
+  const std::size_t mine = comm.rank() == 1 ? n + 4096 : n;
+  std::vector<double> x(n + 4096 + 4096, 1.0);
+  std::fill(x.begin() + static_cast<std::ptrdiff_t>(mine), x.end(), -3.0);
+  const Outcome o = outcome([&] { gs::AllReduce<Algo>{}(comm, std::span<double>(x.data(), mine)); });
+  INFO("rank ", comm.rank(), ": ", o.kind, ": ", o.what);
+  CHECK(o.kind == "InvalidArgument");
+  let_mpi_progress();
+  CHECK(std::count(x.begin() + static_cast<std::ptrdiff_t>(mine), x.end(), -3.0) ==
+        static_cast<std::ptrdiff_t>(x.size() - mine));
 }
 
 TEST_CASE("bad arguments throw before any communication") {

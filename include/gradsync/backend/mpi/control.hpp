@@ -132,6 +132,16 @@ class Control {
   void begin(const CallInfo& call) {
     State& s = *s_;
     s.call = call;
+    // Notices already here first: a peer that gave up on this call (or an
+    // earlier one) has abandoned its sends, and a receive posted now could
+    // match one and read memory its owner has freed. Two MPI_Iprobes when
+    // there are none: Open MPI's probe matches first and advances the
+    // transport after, so one probe misses a notice that has already
+    // arrived but is not yet taken off the shared-memory queue.
+    for (int round = 0; round < 2; ++round) {
+      for (Notice n; receive(n);) {
+      }
+    }
     for (int q = 0; q < s.size; ++q) {
       if (s.gone[static_cast<std::size_t>(q)] < call.seq) throw_notice(q, std::chrono::nanoseconds::zero(), -1);
     }

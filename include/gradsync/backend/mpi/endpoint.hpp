@@ -23,6 +23,7 @@
 #include "gradsync/backend/mpi/datatype.hpp"
 #include "gradsync/backend/mpi/environment.hpp"
 #include "gradsync/backend/mpi/mpi_options.hpp"
+#include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/local_reduce.hpp"
@@ -60,6 +61,7 @@ class Endpoint {
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
     tag_ub_ = found ? *static_cast<int*>(ub) : 32767;
+    while (tag_bits_ < 31 && (std::int64_t{1} << (tag_bits_ + 1)) - 1 <= tag_ub_) ++tag_bits_;
     control_ = Control(comm_, options.check_calls, local_size_ == size_);
   }
   Endpoint(const Endpoint&) = delete;
@@ -70,6 +72,7 @@ class Endpoint {
     cancel();
     int finalized = 0;
     MPI_Finalized(&finalized);
+    keep_abandoned(finalized != 0);
     // The data duplicate is kept until MPI ends, never freed: a peer may
     // still send to it (it does not know this rank left), and Open MPI
     // hands a message for a freed communicator to the next one created with
@@ -88,8 +91,20 @@ class Endpoint {
   /// Set at construction from MpiOptions; may be changed between calls.
   MpiFailurePolicy failure_policy = MpiFailurePolicy::throw_error;
 
-  /// Starts the call's agreement, which its waits then watch.
-  void begin_call(const CallInfo& call, std::chrono::nanoseconds) { control_.begin(call); }
+  /// Starts the call's agreement, which its waits then watch. Refuses the
+  /// call before anything is posted if a peer already said it failed in this
+  /// call or an earlier one (see Control::begin).
+  void begin_call(const CallInfo& call, std::chrono::nanoseconds) {
+    user_call_ = call;
+    // The call's hash (sequence number included) goes into the high bits of
+    // every tag, so that messages of calls the ranks disagree on, or of an
+    // earlier call, never match: a message larger than its receive makes
+    // Open MPI's single-copy path write past the receive's buffer.
+    const std::uint64_t h = WireCall::of(call).hash();
+    const std::uint32_t mask = static_cast<std::uint32_t>((std::uint64_t{1} << tag_bits_) - 1) & ~tag_call_free;
+    tag_salt_ = static_cast<std::uint32_t>(h ^ (h >> 32)) & mask;
+    control_.begin(call);
+  }
 
   /// No rank returns from a call the ranks disagreed on.
   void end_call(const CallInfo& call, std::chrono::nanoseconds timeout) { settle(call, timeout); }
@@ -165,46 +180,71 @@ class Endpoint {
   // Each first waits for the ranks to agree on the call: MPI collectives that
   // do not match are undefined behaviour (Open MPI may kill the job).
 
+  // MPI cannot cancel a collective, and keeps writing into its buffers
+  // after a wait gave up on it (a peer never joined). So they run on
+  // buffers the endpoint owns (copy in, collective, copy out): an abandoned
+  // one keeps its buffer, in abandoned_, for as long as MPI may use it, and
+  // the user's memory is never touched after the call throws. The buffer is
+  // reused and only grows. Measured copy cost: see MpiOptions' note below.
+
   template <class T>
   void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
     settle(call, timeout);
-    MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
-    const int n = static_cast<int>(call.count);
-    check(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, n, datatype(call.type), op(call.op, call.type), comm_, &req),
+    const std::size_t bytes = call.count * size_of(call.type);
+    // Out of place: Open MPI's in-place MPI_Iallreduce is 1.2-3x slower.
+    std::byte* buf = native_buffer(2 * bytes);
+    if (bytes) std::memcpy(buf, in, bytes);
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(buf, buf + bytes, static_cast<int>(call.count), datatype(call.type), op(call.op, call.type),
+                         comm_, &req),
           "MPI_Iallreduce");
-    poll(req, call, timeout, "MPI_Iallreduce");
+    poll(req, call, timeout, "MPI_Iallreduce", true);
+    if (bytes) std::memcpy(out, buf + bytes, bytes);
     local_finish(out, call.count, call.type, call.op);
   }
   template <class T>
   void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
     settle(call, timeout);
-    MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
-    check(MPI_Ireduce_scatter_block(in, out, static_cast<int>(call.count), datatype(call.type), op(call.op, call.type),
-                                    comm_, &req),
+    const std::size_t bytes = call.count * size_of(call.type);
+    const std::size_t all = bytes * static_cast<std::size_t>(size_);
+    std::byte* buf = native_buffer(all + bytes);
+    if (bytes) std::memcpy(buf, in, all);
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Ireduce_scatter_block(buf, buf + all, static_cast<int>(call.count), datatype(call.type),
+                                    op(call.op, call.type), comm_, &req),
           "MPI_Ireduce_scatter_block");
-    poll(req, call, timeout, "MPI_Ireduce_scatter_block");
+    poll(req, call, timeout, "MPI_Ireduce_scatter_block", true);
+    if (bytes) std::memcpy(out, buf + all, bytes);
     local_finish(out, call.count, call.type, call.op);
   }
   template <class T>
   void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
     settle(call, timeout);
-    MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
+    const std::size_t bytes = call.count * size_of(call.type);
+    std::byte* buf = native_buffer(bytes * static_cast<std::size_t>(size_));
+    if (bytes) std::memcpy(buf + bytes * static_cast<std::size_t>(rank_), in, bytes);
+    MPI_Request req = MPI_REQUEST_NULL;
     const int n = static_cast<int>(call.count);
-    const bool in_place = in == out + call.count * static_cast<std::size_t>(rank_);
-    check(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, n, datatype(call.type), out, n, datatype(call.type), comm_, &req),
+    check(MPI_Iallgather(MPI_IN_PLACE, n, datatype(call.type), buf, n, datatype(call.type), comm_, &req),
           "MPI_Iallgather");
-    poll(req, call, timeout, "MPI_Iallgather");
+    poll(req, call, timeout, "MPI_Iallgather", true);
+    if (bytes) std::memcpy(out, buf, bytes * static_cast<std::size_t>(size_));
   }
   template <class T>
-  void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds timeout) {
+  void native_broadcast(T* data, const CallInfo& call, std::chrono::nanoseconds timeout) {
     settle(call, timeout);
-    MPI_Request req = MPI_REQUEST_NULL;
     check_count(call.count);
+    const std::size_t bytes = call.count * size_of(call.type);
+    std::byte* buf = native_buffer(bytes);
+    const bool root = call.root == rank_;
+    if (root && bytes) std::memcpy(buf, data, bytes);
+    MPI_Request req = MPI_REQUEST_NULL;
     check(MPI_Ibcast(buf, static_cast<int>(call.count), datatype(call.type), call.root, comm_, &req), "MPI_Ibcast");
-    poll(req, call, timeout, "MPI_Ibcast");
+    poll(req, call, timeout, "MPI_Ibcast", true);
+    if (!root && bytes) std::memcpy(data, buf, bytes);
   }
 
   /// MPI_Allreduce's reduction order is MPI's business, so Native cannot
@@ -229,6 +269,11 @@ class Endpoint {
     std::size_t bytes = 0;
     bool busy = false;
   };
+  /// A collective request given up on, with the buffer MPI may still use.
+  struct Abandoned {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::unique_ptr<std::byte[]> data;
+  };
 
   void swap(Endpoint& o) noexcept {
     std::swap(comm_, o.comm_);
@@ -238,6 +283,8 @@ class Endpoint {
     std::swap(local_rank_, o.local_rank_);
     std::swap(local_size_, o.local_size_);
     std::swap(tag_ub_, o.tag_ub_);
+    std::swap(tag_bits_, o.tag_bits_);
+    std::swap(tag_salt_, o.tag_salt_);
     std::swap(spinner_, o.spinner_);
     std::swap(failure_policy, o.failure_policy);
     std::swap(control_, o.control_);
@@ -245,6 +292,9 @@ class Endpoint {
     requests_.swap(o.requests_);
     buffers_.swap(o.buffers_);
     abandoned_.swap(o.abandoned_);
+    std::swap(native_, o.native_);
+    std::swap(native_bytes_, o.native_bytes_);
+    std::swap(user_call_, o.user_call_);
   }
 
   Op& acquire(std::uint32_t token, int peer, const CallInfo& call) {
@@ -275,6 +325,39 @@ class Endpoint {
     }
     buffers_.push_back(Buffer{std::make_unique<std::byte[]>(bytes ? bytes : 1), bytes, true});
     return buffers_.size() - 1;
+  }
+
+  /// The Native collectives' buffer, reused and grown to `bytes`.
+  std::byte* native_buffer(std::size_t bytes) {
+    if (!native_ || native_bytes_ < bytes) {
+      native_.reset();
+      native_ = std::make_unique_for_overwrite<std::byte[]>(bytes ? bytes : 1);
+      native_bytes_ = bytes;
+    }
+    return native_.get();
+  }
+
+  /// Frees what abandoned collectives held once MPI is done with it. At
+  /// destruction (`last`), what MPI still holds moves to a list that lives
+  /// until the process ends: freeing it would let MPI write into freed
+  /// memory; MPI_Finalize (done) makes everything free.
+  void keep_abandoned(bool finalized) noexcept {
+    if (!finalized) {
+      std::erase_if(abandoned_, [](Abandoned& a) {
+        int done = 0;
+        if (a.request != MPI_REQUEST_NULL) MPI_Test(&a.request, &done, MPI_STATUS_IGNORE);
+        return a.request == MPI_REQUEST_NULL || done != 0;
+      });
+    }
+    if (abandoned_.empty() || finalized) return;
+    // Reachable from a static, so leak checkers do not count it.
+    static auto* kept = new std::vector<Abandoned>();  // NOLINT: deliberately never freed
+    try {
+      for (auto& a : abandoned_) kept->push_back(std::move(a));
+    } catch (...) {
+      for (auto& a : abandoned_) (void)a.data.release();  // NOLINT: MPI may write there
+    }
+    abandoned_.clear();
   }
 
   void test_some(const CallInfo& call, std::chrono::nanoseconds timeout) {
@@ -327,24 +410,42 @@ class Endpoint {
     ops_.resize(w);
   }
 
-  void poll(MPI_Request& req, const CallInfo& call, std::chrono::nanoseconds timeout, const char* what) {
-    await(
-        [&] {
-          int flag = 0;
-          const int rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-          if (rc != MPI_SUCCESS) {
-            control_.explain(timeout);
-            check(rc, what);
-          }
-          return flag != 0;
-        },
-        timeout,
-        [&] {
-          // MPI can neither cancel nor free a pending collective request;
-          // it stays with this (now failed) communicator until MPI ends.
-          abandoned_.push_back(req);
-          timed_out(call, timeout, std::string(" waiting in ") + what + " (some rank has not joined)");
-        });
+  /// Waits for one collective request. If the wait ends otherwise (the
+  /// deadline, a peer's notice), the request is given up: MPI can neither
+  /// cancel nor free a pending collective, so it stays, with the native
+  /// buffer if `native` (MPI may write there until it completes), in
+  /// abandoned_ until it completes or MPI ends.
+  void poll(MPI_Request& req, const CallInfo& call, std::chrono::nanoseconds timeout, const char* what,
+            bool native = false) {
+    try {
+      await(
+          [&] {
+            int flag = 0;
+            const int rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) {
+              control_.explain(timeout);
+              check(rc, what);
+            }
+            return flag != 0;
+          },
+          timeout, [&] { timed_out(call, timeout, std::string(" waiting in ") + what + " (some rank has not joined)"); });
+    } catch (...) {
+      if (req != MPI_REQUEST_NULL) {
+        Abandoned a{req, nullptr};
+        if (native) {
+          a.data = std::move(native_);
+          native_bytes_ = 0;
+        }
+        // Never throws past here with the buffer unowned: reserve failed is fatal.
+        try {
+          abandoned_.push_back(std::move(a));
+        } catch (...) {
+          (void)a.data.release();  // NOLINT: MPI may still write there
+        }
+        req = MPI_REQUEST_NULL;
+      }
+      throw;
+    }
   }
 
   /// Waits for the ranks' verdict on the call: returns when they agree.
@@ -437,16 +538,46 @@ class Endpoint {
 #endif
   }
 
-  /// Takes back what is in flight: receives are cancelled, sends are left to
-  /// complete or die with the job (MPI cannot reliably cancel a send).
+  /// Takes back what is in flight. A receive is cancelled and then waited
+  /// for: MPI_Cancel alone lets MPI write into the buffer later (a message
+  /// already matched still lands), after its owner freed it. The wait is
+  /// short (an unmatched receive completes at once, a matched one when its
+  /// data is in); past a generous bound the process ends rather than return
+  /// with memory MPI may still write. Sends are left to complete or die with
+  /// the job (MPI cannot reliably cancel a send): a peer either receives
+  /// them at once, cancels its receive (above), or refuses the call before
+  /// posting one (Control::begin). What remains is a race: a peer that
+  /// checks for notices just before this rank sends its own, then posts a
+  /// receive matching a send whose buffer this rank's caller has freed by
+  /// then, reads that memory. Only a peer that starts the call later than
+  /// every other rank gave up on it can do so.
   void cancel() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       if (requests_[i] == MPI_REQUEST_NULL) continue;
-      if (ops_[i].kind != Op::send) MPI_Cancel(&requests_[i]);
-      MPI_Request_free(&requests_[i]);
+      if (ops_[i].kind == Op::send) {
+        MPI_Request_free(&requests_[i]);
+      } else {
+        MPI_Cancel(&requests_[i]);
+      }
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      for (int done = 0; requests_[i] != MPI_REQUEST_NULL;) {
+        if (MPI_Test(&requests_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
+        if (std::chrono::steady_clock::now() - start > cancel_bound) {
+          std::fprintf(stderr,
+                       "gradsync: internal error: rank %d: a cancelled MPI receive from rank %d did not complete "
+                       "within %d s; ending the process, since MPI may still write into its buffer\n",
+                       rank_, ops_[i].peer, static_cast<int>(cancel_bound.count()));
+          std::fflush(stderr);
+          MPI_Abort(comm_, 1);
+          std::abort();
+        }
+        std::this_thread::yield();
+      }
     }
     requests_.clear();
     ops_.clear();
@@ -454,13 +585,24 @@ class Endpoint {
     for (auto& b : buffers_) b.busy = false;
   }
 
+  /// How long a cancelled receive may take to complete: a matched message
+  /// still in flight, at worst a large one from a loaded host.
+  static constexpr std::chrono::seconds cancel_bound{30};
+
+  /// The algorithm's tag, salted with the call (see begin_call): xor with
+  /// a constant keeps a call's tags apart from each other.
   int mpi_tag(std::uint32_t tag) const {
-    if (tag > static_cast<std::uint32_t>(tag_ub_)) {
+    if (tag > static_cast<std::uint32_t>(tag_ub_) || (tag_bits_ < 32 && (tag >> tag_bits_) != 0)) {
       throw Error("gradsync: message tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
                   std::to_string(tag_ub_) + "; use a larger chunk_bytes");
     }
-    return static_cast<int>(tag);
+    return static_cast<int>(tag ^ tag_salt_);
   }
+
+  /// Tag bits the call's salt leaves alone: the algorithms' small tags
+  /// (steps, chunks) live there, so two calls' tags collide only if their
+  /// salts do.
+  static constexpr std::uint32_t tag_call_free = 0xffff;
 
   static void check_count(std::size_t count) {
     if (count > static_cast<std::size_t>(INT32_MAX)) {
@@ -502,7 +644,10 @@ class Endpoint {
   [[noreturn]] void timed_out(const CallInfo& call, std::chrono::nanoseconds timeout, const std::string& waiting) {
     std::string s = std::to_string(std::chrono::duration<double>(timeout).count());
     s = s.substr(0, s.find('.') + 4);
-    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + s + " s in " + describe(call) + waiting;
+    // A collective run inside the user's call (deterministic Native's
+    // all-gather) is named as the user's call.
+    const CallInfo& named = user_call_.seq == call.seq ? user_call_ : call;
+    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + s + " s in " + describe(named) + waiting;
     const auto grace = std::clamp<std::chrono::nanoseconds>(timeout / 4, std::chrono::milliseconds(1),
                                                             std::chrono::milliseconds(250));
     what += control_.after_timeout(what, grace, waiting_for());
@@ -516,6 +661,8 @@ class Endpoint {
   int local_rank_ = 0;
   int local_size_ = 1;
   int tag_ub_ = 32767;
+  int tag_bits_ = 0;              ///< tags below 2^tag_bits_ are valid
+  std::uint32_t tag_salt_ = 0;    ///< the current call's, in the bits above tag_call_free
   Spinner spinner_{false};
   std::vector<Op> ops_;
   std::vector<MPI_Request> requests_;
@@ -523,7 +670,12 @@ class Endpoint {
   std::vector<Buffer> buffers_;
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
-  std::vector<MPI_Request> abandoned_;
+  std::vector<Abandoned> abandoned_;
+  std::unique_ptr<std::byte[]> native_;  ///< the Native collectives' buffer
+  std::size_t native_bytes_ = 0;
+  /// The user's call, as begun: what errors name, even where an algorithm
+  /// runs a native collective of its own inside it (deterministic Native).
+  CallInfo user_call_{};
   Control control_;
 };
 
