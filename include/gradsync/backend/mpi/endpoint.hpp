@@ -561,19 +561,32 @@ class Endpoint {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    // Receives are cancelled; a send cannot be. A send its receiver already
+    // matched is read by MPI only while this process progresses, so it gets
+    // a short grace to finish: freed unfinished, its buffer would be read
+    // after the caller freed it, when a later MPI call here answers the
+    // receiver. Sends still pending after the grace were never matched, and
+    // the peers cancel their receives, so they never will be.
     for (std::size_t i = 0; i < requests_.size(); ++i) {
-      if (requests_[i] == MPI_REQUEST_NULL) continue;
-      if (ops_[i].kind == Op::send) {
-        MPI_Request_free(&requests_[i]);
-      } else {
-        MPI_Cancel(&requests_[i]);
-      }
+      if (requests_[i] != MPI_REQUEST_NULL && ops_[i].kind != Op::send) MPI_Cancel(&requests_[i]);
     }
     const auto start = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < requests_.size(); ++i) {
-      for (int done = 0; requests_[i] != MPI_REQUEST_NULL;) {
-        if (MPI_Test(&requests_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) break;
-        if (std::chrono::steady_clock::now() - start > cancel_bound) {
+    for (bool pending = true; pending;) {
+      pending = false;
+      const auto waited = std::chrono::steady_clock::now() - start;
+      for (std::size_t i = 0; i < requests_.size(); ++i) {
+        if (requests_[i] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        if (MPI_Test(&requests_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+          if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
+          continue;
+        }
+        if (ops_[i].kind == Op::send) {
+          if (waited > send_grace) {
+            MPI_Request_free(&requests_[i]);
+            continue;
+          }
+        } else if (waited > cancel_bound) {
           std::fprintf(stderr,
                        "gradsync: internal error: rank %d: a cancelled MPI receive from rank %d did not complete "
                        "within %d s; ending the process, since MPI may still write into its buffer\n",
@@ -582,8 +595,9 @@ class Endpoint {
           MPI_Abort(comm_, 1);
           std::abort();
         }
-        std::this_thread::yield();
+        pending = true;
       }
+      if (pending) std::this_thread::yield();
     }
     requests_.clear();
     ops_.clear();
@@ -594,6 +608,8 @@ class Endpoint {
   /// How long a cancelled receive may take to complete: a matched message
   /// still in flight, at worst a large one from a loaded host.
   static constexpr std::chrono::seconds cancel_bound{30};
+  /// How long an abandoned send may take to finish if its receiver matched it.
+  static constexpr std::chrono::milliseconds send_grace{100};
 
   /// The algorithm's tag, salted with the call (see begin_call): xor with
   /// a constant keeps a call's tags apart from each other.
