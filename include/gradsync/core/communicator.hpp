@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gradsync/core/backend.hpp"
+#include "gradsync/core/buffer.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
@@ -128,20 +129,19 @@ class Communicator {
     }
   }
 
-  // Point-to-point within the current call, for algorithms.
+  // Point-to-point within the current call, for algorithms: buffers are
+  // type-erased (see detail::Buffer), so an algorithm is compiled once per
+  // backend, not once per element type.
 
-  template <Element T>
-  void send(std::span<const T> data, int peer, std::uint32_t tag, std::uint32_t token = 0) {
-    ep_.post_send(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_);
+  void send(detail::ConstBuffer data, int peer, std::uint32_t tag, std::uint32_t token = 0) {
+    ep_.post_send(data.data(), data.size(), data.type(), peer, tag, token, call_);
   }
-  template <Element T>
-  void recv(std::span<T> data, int peer, std::uint32_t tag, std::uint32_t token = 0) {
-    ep_.post_recv(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_, OpKind::sum, false);
+  void recv(detail::Buffer data, int peer, std::uint32_t tag, std::uint32_t token = 0) {
+    ep_.post_recv(data.data(), data.size(), data.type(), peer, tag, token, call_, OpKind::sum, false);
   }
   /// Receives into `data` reducing as it lands: data = op(data, incoming).
-  template <Element T>
-  void recv_reduce(std::span<T> data, int peer, std::uint32_t tag, std::uint32_t token, OpKind op) {
-    ep_.post_recv(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_, op, true);
+  void recv_reduce(detail::Buffer data, int peer, std::uint32_t tag, std::uint32_t token, OpKind op) {
+    ep_.post_recv(data.data(), data.size(), data.type(), peer, tag, token, call_, op, true);
   }
   /// Token of one completed operation.
   std::uint32_t wait_any() { return ep_.wait_any(call_, timeout_); }
@@ -150,38 +150,30 @@ class Communicator {
   }
   std::size_t pending() const noexcept { return ep_.pending(); }
 
-  template <Element T>
-  void copy(std::span<T> dst, std::span<const T> src) {
-    ep_.local_copy(dst.data(), src.data(), src.size(), data_type_v<T>);
-  }
-  template <Element T>
-  void reduce(std::span<T> dst, std::span<const T> src, OpKind op) {
-    ep_.local_reduce(dst.data(), src.data(), src.size(), data_type_v<T>, op);
+  void copy(detail::Buffer dst, detail::ConstBuffer src) { ep_.local_copy(dst.data(), src.data(), src.size(), src.type()); }
+  void reduce(detail::Buffer dst, detail::ConstBuffer src, OpKind op) {
+    ep_.local_reduce(dst.data(), src.data(), src.size(), src.type(), op);
   }
   /// Avg's division by the world size; nothing for other ops.
-  template <Element T>
-  void finish(std::span<T> data, OpKind op) {
-    ep_.local_finish(data.data(), data.size(), data_type_v<T>, op);
-  }
+  void finish(detail::Buffer data, OpKind op) { ep_.local_finish(data.data(), data.size(), data.type(), op); }
 
   const detail::CallInfo& call() const noexcept { return call_; }
 
-  /// A reusable work buffer of `count` elements. Buffers are kept per slot and
-  /// only grow: fresh memory costs far more to touch than to reuse.
-  template <Element T>
-  std::span<T> scratch(std::size_t count, std::size_t slot = 0) {
+  /// A reusable work buffer of `count` elements of `type`. Buffers are kept
+  /// per slot and only grow: fresh memory costs far more to touch than to reuse.
+  detail::Buffer scratch(DataType type, std::size_t count, std::size_t slot = 0) {
+    const std::size_t bytes = count * detail::size_of(type);
     // A device backend keeps work buffers in its own memory space.
-    if constexpr (requires { ep_.scratch(count, slot); }) {
-      return {static_cast<T*>(ep_.scratch(count * sizeof(T), slot)), count};
+    if constexpr (requires { ep_.scratch(bytes, slot); }) {
+      return {ep_.scratch(bytes, slot), count, type};
     }
     if (slot >= scratch_.size()) scratch_.resize(slot + 1);
     Scratch& s = scratch_[slot];
-    const std::size_t bytes = count * sizeof(T);
     if (s.bytes < bytes) {
       s.data.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64})));
       s.bytes = bytes;
     }
-    return {reinterpret_cast<T*>(s.data.get()), count};
+    return {s.data.get(), count, type};
   }
 
  private:
