@@ -17,6 +17,7 @@
 #include "gradsync/algorithm/tree.hpp"
 #include "gradsync/core/algorithm_id.hpp"
 #include "gradsync/core/buffer.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
@@ -111,25 +112,25 @@ inline constexpr std::array<std::array<Entry<B>, 4>, 4> algorithm_table{
 template <>
 struct Algorithm<Auto> {
   template <class B>
-  static void all_reduce(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op, const Options& opt) {
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op, const Options& opt) {
     run(comm, Collective::all_reduce, in.size_bytes(), {in, out, op, -1, &opt});
   }
   template <class B>
-  static void reduce_scatter(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op, const Options& opt) {
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op, const Options& opt) {
     run(comm, Collective::reduce_scatter, in.size_bytes(), {in, out, op, -1, &opt});
   }
   template <class B>
-  static void all_gather(Communicator<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
     run(comm, Collective::all_gather, out.size_bytes(), {in, out, OpKind::sum, -1, &opt});
   }
   template <class B>
-  static void broadcast(Communicator<B>& comm, Buffer buf, int root, const Options& opt) {
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options& opt) {
     run(comm, Collective::broadcast, buf.size_bytes(), {buf, buf, OpKind::sum, root, &opt});
   }
 
  private:
   template <class B>
-  static void run(Communicator<B>& comm, Collective c, std::size_t bytes, const Operands& o) {
+  static void run(CallView<B>& comm, Collective c, std::size_t bytes, const Operands& o) {
     // Training loops repeat the same calls; remembering the last answer per
     // thread keeps Auto's cost on an 8-byte call to a compare.
     struct Memo {

@@ -9,7 +9,7 @@
 #include "gradsync/algorithm/algorithm.hpp"
 #include "gradsync/core/buffer.hpp"
 #include "gradsync/core/collective.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 
@@ -26,11 +26,11 @@ struct Operands {
 
 /// An algorithm's entry for one collective, over backend B.
 template <class B>
-using Entry = void (*)(Communicator<B>&, const Operands&);
+using Entry = void (*)(CallView<B>&, const Operands&);
 
 /// Runs collective C of algorithm A (an Algorithm<Tag>) on `o`.
 template <class A, Collective C, class B>
-void entry(Communicator<B>& comm, const Operands& o) {
+void entry(CallView<B>& comm, const Operands& o) {
   if constexpr (C == Collective::all_reduce) {
     A::all_reduce(comm, o.in, o.out, o.op, *o.options);
   } else if constexpr (C == Collective::reduce_scatter) {

@@ -9,7 +9,7 @@
 #include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/buffer.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
@@ -55,7 +55,7 @@ struct Algorithm<Native> {
   /// the rank-ordered reduce-scatter and distribute with the native all-gather.
   /// The op travels in the call (comm.call().op), which the backend reads.
   template <class B>
-  static void all_reduce(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) return ordered_all_reduce(comm, in, out, op);
@@ -65,7 +65,7 @@ struct Algorithm<Native> {
     });
   }
   template <class B>
-  static void reduce_scatter(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) {
@@ -80,12 +80,12 @@ struct Algorithm<Native> {
     });
   }
   template <class B>
-  static void all_gather(Communicator<B>& comm, ConstBuffer in, Buffer out, const Options&) {
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options&) {
     require<B>();
     native_all_gather(comm, in, out, comm.call());
   }
   template <class B>
-  static void broadcast(Communicator<B>& comm, Buffer buf, int, const Options&) {
+  static void broadcast(CallView<B>& comm, Buffer buf, int, const Options&) {
     require<B>();
     with_element(buf.type(), [&]<class T>(T) {
       comm.endpoint().native_broadcast(static_cast<T*>(buf.data()), comm.call(), comm.timeout());
@@ -94,7 +94,7 @@ struct Algorithm<Native> {
 
  private:
   template <class B>
-  static void native_all_gather(Communicator<B>& comm, ConstBuffer in, Buffer out, const CallInfo& call) {
+  static void native_all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const CallInfo& call) {
     with_element(out.type(), [&]<class T>(T) {
       comm.endpoint().native_all_gather(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), call,
                                         comm.timeout());
@@ -113,7 +113,7 @@ struct Algorithm<Native> {
   /// Rank-ordered reduce-scatter into a padded buffer (blocks of ceil(n/p)),
   /// then the backend's all-gather, then unpadding.
   template <class B>
-  static void ordered_all_reduce(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op) {
+  static void ordered_all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op) {
     const auto p = static_cast<std::size_t>(comm.size());
     const std::size_t n = in.size();
     const std::size_t m = (n + p - 1) / p;

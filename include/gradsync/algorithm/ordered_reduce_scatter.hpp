@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "gradsync/core/buffer.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
 
@@ -18,7 +18,7 @@ namespace gradsync::detail {
 
 /// Waits until the operation with `token` completes (others may complete first).
 template <class B>
-void wait_for(Communicator<B>& comm, std::uint32_t token) {
+void wait_for(CallView<B>& comm, std::uint32_t token) {
   while (comm.wait_any() != token) {
   }
 }
@@ -33,7 +33,7 @@ void wait_for(Communicator<B>& comm, std::uint32_t token) {
 /// last, which backends that match messages in issue order (NCCL) cannot do
 /// without deadlock on 3 or more ranks.
 template <class B, class BlockOf>
-void ordered_reduce_scatter(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+void ordered_reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                             BlockOf blocks) {
   const int p = comm.size();
   const int r = comm.rank();

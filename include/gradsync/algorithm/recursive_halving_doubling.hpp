@@ -25,7 +25,7 @@
 #include "gradsync/algorithm/ring.hpp"
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/buffer.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/cost_model.hpp"
 #include "gradsync/core/cost_model_env.hpp"
 #include "gradsync/core/options.hpp"
@@ -63,7 +63,7 @@ struct Fold {
 /// One exchange with a partner: send `out`, receive `in` (reducing with op
 /// unless it is empty), and wait for both.
 template <class B>
-void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, ConstBuffer out, Buffer in,
+void exchange(CallView<B>& comm, int peer, std::uint32_t tag, ConstBuffer out, Buffer in,
               std::optional<OpKind> op) {
   if (op) {
     comm.recv_reduce(in, peer, tag, 1, *op);
@@ -79,7 +79,7 @@ void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, ConstBuffer ou
 /// With `src` (out of place), x starts empty: the first step sends its half
 /// straight from src and copies in only the half it keeps.
 template <class B, class RangeOf>
-void halving(Communicator<B>& comm, Buffer x, OpKind op, const Fold& f, int v, RangeOf range,
+void halving(CallView<B>& comm, Buffer x, OpKind op, const Fold& f, int v, RangeOf range,
              ConstBuffer src = {}) {
   int lo = 0;
   int hi = f.pow2;
@@ -106,7 +106,7 @@ void halving(Communicator<B>& comm, Buffer x, OpKind op, const Fold& f, int v, R
 /// Recursive doubling: starting from virtual rank v's part, swap ever larger
 /// aligned runs of parts with the partner until everyone holds all.
 template <class B, class RangeOf>
-void doubling(Communicator<B>& comm, Buffer x, const Fold& f, int v, RangeOf range) {
+void doubling(CallView<B>& comm, Buffer x, const Fold& f, int v, RangeOf range) {
   for (int d = 1, step = 32; d < f.pow2; d *= 2, ++step) {
     const int mine = v & ~(d - 1);
     const int theirs = (v ^ d) & ~(d - 1);
@@ -144,7 +144,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
   }
 
   template <class B>
-  static void all_reduce(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
     const int r = comm.rank();
@@ -195,7 +195,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
   }
 
   template <class B>
-  static void reduce_scatter(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     const int p = comm.size();
     const int r = comm.rank();
@@ -233,7 +233,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
   }
 
   template <class B>
-  static void all_gather(Communicator<B>& comm, ConstBuffer in, Buffer out, const Options&) {
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options&) {
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
     gather_blocks(comm, out, [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; });
@@ -242,7 +242,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
   /// Van de Geijn's broadcast: scatter by recursive halving from the root,
   /// then all-gather by recursive doubling.
   template <class B>
-  static void broadcast(Communicator<B>& comm, Buffer buf, int root, const Options&) {
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options&) {
     const int p = comm.size();
     if (p == 1) return;
     const int rel = mod(comm.rank() - root, p);
@@ -293,7 +293,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
   /// for an op that is not bitwise commutative (max of +0 and -0, NaN
   /// payloads), as the halving path guarantees by reducing each part once.
   template <class B>
-  static void whole_doubling(Communicator<B>& comm, Buffer x, OpKind op, const Fold& f, int v) {
+  static void whole_doubling(CallView<B>& comm, Buffer x, OpKind op, const Fold& f, int v) {
     auto theirs = comm.scratch(x.type(), x.size());
     for (int d = 1, step = 0; d < f.pow2; d *= 2, ++step) {
       const int peer = f.real(v ^ d);
@@ -315,7 +315,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
   /// block is already in place: the fold pairs merge first, recursive
   /// doubling runs on the power-of-two group, the pairs split at the end.
   template <class B, class BlockOf>
-  static void gather_blocks(Communicator<B>& comm, Buffer x, BlockOf blocks) {
+  static void gather_blocks(CallView<B>& comm, Buffer x, BlockOf blocks) {
     const int p = comm.size();
     if (p == 1) return;
     const int r = comm.rank();

@@ -15,7 +15,7 @@
 #include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/buffer.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
@@ -31,7 +31,7 @@ inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
 /// from: its block is one this rank never reduces into, so the caller need
 /// not have copied it into x.
 template <class B>
-void ring_steps(Communicator<B>& comm, Buffer x, OpKind op, int shift, int first, int last, int reduce_steps,
+void ring_steps(CallView<B>& comm, Buffer x, OpKind op, int shift, int first, int last, int reduce_steps,
                 const Options& opt, ConstBuffer step0_src = {}) {
   const int p = comm.size();
   const int r = comm.rank();
@@ -83,7 +83,7 @@ void ring_steps(Communicator<B>& comm, Buffer x, OpKind op, int shift, int first
 template <>
 struct Algorithm<Ring> {
   template <class B>
-  static void all_reduce(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
     if (p == 1 || opt.deterministic || in.data() == out.data()) {
@@ -110,7 +110,7 @@ struct Algorithm<Ring> {
   }
 
   template <class B>
-  static void reduce_scatter(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     const int p = comm.size();
     const std::size_t m = out.size();
@@ -124,7 +124,7 @@ struct Algorithm<Ring> {
   }
 
   template <class B>
-  static void all_gather(Communicator<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
     const int p = comm.size();
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
@@ -133,7 +133,7 @@ struct Algorithm<Ring> {
 
   /// A pipelined chain from the root around the ring.
   template <class B>
-  static void broadcast(Communicator<B>& comm, Buffer buf, int root, const Options& opt) {
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options& opt) {
     const int p = comm.size();
     if (p == 1) return;
     const int r = comm.rank();

@@ -22,7 +22,7 @@
 #include "gradsync/algorithm/ring.hpp"
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/core/buffer.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
@@ -89,7 +89,7 @@ inline std::uint32_t tree_tag(std::size_t unit, int down) noexcept {
 /// Chunks still pipeline: both children's chunks overlap, and each chunk
 /// starts down as soon as it is reduced.
 template <class B>
-void tree_reduce(Communicator<B>& comm, Buffer x, OpKind op, std::span<const TreeNode> nodes,
+void tree_reduce(CallView<B>& comm, Buffer x, OpKind op, std::span<const TreeNode> nodes,
                  std::span<const Range> ranges, std::size_t k_chunks, bool broadcast_down) {
   const std::size_t trees = nodes.size();
   const std::size_t units = trees * k_chunks;
@@ -162,7 +162,7 @@ void tree_reduce(Communicator<B>& comm, Buffer x, OpKind op, std::span<const Tre
 
 /// Broadcast x down one tree in chunks (the root already holds x).
 template <class B>
-void tree_broadcast(Communicator<B>& comm, Buffer x, const TreeNode& node, std::size_t k_chunks) {
+void tree_broadcast(CallView<B>& comm, Buffer x, const TreeNode& node, std::size_t k_chunks) {
   auto piece = [&](std::size_t k) {
     const Range c = block(x.size(), k_chunks, k);
     return x.subspan(c.begin, c.size());
@@ -188,7 +188,7 @@ void tree_broadcast(Communicator<B>& comm, Buffer x, const TreeNode& node, std::
 /// Gathers each subtree's contiguous blocks up one tree (in-order positions
 /// equal ranks, so a subtree's blocks are contiguous in x), then broadcasts.
 template <class B>
-void tree_all_gather(Communicator<B>& comm, Buffer x, std::size_t m, const Options& opt) {
+void tree_all_gather(CallView<B>& comm, Buffer x, std::size_t m, const Options& opt) {
   const int p = comm.size();
   const BinaryTree t{p};
   const int r = comm.rank();
@@ -216,7 +216,7 @@ void tree_all_gather(Communicator<B>& comm, Buffer x, std::size_t m, const Optio
 template <>
 struct Algorithm<Tree> {
   template <class B>
-  static void all_reduce(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
     comm.copy(out, in);
@@ -254,7 +254,7 @@ struct Algorithm<Tree> {
   }
 
   template <class B>
-  static void reduce_scatter(Communicator<B>& comm, ConstBuffer in, Buffer out, OpKind op,
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     const int p = comm.size();
     const std::size_t m = out.size();
@@ -285,7 +285,7 @@ struct Algorithm<Tree> {
   }
 
   template <class B>
-  static void all_gather(Communicator<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
     if (comm.size() == 1) return;
@@ -293,7 +293,7 @@ struct Algorithm<Tree> {
   }
 
   template <class B>
-  static void broadcast(Communicator<B>& comm, Buffer buf, int root, const Options& opt) {
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options& opt) {
     const int p = comm.size();
     if (p == 1) return;
     const BinaryTree t{p};
