@@ -87,7 +87,7 @@ class DeviceThreadsEndpoint {
   void begin_call(const CallInfo& call, std::chrono::nanoseconds timeout) { inner_.begin_call(call, timeout); }
   void end_call(const CallInfo& call, std::chrono::nanoseconds timeout) { inner_.end_call(call, timeout); }
 
-  /// Device work buffers (Communicator::scratch); synchronous, like the rest.
+  /// Device work buffers (CallView::scratch); synchronous, like the rest.
   void* scratch(std::size_t bytes, std::size_t slot) {
     if (slot >= scratch_.size()) scratch_.resize(slot + 1);
     void* p = scratch_[slot].reserve(bytes ? bytes : 1, cudaStreamPerThread);

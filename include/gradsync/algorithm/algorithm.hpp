@@ -9,9 +9,9 @@ template <class>
 inline constexpr bool dependent_false = false;
 
 /// Algorithm<Tag> holds the static functions that run one algorithm:
-/// all_reduce, reduce_scatter, all_gather and broadcast, each taking a
-/// Communicator and spans. The primary template exists only to say, in one
-/// line, that the tag is not an algorithm.
+/// all_reduce, reduce_scatter, all_gather and broadcast, each taking the
+/// call's view (CallView<B>) and type-erased buffers. The primary template
+/// exists only to say, in one line, that the tag is not an algorithm.
 template <class Tag>
 struct Algorithm {
   static_assert(dependent_false<Tag>,

@@ -5,17 +5,19 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
-#include <span>
-#include <string>
 #include <string_view>
 #include <vector>
 
 #include "gradsync/algorithm/algorithm.hpp"
+#include "gradsync/algorithm/entry.hpp"
 #include "gradsync/algorithm/native.hpp"
 #include "gradsync/algorithm/recursive_halving_doubling.hpp"
 #include "gradsync/algorithm/ring.hpp"
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/algorithm/tree.hpp"
+#include "gradsync/core/algorithm_id.hpp"
+#include "gradsync/core/buffer.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
@@ -38,32 +40,32 @@ struct Explanation {
 
 namespace detail {
 
-inline constexpr std::array<std::string_view, 4> auto_candidates{Ring::name, Tree::name, RecursiveHalvingDoubling::name,
-                                                                 Native::name};
+inline constexpr std::array<AlgorithmId, 4> auto_candidates{AlgorithmId::ring, AlgorithmId::tree, AlgorithmId::rhd,
+                                                           AlgorithmId::native};
 
-/// Calls f(name, predicted seconds) for each algorithm backend B can run.
+/// Calls f(id, predicted seconds) for each algorithm backend B can run.
 template <class B, class F>
 void for_each_prediction(int world, Collective collective, std::size_t bytes, F&& f) {
   const CostModel& m = cost_model<B>();
-  for (std::string_view n : auto_candidates) {
-    if (n == Native::name && !HasNative<B>) continue;
-    f(n, predict(n, collective, world, static_cast<double>(bytes), m));
+  for (AlgorithmId a : auto_candidates) {
+    if (a == AlgorithmId::native && !HasNative<B>) continue;
+    f(a, predict(a, collective, world, static_cast<double>(bytes), m));
   }
 }
 
 /// Auto's pick: the cheapest prediction. Allocates nothing, since it runs
 /// on every call and an 8-byte all-reduce takes a fraction of a microsecond.
 template <class B>
-std::string_view choose(int world, Collective collective, std::size_t bytes) {
-  std::string_view best_name = Ring::name;
+AlgorithmId choose(int world, Collective collective, std::size_t bytes) {
+  AlgorithmId best_id = AlgorithmId::ring;
   double best = HUGE_VAL;
-  for_each_prediction<B>(world, collective, bytes, [&](std::string_view n, double t) {
+  for_each_prediction<B>(world, collective, bytes, [&](AlgorithmId a, double t) {
     if (t < best) {
       best = t;
-      best_name = n;
+      best_id = a;
     }
   });
-  return best_name;
+  return best_id;
 }
 
 }  // namespace detail
@@ -74,37 +76,74 @@ std::string_view choose(int world, Collective collective, std::size_t bytes) {
 template <class B>
 Explanation explain(const Communicator<B>& comm, Collective collective, std::size_t bytes) {
   Explanation e;
-  e.chosen = detail::choose<B>(comm.size(), collective, bytes);
+  e.chosen = name(detail::choose<B>(comm.size(), collective, bytes));
   detail::for_each_prediction<B>(comm.size(), collective, bytes,
-                                 [&](std::string_view n, double t) { e.candidates.push_back({n, t}); });
+                                 [&](AlgorithmId a, double t) { e.candidates.push_back({name(a), t}); });
   return e;
 }
 
 namespace detail {
 
+/// Collective C's entries of algorithm A, indexed by Collective.
+template <class A, class B>
+constexpr std::array<Entry<B>, 4> entries() {
+  return {&entry<A, Collective::all_reduce, B>, &entry<A, Collective::reduce_scatter, B>,
+          &entry<A, Collective::all_gather, B>, &entry<A, Collective::broadcast, B>};
+}
+/// Native's row is empty on a backend without native collectives (Auto
+/// never picks it there).
+template <class B>
+constexpr std::array<Entry<B>, 4> native_entries() {
+  if constexpr (HasNative<B>) {
+    return entries<Algorithm<Native>, B>();
+  } else {
+    return {};
+  }
+}
+
+/// Auto's dispatch table: algorithm_table<B>[id][collective].
+template <class B>
+inline constexpr std::array<std::array<Entry<B>, 4>, 4> algorithm_table{
+    entries<Algorithm<Ring>, B>(), entries<Algorithm<Tree>, B>(), entries<Algorithm<RecursiveHalvingDoubling>, B>(),
+    native_entries<B>()};
+
+/// Auto: an algorithm like the others, whose every collective asks the cost
+/// model for the fastest of the rest and runs it through the table.
 template <>
 struct Algorithm<Auto> {
-  template <class B, class F>
-  static void dispatch(Communicator<B>& comm, Collective c, std::size_t bytes, F&& run) {
+  template <class B>
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op, const Options& opt) {
+    run(comm, Collective::all_reduce, in.size_bytes(), {in, out, op, -1, &opt});
+  }
+  template <class B>
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op, const Options& opt) {
+    run(comm, Collective::reduce_scatter, in.size_bytes(), {in, out, op, -1, &opt});
+  }
+  template <class B>
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
+    run(comm, Collective::all_gather, out.size_bytes(), {in, out, OpKind::sum, -1, &opt});
+  }
+  template <class B>
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options& opt) {
+    run(comm, Collective::broadcast, buf.size_bytes(), {buf, buf, OpKind::sum, root, &opt});
+  }
+
+ private:
+  template <class B>
+  static void run(CallView<B>& comm, Collective c, std::size_t bytes, const Operands& o) {
     // Training loops repeat the same calls; remembering the last answer per
     // thread keeps Auto's cost on an 8-byte call to a compare.
     struct Memo {
       Collective collective = Collective::barrier;
       int world = 0;
       std::size_t bytes = 0;
-      std::string_view pick;
+      AlgorithmId pick = AlgorithmId::ring;
     };
     thread_local Memo memo;
-    if (memo.pick.empty() || memo.collective != c || memo.world != comm.size() || memo.bytes != bytes) {
+    if (memo.collective != c || memo.world != comm.size() || memo.bytes != bytes) {
       memo = {c, comm.size(), bytes, choose<B>(comm.size(), c, bytes)};
     }
-    const std::string_view pick = memo.pick;
-    if (pick == Native::name) {
-      if constexpr (HasNative<B>) return run(Algorithm<Native>{});
-    }
-    if (pick == Tree::name) return run(Algorithm<Tree>{});
-    if (pick == RecursiveHalvingDoubling::name) return run(Algorithm<RecursiveHalvingDoubling>{});
-    return run(Algorithm<Ring>{});
+    algorithm_table<B>[static_cast<std::size_t>(memo.pick)][static_cast<std::size_t>(c)](comm, o);
   }
 };
 

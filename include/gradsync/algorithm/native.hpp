@@ -3,15 +3,17 @@
 
 #include <chrono>
 #include <cstddef>
-#include <span>
+#include <cstdint>
 
 #include "gradsync/algorithm/algorithm.hpp"
 #include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/buffer.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
+#include "gradsync/core/types.hpp"
 
 namespace gradsync::detail {
 
@@ -23,6 +25,21 @@ concept HasNative = requires(typename B::Endpoint& e, const float* in, float* ou
   e.native_all_gather(in, out, call, std::chrono::nanoseconds{});
   e.native_broadcast(out, call, std::chrono::nanoseconds{});
 };
+
+/// Calls f(T{}) with the element type of `t`: the backends' native
+/// collectives take typed pointers, which Native hands them from its
+/// type-erased buffers. Instantiated once per backend, for every type.
+template <class F>
+void with_element(DataType t, F&& f) {
+  switch (t) {
+    case DataType::float32: return f(float{});
+    case DataType::float64: return f(double{});
+    case DataType::int32: return f(std::int32_t{});
+    case DataType::int64: return f(std::int64_t{});
+    case DataType::bfloat16: return f(bfloat16{});
+    case DataType::float16: return f(float16{});
+  }
+}
 
 template <>
 struct Algorithm<Native> {
@@ -37,15 +54,18 @@ struct Algorithm<Native> {
   /// `native_is_rank_ordered = false`; there, deterministic calls reduce with
   /// the rank-ordered reduce-scatter and distribute with the native all-gather.
   /// The op travels in the call (comm.call().op), which the backend reads.
-  template <class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) return ordered_all_reduce(comm, in, out, op);
-    comm.endpoint().native_all_reduce(in.data(), out.data(), comm.call(), comm.timeout());
+    with_element(out.type(), [&]<class T>(T) {
+      comm.endpoint().native_all_reduce(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), comm.call(),
+                                        comm.timeout());
+    });
   }
-  template <class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) {
@@ -54,20 +74,33 @@ struct Algorithm<Native> {
         return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)};
       });
     }
-    comm.endpoint().native_reduce_scatter(in.data(), out.data(), comm.call(), comm.timeout());
+    with_element(out.type(), [&]<class T>(T) {
+      comm.endpoint().native_reduce_scatter(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), comm.call(),
+                                            comm.timeout());
+    });
   }
-  template <class B, class T>
-  static void all_gather(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&) {
+  template <class B>
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options&) {
     require<B>();
-    comm.endpoint().native_all_gather(in.data(), out.data(), comm.call(), comm.timeout());
+    native_all_gather(comm, in, out, comm.call());
   }
-  template <class B, class T>
-  static void broadcast(Communicator<B>& comm, std::span<T> buf, int, const Options&) {
+  template <class B>
+  static void broadcast(CallView<B>& comm, Buffer buf, int, const Options&) {
     require<B>();
-    comm.endpoint().native_broadcast(buf.data(), comm.call(), comm.timeout());
+    with_element(buf.type(), [&]<class T>(T) {
+      comm.endpoint().native_broadcast(static_cast<T*>(buf.data()), comm.call(), comm.timeout());
+    });
   }
 
  private:
+  template <class B>
+  static void native_all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const CallInfo& call) {
+    with_element(out.type(), [&]<class T>(T) {
+      comm.endpoint().native_all_gather(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), call,
+                                        comm.timeout());
+    });
+  }
+
   template <class B>
   static constexpr bool rank_ordered() {
     if constexpr (requires { B::Endpoint::native_is_rank_ordered; }) {
@@ -79,12 +112,12 @@ struct Algorithm<Native> {
 
   /// Rank-ordered reduce-scatter into a padded buffer (blocks of ceil(n/p)),
   /// then the backend's all-gather, then unpadding.
-  template <class B, class T>
-  static void ordered_all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op) {
+  template <class B>
+  static void ordered_all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op) {
     const auto p = static_cast<std::size_t>(comm.size());
     const std::size_t n = in.size();
     const std::size_t m = (n + p - 1) / p;
-    auto padded = comm.template scratch<T>(m * p, 2);
+    auto padded = comm.scratch(in.type(), m * p, 2);
     const auto r = static_cast<std::size_t>(comm.rank());
     const Range mine = block(n, p, r);
     ordered_reduce_scatter(comm, in, padded.subspan(r * m, mine.size()), op,
@@ -92,10 +125,10 @@ struct Algorithm<Native> {
     CallInfo gather = comm.call();
     gather.collective = Collective::all_gather;
     gather.count = m;
-    comm.endpoint().native_all_gather(padded.data() + r * m, padded.data(), gather, comm.timeout());
+    native_all_gather(comm, padded.subspan(r * m, m), padded, gather);
     for (std::size_t q = 0; q < p; ++q) {
       const Range b = block(n, p, q);
-      comm.copy(out.subspan(b.begin, b.size()), std::span<const T>(padded.subspan(q * m, b.size())));
+      comm.copy(out.subspan(b.begin, b.size()), ConstBuffer(padded.subspan(q * m, b.size())));
     }
   }
 };

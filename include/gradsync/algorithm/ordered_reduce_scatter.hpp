@@ -8,9 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/buffer.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
 
@@ -18,7 +18,7 @@ namespace gradsync::detail {
 
 /// Waits until the operation with `token` completes (others may complete first).
 template <class B>
-void wait_for(Communicator<B>& comm, std::uint32_t token) {
+void wait_for(CallView<B>& comm, std::uint32_t token) {
   while (comm.wait_any() != token) {
   }
 }
@@ -32,13 +32,13 @@ void wait_for(Communicator<B>& comm, std::uint32_t token) {
 /// order instead would save the buffer but chain each receive behind the
 /// last, which backends that match messages in issue order (NCCL) cannot do
 /// without deadlock on 3 or more ranks.
-template <class B, class T, class BlockOf>
-void ordered_reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+template <class B, class BlockOf>
+void ordered_reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                             BlockOf blocks) {
   const int p = comm.size();
   const int r = comm.rank();
   const std::size_t m = out.size();
-  auto slots = comm.template scratch<T>(m * static_cast<std::size_t>(p), 1);
+  auto slots = comm.scratch(out.type(), m * static_cast<std::size_t>(p), 1);
   auto slot = [&](int q) { return slots.subspan(m * static_cast<std::size_t>(q), m); };
   for (int q = 0; q < p; ++q) {
     if (q == r) continue;
@@ -49,8 +49,8 @@ void ordered_reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::s
   const Range mine = blocks(r);
   comm.copy(slot(r), in.subspan(mine.begin, mine.size()));
   comm.wait_all();
-  comm.copy(out, std::span<const T>(slot(0)));
-  for (int q = 1; q < p; ++q) comm.reduce(out, std::span<const T>(slot(q)), op);
+  comm.copy(out, ConstBuffer(slot(0)));
+  for (int q = 1; q < p; ++q) comm.reduce(out, ConstBuffer(slot(q)), op);
   comm.finish(out, op);
 }
 

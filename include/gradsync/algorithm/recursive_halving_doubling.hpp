@@ -19,13 +19,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <span>
 
 #include "gradsync/algorithm/algorithm.hpp"
 #include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/ring.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/buffer.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/cost_model.hpp"
 #include "gradsync/core/cost_model_env.hpp"
 #include "gradsync/core/options.hpp"
@@ -62,8 +62,8 @@ struct Fold {
 
 /// One exchange with a partner: send `out`, receive `in` (reducing with op
 /// unless it is empty), and wait for both.
-template <class B, class T>
-void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, std::span<const T> out, std::span<T> in,
+template <class B>
+void exchange(CallView<B>& comm, int peer, std::uint32_t tag, ConstBuffer out, Buffer in,
               std::optional<OpKind> op) {
   if (op) {
     comm.recv_reduce(in, peer, tag, 1, *op);
@@ -78,9 +78,9 @@ void exchange(Communicator<B>& comm, int peer, std::uint32_t tag, std::span<cons
 /// to elements of x. Leaves virtual rank v's part reduced (not finished).
 /// With `src` (out of place), x starts empty: the first step sends its half
 /// straight from src and copies in only the half it keeps.
-template <class B, class T, class RangeOf>
-void halving(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, int v, RangeOf range,
-             std::span<const T> src = {}) {
+template <class B, class RangeOf>
+void halving(CallView<B>& comm, Buffer x, OpKind op, const Fold& f, int v, RangeOf range,
+             ConstBuffer src = {}) {
   int lo = 0;
   int hi = f.pow2;
   for (int d = f.pow2 / 2, step = 0; d >= 1; d /= 2, ++step) {
@@ -88,7 +88,7 @@ void halving(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, in
     const bool lower = (v & d) == 0;
     const Range keep = lower ? range(lo, mid) : range(mid, hi);
     const Range give = lower ? range(mid, hi) : range(lo, mid);
-    std::span<const T> from(x);
+    ConstBuffer from(x);
     if (step == 0 && !src.empty()) {
       comm.copy(x.subspan(keep.begin, keep.size()), src.subspan(keep.begin, keep.size()));
       from = src;
@@ -105,14 +105,14 @@ void halving(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, in
 
 /// Recursive doubling: starting from virtual rank v's part, swap ever larger
 /// aligned runs of parts with the partner until everyone holds all.
-template <class B, class T, class RangeOf>
-void doubling(Communicator<B>& comm, std::span<T> x, const Fold& f, int v, RangeOf range) {
+template <class B, class RangeOf>
+void doubling(CallView<B>& comm, Buffer x, const Fold& f, int v, RangeOf range) {
   for (int d = 1, step = 32; d < f.pow2; d *= 2, ++step) {
     const int mine = v & ~(d - 1);
     const int theirs = (v ^ d) & ~(d - 1);
     const Range give = range(mine, mine + d);
     const Range take = range(theirs, theirs + d);
-    exchange(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), std::span<const T>(x.subspan(give.begin, give.size())),
+    exchange(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), ConstBuffer(x.subspan(give.begin, give.size())),
                   x.subspan(take.begin, take.size()), std::nullopt);
   }
 }
@@ -143,8 +143,8 @@ struct Algorithm<RecursiveHalvingDoubling> {
     return memo.value;
   }
 
-  template <class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
     const int r = comm.rank();
@@ -160,12 +160,12 @@ struct Algorithm<RecursiveHalvingDoubling> {
     if (opt.deterministic) {
       const auto blocks = [&](int q) { return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q)); };
       const Range mine = blocks(r);
-      ordered_reduce_scatter(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), op, blocks);
+      ordered_reduce_scatter(comm, ConstBuffer(out), out.subspan(mine.begin, mine.size()), op, blocks);
       return gather_blocks(comm, out, blocks);
     }
     if (v < 0) {
       // Send and receive share the buffer, so one after the other.
-      comm.send(std::span<const T>(out), partner, fold_tag, 0);
+      comm.send(ConstBuffer(out), partner, fold_tag, 0);
       comm.wait_all();
       comm.recv(out, partner, unfold_tag, 1);
       comm.wait_all();
@@ -183,19 +183,19 @@ struct Algorithm<RecursiveHalvingDoubling> {
         return Range{block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(a)).begin,
                      block(n, static_cast<std::size_t>(f.pow2), static_cast<std::size_t>(b - 1)).end};
       };
-      halving(comm, out, op, f, v, range, from_in ? in : std::span<const T>{});
+      halving(comm, out, op, f, v, range, from_in ? in : ConstBuffer{});
       const Range own = range(v, v + 1);
       comm.finish(out.subspan(own.begin, own.size()), op);
       doubling(comm, out, f, v, range);
     }
     if (partner >= 0) {
-      comm.send(std::span<const T>(out), partner, unfold_tag, 0);
+      comm.send(ConstBuffer(out), partner, unfold_tag, 0);
       comm.wait_all();
     }
   }
 
-  template <class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     const int p = comm.size();
     const int r = comm.rank();
@@ -212,7 +212,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
       comm.wait_all();
       return comm.finish(out, op);
     }
-    auto work = comm.template scratch<T>(in.size());
+    auto work = comm.scratch(in.type(), in.size());
     comm.copy(work, in);
     if (partner >= 0) {
       comm.recv_reduce(work, partner, fold_tag, 1, op);
@@ -225,15 +225,15 @@ struct Algorithm<RecursiveHalvingDoubling> {
     };
     halving(comm, work, op, f, v, range);
     if (partner >= 0) {
-      comm.send(std::span<const T>(work.subspan(blocks(partner).begin, m)), partner, unfold_tag, 0);
+      comm.send(ConstBuffer(work.subspan(blocks(partner).begin, m)), partner, unfold_tag, 0);
     }
-    comm.copy(out, std::span<const T>(work.subspan(blocks(r).begin, m)));
+    comm.copy(out, ConstBuffer(work.subspan(blocks(r).begin, m)));
     comm.wait_all();
     comm.finish(out, op);
   }
 
-  template <class B, class T>
-  static void all_gather(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options&) {
+  template <class B>
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options&) {
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
     gather_blocks(comm, out, [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; });
@@ -241,8 +241,8 @@ struct Algorithm<RecursiveHalvingDoubling> {
 
   /// Van de Geijn's broadcast: scatter by recursive halving from the root,
   /// then all-gather by recursive doubling.
-  template <class B, class T>
-  static void broadcast(Communicator<B>& comm, std::span<T> buf, int root, const Options&) {
+  template <class B>
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options&) {
     const int p = comm.size();
     if (p == 1) return;
     const int rel = mod(comm.rank() - root, p);
@@ -263,7 +263,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
     for (int d = f.pow2 / 2, step = 0; d >= 1; d /= 2, ++step) {
       if (v % (2 * d) == 0) {
         const Range give = range(v + d, v + 2 * d);
-        comm.send(std::span<const T>(buf.subspan(give.begin, give.size())), real(f.real(v + d)), static_cast<std::uint32_t>(step), 0);
+        comm.send(ConstBuffer(buf.subspan(give.begin, give.size())), real(f.real(v + d)), static_cast<std::uint32_t>(step), 0);
       } else if (v % (2 * d) == d) {
         const Range take = range(v, v + d);
         comm.recv(buf.subspan(take.begin, take.size()), real(f.real(v - d)), static_cast<std::uint32_t>(step), 1);
@@ -276,11 +276,11 @@ struct Algorithm<RecursiveHalvingDoubling> {
       const Range give = range(mine, mine + d);
       const Range take = range(theirs, theirs + d);
       comm.recv(buf.subspan(take.begin, take.size()), real(f.real(v ^ d)), static_cast<std::uint32_t>(step), 1);
-      comm.send(std::span<const T>(buf.subspan(give.begin, give.size())), real(f.real(v ^ d)), static_cast<std::uint32_t>(step), 0);
+      comm.send(ConstBuffer(buf.subspan(give.begin, give.size())), real(f.real(v ^ d)), static_cast<std::uint32_t>(step), 0);
       comm.wait_all();
     }
     if (partner >= 0) {
-      comm.send(std::span<const T>(buf), real(partner), unfold_tag, 0);
+      comm.send(ConstBuffer(buf), real(partner), unfold_tag, 0);
       comm.wait_all();
     }
   }
@@ -292,20 +292,20 @@ struct Algorithm<RecursiveHalvingDoubling> {
   /// evaluate the same expression and all ranks end with the same bits, even
   /// for an op that is not bitwise commutative (max of +0 and -0, NaN
   /// payloads), as the halving path guarantees by reducing each part once.
-  template <class B, class T>
-  static void whole_doubling(Communicator<B>& comm, std::span<T> x, OpKind op, const Fold& f, int v) {
-    auto theirs = comm.template scratch<T>(x.size());
+  template <class B>
+  static void whole_doubling(CallView<B>& comm, Buffer x, OpKind op, const Fold& f, int v) {
+    auto theirs = comm.scratch(x.type(), x.size());
     for (int d = 1, step = 0; d < f.pow2; d *= 2, ++step) {
       const int peer = f.real(v ^ d);
       const auto tag = short_tag + static_cast<std::uint32_t>(step);
       comm.recv(theirs, peer, tag, 1);
-      comm.send(std::span<const T>(x), peer, tag, 0);
+      comm.send(ConstBuffer(x), peer, tag, 0);
       comm.wait_all();
       if ((v & d) == 0) {
-        comm.reduce(x, std::span<const T>(theirs), op);
+        comm.reduce(x, ConstBuffer(theirs), op);
       } else {
-        comm.reduce(theirs, std::span<const T>(x), op);
-        comm.copy(x, std::span<const T>(theirs));
+        comm.reduce(theirs, ConstBuffer(x), op);
+        comm.copy(x, ConstBuffer(theirs));
       }
     }
     comm.finish(x, op);
@@ -314,8 +314,8 @@ struct Algorithm<RecursiveHalvingDoubling> {
   /// All-gather of x, where rank q's block is blocks(q) and this rank's own
   /// block is already in place: the fold pairs merge first, recursive
   /// doubling runs on the power-of-two group, the pairs split at the end.
-  template <class B, class T, class BlockOf>
-  static void gather_blocks(Communicator<B>& comm, std::span<T> x, BlockOf blocks) {
+  template <class B, class BlockOf>
+  static void gather_blocks(CallView<B>& comm, Buffer x, BlockOf blocks) {
     const int p = comm.size();
     if (p == 1) return;
     const int r = comm.rank();
@@ -324,7 +324,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
     const int partner = f.partner(r);
     const Range mine = blocks(r);
     if (v < 0) {
-      comm.send(std::span<const T>(x.subspan(mine.begin, mine.size())), partner, fold_tag, 0);
+      comm.send(ConstBuffer(x.subspan(mine.begin, mine.size())), partner, fold_tag, 0);
       comm.wait_all();
       comm.recv(x, partner, unfold_tag, 1);
       comm.wait_all();
@@ -340,7 +340,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
     };
     doubling(comm, x, f, v, range);
     if (partner >= 0) {
-      comm.send(std::span<const T>(x), partner, unfold_tag, 0);
+      comm.send(ConstBuffer(x), partner, unfold_tag, 0);
       comm.wait_all();
     }
   }

@@ -10,12 +10,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
 #include "gradsync/algorithm/algorithm.hpp"
 #include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/buffer.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
@@ -30,9 +30,9 @@ inline int mod(int a, int p) noexcept { return ((a % p) + p) % p; }
 /// A non-empty `step0_src` (same size as x) is where step 0's sends read
 /// from: its block is one this rank never reduces into, so the caller need
 /// not have copied it into x.
-template <class B, class T>
-void ring_steps(Communicator<B>& comm, std::span<T> x, OpKind op, int shift, int first, int last, int reduce_steps,
-                const Options& opt, std::span<const T> step0_src = {}) {
+template <class B>
+void ring_steps(CallView<B>& comm, Buffer x, OpKind op, int shift, int first, int last, int reduce_steps,
+                const Options& opt, ConstBuffer step0_src = {}) {
   const int p = comm.size();
   const int r = comm.rank();
   if (first >= last) return;
@@ -40,7 +40,7 @@ void ring_steps(Communicator<B>& comm, std::span<T> x, OpKind op, int shift, int
   const int left = mod(r - 1, p);
   const std::size_t n = x.size();
   const std::size_t biggest = (n + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p);
-  const std::size_t k_chunks = pieces_for(biggest, chunk_bytes(opt) / sizeof(T));
+  const std::size_t k_chunks = pieces_for(biggest, chunk_bytes(opt) / x.element_size());
   auto range = [&](int blk, std::size_t k) {
     return sub(block(n, static_cast<std::size_t>(p), static_cast<std::size_t>(blk)), k_chunks, k);
   };
@@ -56,7 +56,7 @@ void ring_steps(Communicator<B>& comm, std::span<T> x, OpKind op, int shift, int
       const Range b = range(out_blk, k);
       comm.send(step0_src.subspan(b.begin, b.size()), right, id, 0);
     } else {
-      comm.send(std::span<const T>(chunk(out_blk, k)), right, id, 0);
+      comm.send(ConstBuffer(chunk(out_blk, k)), right, id, 0);
     }
     auto dst = chunk(mod(r + shift - s - 1, p), k);
     if (s < reduce_steps) {
@@ -82,8 +82,8 @@ void ring_steps(Communicator<B>& comm, std::span<T> x, OpKind op, int shift, int
 
 template <>
 struct Algorithm<Ring> {
-  template <class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
     if (p == 1 || opt.deterministic || in.data() == out.data()) {
@@ -100,7 +100,7 @@ struct Algorithm<Ring> {
     if (p == 1) return comm.finish(out, op);
     if (opt.deterministic) {
       const Range mine = block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(comm.rank()));
-      ordered_reduce_scatter(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), op, [&](int q) {
+      ordered_reduce_scatter(comm, ConstBuffer(out), out.subspan(mine.begin, mine.size()), op, [&](int q) {
         return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q));
       });
       // Rank r owns block r, which the all-gather steps expect at step N-1.
@@ -109,22 +109,22 @@ struct Algorithm<Ring> {
     ring_steps(comm, out, op, 0, 0, 2 * (p - 1), p - 1, opt);
   }
 
-  template <class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     const int p = comm.size();
     const std::size_t m = out.size();
     auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
     if (opt.deterministic || p == 1) return ordered_reduce_scatter(comm, in, out, op, blocks);
     // Shift -1 leaves rank r holding block r after N-1 reducing steps.
-    auto work = comm.template scratch<T>(in.size());
+    auto work = comm.scratch(in.type(), in.size());
     comm.copy(work, in);
     ring_steps(comm, work, op, -1, 0, p - 1, p - 1, opt);
-    comm.copy(out, std::span<const T>(work.subspan(blocks(comm.rank()).begin, m)));
+    comm.copy(out, ConstBuffer(work.subspan(blocks(comm.rank()).begin, m)));
   }
 
-  template <class B, class T>
-  static void all_gather(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B>
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
     const int p = comm.size();
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
@@ -132,15 +132,15 @@ struct Algorithm<Ring> {
   }
 
   /// A pipelined chain from the root around the ring.
-  template <class B, class T>
-  static void broadcast(Communicator<B>& comm, std::span<T> buf, int root, const Options& opt) {
+  template <class B>
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options& opt) {
     const int p = comm.size();
     if (p == 1) return;
     const int r = comm.rank();
     const int pos = mod(r - root, p);
     const int next = mod(r + 1, p);
     const int prev = mod(r - 1, p);
-    const std::size_t k_chunks = pieces_for(buf.size(), chunk_bytes(opt) / sizeof(T));
+    const std::size_t k_chunks = pieces_for(buf.size(), chunk_bytes(opt) / buf.element_size());
     auto chunk = [&](std::size_t k) {
       const Range c = block(buf.size(), k_chunks, k);
       return buf.subspan(c.begin, c.size());
@@ -149,7 +149,7 @@ struct Algorithm<Ring> {
     for (std::size_t k = 0; k < k_chunks; ++k) {
       const auto id = static_cast<std::uint32_t>(k);
       if (pos == 0) {
-        comm.send(std::span<const T>(chunk(k)), next, id, 0);
+        comm.send(ConstBuffer(chunk(k)), next, id, 0);
       } else {
         comm.recv(chunk(k), prev, id, id * 2 + 1);
       }
@@ -160,7 +160,7 @@ struct Algorithm<Ring> {
         if ((t & 1u) == 0) continue;
         --left;
         const std::uint32_t id = t >> 1;
-        if (forwards) comm.send(std::span<const T>(chunk(id)), next, id, 0);
+        if (forwards) comm.send(ConstBuffer(chunk(id)), next, id, 0);
       }
     }
     comm.wait_all();

@@ -14,7 +14,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include "gradsync/algorithm/algorithm.hpp"
@@ -22,7 +21,8 @@
 #include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/ring.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/buffer.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
@@ -88,8 +88,8 @@ inline std::uint32_t tree_tag(std::size_t unit, int down) noexcept {
 ///    two descents would wait on each other.
 /// Chunks still pipeline: both children's chunks overlap, and each chunk
 /// starts down as soon as it is reduced.
-template <class B, class T>
-void tree_reduce(Communicator<B>& comm, std::span<T> x, OpKind op, std::span<const TreeNode> nodes,
+template <class B>
+void tree_reduce(CallView<B>& comm, Buffer x, OpKind op, std::span<const TreeNode> nodes,
                  std::span<const Range> ranges, std::size_t k_chunks, bool broadcast_down) {
   const std::size_t trees = nodes.size();
   const std::size_t units = trees * k_chunks;
@@ -111,7 +111,7 @@ void tree_reduce(Communicator<B>& comm, std::span<T> x, OpKind op, std::span<con
   };
   auto down = [&](std::size_t u) {
     for (int c : nodes[u % trees].children)
-      if (c >= 0) comm.send(std::span<const T>(piece(u)), c, tree_tag(u, 1), ev_send);
+      if (c >= 0) comm.send(ConstBuffer(piece(u)), c, tree_tag(u, 1), ev_send);
     --open;
     if (u % trees != inner) return;
     const std::size_t k = u / trees;
@@ -129,7 +129,7 @@ void tree_reduce(Communicator<B>& comm, std::span<T> x, OpKind op, std::span<con
       }
       return;
     }
-    comm.send(std::span<const T>(piece(u)), n.parent, tree_tag(u, 0), ev_send);
+    comm.send(ConstBuffer(piece(u)), n.parent, tree_tag(u, 0), ev_send);
     if (!broadcast_down) {
       --open;
     } else if (u % trees == inner || inner == trees) {
@@ -161,15 +161,15 @@ void tree_reduce(Communicator<B>& comm, std::span<T> x, OpKind op, std::span<con
 }
 
 /// Broadcast x down one tree in chunks (the root already holds x).
-template <class B, class T>
-void tree_broadcast(Communicator<B>& comm, std::span<T> x, const TreeNode& node, std::size_t k_chunks) {
+template <class B>
+void tree_broadcast(CallView<B>& comm, Buffer x, const TreeNode& node, std::size_t k_chunks) {
   auto piece = [&](std::size_t k) {
     const Range c = block(x.size(), k_chunks, k);
     return x.subspan(c.begin, c.size());
   };
   auto down = [&](std::size_t k) {
     for (int c : node.children)
-      if (c >= 0) comm.send(std::span<const T>(piece(k)), c, tree_tag(k, 1), ev_send);
+      if (c >= 0) comm.send(ConstBuffer(piece(k)), c, tree_tag(k, 1), ev_send);
   };
   if (node.is_root()) {
     for (std::size_t k = 0; k < k_chunks; ++k) down(k);
@@ -187,8 +187,8 @@ void tree_broadcast(Communicator<B>& comm, std::span<T> x, const TreeNode& node,
 
 /// Gathers each subtree's contiguous blocks up one tree (in-order positions
 /// equal ranks, so a subtree's blocks are contiguous in x), then broadcasts.
-template <class B, class T>
-void tree_all_gather(Communicator<B>& comm, std::span<T> x, std::size_t m, const Options& opt) {
+template <class B>
+void tree_all_gather(CallView<B>& comm, Buffer x, std::size_t m, const Options& opt) {
   const int p = comm.size();
   const BinaryTree t{p};
   const int r = comm.rank();
@@ -208,15 +208,15 @@ void tree_all_gather(Communicator<B>& comm, std::span<T> x, std::size_t m, const
     const std::uint32_t tok = comm.wait_any();
     if ((tok & 3u) == ev_child0 || (tok & 3u) == ev_child1) --waiting;
   }
-  if (!node.is_root()) comm.send(std::span<const T>(blocks_of(r)), node.parent, tree_tag(0, 0), ev_send);
+  if (!node.is_root()) comm.send(ConstBuffer(blocks_of(r)), node.parent, tree_tag(0, 0), ev_send);
   comm.wait_all();
-  tree_broadcast(comm, x, node, pieces_for(x.size(), chunk_bytes(opt) / sizeof(T)));
+  tree_broadcast(comm, x, node, pieces_for(x.size(), chunk_bytes(opt) / x.element_size()));
 }
 
 template <>
 struct Algorithm<Tree> {
-  template <class B, class T>
-  static void all_reduce(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void all_reduce(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                          const Options& opt) {
     const int p = comm.size();
     comm.copy(out, in);
@@ -225,19 +225,19 @@ struct Algorithm<Tree> {
     if (opt.deterministic) {
       const auto blocks = [&](int q) { return block(out.size(), static_cast<std::size_t>(p), static_cast<std::size_t>(q)); };
       const Range mine = blocks(r);
-      ordered_reduce_scatter(comm, std::span<const T>(out), out.subspan(mine.begin, mine.size()), op, blocks);
+      ordered_reduce_scatter(comm, ConstBuffer(out), out.subspan(mine.begin, mine.size()), op, blocks);
       // Blocks of uneven size cannot be gathered as one contiguous run per
       // subtree, so the deterministic Tree all-gathers through a padded copy
       // only when the count does not divide; otherwise in place.
       const std::size_t m = (out.size() + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p);
       if (m * static_cast<std::size_t>(p) == out.size()) return tree_all_gather(comm, out, m, opt);
-      auto padded = comm.template scratch<T>(m * static_cast<std::size_t>(p), 2);
+      auto padded = comm.scratch(out.type(), m * static_cast<std::size_t>(p), 2);
       comm.copy(padded.subspan(static_cast<std::size_t>(r) * m, mine.size()),
-                std::span<const T>(out.subspan(mine.begin, mine.size())));
+                ConstBuffer(out.subspan(mine.begin, mine.size())));
       tree_all_gather(comm, padded, m, opt);
       for (int q = 0; q < p; ++q) {
         const Range b = blocks(q);
-        comm.copy(out.subspan(b.begin, b.size()), std::span<const T>(padded.subspan(static_cast<std::size_t>(q) * m, b.size())));
+        comm.copy(out.subspan(b.begin, b.size()), ConstBuffer(padded.subspan(static_cast<std::size_t>(q) * m, b.size())));
       }
       return;
     }
@@ -248,13 +248,13 @@ struct Algorithm<Tree> {
       nodes[static_cast<std::size_t>(w)] = tree_node(t, double_tree_pos(r, p, w), [&](int pos) { return double_tree_rank(pos, p, w); });
       halves[static_cast<std::size_t>(w)] = block(out.size(), 2, static_cast<std::size_t>(w));
     }
-    const std::size_t k_chunks = pieces_for(halves[0].size(), chunk_bytes(opt) / sizeof(T));
+    const std::size_t k_chunks = pieces_for(halves[0].size(), chunk_bytes(opt) / out.element_size());
     tree_reduce(comm, out, op, std::span<const TreeNode>(nodes), std::span<const Range>(halves), k_chunks, true);
     comm.wait_all();
   }
 
-  template <class B, class T>
-  static void reduce_scatter(Communicator<B>& comm, std::span<const T> in, std::span<T> out, OpKind op,
+  template <class B>
+  static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
     const int p = comm.size();
     const std::size_t m = out.size();
@@ -263,11 +263,11 @@ struct Algorithm<Tree> {
     const int r = comm.rank();
     const BinaryTree t{p};
     const TreeNode node = tree_node(t, r, [](int pos) { return pos; });
-    auto work = comm.template scratch<T>(in.size());
+    auto work = comm.scratch(in.type(), in.size());
     comm.copy(work, in);
     const Range all{0, work.size()};
     tree_reduce(comm, work, op, std::span<const TreeNode>(&node, 1), std::span<const Range>(&all, 1),
-                    pieces_for(work.size(), chunk_bytes(opt) / sizeof(T)), false);
+                    pieces_for(work.size(), chunk_bytes(opt) / work.element_size()), false);
     // Scatter: each subtree receives its blocks, fully reduced, from above.
     auto blocks_of = [&](int pos) {
       const auto s = t.span(pos);
@@ -278,28 +278,28 @@ struct Algorithm<Tree> {
       wait_for(comm, tree_token(0, ev_parent));
     }
     for (int c : node.children)
-      if (c >= 0) comm.send(std::span<const T>(blocks_of(c)), c, tree_tag(0, 1), ev_send);
+      if (c >= 0) comm.send(ConstBuffer(blocks_of(c)), c, tree_tag(0, 1), ev_send);
     comm.wait_all();
-    comm.copy(out, std::span<const T>(work.subspan(blocks(r).begin, m)));
+    comm.copy(out, ConstBuffer(work.subspan(blocks(r).begin, m)));
     comm.finish(out, op);
   }
 
-  template <class B, class T>
-  static void all_gather(Communicator<B>& comm, std::span<const T> in, std::span<T> out, const Options& opt) {
+  template <class B>
+  static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options& opt) {
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
     if (comm.size() == 1) return;
     tree_all_gather(comm, out, m, opt);
   }
 
-  template <class B, class T>
-  static void broadcast(Communicator<B>& comm, std::span<T> buf, int root, const Options& opt) {
+  template <class B>
+  static void broadcast(CallView<B>& comm, Buffer buf, int root, const Options& opt) {
     const int p = comm.size();
     if (p == 1) return;
     const BinaryTree t{p};
     const int shift = t.root() - root;
     const TreeNode node = tree_node(t, mod(comm.rank() + shift, p), [&](int pos) { return mod(pos - shift, p); });
-    tree_broadcast(comm, buf, node, pieces_for(buf.size(), chunk_bytes(opt) / sizeof(T)));
+    tree_broadcast(comm, buf, node, pieces_for(buf.size(), chunk_bytes(opt) / buf.element_size()));
   }
 };
 

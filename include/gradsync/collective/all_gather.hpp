@@ -6,10 +6,8 @@
 #include <string>
 #include <type_traits>
 
-#include "gradsync/algorithm/algorithm.hpp"
-#include "gradsync/algorithm/auto.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/call_info.hpp"
+#include "gradsync/collective/launch.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/options.hpp"
@@ -42,17 +40,7 @@ struct AllGather {
     if (!in_place && detail::any_overlap(in, std::span<const T>(out))) {
       detail::invalid(what, comm.rank(), "in overlaps out; pass out's own block (rank * in.size()) for in place, or a separate buffer");
     }
-    detail::CallInfo call{Collective::all_gather, Algo::name, data_type_v<T>, OpKind::sum, in.size(), -1,
-                          options.deterministic};
-    call.chunk_bytes = detail::chunk_bytes(options);
-    comm.run(call, [&](const detail::CallInfo&) {
-      if constexpr (std::same_as<Algo, Auto>) {
-        detail::Algorithm<Auto>::dispatch(comm, Collective::all_gather, out.size_bytes(),
-                                          [&](auto impl) { decltype(impl)::all_gather(comm, in, out, options); });
-      } else {
-        detail::Algorithm<Algo>::all_gather(comm, in, out, options);
-      }
-    });
+    detail::launch<Collective::all_gather, Algo>(comm, {in, out, OpKind::sum, -1, &options}, in.size());
   }
 };
 

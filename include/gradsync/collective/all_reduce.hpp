@@ -7,10 +7,8 @@
 #include <string>
 #include <type_traits>
 
-#include "gradsync/algorithm/algorithm.hpp"
-#include "gradsync/algorithm/auto.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/call_info.hpp"
+#include "gradsync/collective/launch.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/options.hpp"
@@ -46,17 +44,7 @@ struct AllReduce {
     if (detail::partially_overlap(in, std::span<const T>(out))) {
       detail::invalid(what, comm.rank(), "in and out overlap without being the same buffer; pass one span for in place");
     }
-    detail::CallInfo call{Collective::all_reduce, Algo::name, data_type_v<T>, Op::kind, in.size(), -1, options.deterministic};
-    call.chunk_bytes = detail::chunk_bytes(options);
-    comm.run(call, [&](const detail::CallInfo&) {
-      if constexpr (std::same_as<Algo, Auto>) {
-        detail::Algorithm<Auto>::dispatch(comm, Collective::all_reduce, in.size_bytes(), [&](auto impl) {
-          decltype(impl)::all_reduce(comm, in, out, Op::kind, options);
-        });
-      } else {
-        detail::Algorithm<Algo>::all_reduce(comm, in, out, Op::kind, options);
-      }
-    });
+    detail::launch<Collective::all_reduce, Algo>(comm, {in, out, Op::kind, -1, &options}, in.size());
   }
 
   /// Any contiguous range (std::vector, std::array, ...), in place.

@@ -7,10 +7,8 @@
 #include <string>
 #include <type_traits>
 
-#include "gradsync/algorithm/algorithm.hpp"
-#include "gradsync/algorithm/auto.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/call_info.hpp"
+#include "gradsync/collective/launch.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/options.hpp"
@@ -33,17 +31,7 @@ struct Broadcast {
       detail::invalid("Broadcast", comm.rank(), "root must be in [0, " + std::to_string(comm.size()) + "), got " +
                                                     std::to_string(root));
     }
-    detail::CallInfo call{Collective::broadcast, Algo::name, data_type_v<T>, OpKind::sum, buf.size(), root,
-                          options.deterministic};
-    call.chunk_bytes = detail::chunk_bytes(options);
-    comm.run(call, [&](const detail::CallInfo&) {
-      if constexpr (std::same_as<Algo, Auto>) {
-        detail::Algorithm<Auto>::dispatch(comm, Collective::broadcast, buf.size_bytes(),
-                                          [&](auto impl) { decltype(impl)::broadcast(comm, buf, root, options); });
-      } else {
-        detail::Algorithm<Algo>::broadcast(comm, buf, root, options);
-      }
-    });
+    detail::launch<Collective::broadcast, Algo>(comm, {buf, buf, OpKind::sum, root, &options}, buf.size());
   }
 
   template <class B, std::ranges::contiguous_range R>

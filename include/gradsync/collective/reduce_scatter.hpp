@@ -6,10 +6,8 @@
 #include <string>
 #include <type_traits>
 
-#include "gradsync/algorithm/algorithm.hpp"
-#include "gradsync/algorithm/auto.hpp"
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/core/call_info.hpp"
+#include "gradsync/collective/launch.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/options.hpp"
@@ -40,18 +38,7 @@ struct ReduceScatter {
     if (detail::any_overlap(in, std::span<const T>(out))) {
       detail::invalid(what, comm.rank(), "in and out overlap; reduce-scatter needs separate buffers");
     }
-    detail::CallInfo call{Collective::reduce_scatter, Algo::name, data_type_v<T>, Op::kind, out.size(), -1,
-                          options.deterministic};
-    call.chunk_bytes = detail::chunk_bytes(options);
-    comm.run(call, [&](const detail::CallInfo&) {
-      if constexpr (std::same_as<Algo, Auto>) {
-        detail::Algorithm<Auto>::dispatch(comm, Collective::reduce_scatter, in.size_bytes(), [&](auto impl) {
-          decltype(impl)::reduce_scatter(comm, in, out, Op::kind, options);
-        });
-      } else {
-        detail::Algorithm<Algo>::reduce_scatter(comm, in, out, Op::kind, options);
-      }
-    });
+    detail::launch<Collective::reduce_scatter, Algo>(comm, {in, out, Op::kind, -1, &options}, out.size());
   }
 };
 

@@ -7,16 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <memory>
-#include <new>
-#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "gradsync/core/backend.hpp"
 #include "gradsync/core/call_info.hpp"
+#include "gradsync/core/call_view.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
@@ -24,12 +21,16 @@
 
 namespace gradsync {
 
+namespace detail {
+struct RunCall;
+}  // namespace detail
+
 /// One rank's handle on a group of ranks, over backend `B`.
 ///
 /// It owns the backend's endpoint, the deadline every wait uses, and the
-/// sequence number of the current call (for diagnostics). The typed
-/// point-to-point members below are what algorithms are written against;
-/// user code calls the primitives instead.
+/// sequence number of the current call (for diagnostics). Its public face is
+/// what a user needs; the primitives run each call through it, and the
+/// algorithms see only that call (detail::CallView).
 template <Backend B>
 class Communicator {
  public:
@@ -76,23 +77,28 @@ class Communicator {
 
   /// Blocks until every rank has called barrier().
   void barrier() {
-    run(detail::CallInfo{}, [&](const detail::CallInfo& call) { ep_.barrier(call, timeout_); });
+    run(detail::CallInfo{}, [&](const detail::CallView<B>& c) { ep_.barrier(c.call(), timeout_); });
   }
 
   /// Number of collectives started on this communicator.
   std::uint64_t sequence() const noexcept { return seq_; }
 
+  /// The backend's endpoint, for the backend options it exposes.
   endpoint_type& endpoint() noexcept { return ep_; }
 
   /// Whether a collective on this communicator has failed; it then refuses
   /// every later call at once (see run()).
   bool failed() const noexcept { return !failure_.empty(); }
 
+ private:
+  friend struct detail::RunCall;
+
   /// Runs one collective: stamps it with the next sequence number, and if it
   /// throws, abandons what is in flight and tells the other ranks, so they
   /// fail fast instead of waiting out the deadline. A communicator whose call
   /// failed refuses the next ones at once (Aborted, naming that failure): its
   /// peers may be anywhere in the sequence, so nothing later can match.
+  /// `body` gets the algorithms' view of the call.
   template <class F>
   void run(detail::CallInfo call, F&& body) {
     if (!failure_.empty()) {
@@ -117,7 +123,8 @@ class Communicator {
     call_ = call;
     try {
       if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
-      std::forward<F>(body)(call_);
+      detail::CallView<B> view(ep_, call_, timeout_, scratch_);
+      std::forward<F>(body)(view);
       if constexpr (requires { ep_.end_call(call_, timeout_); }) ep_.end_call(call_, timeout_);
     } catch (const std::exception& e) {
       record_failure(detail::current_failure_kind(), e.what());
@@ -127,71 +134,6 @@ class Communicator {
       throw;
     }
   }
-
-  // Point-to-point within the current call, for algorithms.
-
-  template <Element T>
-  void send(std::span<const T> data, int peer, std::uint32_t tag, std::uint32_t token = 0) {
-    ep_.post_send(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_);
-  }
-  template <Element T>
-  void recv(std::span<T> data, int peer, std::uint32_t tag, std::uint32_t token = 0) {
-    ep_.post_recv(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_, OpKind::sum, false);
-  }
-  /// Receives into `data` reducing as it lands: data = op(data, incoming).
-  template <Element T>
-  void recv_reduce(std::span<T> data, int peer, std::uint32_t tag, std::uint32_t token, OpKind op) {
-    ep_.post_recv(data.data(), data.size(), data_type_v<T>, peer, tag, token, call_, op, true);
-  }
-  /// Token of one completed operation.
-  std::uint32_t wait_any() { return ep_.wait_any(call_, timeout_); }
-  void wait_all() {
-    while (ep_.pending()) ep_.wait_any(call_, timeout_);
-  }
-  std::size_t pending() const noexcept { return ep_.pending(); }
-
-  template <Element T>
-  void copy(std::span<T> dst, std::span<const T> src) {
-    ep_.local_copy(dst.data(), src.data(), src.size(), data_type_v<T>);
-  }
-  template <Element T>
-  void reduce(std::span<T> dst, std::span<const T> src, OpKind op) {
-    ep_.local_reduce(dst.data(), src.data(), src.size(), data_type_v<T>, op);
-  }
-  /// Avg's division by the world size; nothing for other ops.
-  template <Element T>
-  void finish(std::span<T> data, OpKind op) {
-    ep_.local_finish(data.data(), data.size(), data_type_v<T>, op);
-  }
-
-  const detail::CallInfo& call() const noexcept { return call_; }
-
-  /// A reusable work buffer of `count` elements. Buffers are kept per slot and
-  /// only grow: fresh memory costs far more to touch than to reuse.
-  template <Element T>
-  std::span<T> scratch(std::size_t count, std::size_t slot = 0) {
-    // A device backend keeps work buffers in its own memory space.
-    if constexpr (requires { ep_.scratch(count, slot); }) {
-      return {static_cast<T*>(ep_.scratch(count * sizeof(T), slot)), count};
-    }
-    if (slot >= scratch_.size()) scratch_.resize(slot + 1);
-    Scratch& s = scratch_[slot];
-    const std::size_t bytes = count * sizeof(T);
-    if (s.bytes < bytes) {
-      s.data.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64})));
-      s.bytes = bytes;
-    }
-    return {reinterpret_cast<T*>(s.data.get()), count};
-  }
-
- private:
-  struct AlignedDelete {
-    void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
-  };
-  struct Scratch {
-    std::unique_ptr<std::byte, AlignedDelete> data;
-    std::size_t bytes = 0;
-  };
 
   std::string describe_next(detail::CallInfo call) const {
     call.seq = seq_ + 1;
@@ -211,7 +153,7 @@ class Communicator {
   duration timeout_ = default_timeout;
   std::uint64_t seq_ = 0;
   detail::CallInfo call_{};
-  std::vector<Scratch> scratch_;
+  detail::ScratchPool scratch_;
   std::string failure_;  ///< empty until a call fails
   std::atomic<bool> busy_{false};
 };

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <string_view>
 
+#include "gradsync/core/algorithm_id.hpp"
 #include "gradsync/core/collective.hpp"
 
 namespace gradsync {
@@ -88,7 +89,7 @@ inline bool rhd_all_reduce_short(int p, double n, const CostModel& m) noexcept {
 /// Predicted seconds for one call. `bytes` is the per-rank buffer of
 /// all-reduce and broadcast, and the whole (N blocks) buffer of reduce-scatter
 /// and all-gather, as nccl-tests counts them.
-inline double predict(std::string_view algo, Collective c, int p, double n, const CostModel& m) noexcept {
+inline double predict(AlgorithmId algo, Collective c, int p, double n, const CostModel& m) noexcept {
   if (p <= 1) return 0.0;
   const double b = m.beta, g = m.gamma;
   const double frac = static_cast<double>(p - 1) / p;
@@ -97,7 +98,7 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
   const double fold = pow2 == p ? 0.0 : 1.0;
   const double pfrac = static_cast<double>(pow2 - 1) / pow2;
   const double lgp2 = floor_log2(p);
-  if (algo == "ring") {
+  if (algo == AlgorithmId::ring) {
     const double k = chunks(n / p, m);
     const double msg = latency(n / p / k, m);
     switch (c) {
@@ -111,7 +112,7 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
       default: return 0.0;
     }
   }
-  if (algo == "tree") {
+  if (algo == AlgorithmId::tree) {
     switch (c) {
       case Collective::all_reduce: {
         const double k = chunks(n / 2, m);
@@ -126,7 +127,7 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
       default: return 0.0;
     }
   }
-  if (algo == "rhd") {
+  if (algo == AlgorithmId::rhd) {
     // Messages halve at each step; charged at the first (largest) one's latency.
     const double half = latency(n / 2, m);
     switch (c) {
@@ -138,7 +139,7 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
       default: return 0.0;
     }
   }
-  if (algo == "native" && m.native_alpha > 0) {
+  if (algo == AlgorithmId::native && m.native_alpha > 0) {
     // Two synchronisations, then each rank streams its 1/p share of every
     // rank's buffer: beta is per byte copied, so reading n and writing n
     // costs n·beta, where a ring's 2(p-1)/p·n of messages cost that much each.
@@ -153,6 +154,12 @@ inline double predict(std::string_view algo, Collective c, int p, double n, cons
     }
   }
   return HUGE_VAL;
+}
+/// The same, for an algorithm given by name ("ring", "tree", "rhd", "native");
+/// an unknown name costs HUGE_VAL.
+inline double predict(std::string_view algo, Collective c, int p, double n, const CostModel& m) noexcept {
+  const auto id = algorithm_id(algo);
+  return id ? predict(*id, c, p, n, m) : HUGE_VAL;
 }
 
 }  // namespace detail

@@ -187,7 +187,7 @@ class Endpoint {
     if (call.seq != 0 && issued_seq_ == call.seq) abort();
   }
 
-  /// Per-rank device work buffers for algorithms (Communicator::scratch).
+  /// Per-rank device work buffers for algorithms (CallView::scratch).
   void* scratch(std::size_t bytes, std::size_t slot) {
     if (slot >= scratch_.size()) scratch_.resize(slot + 1);
     DeviceGuard guard(device_);
