@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/unit_disagreement.hpp"
 #include "test_train_model.hpp"
 
 using gradsync::Communicator;
@@ -375,18 +376,7 @@ TEST_CASE("units: ranks that declare different units all throw at construction, 
           }
         });
         CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
-        const std::string& m = messages[0];
-        INFO(m);
-        CHECK(m.find("gradsync: ReplicatedTrainer: ranks declared different units: ") == 0);
-        const std::string u = std::to_string(unit);
-        CHECK((m.find("declared unit " + u + " as ") != std::string::npos ||
-               m.find("declared no unit " + u + " (") != std::string::npos));
-        CHECK(m.find("rank " + std::to_string(odd) + " declared") != std::string::npos);
-        for (std::size_t r = 0; r < messages.size(); ++r) {
-          CAPTURE(r);
-          CHECK(constructed[r] == 0);
-          CHECK(messages[r] == m);
-        }
+        test::check_unit_disagreement("ReplicatedTrainer", messages, constructed, unit, odd);
       }
     }
     // Agreeing ranks: no error, and training goes on as before.
