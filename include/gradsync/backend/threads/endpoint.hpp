@@ -181,7 +181,7 @@ class Endpoint {
           if (world_->aborted_for(call.seq)) give_up([&] { throw_aborted(call); });
           if (std::chrono::steady_clock::now() > deadline) give_up([&] { throw_barrier_timeout(call, timeout, k); });
           // A peer in another call (or gone) will never arrive.
-          if (const std::string why = peer_problem(call); !why.empty()) give_up([&] { throw_peer_problem(call, why); });
+          if (const PeerProblem problem = peer_problem(call)) give_up([&] { problem.raise(); });
         });
   }
 
@@ -511,26 +511,32 @@ class Endpoint {
   }
 
   /// What makes waiting in `call` pointless, besides the deadline: a peer
-  /// that started the same call number as a different call, or a peer that
-  /// left before it. Empty when there is nothing wrong (yet).
-  std::string peer_problem(const CallInfo& call) const {
+  /// that started the same call number as a different call (a disagreement),
+  /// or a peer that left before it. Empty `why` when nothing is wrong (yet).
+  struct PeerProblem {
+    std::string why;
+    bool disagreement = false;
+    explicit operator bool() const noexcept { return !why.empty(); }
+    [[noreturn]] void raise() const {
+      if (disagreement) throw InvalidArgument(why);
+      throw Aborted(why);
+    }
+  };
+
+  PeerProblem peer_problem(const CallInfo& call) const {
     for (int q = 0; q < size(); ++q) {
       if (q == rank_) continue;
       CallInfo theirs;
-      if (world_->log(q).read(call.seq, theirs) && !(theirs == call)) return mismatch_message(call, q, theirs);
+      if (world_->log(q).read(call.seq, theirs) && !(theirs == call)) return {mismatch_message(call, q, theirs), true};
       const std::uint64_t left = world_->left_after(q);
       if (left != World::still_here && left < call.seq) {
-        return "gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because rank " +
-               std::to_string(q) + " left (its communicator was destroyed) after " + std::to_string(left) +
-               " calls, so it will never join";
+        return {"gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because rank " +
+                    std::to_string(q) + " left (its communicator was destroyed) after " + std::to_string(left) +
+                    " calls, so it will never join",
+                false};
       }
     }
     return {};
-  }
-
-  [[noreturn]] void throw_peer_problem(const CallInfo&, const std::string& why) const {
-    if (why.find("disagree") != std::string::npos) throw InvalidArgument(why);
-    throw Aborted(why);
   }
 
   /// Checks made while a wait finds nothing to do: another rank failed, a
@@ -538,7 +544,7 @@ class Endpoint {
   void check_peers(const CallInfo& call, std::chrono::steady_clock::time_point deadline,
                    std::chrono::nanoseconds timeout) const {
     if (world_->aborted_for(call.seq)) throw_aborted(call);
-    if (const std::string why = peer_problem(call); !why.empty()) throw_peer_problem(call, why);
+    if (const PeerProblem problem = peer_problem(call)) problem.raise();
     if (std::chrono::steady_clock::now() > deadline) throw_timeout(call, timeout);
   }
 
