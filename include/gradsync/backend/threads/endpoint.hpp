@@ -443,7 +443,7 @@ class Endpoint {
       bool done = false;
       if (op->kind == Op::send) {
         const int state = op->msg.state.load(std::memory_order_acquire);
-        if (state == Message::refused) throw_aborted(*op->call);
+        if (state == Message::refused) throw_aborted(*op->msg.call);
         done = state == Message::done;
       } else if (op->matched) {
         Message* m = op->matched;
