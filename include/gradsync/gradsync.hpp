@@ -15,6 +15,7 @@
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/collective/progress_worker.hpp"
 #include "gradsync/collective/reduce_scatter.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"

@@ -16,6 +16,7 @@
 
 #include "gradsync/backend/mpi/endpoint.hpp"
 #include "gradsync/backend/mpi/mpi_options.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
 
@@ -24,6 +25,14 @@ namespace gradsync {
 /// Backend policy: one rank per MPI process.
 struct Mpi {
   using Endpoint = detail::mpi::Endpoint;
+
+  /// Host memory; Native is MPI's own collective, whose order is MPI's
+  /// business; ranks know their host (MPI_COMM_TYPE_SHARED).
+  static constexpr Capabilities capabilities{
+      .native_collectives = true,
+      .native_rank_ordered = false,
+      .knows_hosts = true,
+  };
 
   /// Cost-model constants for Auto over Open MPI 4.1 shared memory (vader),
   /// fitted by `mpirun -np 2 all_reduce_perf_mpi --backend mpi --calibrate`

@@ -25,6 +25,7 @@
 
 #include "gradsync/backend/nccl/endpoint.hpp"
 #include "gradsync/backend/nccl/error.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
 #include "gradsync/core/error.hpp"
@@ -34,6 +35,14 @@ namespace gradsync {
 /// Backend policy: one rank per GPU; point-to-point is ncclSend/ncclRecv.
 struct Nccl {
   using Endpoint = detail::nccl::Endpoint;
+
+  /// Device memory of one GPU, stream-ordered; Native is NCCL's own
+  /// collective, whose order is NCCL's business.
+  static constexpr Capabilities capabilities{
+      .memory_space = MemorySpace::device,
+      .native_collectives = true,
+      .native_rank_ordered = false,
+  };
 
   /// Guesses until measured: NVLink-class links (~150 GB/s per direction,
   /// ~8 us per p2p batch) and a reduce kernel near HBM speed (~1.5 TB/s

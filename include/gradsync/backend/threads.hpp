@@ -13,6 +13,7 @@
 
 #include "gradsync/backend/threads/endpoint.hpp"
 #include "gradsync/backend/threads/world.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
 #include "gradsync/core/denormals.hpp"
@@ -23,6 +24,13 @@ namespace gradsync {
 /// Backend policy: ranks are threads sharing memory. No setup, no launcher.
 struct Threads {
   using Endpoint = detail::threads::Endpoint;
+
+  /// Host memory; Native is the shared-memory direct path, which adds
+  /// contributions in rank order.
+  static constexpr Capabilities capabilities{
+      .native_collectives = true,
+      .native_rank_ordered = true,
+  };
 
   /// Cost-model constants for Auto, in seconds: alpha per message, beta per
   /// byte copied, gamma per byte reduced, native_alpha per synchronisation
