@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gradsync/core/wire_call.hpp"
 #include "gradsync/gradsync.hpp"
 #include "support/common.hpp"
 
@@ -721,4 +722,46 @@ TEST_CASE("after a failure, a new run_threads works normally") {
     });
     for (const auto& x : out) CHECK(x == std::vector<std::int64_t>(33, 6));
   });
+}
+
+// Mpi and Nccl name a disagreement from every rank's gathered WireCall with
+// one function; here it is held to its contract without a transport.
+TEST_CASE("WireCall: a call survives the wire, and the first differing rank is named") {
+  gs::detail::CallInfo a{.collective = gs::Collective::all_reduce, .algorithm = "ring",
+                         .type = gs::DataType::float32, .op = gs::OpKind::sum, .count = 1000, .root = -1,
+                         .deterministic = true, .chunk_bytes = 4096, .seq = 7};
+  const auto wa = gs::detail::WireCall::of(a);
+  CHECK(wa.call() == a);
+  std::vector<gs::detail::WireCall> all(5, wa);
+  CHECK_FALSE(gs::detail::disagreement(2, wa, all).has_value());
+  // Each field alone must make calls differ, on the wire and in the hash.
+  const std::vector<std::function<void(gs::detail::CallInfo&)>> edits = {
+      [](auto& c) { c.collective = gs::Collective::all_gather; },
+      [](auto& c) { c.algorithm = "tree"; },
+      [](auto& c) { c.type = gs::DataType::float64; },
+      [](auto& c) { c.op = gs::OpKind::max; },
+      [](auto& c) { c.count = 1001; },
+      [](auto& c) { c.root = 2; },
+      [](auto& c) { c.deterministic = false; },
+      [](auto& c) { c.chunk_bytes = 8192; },
+      [](auto& c) { c.seq = 8; },
+  };
+  for (std::size_t k = 0; k < edits.size(); ++k) {
+    CAPTURE(k);
+    gs::detail::CallInfo b = a;
+    edits[k](b);
+    const auto wb = gs::detail::WireCall::of(b);
+    CHECK_FALSE(wb == wa);
+    CHECK(wb.hash() != wa.hash());
+    all.assign(5, wa);
+    all[3] = wb;
+    const auto what = gs::detail::disagreement(1, wa, all);
+    REQUIRE(what.has_value());
+    CHECK(what->find("ranks disagree on a collective: rank 1 called " + gs::detail::describe(a)) != std::string::npos);
+    CHECK(what->find("rank 3 called " + gs::detail::describe(b)) != std::string::npos);
+    // Rank 3's own view names rank 0, the first whose call differs from its own.
+    const auto theirs = gs::detail::disagreement(3, wb, all);
+    REQUIRE(theirs.has_value());
+    CHECK(theirs->find("rank 0 called " + gs::detail::describe(a)) != std::string::npos);
+  }
 }

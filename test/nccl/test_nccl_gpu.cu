@@ -175,6 +175,47 @@ TEST_CASE("Nccl: unique-id path, on(stream), events and refusals") {
   check_cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
 }
 
+TEST_CASE("Nccl: ranks that disagree on a call are named on every rank before any data moves") {
+  const int n = device_count();
+  if (n < 2) {
+    // NCCL refuses two ranks of one communicator on one GPU.
+    MESSAGE("call agreement needs two GPUs; this machine has " << n);
+    return;
+  }
+  std::vector<int> devices(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) devices[static_cast<std::size_t>(i)] = i;
+  // Rank 0 passes one element more, then (second round) skips a call.
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    auto comms = gradsync::nccl_communicators(devices);
+    std::vector<std::string> errors(comms.size());
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < comms.size(); ++i) {
+      threads.emplace_back([&, i] {
+        check_cuda(cudaSetDevice(devices[i]), "cudaSetDevice");
+        auto& comm = comms[i];
+        comm.set_timeout(std::chrono::seconds(20));
+        DeviceVec<float> d(1001);
+        try {
+          const std::size_t count = (round == 0 && i == 0) ? 1001 : 1000;
+          if (round == 1 && i == 0) gradsync::Broadcast<gradsync::Native>{}(comm, d.span().first(1000), 0);
+          gradsync::AllReduce<gradsync::Native>{}(comm, d.span().first(count));
+          gradsync::synchronize(comm);
+        } catch (const gradsync::InvalidArgument& e) {
+          errors[i] = e.what();
+        } catch (const std::exception& e) {
+          errors[i] = std::string("wrong class: ") + e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors) {
+      CHECK_MESSAGE(e.find("ranks disagree on a collective") != std::string::npos, e);
+      CHECK_MESSAGE(e.find("#1") != std::string::npos, e);
+    }
+  }
+}
+
 TEST_CASE("DeviceThreads: Ring, Tree, RecursiveHalvingDoubling on one GPU, 2..5 ranks") {
   for (int p = 2; p <= 5; ++p) {
     CAPTURE(p);

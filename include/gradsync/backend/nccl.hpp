@@ -25,6 +25,7 @@
 
 #include "gradsync/backend/nccl/endpoint.hpp"
 #include "gradsync/backend/nccl/error.hpp"
+#include "gradsync/backend/nccl/nccl_options.hpp"
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
@@ -58,10 +59,26 @@ struct Nccl {
   };
 };
 
+namespace detail::nccl {
+
+/// The communicator that carries the call agreement: `comm`'s ranks, split
+/// off once (nullptr when calls are not checked or there is nobody to
+/// disagree with). Collective over `comm`'s ranks; several communicators
+/// driven by one thread must be split inside one NCCL group.
+inline ncclComm_t control_for(ncclComm_t comm, int rank, int size, const NcclOptions& options) {
+  if (!options.check_calls || size < 2) return nullptr;
+  ncclComm_t control = nullptr;
+  check_nccl(ncclCommSplit(comm, 0, rank, &control, nullptr), "ncclCommSplit (the call-agreement communicator)", comm);
+  return control;
+}
+
+}  // namespace detail::nccl
+
 /// A communicator from a unique id every rank shares (rank 0 calls
 /// ncclGetUniqueId and sends it by its own means), for users with their own
 /// launcher. `device` is the GPU this rank drives.
-inline Communicator<Nccl> nccl_communicator(const ncclUniqueId& id, int rank, int size, int device) {
+inline Communicator<Nccl> nccl_communicator(const ncclUniqueId& id, int rank, int size, int device,
+                                            NcclOptions options = {}) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw InvalidArgument("gradsync: nccl_communicator expects 0 <= rank < size, got rank " + std::to_string(rank) +
                           " and size " + std::to_string(size));
@@ -69,7 +86,14 @@ inline Communicator<Nccl> nccl_communicator(const ncclUniqueId& id, int rank, in
   detail::nccl::DeviceGuard guard(device);
   ncclComm_t comm = nullptr;
   detail::nccl::check_nccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
-  return Communicator<Nccl>(Nccl::Endpoint(comm, device));
+  ncclComm_t control = nullptr;
+  try {
+    control = detail::nccl::control_for(comm, rank, size, options);
+  } catch (...) {
+    ncclCommDestroy(comm);
+    throw;
+  }
+  return Communicator<Nccl>(Nccl::Endpoint(comm, device, control));
 }
 
 /// A fresh unique id (no GPU needed): rank 0 makes it, every rank uses it.
@@ -81,14 +105,30 @@ inline ncclUniqueId nccl_unique_id() {
 
 /// One process, several GPUs: one communicator per device, in rank order,
 /// through ncclCommInitAll. Use each from its own thread.
-inline std::vector<Communicator<Nccl>> nccl_communicators(std::span<const int> devices) {
+inline std::vector<Communicator<Nccl>> nccl_communicators(std::span<const int> devices, NcclOptions options = {}) {
   if (devices.empty()) throw InvalidArgument("gradsync: nccl_communicators expects at least one device");
+  const int n = static_cast<int>(devices.size());
   std::vector<ncclComm_t> comms(devices.size());
-  detail::nccl::check_nccl(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()),
-                           "ncclCommInitAll");
+  detail::nccl::check_nccl(ncclCommInitAll(comms.data(), n, devices.data()), "ncclCommInitAll");
+  std::vector<ncclComm_t> controls(devices.size(), nullptr);
+  if (options.check_calls && n > 1) {
+    // One thread splits every rank's communicator: NCCL would wait in the
+    // first split for the others unless they form one group.
+    ncclResult_t rc = ncclGroupStart();
+    for (int i = 0; rc == ncclSuccess && i < n; ++i) {
+      rc = ncclCommSplit(comms[static_cast<std::size_t>(i)], 0, i, &controls[static_cast<std::size_t>(i)], nullptr);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (rc != ncclSuccess || end != ncclSuccess) {
+      for (ncclComm_t c : controls)
+        if (c) ncclCommDestroy(c);
+      for (ncclComm_t c : comms) ncclCommDestroy(c);
+      detail::nccl::check_nccl(rc != ncclSuccess ? rc : end, "ncclCommSplit (the call-agreement communicators)");
+    }
+  }
   std::vector<Communicator<Nccl>> out;
   out.reserve(devices.size());
-  for (std::size_t i = 0; i < devices.size(); ++i) out.emplace_back(Nccl::Endpoint(comms[i], devices[i]));
+  for (std::size_t i = 0; i < devices.size(); ++i) out.emplace_back(Nccl::Endpoint(comms[i], devices[i], controls[i]));
   return out;
 }
 

@@ -583,10 +583,7 @@ class Control {
       if (!flag) std::this_thread::yield();
     }
     if (done) {
-      for (int q = 0; q < s.size; ++q) {
-        const WireCall& theirs = s.calls[static_cast<std::size_t>(q)];
-        if (!(theirs == s.wire)) throw InvalidArgument(mine + ", rank " + std::to_string(q) + " called " + describe(theirs.call()));
-      }
+      if (auto what = disagreement(s.rank, s.wire, s.calls)) throw InvalidArgument(*what);
     }
     throw InvalidArgument(mine + ", and another rank called something else (which, the ranks could not tell in time)");
   }

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "gradsync/backend/nccl/agreement.hpp"
 #include "gradsync/backend/nccl/datatype.hpp"
 #include "gradsync/backend/nccl/error.hpp"
 #include "gradsync/backend/nccl/kernels.cuh"
@@ -79,11 +80,14 @@ class DeviceBuffer {
 class Endpoint {
  public:
   /// Takes ownership of `comm` (a communicator on `device`) and creates a
-  /// non-blocking stream for it.
-  Endpoint(ncclComm_t comm, int device) : comm_(comm), device_(device) {
+  /// non-blocking stream for it. With `control` (a communicator of the same
+  /// ranks, split from `comm`, also owned from here on) every call is first
+  /// checked for agreement (see agreement.hpp); without, calls are trusted.
+  Endpoint(ncclComm_t comm, int device, ncclComm_t control = nullptr) : comm_(comm), device_(device) {
     DeviceGuard guard(device_);
     check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank", comm_);
     check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount", comm_);
+    if (control) agreement_ = Agreement(control, rank_, size_, device_);
     check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     stream_ = own_stream_;
     check_cuda(cudaEventCreateWithFlags(&switch_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -100,6 +104,7 @@ class Endpoint {
         stream_(o.stream_),
         switch_event_(std::exchange(o.switch_event_, nullptr)),
         barrier_word_(std::exchange(o.barrier_word_, nullptr)),
+        agreement_(std::move(o.agreement_)),
         queue_(std::move(o.queue_)),
         recv_scratch_(std::move(o.recv_scratch_)),
         scratch_(std::move(o.scratch_)),
@@ -111,6 +116,7 @@ class Endpoint {
     if (!comm_ && !own_stream_) return;
     DeviceGuard guard(device_);
     if (own_stream_) cudaStreamSynchronize(own_stream_);
+    agreement_.release();
     recv_scratch_.release();
     for (auto& b : scratch_) b.release();
     if (barrier_word_) cudaFree(barrier_word_);
@@ -150,6 +156,23 @@ class Endpoint {
   }
 
   std::size_t pending() const noexcept { return queue_.pending(); }
+
+  /// Before a call enqueues anything: every rank must be making the same
+  /// call (when checked). A disagreement throws InvalidArgument on every rank
+  /// and leaves the communicator in step; a timeout or an NCCL error aborts it.
+  void begin_call(const CallInfo& call, std::chrono::nanoseconds timeout) {
+    if (!agreement_.active()) return;
+    check_usable(call);
+    DeviceGuard guard(device_);
+    try {
+      agreement_.check(call, timeout);
+    } catch (const InvalidArgument&) {
+      throw;
+    } catch (...) {
+      abort();
+      throw;
+    }
+  }
 
   /// Never blocks on the GPU: a flushed batch is complete in stream order.
   std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds) {
@@ -331,6 +354,7 @@ class Endpoint {
   }
 
   void abort() noexcept {
+    agreement_.abort();
     if (aborted_ || !comm_) return;
     aborted_ = true;
     ncclCommAbort(comm_);
@@ -345,6 +369,7 @@ class Endpoint {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t switch_event_ = nullptr;
   void* barrier_word_ = nullptr;
+  Agreement agreement_;
   OpQueue queue_;
   DeviceBuffer recv_scratch_;
   std::vector<DeviceBuffer> scratch_;

@@ -14,7 +14,7 @@ namespace gradsync {
 
 /// One rank per MPI process: rank 0's ncclUniqueId is broadcast over `mpi`,
 /// and the GPU is the node-local rank modulo the GPUs this process sees.
-inline Communicator<Nccl> nccl_communicator(Communicator<Mpi>& mpi) {
+inline Communicator<Nccl> nccl_communicator(Communicator<Mpi>& mpi, NcclOptions options = {}) {
   int devices = 0;
   detail::nccl::check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
   if (devices < 1) throw Error("gradsync: rank " + std::to_string(mpi.rank()) + " sees no CUDA device");
@@ -23,7 +23,7 @@ inline Communicator<Nccl> nccl_communicator(Communicator<Mpi>& mpi) {
   if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi.endpoint().mpi_comm()) != MPI_SUCCESS) {
     throw Error("gradsync: rank " + std::to_string(mpi.rank()) + ": MPI_Bcast of the NCCL unique id failed");
   }
-  return nccl_communicator(id, mpi.rank(), mpi.size(), mpi.local_rank() % devices);
+  return nccl_communicator(id, mpi.rank(), mpi.size(), mpi.local_rank() % devices, options);
 }
 
 }  // namespace gradsync
