@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "gradsync/core/backend.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/call_view.hpp"
 #include "gradsync/core/error.hpp"
@@ -60,9 +61,10 @@ class Communicator {
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
 
-  /// Rank among the ranks on this host, where the backend knows hosts (Mpi).
+  /// Rank among the ranks on this host, where the backend knows hosts
+  /// (backend_traits<B>::knows_hosts: Mpi).
   int local_rank() const noexcept
-    requires requires(const endpoint_type& e) { e.local_rank(); }
+    requires(backend_traits<B>::knows_hosts)
   {
     return ep_.local_rank();
   }
@@ -122,6 +124,9 @@ class Communicator {
     call.seq = ++seq_;
     call_ = call;
     try {
+      // begin_call/end_call are protocol hooks, not capabilities: a backend
+      // brackets a call with them to check that ranks agree on it, and code
+      // above the backends never asks whether they exist.
       if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
       detail::CallView<B> view(ep_, call_, timeout_, scratch_);
       std::forward<F>(body)(view);

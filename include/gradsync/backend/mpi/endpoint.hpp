@@ -252,10 +252,6 @@ class Endpoint {
     if (!root && bytes) std::memcpy(data, buf, bytes);
   }
 
-  /// MPI_Allreduce's reduction order is MPI's business, so Native cannot
-  /// promise rank order here; the deterministic option takes another path.
-  static constexpr bool native_is_rank_ordered = false;
-
  private:
   struct Op {
     enum Kind : std::uint8_t { send, recv, recv_reduce };
