@@ -24,6 +24,7 @@ namespace gradsync {
 
 namespace detail {
 struct RunCall;
+struct EndpointAccess;
 }  // namespace detail
 
 /// One rank's handle on a group of ranks, over backend `B`.
@@ -31,12 +32,15 @@ struct RunCall;
 /// It owns the backend's endpoint, the deadline every wait uses, and the
 /// sequence number of the current call (for diagnostics). Its public face is
 /// what a user needs; the primitives run each call through it, and the
-/// algorithms see only that call (detail::CallView).
+/// algorithms see only that call (detail::CallView). It hands out no
+/// implementation type: gradsync's own code that drives the endpoint
+/// directly reaches it through detail::endpoint_of.
 template <Backend B>
 class Communicator {
+  using endpoint_type = typename B::Endpoint;
+
  public:
   using backend_type = B;
-  using endpoint_type = typename B::Endpoint;
   using duration = std::chrono::nanoseconds;
 
   static constexpr duration default_timeout = detail::default_timeout;
@@ -85,15 +89,13 @@ class Communicator {
   /// Number of collectives started on this communicator.
   std::uint64_t sequence() const noexcept { return seq_; }
 
-  /// The backend's endpoint, for the backend options it exposes.
-  endpoint_type& endpoint() noexcept { return ep_; }
-
   /// Whether a collective on this communicator has failed; it then refuses
   /// every later call at once (see run()).
   bool failed() const noexcept { return !failure_.empty(); }
 
  private:
   friend struct detail::RunCall;
+  friend struct detail::EndpointAccess;
 
   /// Runs one collective: stamps it with the next sequence number, and if it
   /// throws, abandons what is in flight and tells the other ranks, so they
