@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -26,6 +27,10 @@ namespace detail {
 struct RunCall;
 struct EndpointAccess;
 }  // namespace detail
+
+/// The color that puts a rank in no sub-communicator: its split() returns
+/// std::nullopt (MPI's MPI_UNDEFINED, whose MPI_Comm_split gives MPI_COMM_NULL).
+inline constexpr int no_color = -1;
 
 /// One rank's handle on a group of ranks, over backend `B`.
 ///
@@ -88,6 +93,47 @@ class Communicator {
 
   /// Number of collectives started on this communicator.
   std::uint64_t sequence() const noexcept { return seq_; }
+
+  /// A communicator of the ranks that pass the same `color`, ordered by
+  /// `key`, ties in this communicator's rank order (as MPI_Comm_split does).
+  /// Collective: every rank of this communicator calls it, as one numbered
+  /// call ("Split #n"), so a rank that calls something else or never comes
+  /// is named like in any collective, within the deadline. A rank passing
+  /// `no_color` joins none and gets std::nullopt; any other negative color
+  /// throws InvalidArgument before anything is sent.
+  ///
+  /// The new communicator starts at call #1, with this one's timeout and
+  /// backend options, and is a group of its own: a failure in it fails its
+  /// later calls, not this communicator's (nor the reverse). It may outlive
+  /// this communicator. Backends declare it in their Capabilities (split):
+  /// Threads and Mpi.
+  std::optional<Communicator> split(int color, int key = 0) {
+    if constexpr (!backend_traits<B>::split) {
+      static_assert(backend_traits<B>::split,
+                    "gradsync: this backend cannot split a communicator (its Capabilities leave split = false); "
+                    "Threads and Mpi can");
+      return std::nullopt;
+    } else {
+      static_assert(requires(endpoint_type& e, const detail::CallInfo& call, int c, duration t) {
+        { e.split(c, c, call, t) } -> std::same_as<std::optional<endpoint_type>>;
+      }, "gradsync: a backend that declares split = true needs Endpoint::split(color, key, call, timeout) "
+         "returning std::optional<Endpoint>");
+      if (color < 0 && color != no_color) {
+        throw InvalidArgument("gradsync: rank " + std::to_string(rank()) +
+                              ": split expects a color >= 0 or gradsync::no_color, got " + std::to_string(color));
+      }
+      std::optional<Communicator> child;
+      detail::CallInfo call{};
+      call.collective = Collective::split;
+      run(call, [&](const detail::CallView<B>& c) {
+        std::optional<endpoint_type> ep = ep_.split(color, key, c.call(), timeout_);
+        if (!ep) return;
+        child.emplace(std::move(*ep));
+        child->timeout_ = timeout_;
+      });
+      return child;
+    }
+  }
 
   /// Whether a collective on this communicator has failed; it then refuses
   /// every later call at once (see run()).
