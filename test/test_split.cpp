@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "gradsync/core/endpoint_of.hpp"
 #include "gradsync/gradsync.hpp"
 #include "support/world.hpp"
 
@@ -315,7 +316,26 @@ TEST_CASE("a member that throws makes its sub-communicator's peers fail fast; th
   }
 }
 
-#ifndef GRADSYNC_TEST_MPI
+#ifdef GRADSYNC_TEST_MPI
+TEST_CASE("Mpi: a child keeps its parent's options; without call checks split is barrier then MPI_Comm_split") {
+  const int n = test::mpi_size();
+  const int r = test::mpi_rank();
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, gs::MpiOptions{.check_calls = false});
+  comm.set_timeout(std::chrono::seconds(60));
+  std::optional<gs::Communicator<gs::Mpi>> half = comm.split(r % 2, -r);
+  REQUIRE(half);
+  CHECK(half->timeout() == comm.timeout());
+  CHECK(gs::detail::endpoint_of(*half).failure_policy == gs::MpiFailurePolicy::throw_error);
+  // Every rank of this job shares one host, so the child's local rank is its rank.
+  CHECK(half->local_rank() == half->rank());
+  const int members = (n - r % 2 + 1) / 2;
+  CHECK(half->size() == members);
+  CHECK(half->rank() == members - 1 - r / 2);
+  std::vector<double> x(333, 1.5);
+  gs::AllReduce<gs::Native>{}(*half, std::span<double>(x));
+  CHECK(x[332] == 1.5 * members);
+}
+#else
 TEST_CASE("run_threads rethrows a member's own failure, not its sub-communicator peers' Aborted") {
   // The member's sub-communicator is destroyed while its exception unwinds,
   // before run_threads hears of it: the peers' Aborted must not win.
