@@ -179,8 +179,12 @@ class Endpoint {
       MPI_Comm& comm;
       ~Free() { MPI_Comm_free(&comm); }
     } free_sub{sub};
-    return std::optional<Endpoint>(std::in_place, sub,
-                                   MpiOptions{.failure_policy = failure_policy, .check_calls = control_.checking()});
+    std::optional<Endpoint> child(std::in_place, sub,
+                                  MpiOptions{.failure_policy = failure_policy, .check_calls = control_.checking()});
+    // The child's ranks still share their cores with the parent's others,
+    // so it waits as this one has learnt to, not as its own size suggests.
+    child->spinner_ = spinner_;
+    return child;
   }
 
   void local_copy(void* dst, const void* src, std::size_t count, DataType type) noexcept {
