@@ -32,6 +32,7 @@
 #include "gradsync/algorithm/tree.hpp"
 #include "gradsync/backend/nccl.hpp"
 #include "gradsync/collective/all_reduce.hpp"
+#include "gradsync/core/endpoint_of.hpp"
 
 namespace {
 
@@ -96,7 +97,7 @@ struct Row {
 void rank_main(gradsync::Communicator<gradsync::Nccl>& comm, const Args& args, std::map<std::string, Row>* rows) {
   const int p = comm.size();
   const bool lead = comm.rank() == 0;
-  const cudaStream_t stream = comm.endpoint().stream();
+  const cudaStream_t stream = gradsync::detail::endpoint_of(comm).stream();
   const std::size_t max_count = args.max_bytes / sizeof(float);
   float *in = nullptr, *out = nullptr;
   check_cuda(cudaMalloc(&in, max_count * sizeof(float)), "cudaMalloc");
@@ -156,11 +157,12 @@ void rank_main(gradsync::Communicator<gradsync::Nccl>& comm, const Args& args, s
     const double direct = time_on(stream, iters, [&] {
       check_cuda(cudaGetLastError(), "launch");
       gradsync::detail::nccl::check_nccl(
-          ncclAllReduce(in, out, n, ncclFloat32, ncclSum, comm.endpoint().nccl_comm(), stream), "ncclAllReduce");
+          ncclAllReduce(in, out, n, ncclFloat32, ncclSum, gradsync::detail::endpoint_of(comm).nccl_comm(), stream),
+          "ncclAllReduce");
     });
     comm.barrier();
     const double reduce = time_on(stream, iters, [&] {
-      comm.endpoint().local_reduce(out, in, n, gradsync::DataType::float32, gradsync::OpKind::sum);
+      gradsync::detail::endpoint_of(comm).local_reduce(out, in, n, gradsync::DataType::float32, gradsync::OpKind::sum);
     });
     const double copy = time_on(stream, iters, [&] {
       check_cuda(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");

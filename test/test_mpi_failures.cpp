@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <gradsync/backend/mpi.hpp>
+#include <gradsync/core/endpoint_of.hpp>
 #include <gradsync/gradsync.hpp>
 
 #include <algorithm>
@@ -252,7 +253,7 @@ TEST_CASE("a rank that leaves makes the others fail fast, naming it") {
 
 TEST_CASE("MpiOptions are taken at construction, and unchecked calls still work") {
   gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, gs::MpiOptions{.check_calls = false});
-  CHECK(comm.endpoint().failure_policy == gs::MpiFailurePolicy::throw_error);
+  CHECK(gs::detail::endpoint_of(comm).failure_policy == gs::MpiFailurePolicy::throw_error);
   std::vector<float> x(10, 1.0f);
   gs::AllReduce<gs::Native>{}(comm, std::span<float>(x));
   gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
@@ -370,10 +371,10 @@ TEST_CASE("bad arguments throw before any communication") {
 TEST_CASE("the communicator is a duplicate and knows the node-local rank") {
   gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
   int result = MPI_UNEQUAL;
-  MPI_Comm_compare(comm.endpoint().mpi_comm(), MPI_COMM_WORLD, &result);
+  MPI_Comm_compare(gs::detail::endpoint_of(comm).mpi_comm(), MPI_COMM_WORLD, &result);
   CHECK(result == MPI_CONGRUENT);
   CHECK(comm.local_rank() >= 0);
-  CHECK(comm.local_rank() < comm.endpoint().local_size());
+  CHECK(comm.local_rank() < gs::detail::endpoint_of(comm).local_size());
 }
 
 int main(int argc, char** argv) {

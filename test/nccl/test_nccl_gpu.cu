@@ -29,6 +29,7 @@
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/collective/reduce_scatter.hpp"
+#include "gradsync/core/endpoint_of.hpp"
 
 namespace {
 
@@ -167,7 +168,7 @@ TEST_CASE("Nccl: unique-id path, on(stream), events and refusals") {
     CHECK(view.stream() == s);
     gradsync::AllReduce<gradsync::Native>{}(view.comm(), d.span(), gradsync::Avg{});
   }
-  CHECK(comm.endpoint().stream() != s);
+  CHECK(gradsync::detail::endpoint_of(comm).stream() != s);
   auto ev = gradsync::record(comm);
   ev.wait();
   CHECK(ev.test());

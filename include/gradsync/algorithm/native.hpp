@@ -8,6 +8,7 @@
 #include "gradsync/algorithm/algorithm.hpp"
 #include "gradsync/algorithm/ordered_reduce_scatter.hpp"
 #include "gradsync/algorithm/tags.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/buffer.hpp"
 #include "gradsync/core/call_view.hpp"
 #include "gradsync/core/options.hpp"
@@ -17,14 +18,18 @@
 
 namespace gradsync::detail {
 
-/// Whether backend B's endpoint has its own collectives.
-template <class B>
-concept HasNative = requires(typename B::Endpoint& e, const float* in, float* out, const CallInfo& call) {
+/// The members Native calls on an endpoint.
+template <class E>
+concept NativeEndpoint = requires(E& e, const float* in, float* out, const CallInfo& call) {
   e.native_all_reduce(in, out, call, std::chrono::nanoseconds{});
   e.native_reduce_scatter(in, out, call, std::chrono::nanoseconds{});
   e.native_all_gather(in, out, call, std::chrono::nanoseconds{});
   e.native_broadcast(out, call, std::chrono::nanoseconds{});
 };
+
+/// Whether backend B has its own collectives, as its Capabilities declare.
+template <class B>
+concept HasNative = backend_traits<B>::native_collectives;
 
 /// Calls f(T{}) with the element type of `t`: the backends' native
 /// collectives take typed pointers, which Native hands them from its
@@ -47,11 +52,14 @@ struct Algorithm<Native> {
   static constexpr void require() {
     static_assert(HasNative<B>,
                   "gradsync: this backend has no Native collectives; use Ring, Tree or RecursiveHalvingDoubling");
+    static_assert(!HasNative<B> || NativeEndpoint<typename B::Endpoint>,
+                  "gradsync: this backend declares native_collectives but its Endpoint lacks native_all_reduce, "
+                  "native_reduce_scatter, native_all_gather or native_broadcast");
   }
 
   /// The Threads path folds ranks 0..N-1 in order, so `deterministic` holds
-  /// as is. A backend whose own reduction order is its business (MPI) says
-  /// `native_is_rank_ordered = false`; there, deterministic calls reduce with
+  /// as is. A backend whose own reduction order is its business (MPI) leaves
+  /// Capabilities::native_rank_ordered false; there, deterministic calls reduce with
   /// the rank-ordered reduce-scatter and distribute with the native all-gather.
   /// The op travels in the call (comm.call().op), which the backend reads.
   template <class B>
@@ -103,11 +111,7 @@ struct Algorithm<Native> {
 
   template <class B>
   static constexpr bool rank_ordered() {
-    if constexpr (requires { B::Endpoint::native_is_rank_ordered; }) {
-      return B::Endpoint::native_is_rank_ordered;
-    } else {
-      return true;
-    }
+    return backend_traits<B>::native_rank_ordered;
   }
 
   /// Rank-ordered reduce-scatter into a padded buffer (blocks of ceil(n/p)),

@@ -27,11 +27,13 @@ struct Mpi {
   using Endpoint = detail::mpi::Endpoint;
 
   /// Host memory; Native is MPI's own collective, whose order is MPI's
-  /// business; ranks know their host (MPI_COMM_TYPE_SHARED).
+  /// business; ranks know their host (MPI_COMM_TYPE_SHARED); split is
+  /// MPI_Comm_split.
   static constexpr Capabilities capabilities{
       .native_collectives = true,
       .native_rank_ordered = false,
       .knows_hosts = true,
+      .split = true,
   };
 
   /// Cost-model constants for Auto over Open MPI 4.1 shared memory (vader),

@@ -29,6 +29,7 @@
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/cost_model.hpp"
+#include "gradsync/core/endpoint_of.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync {
@@ -139,14 +140,15 @@ inline std::vector<Communicator<Nccl>> nccl_communicators(std::span<const int> d
 /// for the view's work, so calls stay in one order per communicator.
 class StreamView {
  public:
-  StreamView(Communicator<Nccl>& comm, cudaStream_t stream) : comm_(&comm), previous_(comm.endpoint().stream()) {
-    comm_->endpoint().set_stream(stream);
+  StreamView(Communicator<Nccl>& comm, cudaStream_t stream)
+      : comm_(&comm), previous_(detail::endpoint_of(comm).stream()) {
+    detail::endpoint_of(*comm_).set_stream(stream);
   }
   StreamView(const StreamView&) = delete;
   StreamView& operator=(const StreamView&) = delete;
   ~StreamView() {
     try {
-      comm_->endpoint().set_stream(previous_);
+      detail::endpoint_of(*comm_).set_stream(previous_);
     } catch (...) {
       // The stream error resurfaces at the next synchronize.
     }
@@ -154,7 +156,7 @@ class StreamView {
 
   Communicator<Nccl>& comm() noexcept { return *comm_; }
   Communicator<Nccl>& operator*() noexcept { return *comm_; }
-  cudaStream_t stream() const noexcept { return comm_->endpoint().stream(); }
+  cudaStream_t stream() const noexcept { return detail::endpoint_of(*comm_).stream(); }
 
  private:
   Communicator<Nccl>* comm_;
@@ -168,9 +170,9 @@ inline StreamView on(Communicator<Nccl>& comm, cudaStream_t stream) { return Str
 class NcclEvent {
  public:
   explicit NcclEvent(Communicator<Nccl>& comm) : comm_(&comm) {
-    detail::nccl::DeviceGuard guard(comm.endpoint().device());
+    detail::nccl::DeviceGuard guard(detail::endpoint_of(comm).device());
     detail::nccl::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    detail::nccl::check_cuda(cudaEventRecord(event_, comm.endpoint().stream()), "cudaEventRecord");
+    detail::nccl::check_cuda(cudaEventRecord(event_, detail::endpoint_of(comm).stream()), "cudaEventRecord");
     label_ = "work up to collective #" + std::to_string(comm.sequence());
   }
   NcclEvent(const NcclEvent&) = delete;
@@ -191,7 +193,7 @@ class NcclEvent {
   }
   /// Blocks until then, with the communicator's deadline; on a timeout or an
   /// NCCL error aborts the communicator and throws Timeout or Error.
-  void wait() const { comm_->endpoint().wait_event(event_, label_, comm_->timeout()); }
+  void wait() const { detail::endpoint_of(*comm_).wait_event(event_, label_, comm_->timeout()); }
   cudaEvent_t get() const noexcept { return event_; }
 
  private:

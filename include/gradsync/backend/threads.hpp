@@ -26,10 +26,11 @@ struct Threads {
   using Endpoint = detail::threads::Endpoint;
 
   /// Host memory; Native is the shared-memory direct path, which adds
-  /// contributions in rank order.
+  /// contributions in rank order; split makes a sub-world of threads.
   static constexpr Capabilities capabilities{
       .native_collectives = true,
       .native_rank_ordered = true,
+      .split = true,
   };
 
   /// Cost-model constants for Auto, in seconds: alpha per message, beta per
@@ -61,7 +62,9 @@ struct ThreadsOptions {
 /// when all are done. If a rank throws, the others' pending and later
 /// collectives fail promptly with Aborted, and the first exception is
 /// rethrown here. A rank whose body returns while others still call
-/// collectives makes those calls fail promptly with Aborted naming it.
+/// collectives makes those calls fail promptly with Aborted naming it; so
+/// does a rank whose sub-communicator (split) is destroyed, by return or by
+/// an exception, while its peers there still call it.
 template <class F>
 void run_threads(int world_size, ThreadsOptions options, F&& body) {
   static_assert(std::is_invocable_v<F&, Communicator<Threads>&>,
@@ -75,7 +78,8 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
   auto world = std::make_shared<detail::threads::World>(world_size);
   std::mutex first_mutex;
   std::exception_ptr first;      // the failure itself
-  std::exception_ptr reaction;   // an Aborted caused by it
+  std::exception_ptr abandoned;  // an Aborted before the world failed: a peer left
+  std::exception_ptr reaction;   // an Aborted caused by the failure
   auto rank_main = [&](int r) {
     // The communicator outlives the handler below: its destruction tells
     // waiting peers that this rank left, which must not race ahead of the
@@ -93,17 +97,22 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
       // not hide the failure itself.
       std::exception_ptr e = std::current_exception();
       bool secondary = false;
+      bool aborted = false;
       try {
         throw;
       } catch (const Aborted&) {
+        aborted = true;
         secondary = world->aborted();
       } catch (const std::exception& ex) {
         world->abort(r, comm.sequence() + 1, ex.what());
       } catch (...) {
         world->abort(r, comm.sequence() + 1, "unknown exception");
       }
+      // An Aborted is never the failure itself when there is one: a rank
+      // whose body throws destroys its sub-communicators while unwinding,
+      // and its peers there may report that before this world is marked.
       std::lock_guard<std::mutex> lock(first_mutex);
-      std::exception_ptr& slot = secondary ? reaction : first;
+      std::exception_ptr& slot = secondary ? reaction : aborted ? abandoned : first;
       if (!slot) slot = e;
     }
   };
@@ -113,6 +122,7 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
   rank_main(0);
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+  if (abandoned) std::rethrow_exception(abandoned);
   if (reaction) std::rethrow_exception(reaction);
 }
 

@@ -45,7 +45,8 @@ inline std::string describe(const CallInfo& c) {
   std::string s(name(c.collective));
   // seq 0: a call not numbered yet (refused before it started).
   if (c.seq) s += " #" + std::to_string(c.seq);
-  if (c.collective == Collective::barrier) return s;
+  // Ranks pass split different colors and keys; only the call is shared.
+  if (c.collective == Collective::barrier || c.collective == Collective::split) return s;
   s += " (";
   s += c.algorithm;
   s += ", " + std::to_string(c.count) + " x ";

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gradsync/core/backend.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/buffer.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/local_reduce.hpp"
@@ -94,7 +95,11 @@ class CallView {
   /// A reusable work buffer of `count` elements of `type`, one per slot.
   Buffer scratch(DataType type, std::size_t count, std::size_t slot = 0) const {
     const std::size_t bytes = count * size_of(type);
-    // A device backend keeps work buffers in its own memory space.
+    // A hook, not a capability: an endpoint whose buffers are not plain host
+    // memory hands out work buffers in its own memory space; the rest share
+    // the communicator's host pool. A device backend must have it.
+    static_assert(backend_traits<B>::host_memory || requires { ep_->scratch(bytes, slot); },
+                  "gradsync: a backend whose memory space is device needs Endpoint::scratch(bytes, slot)");
     if constexpr (requires { ep_->scratch(bytes, slot); }) {
       return {ep_->scratch(bytes, slot), count, type};
     } else {

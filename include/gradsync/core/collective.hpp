@@ -6,7 +6,9 @@
 
 namespace gradsync {
 
-enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+/// The collectives, and the two calls that move no user data (barrier, and
+/// split, which makes a sub-communicator): every numbered call has one.
+enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier, split };
 
 constexpr std::string_view name(Collective c) noexcept {
   switch (c) {
@@ -15,6 +17,7 @@ constexpr std::string_view name(Collective c) noexcept {
     case Collective::all_gather: return "AllGather";
     case Collective::broadcast: return "Broadcast";
     case Collective::barrier: return "Barrier";
+    case Collective::split: return "Split";
   }
   return "?";
 }

@@ -7,11 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "gradsync/core/backend.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/call_view.hpp"
 #include "gradsync/core/error.hpp"
@@ -23,19 +25,27 @@ namespace gradsync {
 
 namespace detail {
 struct RunCall;
+struct EndpointAccess;
 }  // namespace detail
+
+/// The color that puts a rank in no sub-communicator: its split() returns
+/// std::nullopt (MPI's MPI_UNDEFINED, whose MPI_Comm_split gives MPI_COMM_NULL).
+inline constexpr int no_color = -1;
 
 /// One rank's handle on a group of ranks, over backend `B`.
 ///
 /// It owns the backend's endpoint, the deadline every wait uses, and the
 /// sequence number of the current call (for diagnostics). Its public face is
 /// what a user needs; the primitives run each call through it, and the
-/// algorithms see only that call (detail::CallView).
+/// algorithms see only that call (detail::CallView). It hands out no
+/// implementation type: gradsync's own code that drives the endpoint
+/// directly reaches it through detail::endpoint_of.
 template <Backend B>
 class Communicator {
+  using endpoint_type = typename B::Endpoint;
+
  public:
   using backend_type = B;
-  using endpoint_type = typename B::Endpoint;
   using duration = std::chrono::nanoseconds;
 
   static constexpr duration default_timeout = detail::default_timeout;
@@ -60,9 +70,10 @@ class Communicator {
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
 
-  /// Rank among the ranks on this host, where the backend knows hosts (Mpi).
+  /// Rank among the ranks on this host, where the backend knows hosts
+  /// (backend_traits<B>::knows_hosts: Mpi).
   int local_rank() const noexcept
-    requires requires(const endpoint_type& e) { e.local_rank(); }
+    requires(backend_traits<B>::knows_hosts)
   {
     return ep_.local_rank();
   }
@@ -83,8 +94,46 @@ class Communicator {
   /// Number of collectives started on this communicator.
   std::uint64_t sequence() const noexcept { return seq_; }
 
-  /// The backend's endpoint, for the backend options it exposes.
-  endpoint_type& endpoint() noexcept { return ep_; }
+  /// A communicator of the ranks that pass the same `color`, ordered by
+  /// `key`, ties in this communicator's rank order (as MPI_Comm_split does).
+  /// Collective: every rank of this communicator calls it, as one numbered
+  /// call ("Split #n"), so a rank that calls something else or never comes
+  /// is named like in any collective, within the deadline. A rank passing
+  /// `no_color` joins none and gets std::nullopt; any other negative color
+  /// throws InvalidArgument before anything is sent.
+  ///
+  /// The new communicator starts at call #1, with this one's timeout and
+  /// backend options, and is a group of its own: a failure in it fails its
+  /// later calls, not this communicator's (nor the reverse). It may outlive
+  /// this communicator. Backends declare it in their Capabilities (split):
+  /// Threads and Mpi.
+  std::optional<Communicator> split(int color, int key = 0) {
+    if constexpr (!backend_traits<B>::split) {
+      static_assert(backend_traits<B>::split,
+                    "gradsync: this backend cannot split a communicator (its Capabilities leave split = false); "
+                    "Threads and Mpi can");
+      return std::nullopt;
+    } else {
+      static_assert(requires(endpoint_type& e, const detail::CallInfo& call, int c, duration t) {
+        { e.split(c, c, call, t) } -> std::same_as<std::optional<endpoint_type>>;
+      }, "gradsync: a backend that declares split = true needs Endpoint::split(color, key, call, timeout) "
+         "returning std::optional<Endpoint>");
+      if (color < 0 && color != no_color) {
+        throw InvalidArgument("gradsync: rank " + std::to_string(rank()) +
+                              ": split expects a color >= 0 or gradsync::no_color, got " + std::to_string(color));
+      }
+      std::optional<Communicator> child;
+      detail::CallInfo call{};
+      call.collective = Collective::split;
+      run(call, [&](const detail::CallView<B>& c) {
+        std::optional<endpoint_type> ep = ep_.split(color, key, c.call(), timeout_);
+        if (!ep) return;
+        child.emplace(std::move(*ep));
+        child->timeout_ = timeout_;
+      });
+      return child;
+    }
+  }
 
   /// Whether a collective on this communicator has failed; it then refuses
   /// every later call at once (see run()).
@@ -92,6 +141,7 @@ class Communicator {
 
  private:
   friend struct detail::RunCall;
+  friend struct detail::EndpointAccess;
 
   /// Runs one collective: stamps it with the next sequence number, and if it
   /// throws, abandons what is in flight and tells the other ranks, so they
@@ -122,6 +172,9 @@ class Communicator {
     call.seq = ++seq_;
     call_ = call;
     try {
+      // begin_call/end_call are protocol hooks, not capabilities: a backend
+      // brackets a call with them to check that ranks agree on it, and code
+      // above the backends never asks whether they exist.
       if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
       detail::CallView<B> view(ep_, call_, timeout_, scratch_);
       std::forward<F>(body)(view);

@@ -71,6 +71,8 @@ template <class B>
 const CostModel& cost_model() {
   static const CostModel model = [] {
     CostModel base{};
+    // Tuning data with a default, not an ability: a backend's cost model
+    // lives on its policy (STYLE 4), so it is no Capabilities flag.
     if constexpr (requires { B::cost_model; }) base = B::cost_model;
     const char* env = std::getenv("GRADSYNC_COST_MODEL");
     return env ? detail::parse_cost_model(env, base) : base;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -160,6 +161,32 @@ class Endpoint {
     poll(req, call, timeout, "the barrier");
   }
 
+  /// This rank's end of a sub-communicator of the ranks passing `color`
+  /// (see Communicator::split), made by MPI_Comm_split, which orders them by
+  /// key then rank; none for a negative color. MPI_Comm_split has no
+  /// deadline, so it is entered only once every rank is known to be in this
+  /// same call: after the call agreement (with check_calls off, a barrier),
+  /// which has one. What is left is a rank that dies in the instant between
+  /// the two. The new endpoint duplicates the result for its data and its
+  /// control like any Mpi endpoint, with this one's options.
+  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    barrier(call, timeout);
+    MPI_Comm sub = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
+    if (sub == MPI_COMM_NULL) return std::nullopt;
+    // Only the new endpoint's duplicates carry messages: this one is freed.
+    struct Free {
+      MPI_Comm& comm;
+      ~Free() { MPI_Comm_free(&comm); }
+    } free_sub{sub};
+    std::optional<Endpoint> child(std::in_place, sub,
+                                  MpiOptions{.failure_policy = failure_policy, .check_calls = control_.checking()});
+    // The child's ranks still share their cores with the parent's others,
+    // so it waits as this one has learnt to, not as its own size suggests.
+    child->spinner_ = spinner_;
+    return child;
+  }
+
   void local_copy(void* dst, const void* src, std::size_t count, DataType type) noexcept {
     if (dst != src && count) std::memcpy(dst, src, count * size_of(type));
   }
@@ -251,10 +278,6 @@ class Endpoint {
     poll(req, call, timeout, "MPI_Ibcast", true);
     if (!root && bytes) std::memcpy(data, buf, bytes);
   }
-
-  /// MPI_Allreduce's reduction order is MPI's business, so Native cannot
-  /// promise rank order here; the deterministic option takes another path.
-  static constexpr bool native_is_rank_ordered = false;
 
  private:
   struct Op {

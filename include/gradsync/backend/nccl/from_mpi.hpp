@@ -9,6 +9,7 @@
 
 #include "gradsync/backend/mpi.hpp"
 #include "gradsync/backend/nccl.hpp"
+#include "gradsync/core/endpoint_of.hpp"
 
 namespace gradsync {
 
@@ -20,7 +21,7 @@ inline Communicator<Nccl> nccl_communicator(Communicator<Mpi>& mpi, NcclOptions 
   if (devices < 1) throw Error("gradsync: rank " + std::to_string(mpi.rank()) + " sees no CUDA device");
   ncclUniqueId id{};
   if (mpi.rank() == 0) id = nccl_unique_id();
-  if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi.endpoint().mpi_comm()) != MPI_SUCCESS) {
+  if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, detail::endpoint_of(mpi).mpi_comm()) != MPI_SUCCESS) {
     throw Error("gradsync: rank " + std::to_string(mpi.rank()) + ": MPI_Bcast of the NCCL unique id failed");
   }
   return nccl_communicator(id, mpi.rank(), mpi.size(), mpi.local_rank() % devices, options);

@@ -12,10 +12,12 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gradsync/backend/threads/doorbell.hpp"
@@ -212,6 +214,37 @@ class Endpoint {
 
   World& world() noexcept { return *world_; }
 
+  /// This rank's end of a sub-world of the ranks passing `color` (see
+  /// Communicator::split); none for a negative color. It runs as a Native
+  /// call: each rank publishes its color and key, the opening barrier makes
+  /// them visible and compares the calls, and the first member of each group
+  /// in (key, rank) order makes the group's World and hands every member its
+  /// share and new rank, which they take after the closing barrier. The World
+  /// is owned by its members' endpoints, so it lives as long as the last one,
+  /// whatever becomes of this one's.
+  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    const SplitAsk mine{color, key};
+    SplitShare share;
+    native_call(&mine, &share, call, timeout, [&] {
+      if (color < 0) return;
+      std::vector<std::pair<int, int>> members;  // (key, rank): the new order
+      for (int q = 0; q < size(); ++q) {
+        const auto& theirs = *static_cast<const SplitAsk*>(world_->slot(q).in);
+        if (theirs.color == color) members.emplace_back(theirs.key, q);
+      }
+      std::sort(members.begin(), members.end());
+      if (members.front().second != rank_) return;
+      auto sub = std::make_shared<World>(static_cast<int>(members.size()), world_->oversubscribed());
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        auto& out = *static_cast<SplitShare*>(world_->slot(members[i].second).out);
+        out.world = sub;
+        out.rank = static_cast<int>(i);
+      }
+    });
+    if (!share.world) return std::nullopt;
+    return std::optional<Endpoint>(std::in_place, std::move(share.world), share.rank, memory_);
+  }
+
   // Native collectives: the shared-memory path. Each rank publishes its
   // buffers, a barrier makes them visible, every rank works on its own slice
   // of everyone's buffers, and a closing barrier keeps the buffers alive
@@ -369,6 +402,17 @@ class Endpoint {
   }
 
  private:
+  /// What a rank publishes for split, and what its group's first member
+  /// writes back to it.
+  struct SplitAsk {
+    int color;
+    int key;
+  };
+  struct SplitShare {
+    std::shared_ptr<World> world;
+    int rank = -1;
+  };
+
   struct Op {
     enum Kind : std::uint8_t { send, recv };
     Kind kind = send;

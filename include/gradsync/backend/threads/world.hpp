@@ -126,12 +126,17 @@ struct AbortInfo {
   FailureKind kind = FailureKind::error;
 };
 
-/// Shared by all ranks of one in-process world.
+/// Shared by all ranks of one in-process world: a run_threads call's, or a
+/// sub-world made by Communicator::split, which has its own mailboxes, call
+/// logs, barrier and failure state, and is owned by its members' endpoints.
 class World {
  public:
-  explicit World(int size)
+  explicit World(int size) : World(size, size > usable_cores()) {}
+  /// A sub-world (Communicator::split) runs beside its parent's other ranks,
+  /// so it is as oversubscribed as the parent, whatever its own size.
+  World(int size, bool oversubscribed)
       : size_(size),
-        oversubscribed_(size > usable_cores()),
+        oversubscribed_(oversubscribed),
         bells_(size),
         mailboxes_(size),
         slots_(size),

@@ -1,0 +1,376 @@
+// Communicator::split: sub-communicators of the ranks that pass the same
+// color, ordered by key then rank, on every backend that declares split.
+// Their collectives give the right results while the parent still works; a
+// rank that calls something else or skips the split is named; a member that
+// throws makes its sub-communicator's peers fail fast. Built plainly it runs
+// on Threads; with GRADSYNC_TEST_MPI (test/mpi/meson.build) on Mpi.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gradsync/core/endpoint_of.hpp"
+#include "gradsync/gradsync.hpp"
+#include "support/world.hpp"
+
+namespace gs = gradsync;
+using Comm = gs::Communicator<test::Backend>;
+using Clock = std::chrono::steady_clock;
+
+// The capabilities each backend declares, and the public API following them.
+template <class C>
+concept HasLocalRank = requires(const C& c) { c.local_rank(); };
+template <class C>
+concept HasEndpoint = requires(C& c) { c.endpoint(); };
+static_assert(gs::backend_traits<gs::Threads>::split);
+static_assert(gs::backend_traits<gs::Threads>::native_collectives);
+static_assert(gs::backend_traits<gs::Threads>::native_rank_ordered);
+static_assert(!gs::backend_traits<gs::Threads>::knows_hosts);
+static_assert(gs::backend_traits<gs::Threads>::host_memory);
+static_assert(!HasLocalRank<gs::Communicator<gs::Threads>>, "local_rank() exists only where the backend knows hosts");
+static_assert(!HasEndpoint<gs::Communicator<gs::Threads>>, "the public Communicator hands out no endpoint");
+static_assert(std::is_same_v<decltype(std::declval<gs::Communicator<gs::Threads>&>().split(0, 0)),
+                             std::optional<gs::Communicator<gs::Threads>>>);
+#ifdef GRADSYNC_TEST_MPI
+static_assert(gs::backend_traits<gs::Mpi>::split);
+static_assert(gs::backend_traits<gs::Mpi>::native_collectives);
+static_assert(!gs::backend_traits<gs::Mpi>::native_rank_ordered);
+static_assert(gs::backend_traits<gs::Mpi>::knows_hosts);
+static_assert(gs::backend_traits<gs::Mpi>::host_memory);
+static_assert(HasLocalRank<gs::Communicator<gs::Mpi>>);
+static_assert(!HasEndpoint<gs::Communicator<gs::Mpi>>);
+#endif
+
+namespace {
+
+bool contains(std::string_view haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string_view::npos;
+}
+
+/// A way to split n ranks: rank r's (color, key).
+struct Pattern {
+  const char* name;
+  std::function<std::pair<int, int>(int r, int n)> color_key;
+};
+
+std::vector<Pattern> patterns() {
+  return {
+      {"parity", [](int r, int) { return std::pair{r % 2, 0}; }},
+      {"parity, keys reversed", [](int r, int) { return std::pair{r % 2, -r}; }},
+      {"singletons", [](int r, int) { return std::pair{r, 0}; }},
+      {"one group, keys reversed", [](int r, int n) { return std::pair{7, n - r}; }},
+      {"last rank in none", [](int r, int n) { return std::pair{r == n - 1 ? gs::no_color : r % 2, 0}; }},
+      {"colors out of order, equal keys", [](int r, int n) { return std::pair{(n - r) % 3 * 5, 3}; }},
+      {"shuffled keys with ties", [](int r, int) { return std::pair{r < 2 ? 1 : 0, r * 7 % 3}; }},
+  };
+}
+
+/// The parent ranks of rank r's group, in their new order (empty: none).
+std::vector<int> expected_group(const Pattern& p, int r, int n) {
+  const auto [color, key] = p.color_key(r, n);
+  std::vector<std::pair<int, int>> members;
+  if (color == gs::no_color) return {};
+  for (int q = 0; q < n; ++q) {
+    const auto [c, k] = p.color_key(q, n);
+    if (c == color) members.emplace_back(k, q);
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> out;
+  for (const auto& m : members) out.push_back(m.second);
+  return out;
+}
+
+/// Parent rank q's contribution: small multiples of 1/4, so every sum is
+/// exact in double whatever the order.
+std::vector<double> values(int q, std::size_t count) {
+  std::vector<double> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = 0.25 * static_cast<double>((q + 1) * static_cast<int>(i % 13 + 1));
+  return v;
+}
+
+template <class Algo>
+std::string check_all_reduce(Comm& comm, int parent_rank, const std::vector<int>& group, std::size_t count,
+                             const char* what) {
+  std::vector<double> data = values(parent_rank, count);
+  gs::AllReduce<Algo>{}(comm, std::span<double>(data));
+  for (std::size_t i = 0; i < count; ++i) {
+    double want = 0.0;
+    for (int q : group) want += values(q, count)[i];
+    if (data[i] != want) {
+      return std::string(what) + ": AllReduce<" + std::string(Algo::name) + "> element " + std::to_string(i) +
+             " is " + std::to_string(data[i]) + ", want " + std::to_string(want);
+    }
+  }
+  return {};
+}
+
+/// Rank r's part of one pattern: split, check the group, run collectives on
+/// it and on the parent, split the child again. Returns what went wrong.
+std::string run_pattern(Comm& comm, const Pattern& p) {
+  const int r = comm.rank();
+  const int n = comm.size();
+  const auto [color, key] = p.color_key(r, n);
+  const std::vector<int> group = expected_group(p, r, n);
+  std::optional<Comm> child = comm.split(color, key);
+  std::string problem;
+  const std::vector<int> everyone = [&] {
+    std::vector<int> all(static_cast<std::size_t>(n));
+    for (int q = 0; q < n; ++q) all[static_cast<std::size_t>(q)] = q;
+    return all;
+  }();
+  if (group.empty()) {
+    if (child) return "got a communicator for no_color";
+  } else if (!child) {
+    return "got no communicator for color " + std::to_string(color);
+  } else {
+    const auto me = std::find(group.begin(), group.end(), r) - group.begin();
+    if (child->size() != static_cast<int>(group.size()) || child->rank() != me) {
+      return "rank " + std::to_string(child->rank()) + " of " + std::to_string(child->size()) + ", want " +
+             std::to_string(me) + " of " + std::to_string(group.size());
+    }
+    if (child->sequence() != 1 && child->sequence() != 0) return "a new communicator starts with calls made";
+    if (child->timeout() != comm.timeout()) return "the timeout is not inherited";
+    // The new order, as the group itself reports it.
+    std::vector<double> mine{static_cast<double>(r)};
+    std::vector<double> order(group.size());
+    gs::AllGather<gs::Ring>{}(*child, std::span<const double>(mine), std::span<double>(order));
+    for (std::size_t i = 0; i < group.size(); ++i)
+      if (order[i] != group[i]) return "AllGather order: position " + std::to_string(i) + " holds rank " +
+                                       std::to_string(order[i]) + ", want " + std::to_string(group[i]);
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}}) {
+      for (const std::string& s : {check_all_reduce<gs::Ring>(*child, r, group, count, "child"),
+                                   check_all_reduce<gs::Tree>(*child, r, group, count, "child"),
+                                   check_all_reduce<gs::RecursiveHalvingDoubling>(*child, r, group, count, "child"),
+                                   check_all_reduce<gs::Native>(*child, r, group, count, "child"),
+                                   check_all_reduce<gs::Auto>(*child, r, group, count, "child")}) {
+        if (!s.empty()) return s;
+      }
+    }
+    child->barrier();
+  }
+  // The parent still works, between and after the children's calls.
+  problem = check_all_reduce<gs::Ring>(comm, r, everyone, 100, "parent");
+  if (!problem.empty()) return problem;
+  if (child) {
+    // A child splits too; its halves by new rank.
+    std::optional<Comm> grandchild = child->split(child->rank() % 2, 0);
+    if (!grandchild) return "the nested split gave no communicator";
+    std::vector<int> half;
+    for (std::size_t i = 0; i < group.size(); ++i)
+      if (static_cast<int>(i) % 2 == child->rank() % 2) half.push_back(group[i]);
+    problem = check_all_reduce<gs::Tree>(*grandchild, r, half, 77, "grandchild");
+    if (!problem.empty()) return problem;
+  }
+  return check_all_reduce<gs::Native>(comm, r, everyone, 10, "parent after");
+}
+
+}  // namespace
+
+TEST_CASE("split groups ranks by color, ordered by key then rank; children and parent both work") {
+  for (int n = 1; n <= 5; ++n) {
+    for (const Pattern& p : patterns()) {
+      if (!test::world_has(n)) continue;
+      CAPTURE(n);
+      CAPTURE(p.name);
+      std::vector<std::string> problems(static_cast<std::size_t>(n));
+      test::run_world(n, [&](Comm& comm) {
+        std::string& mine = problems[static_cast<std::size_t>(comm.rank())];
+        try {
+          mine = run_pattern(comm, p);
+        } catch (const std::exception& e) {
+          mine = std::string("threw: ") + e.what();
+        }
+      });
+      for (std::size_t r : test::local_ranks(n)) CHECK_MESSAGE(problems[r].empty(), "rank " << r << ": " << problems[r]);
+    }
+  }
+}
+
+TEST_CASE("a color below zero other than no_color throws InvalidArgument before anything is sent") {
+  for (int n : {1, 3, 4}) {
+    if (!test::world_has(n)) continue;
+    std::vector<std::string> problems(static_cast<std::size_t>(n));
+    test::run_world(n, [&](Comm& comm) {
+      std::string& mine = problems[static_cast<std::size_t>(comm.rank())];
+      try {
+        (void)comm.split(-5, 0);
+        mine = "split(-5) did not throw";
+      } catch (const gs::InvalidArgument& e) {
+        if (!contains(e.what(), "-5") || !contains(e.what(), "no_color")) mine = std::string("message: ") + e.what();
+      }
+      if (comm.sequence() != 0 || comm.failed()) mine += "; the refused split counted as a call";
+      std::vector<double> x(8, 1.0);
+      gs::AllReduce<gs::Ring>{}(comm, std::span<double>(x));
+      if (x[0] != n) mine += "; the communicator does not work after";
+    });
+    for (std::size_t r : test::local_ranks(n)) CHECK_MESSAGE(problems[r].empty(), "rank " << r << ": " << problems[r]);
+  }
+}
+
+TEST_CASE("a rank that calls something else instead of split: every rank names both calls") {
+  for (int n : {3, 4}) {
+    if (!test::world_has(n)) continue;
+    CAPTURE(n);
+    std::vector<std::string> messages(static_cast<std::size_t>(n));
+    test::run_world(n, [&](Comm& comm) {
+      comm.set_timeout(std::chrono::seconds(20));
+      std::string& mine = messages[static_cast<std::size_t>(comm.rank())];
+      try {
+        if (comm.rank() == 1) {
+          std::vector<float> x(4, 1.0f);
+          gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
+        } else {
+          (void)comm.split(0, 0);
+        }
+        mine = "no error";
+      } catch (const gs::InvalidArgument& e) {
+        mine = e.what();
+      } catch (const std::exception& e) {
+        mine = std::string("not InvalidArgument: ") + e.what();
+      }
+    });
+    for (std::size_t r : test::local_ranks(n)) {
+      CHECK_MESSAGE(contains(messages[r], "Split #1"), "rank " << r << ": " << messages[r]);
+      CHECK_MESSAGE(contains(messages[r], "AllReduce #1"), "rank " << r << ": " << messages[r]);
+    }
+  }
+}
+
+TEST_CASE("a rank that skips split is named by the others, at once") {
+  for (int n : {3, 4}) {
+    if (!test::world_has(n)) continue;
+    CAPTURE(n);
+    std::vector<std::string> messages(static_cast<std::size_t>(n));
+    std::vector<double> took(static_cast<std::size_t>(n));
+    test::run_world(n, [&](Comm& comm) {
+      comm.set_timeout(std::chrono::seconds(30));
+      // The last rank leaves: its communicator is destroyed as it returns.
+      if (comm.rank() == n - 1) return;
+      std::string& mine = messages[static_cast<std::size_t>(comm.rank())];
+      const auto t0 = Clock::now();
+      try {
+        (void)comm.split(comm.rank() % 2, 0);
+        mine = "no error";
+      } catch (const gs::Aborted& e) {
+        mine = e.what();
+      } catch (const std::exception& e) {
+        mine = std::string("not Aborted: ") + e.what();
+      }
+      took[static_cast<std::size_t>(comm.rank())] = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+    for (std::size_t r : test::local_ranks(n)) {
+      if (static_cast<int>(r) == n - 1) continue;
+      CHECK_MESSAGE(contains(messages[r], "rank " + std::to_string(n - 1)), "rank " << r << ": " << messages[r]);
+      CHECK_MESSAGE(contains(messages[r], "Split"), "rank " << r << ": " << messages[r]);
+      CHECK_MESSAGE(took[r] < 10.0, "rank " << r << " took " << took[r] << " s");
+    }
+  }
+}
+
+TEST_CASE("a member that throws makes its sub-communicator's peers fail fast; the other group goes on") {
+  for (int n : {3, 4}) {
+    if (!test::world_has(n)) continue;
+    CAPTURE(n);
+    std::vector<std::string> messages(static_cast<std::size_t>(n));
+    std::vector<double> took(static_cast<std::size_t>(n));
+    test::run_world(n, [&](Comm& comm) {
+      comm.set_timeout(std::chrono::seconds(30));
+      const int r = comm.rank();
+      std::string& mine = messages[static_cast<std::size_t>(r)];
+      const auto t0 = Clock::now();
+      try {
+        std::optional<Comm> half = comm.split(r % 2, 0);
+        std::vector<double> x(1000, 1.0);
+        gs::AllReduce<gs::Ring>{}(*half, std::span<double>(x));
+        // Rank 2 fails between two calls of its group {0, 2}.
+        if (r == 2) throw std::runtime_error("rank 2's own failure");
+        gs::AllReduce<gs::Tree>{}(*half, std::span<double>(x));
+        mine = x[0] == half->size() * half->size() ? "ok" : "wrong sum";
+      } catch (const gs::Aborted& e) {
+        mine = e.what();
+      } catch (const std::exception& e) {
+        mine = std::string("threw: ") + e.what();
+      }
+      took[static_cast<std::size_t>(r)] = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+    for (std::size_t r : test::local_ranks(n)) {
+      CAPTURE(r);
+      if (r == 2) {
+        CHECK(messages[r] == "threw: rank 2's own failure");
+      } else if (r % 2 == 0) {
+        CHECK_MESSAGE(contains(messages[r], "rank 1"), messages[r]);  // rank 2 is rank 1 of the group
+        CHECK_MESSAGE(took[r] < 10.0, "took " << took[r] << " s");
+      } else {
+        CHECK(messages[r] == "ok");
+      }
+    }
+  }
+}
+
+#ifdef GRADSYNC_TEST_MPI
+TEST_CASE("Mpi: a child keeps its parent's options; without call checks split is barrier then MPI_Comm_split") {
+  const int n = test::mpi_size();
+  const int r = test::mpi_rank();
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, gs::MpiOptions{.check_calls = false});
+  comm.set_timeout(std::chrono::seconds(60));
+  std::optional<gs::Communicator<gs::Mpi>> half = comm.split(r % 2, -r);
+  REQUIRE(half);
+  CHECK(half->timeout() == comm.timeout());
+  CHECK(gs::detail::endpoint_of(*half).failure_policy == gs::MpiFailurePolicy::throw_error);
+  // Every rank of this job shares one host, so the child's local rank is its rank.
+  CHECK(half->local_rank() == half->rank());
+  const int members = (n - r % 2 + 1) / 2;
+  CHECK(half->size() == members);
+  CHECK(half->rank() == members - 1 - r / 2);
+  std::vector<double> x(333, 1.5);
+  gs::AllReduce<gs::Native>{}(*half, std::span<double>(x));
+  CHECK(x[332] == 1.5 * members);
+}
+#else
+TEST_CASE("run_threads rethrows a member's own failure, not its sub-communicator peers' Aborted") {
+  // The member's sub-communicator is destroyed while its exception unwinds,
+  // before run_threads hears of it: the peers' Aborted must not win.
+  for (int trial = 0; trial < 20; ++trial) {
+    try {
+      gs::run_threads(4, [](Comm& comm) {
+        std::optional<Comm> half = comm.split(comm.rank() % 2, 0);
+        std::vector<double> x(64, 1.0);
+        if (comm.rank() == 2) throw std::runtime_error("rank 2's own failure");
+        gs::AllReduce<gs::Ring>{}(*half, std::span<double>(x));
+        comm.barrier();
+      });
+      FAIL("run_threads did not throw");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "rank 2's own failure");
+    } catch (const std::exception& e) {
+      FAIL("trial " << trial << ": run_threads rethrew " << e.what());
+    }
+  }
+}
+
+TEST_CASE("a sub-communicator may outlive its parent") {
+  std::vector<std::string> problems(3);
+  gs::run_threads(3, [&](Comm& comm) {
+    std::optional<Comm> all = comm.split(0, -comm.rank());
+    std::optional<Comm> mirrored;
+    {
+      // A parent made here, gone before its child is used.
+      std::optional<Comm> parent = all->split(0, 0);
+      mirrored.emplace(std::move(*parent->split(0, -parent->rank())));
+    }
+    std::vector<double> x{1.0 + comm.rank()};
+    gs::AllReduce<gs::Native>{}(*mirrored, std::span<double>(x));
+    if (x[0] != 6.0) problems[static_cast<std::size_t>(comm.rank())] = "sum " + std::to_string(x[0]);
+  });
+  for (const auto& p : problems) CHECK(p.empty());
+}
+#endif
