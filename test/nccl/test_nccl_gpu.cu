@@ -176,6 +176,30 @@ TEST_CASE("Nccl: unique-id path, on(stream), events and refusals") {
   check_cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
 }
 
+TEST_CASE("Nccl: split by color and key, on every GPU") {
+  on_every_gpu([](gradsync::Communicator<gradsync::Nccl>& comm) {
+    const int p = comm.size();
+    const int r = comm.rank();
+    // Two colors, keys reversed: the child's rank 0 is the highest parent rank of its color.
+    auto child = comm.split(r % 2, -r);
+    REQUIRE(child.has_value());
+    const int members = (p - r % 2 + 1) / 2;
+    CHECK(child->size() == members);
+    CHECK(child->rank() == members - 1 - r / 2);
+    DeviceVec<float> d(1000);
+    d.put(std::vector<float>(d.n, static_cast<float>(r)));
+    gradsync::AllReduce<gradsync::Native>{}(*child, d.span());
+    gradsync::AllReduce<gradsync::Ring>{}(*child, d.span());
+    gradsync::synchronize(*child);
+    float want = 0;
+    for (int q = r % 2; q < p; q += 2) want += static_cast<float>(q);
+    want *= static_cast<float>(members);  // the second all-reduce sums `members` equal copies
+    CHECK(d.get()[999] == want);
+    CHECK_FALSE(comm.split(gradsync::no_color).has_value());
+    comm.barrier();
+  });
+}
+
 TEST_CASE("Nccl: ranks that disagree on a call are named on every rank before any data moves") {
   const int n = device_count();
   if (n < 2) {

@@ -39,11 +39,12 @@ struct Nccl {
   using Endpoint = detail::nccl::Endpoint;
 
   /// Device memory of one GPU, stream-ordered; Native is NCCL's own
-  /// collective, whose order is NCCL's business.
+  /// collective, whose order is NCCL's business; split by ncclCommSplit.
   static constexpr Capabilities capabilities{
       .memory_space = MemorySpace::device,
       .native_collectives = true,
       .native_rank_ordered = false,
+      .split = true,
   };
 
   /// Guesses until measured: NVLink-class links (~150 GB/s per direction,

@@ -106,12 +106,12 @@ class Communicator {
   /// backend options, and is a group of its own: a failure in it fails its
   /// later calls, not this communicator's (nor the reverse). It may outlive
   /// this communicator. Backends declare it in their Capabilities (split):
-  /// Threads and Mpi.
+  /// Threads, Mpi and Nccl.
   std::optional<Communicator> split(int color, int key = 0) {
     if constexpr (!backend_traits<B>::split) {
       static_assert(backend_traits<B>::split,
                     "gradsync: this backend cannot split a communicator (its Capabilities leave split = false); "
-                    "Threads and Mpi can");
+                    "Threads, Mpi and Nccl can");
       return std::nullopt;
     } else {
       static_assert(requires(endpoint_type& e, const detail::CallInfo& call, int c, duration t) {

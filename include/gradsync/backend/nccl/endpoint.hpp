@@ -23,6 +23,7 @@
 #include <thrust/execution_policy.h>
 
 #include <chrono>
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -188,6 +189,46 @@ class Endpoint {
     synchronize(call, timeout);
   }
 
+  /// This rank's end of a sub-communicator of the ranks passing `color`
+  /// (see Communicator::split), by ncclCommSplit (ordered by key, then rank;
+  /// none for a negative color). ncclCommSplit takes no deadline, so it is
+  /// entered only once every rank is known to be in this same call: after the
+  /// call agreement (with check_calls off, a barrier), which has one. The
+  /// child drives the same GPU on a stream of its own that starts after the
+  /// work enqueued here so far, and checks its calls when this one does.
+  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    DeviceGuard guard(device_);
+    if (agreement_.active()) {
+      check_usable(call);
+    } else {
+      barrier(call, timeout);
+    }
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "ncclCommSplit",
+               comm_);
+    if (!sub) return std::nullopt;
+    ncclComm_t control = nullptr;
+    if (agreement_.active()) {
+      int sub_rank = 0;
+      int sub_size = 1;
+      ncclResult_t rc = ncclCommUserRank(sub, &sub_rank);
+      if (rc == ncclSuccess) rc = ncclCommCount(sub, &sub_size);
+      // Every member of the child splits the child once more, so all take
+      // this branch or none (they share this communicator's options).
+      if (rc == ncclSuccess && sub_size > 1) rc = ncclCommSplit(sub, 0, sub_rank, &control, nullptr);
+      if (rc != ncclSuccess) {
+        ncclCommDestroy(sub);
+        check_nccl(rc, "ncclCommSplit (the child's call-agreement communicator)");
+      }
+    }
+    std::optional<Endpoint> child(std::in_place, sub, device_, control);
+    // The child's first work waits for what this communicator enqueued
+    // before the split (the user's buffers may be in flight there).
+    check_cuda(cudaEventRecord(switch_event_, stream_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(child->stream_, switch_event_, 0), "cudaStreamWaitEvent");
+    return child;
+  }
+
   void local_copy(void* dst, const void* src, std::size_t count, DataType type) {
     if (dst == src || count == 0) return;
     DeviceGuard guard(device_);
@@ -299,9 +340,6 @@ class Endpoint {
     check_nccl(ncclBroadcast(buf, buf, call.count, datatype(call.type), call.root, comm_, stream_), "ncclBroadcast",
                comm_);
   }
-
-  /// NCCL's reduction order is NCCL's business.
-  static constexpr bool native_is_rank_ordered = false;
 
  private:
   static constexpr std::size_t align = 256;
