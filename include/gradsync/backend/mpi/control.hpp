@@ -115,7 +115,16 @@ class Control {
     for (auto& r : s_->recvs) {
       if (r == MPI_REQUEST_NULL) continue;
       MPI_Cancel(&r);
-      MPI_Wait(&r, MPI_STATUS_IGNORE);
+      // A cancelled, unmatched receive completes at once (Open MPI), but a
+      // destructor must not trust that with an unbounded MPI_Wait: give it a
+      // second, then free the request and keep its buffer (busy).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      int done = 0;
+      while (MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      if (!done) busy = drop(r) || busy;
     }
     for (auto& r : s_->sends) busy = drop(r) || busy;
     // Kept, not freed, for the reason the data duplicate is (see ~Endpoint):
