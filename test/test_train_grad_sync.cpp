@@ -1,15 +1,18 @@
-// GradSync (the bucketed reducer) and the ProgressWorker under it, alone.
+// GradSync (the bucketed reducer), its parts (plan, readiness, reduction
+// policies) and the ProgressWorker under it, alone.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -402,4 +405,220 @@ TEST_CASE("units that agree cost one small AllGather at construction, and none o
       CHECK(comm.sequence() - seq0 == (world == 1 ? 0u : 1u));
     });
   }
+}
+
+namespace {
+
+/// Runs `Policy` once on `world` ranks over `count` random floats per rank
+/// and checks every rank's result against a double-precision reference of
+/// the sum (or mean) of all ranks' inputs; also checks that the ranks'
+/// results together cover the bucket once, with equal bits where they overlap.
+template <class Policy>
+void check_policy(int world, std::size_t count, bool mean, bool deterministic, std::uint64_t seed) {
+  CAPTURE(world);
+  CAPTURE(count);
+  CAPTURE(mean);
+  CAPTURE(deterministic);
+  std::vector<std::vector<float>> in(static_cast<std::size_t>(world));
+  std::mt19937_64 rng(seed ^ (count * 0x9E3779B97F4A7C15ull) ^ static_cast<std::uint64_t>(world));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : in) {
+    x.resize(count);
+    for (float& v : x) v = u(rng);
+  }
+  std::vector<std::vector<float>> storage(static_cast<std::size_t>(world));
+  std::vector<gradsync::ReducedPart> parts(static_cast<std::size_t>(world));
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    std::vector<float>& s = storage[r];
+    s.assign(Policy::storage(count, world), 0.0f);
+    std::copy(in[r].begin(), in[r].end(), s.begin());
+    const Policy policy{gradsync::Options{.deterministic = deterministic}};
+    policy.reduce(comm, std::span<float>(s), count, mean);
+    parts[r] = Policy::result(count, world, comm.rank());
+  });
+  std::vector<int> covered(count, 0);
+  std::vector<float> seen(count, 0.0f);
+  for (std::size_t r = 0; r < parts.size(); ++r) {
+    const gradsync::ReducedPart p = parts[r];
+    REQUIRE(p.first + p.count <= count);
+    REQUIRE(p.offset + p.count <= storage[r].size());
+    for (std::size_t j = 0; j < p.count; ++j) {
+      const std::size_t i = p.first + j;
+      double sum = 0, magnitude = 0;
+      for (const auto& x : in) {
+        sum += x[i];
+        magnitude += std::abs(double(x[i]));
+      }
+      const double ref = mean ? sum / world : sum;
+      // world − 1 float additions and a division, each within 2^-24 of what it rounds.
+      const double tol = (world + 1) * std::ldexp(magnitude, -24);
+      const float got = storage[r][p.offset + j];
+      CAPTURE(r);
+      CAPTURE(i);
+      REQUIRE(std::abs(double(got) - ref) <= tol);
+      if (deterministic) {
+        // Rank order, in float: what the deterministic option promises bit for bit.
+        float fold = in[0][i];
+        for (std::size_t q = 1; q < in.size(); ++q) fold += in[q][i];
+        REQUIRE(got == (mean ? fold / static_cast<float>(world) : fold));
+      }
+      if (covered[i]) REQUIRE(got == seen[i]);
+      ++covered[i];
+      seen[i] = got;
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) REQUIRE(covered[i] >= 1);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("reduction policies match a double-precision reference on 1 to 4 ranks, any count", Policy,
+                   gradsync::AllReduceAverage<>, gradsync::ReduceScatterAverage<>,
+                   gradsync::AllReduceAverage<gradsync::Ring>, gradsync::ReduceScatterAverage<gradsync::Ring>) {
+  std::uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("GRADSYNC_TEST_SEED")) seed = std::stoull(s);
+  INFO("seed " << seed << " (rerun with GRADSYNC_TEST_SEED=" << seed << ")");
+  std::mt19937_64 rng(seed);
+  for (int world = 1; world <= 4; ++world) {
+    // Not divisible by the world size, smaller than it, and one random size.
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{1001},
+                              std::size_t{4093 + rng() % 5000}}) {
+      for (bool mean : {true, false}) {
+        for (bool det : {false, true}) check_policy<Policy>(world, count, mean, det, seed);
+      }
+    }
+  }
+}
+
+TEST_CASE("reduce-scatter shards are FSDP's: ceil(count / N) each, the last ones short or empty") {
+  using RS = gradsync::ReduceScatterAverage<>;
+  CHECK(RS::storage(10, 4) == 3 * 5);
+  CHECK(RS::result(10, 4, 0).first == 0);
+  CHECK(RS::result(10, 4, 3).first == 9);
+  CHECK(RS::result(10, 4, 3).count == 1);
+  CHECK(RS::result(2, 4, 3).count == 0);
+  CHECK(RS::result(10, 4, 2).offset == 12);
+  CHECK(RS::storage(10, 1) == 10);
+  CHECK(RS::result(10, 1, 0).count == 10);
+  CHECK_FALSE(RS::in_place);
+  CHECK(gradsync::AllReduceAverage<>::in_place);
+}
+
+TEST_CASE("GradSync with ReduceScatterAverage: each rank's shard of each bucket holds the mean, the rest is as it was") {
+  const std::vector<std::size_t> sizes{5, 17, 0, 40, 3};
+  std::size_t total = 0;
+  for (std::size_t n : sizes) total += n;
+  auto unit_of = [&](std::size_t i) {
+    std::size_t u = 0, at = 0;
+    while (i >= at + sizes[u]) at += sizes[u++];
+    return u;
+  };
+  for (int world = 1; world <= 4; ++world) {
+    for (bool bf16 : {false, true}) {
+      CAPTURE(world);
+      CAPTURE(bf16);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        std::vector<float> flat(total);
+        for (std::size_t i = 0; i < total; ++i) flat[i] = g(comm.rank(), unit_of(i), i);
+        GradSyncOptions o;
+        o.first_bucket_cap_bytes = 64;
+        o.bucket_cap_bytes = 128;
+        if (bf16) o.compression = gradsync::Compression::bf16;
+        GradSync<Threads, float, gradsync::Auto, gradsync::ReduceScatterAverage<>> sync(comm, split(flat, sizes), o);
+        for (std::size_t u = sizes.size(); u-- > 0;) sync.ready(u);
+        sync.finish();
+        std::vector<std::size_t> unit_start{0};
+        for (std::size_t n : sizes) unit_start.push_back(unit_start.back() + n);
+        for (const gradsync::BucketInfo& b : sync.buckets()) {
+          CHECK_FALSE(b.in_place);
+          const auto part = gradsync::ReduceScatterAverage<>::result(b.count, world, comm.rank());
+          const std::size_t begin = unit_start[b.first_unit];
+          for (std::size_t j = 0; j < b.count; ++j) {
+            const std::size_t i = begin + j;
+            float sum = 0;
+            for (int q = 0; q < world; ++q) sum += g(q, unit_of(i), i);
+            const bool mine = j >= part.first && j < part.first + part.count;
+            // The inputs are exact in bfloat16 too, and so are their sums here.
+            const float mean = bf16 ? float(gradsync::bfloat16(sum / static_cast<float>(world)))
+                                    : sum / static_cast<float>(world);
+            CAPTURE(i);
+            REQUIRE(flat[i] == (mine ? mean : g(comm.rank(), unit_of(i), i)));
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("ReadinessTracker: buckets start in plan order, whatever order units become ready in") {
+  std::vector<float> flat(40);
+  const auto units = split(flat, {10, 10, 10, 10});
+  const gradsync::BucketPlan plan(std::span<const std::span<float>>(units), 80, 80);
+  REQUIRE(plan.size() == 2);  // units 2-3, then 0-1
+  CHECK(plan.bucket_of(3) == 0);
+  CHECK(plan.bucket_of(0) == 1);
+  gradsync::ReadinessTracker t(plan);
+  CHECK(t.mark_ready(0));
+  CHECK(t.mark_ready(1));
+  CHECK_FALSE(t.next_startable());  // bucket 1 is complete, bucket 0 is not
+  CHECK_FALSE(t.mark_ready(1));     // twice
+  CHECK(t.mark_ready(3));
+  CHECK(t.mark_ready(2));
+  REQUIRE(t.next_startable());
+  CHECK(t.take_next() == 0);
+  REQUIRE(t.next_startable());
+  CHECK(t.take_next() == 1);
+  CHECK_FALSE(t.next_startable());
+  CHECK(t.started() == 2);
+  t.reset_backward();
+  CHECK(t.started() == 0);
+  CHECK_FALSE(t.ready(0));
+}
+
+TEST_CASE("one progress worker per communicator: two users share it, and their jobs run in submission order") {
+  gradsync::run_threads(3, [](Communicator<Threads>& comm) {
+    std::weak_ptr<gradsync::ProgressWorker<Threads>> first;
+    {
+      auto p = gradsync::ProgressWorker<Threads>::shared(comm);
+      auto q = gradsync::ProgressWorker<Threads>::shared(comm);
+      CHECK(p == q);
+      first = p;
+      // Jobs from both holders, alternating; each is a collective of its own
+      // size, so a different order on some rank would fail as a disagreement.
+      std::vector<int> order;
+      std::vector<std::vector<float>> data(8);
+      std::vector<gradsync::Request> requests;
+      for (int j = 0; j < 8; ++j) {
+        data[static_cast<std::size_t>(j)].assign(static_cast<std::size_t>(j + 1) * 100, 1.0f);
+        auto& worker = j % 2 ? *q : *p;
+        requests.push_back(worker.submit("job " + std::to_string(j), [&, j](Communicator<Threads>& c) {
+          gradsync::AllReduce<>{}(c, std::span<float>(data[static_cast<std::size_t>(j)]));
+          order.push_back(j);
+        }));
+      }
+      for (auto& r : requests) r.wait();
+      CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+      for (const auto& d : data) CHECK(d.back() == 3.0f);
+
+      // Two GradSyncs on one communicator, their buckets in flight together.
+      std::vector<float> fa(64, float(comm.rank())), fb(48, float(comm.rank() + 1));
+      GradSyncOptions o;
+      o.first_bucket_cap_bytes = o.bucket_cap_bytes = 16 * sizeof(float);
+      GradSync<Threads, float> a(comm, split(fa, {16, 16, 16, 16}), o);
+      GradSync<Threads, float> b(comm, split(fb, {16, 16, 16}), o);
+      CHECK(&a.progress_worker() == p.get());
+      CHECK(&b.progress_worker() == p.get());
+      for (std::size_t u = 4; u-- > 0;) {
+        a.ready(u);
+        if (u < 3) b.ready(u);
+      }
+      a.finish();
+      b.finish();
+      for (float x : fa) CHECK(x == 1.0f);  // (0 + 1 + 2) / 3
+      for (float x : fb) CHECK(x == 2.0f);  // (1 + 2 + 3) / 3
+    }
+    // The last holder let go: the thread is joined, and the next user gets a new worker.
+    CHECK(first.expired());
+  });
 }

@@ -148,6 +148,8 @@ TEST_CASE("buckets: results do not depend on bucket size (deterministic reductio
     CHECK(trainer.grad_sync().buckets().size() >= 3);
     trainer.step(make_batch<float>(0, 4, in, out));
     CHECK(trainer.grad_sync().stats().buckets_launched_early == trainer.grad_sync().buckets().size());
+    // Its buckets ran on the communicator's one shared worker, not a thread of its own.
+    CHECK(&trainer.grad_sync().progress_worker() == gradsync::ProgressWorker<Threads>::shared(comm).get());
   });
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
@@ -40,6 +41,8 @@ namespace gradsync {
 template <Backend B>
 class ProgressWorker {
  public:
+  /// A private worker: it must then be the communicator's only one (no
+  /// shared() worker, no GradSync on the same communicator while it lives).
   explicit ProgressWorker(Communicator<B>& comm) : comm_(comm), thread_([this] { loop(); }) {}
   ProgressWorker(const ProgressWorker&) = delete;
   ProgressWorker& operator=(const ProgressWorker&) = delete;
@@ -54,6 +57,27 @@ class ProgressWorker {
     }
     cv_.notify_all();
     thread_.join();
+  }
+
+  /// The worker of `comm`: made on first use, shared by every caller while
+  /// any of them holds it, and gone (thread joined) when the last lets go.
+  /// Jobs submitted through any holder run in submission order.
+  static std::shared_ptr<ProgressWorker> shared(Communicator<B>& comm) {
+    // Keyed by address: a Communicator cannot move while a worker refers to
+    // it, and an entry whose worker expired is dropped before a new
+    // communicator at the same address could find it.
+    static std::mutex mutex;
+    static std::vector<std::pair<const Communicator<B>*, std::weak_ptr<ProgressWorker>>> registry;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::erase_if(registry, [](const auto& entry) { return entry.second.expired(); });
+    for (const auto& [c, weak] : registry) {
+      if (c == &comm) {
+        if (auto worker = weak.lock()) return worker;
+      }
+    }
+    auto worker = std::make_shared<ProgressWorker>(comm);
+    registry.emplace_back(&comm, worker);
+    return worker;
   }
 
   Communicator<B>& communicator() noexcept { return comm_; }

@@ -2,93 +2,36 @@
 /// \file GradSync: averages gradients across ranks in buckets, overlapped with backward.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <cstdint>
 #include <exception>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/progress_worker.hpp"
+#include "gradsync/core/backend.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
-#include "gradsync/core/ops.hpp"
-#include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/train/all_reduce_average.hpp"
+#include "gradsync/train/bucket_plan.hpp"
+#include "gradsync/train/grad_sync_options.hpp"
+#include "gradsync/train/readiness_tracker.hpp"
+#include "gradsync/train/reduce_scatter_average.hpp"
+#include "gradsync/train/reduction_policy.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
-
-/// How gradients travel.
-enum class Compression : std::uint8_t {
-  /// As they are.
-  none,
-  /// Cast to bfloat16, all-reduce, take the mean, cast back: half the bytes,
-  /// about three significant digits (PyTorch's bf16_compress_hook).
-  bf16,
-};
-
-/// Options of GradSync, with PyTorch DDP's defaults.
-struct GradSyncOptions {
-  /// Largest bucket, in bytes of gradient (PyTorch: bucket_cap_mb = 25).
-  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
-  /// The first bucket (the last layers) is small, so communication starts
-  /// as early as possible in backward.
-  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
-  Compression compression = Compression::none;
-  /// A unit that got no ready() in a synced backward contributes zeros
-  /// (unless it accumulated a gradient under no_sync). Off: finish() throws
-  /// an error naming the unit.
-  bool find_unused_parameters = false;
-  /// Launch each bucket as soon as its gradients are ready. Off: launch all
-  /// of them in finish(), for measuring what overlap buys.
-  bool overlap = true;
-  /// Passed to every bucket's AllReduce; `deterministic` makes the averaged
-  /// gradients bitwise independent of the bucket sizes.
-  Options collective{};
-};
-
-/// How the next synced backward is averaged. By default every rank's
-/// gradient counts once and the result is the mean over all ranks.
-struct Averaging {
-  /// Applied to this rank's gradient before the reduction: 1/K after K
-  /// accumulated micro-steps.
-  double local_scale = 1.0;
-  /// The reduced sum is divided by this; 0 means the world size. A join
-  /// (uneven inputs) divides by the number of ranks that still had data.
-  int divisor = 0;
-};
-
-/// What GradSync measured, summed since construction or reset_stats().
-struct GradSyncStats {
-  std::size_t syncs = 0;
-  /// Buckets that started before finish(), i.e. overlapped with backward.
-  std::size_t buckets_launched_early = 0;
-  std::size_t buckets_launched = 0;
-  /// Time spent in bucket collectives (pack, reduce, unpack), on the progress
-  /// worker or, for the buckets finish() runs itself, on the caller's thread.
-  double comm_seconds = 0;
-  /// Time finish() blocked waiting for them: the communication backward did not hide.
-  double wait_seconds = 0;
-};
-
-/// One bucket of the plan: units [first_unit, last_unit] (indices in the
-/// order they were registered), reduced together.
-struct BucketInfo {
-  std::size_t first_unit = 0;
-  std::size_t last_unit = 0;
-  std::size_t count = 0;
-  /// The units are adjacent in memory, so the bucket is reduced in place.
-  bool in_place = false;
-};
 
 /// Averages gradients across the ranks of a communicator, in buckets that
 /// start while backward is still running: a lower layer that a trainer with
@@ -104,39 +47,57 @@ struct BucketInfo {
 ///     sync.finish();            // every rank now holds the mean gradient
 ///     optimizer.step(...);
 ///
-/// Buckets are filled in reverse registration order (backward produces the
-/// last layers first), the first up to first_bucket_cap_bytes, the rest up
-/// to bucket_cap_bytes; a unit larger than the cap gets a bucket of its own.
-/// Bucket k is launched when all its units are ready and buckets 0..k−1 are
-/// launched, so every rank issues the same collectives in the same order
-/// whatever order its units become ready in.
+/// Three parts, each its own type: a BucketPlan (which units go together:
+/// reverse registration order, the first bucket up to
+/// first_bucket_cap_bytes, the rest up to bucket_cap_bytes), a
+/// ReadinessTracker (bucket k starts when its units are ready and buckets
+/// 0..k−1 have started, so every rank issues the same collectives in the
+/// same order), and a reduction policy (what one bucket's collective is).
+/// GradSync itself owns the buckets' memory: a bucket whose units are
+/// adjacent in memory is reduced in place when the policy allows; others,
+/// and every bucket under bf16 compression, are packed into a per-bucket
+/// buffer kept across steps, scaled on the way in.
 ///
-/// Averaging is an AllReduce with Avg (sum, then one division by N done by
-/// whichever rank owns each block, so all ranks receive the same bits).
-/// A bucket whose units are adjacent in memory is reduced in place; others
-/// are packed into a per-bucket buffer kept across steps.
+/// With AllReduceAverage (the default) every rank ends with the whole mean;
+/// with ReduceScatterAverage each rank's gradients hold the mean only on its
+/// shard of each bucket (see ReduceScatterAverage::result) and are left as
+/// they were elsewhere.
 ///
-/// The buckets launched during backward run on a ProgressWorker thread;
-/// those still to start when finish() finds nothing in flight run on the
-/// caller's thread. The communicator belongs to GradSync between the first
-/// ready() and the end of finish(), so do not call collectives on it
-/// yourself in between (idle() says when you may).
+/// The buckets launched during backward run on the communicator's
+/// ProgressWorker (ProgressWorker::shared: one per communicator, so its
+/// other users' collectives and these keep one order); those still to start
+/// when finish() finds nothing in flight run on the caller's thread. The
+/// communicator belongs to GradSync between the first ready() and the end of
+/// finish(), so do not call blocking collectives on it yourself in between
+/// (idle() says when you may).
 ///
-/// \tparam B     the backend of the communicator.
-/// \tparam T     the gradient element type (float or double).
-/// \tparam Algo  the AllReduce algorithm for every bucket.
-template <Backend B, class T, class Algo = Auto>
+/// Packing, scaling and unused-unit zeroing are host loops over the
+/// gradients, so the backend must work on host memory: a device-memory
+/// backend (Nccl) is refused at compile time.
+///
+/// \tparam B          the backend of the communicator.
+/// \tparam T          the gradient element type (float or double).
+/// \tparam Algo       the algorithm of every bucket's collective.
+/// \tparam Reduction  the reduction policy (AllReduceAverage, ReduceScatterAverage).
+template <Backend B, class T, class Algo = Auto, ReductionPolicy Reduction = AllReduceAverage<Algo>>
 class GradSync {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "gradsync::GradSync: gradients must be float or double");
+  static_assert(backend_traits<B>::host_memory,
+                "gradsync::GradSync needs a backend whose memory space is host memory: it scales, packs and "
+                "zeroes gradients with host loops, which would read device pointers on the host. On a "
+                "device-memory backend (Nccl), reduce device buffers with AllReduce or ReduceScatter directly.");
 
  public:
   using value_type = T;
+  using backend_type = B;
+  using algorithm = Algo;
+  using reduction_type = Reduction;
 
   /// `units[i]` is unit i's gradient; `names[i]` (optional) names it in errors.
   GradSync(Communicator<B>& comm, std::vector<std::span<T>> units, GradSyncOptions options = {},
            std::vector<std::string> names = {})
-      : comm_(comm), o_(options), units_(std::move(units)), names_(std::move(names)) {
+      : comm_(comm), o_(options), units_(std::move(units)), names_(std::move(names)), reduction_{o_.collective} {
     if (o_.bucket_cap_bytes == 0 || o_.first_bucket_cap_bytes == 0) {
       throw InvalidArgument("gradsync: GradSync expects positive bucket caps, got bucket_cap_bytes = " +
                             std::to_string(o_.bucket_cap_bytes) +
@@ -154,27 +115,27 @@ class GradSync {
     }
     detail::check_units_agree(comm_, declared, "GradSync",
                               "Every rank must register the same gradient spans (sizes and names) in the same order.");
-    plan();
-    ready_.assign(units_.size(), 0);
-    touched_.assign(units_.size(), 0);
-    worker_ = std::make_unique<ProgressWorker<B>>(comm_);
+    plan_ = BucketPlan(std::span<const std::span<T>>(units_), o_.first_bucket_cap_bytes, o_.bucket_cap_bytes,
+                       Reduction::in_place);
+    tracker_ = ReadinessTracker(plan_);
+    allocate();
+    worker_ = ProgressWorker<B>::shared(comm_);
   }
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
-  /// Waits for what is in flight (without rethrowing) before the buffers go.
+  /// Waits for what is in flight (without rethrowing) before the buffers go:
+  /// the worker is shared, so it may outlive this GradSync.
   ~GradSync() {
-    for (auto& b : buckets_) {
-      try {
-        b.request.wait();
-      } catch (...) {
-        // Already reported, or about to be, by whoever called finish().
-      }
-    }
+    for (auto& b : buckets_) settle(b.request);
   }
 
-  const std::vector<BucketInfo>& buckets() const noexcept { return info_; }
+  const std::vector<BucketInfo>& buckets() const noexcept { return plan_.buckets(); }
+  const BucketPlan& plan() const noexcept { return plan_; }
   std::size_t units() const noexcept { return units_.size(); }
+  const Reduction& reduction() const noexcept { return reduction_; }
+  /// The communicator's progress worker, shared with its other users.
+  ProgressWorker<B>& progress_worker() noexcept { return *worker_; }
 
   /// Marks unit `u`'s gradient final for this backward. Outside no_sync
   /// this may launch one or more buckets.
@@ -183,14 +144,12 @@ class GradSync {
       throw InvalidArgument("gradsync: GradSync::ready on rank " + std::to_string(comm_.rank()) + ": unit " +
                             std::to_string(u) + " does not exist (" + std::to_string(units_.size()) + " units)");
     }
-    touched_[u] = 1;
+    tracker_.touch(u);
     if (!sync_) return;
-    if (ready_[u]) {
+    if (!tracker_.mark_ready(u)) {
       throw InvalidArgument("gradsync: GradSync::ready on rank " + std::to_string(comm_.rank()) + ": " + unit_name(u) +
                             " was marked ready twice in one backward");
     }
-    ready_[u] = 1;
-    --buckets_[bucket_of_[u]].pending;
     if (o_.overlap) launch_ready(true);
   }
 
@@ -198,8 +157,8 @@ class GradSync {
   /// own that still takes part in the reduction, contributing what it holds).
   void mark_all_ready() {
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      touched_[u] = 1;
-      if (sync_ && !ready_[u]) ready(u);
+      tracker_.touch(u);
+      if (sync_ && !tracker_.ready(u)) ready(u);
     }
   }
 
@@ -220,24 +179,23 @@ class GradSync {
     if (!sync_) return;
     std::string missing;
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      if (ready_[u]) continue;
+      if (tracker_.ready(u)) continue;
       if (o_.find_unused_parameters) {
         // Never touched since the last sync: contributes zeros. Touched
         // under no_sync: contributes what it accumulated.
-        if (!touched_[u]) std::fill(units_[u].begin(), units_[u].end(), T(0));
-        ready_[u] = 1;
-        --buckets_[bucket_of_[u]].pending;
+        if (!tracker_.touched(u)) std::fill(units_[u].begin(), units_[u].end(), T(0));
+        tracker_.mark_ready(u);
       } else {
         missing += (missing.empty() ? "" : ", ") + unit_name(u);
       }
     }
     if (!missing.empty()) {
       // What is in flight uses our buffers and communicator: let it end,
-      // then fail. The other ranks are waiting in this bucket's AllReduce;
+      // then fail. The other ranks are waiting in this bucket's collective;
       // they learn of this error when it leaves the rank (run_threads
       // aborts the world) instead of waiting out their deadline.
       drain();
-      reset_backward();
+      tracker_.reset_backward();
       throw InvalidArgument("gradsync: GradSync on rank " + std::to_string(comm_.rank()) +
                             ": backward produced no gradient for " + missing +
                             ". Every unit must call ready() in every synced backward; if some units are unused on "
@@ -255,7 +213,7 @@ class GradSync {
       // the worker would not.
       first = drain();
       try {
-        while (!first && next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++, false, true);
+        while (!first && tracker_.next_startable()) launch(tracker_.take_next(), false, true);
       } catch (...) {
         first = std::current_exception();
       }
@@ -265,10 +223,10 @@ class GradSync {
     std::exception_ptr drained = drain();
     if (!first) first = drained;
     stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.comm_seconds = worker_->busy_seconds() - busy_at_reset_ + inline_seconds_;
+    stats_.comm_seconds = worker_seconds_.load(std::memory_order_relaxed) + inline_seconds_;
     ++stats_.syncs;
-    reset_backward();
-    std::fill(touched_.begin(), touched_.end(), 0);
+    tracker_.reset_backward();
+    tracker_.clear_touched();
     if (first) std::rethrow_exception(first);
   }
 
@@ -289,35 +247,35 @@ class GradSync {
 
   /// Turns synchronisation on or off between backwards (what no_sync() does).
   void set_sync(bool on) {
-    if (launched_ != 0) {
+    if (tracker_.started() != 0) {
       throw InvalidArgument("gradsync: GradSync::set_sync on rank " + std::to_string(comm_.rank()) +
                             " in the middle of a synced backward; call finish() first");
     }
     sync_ = on;
-    reset_backward();
+    tracker_.reset_backward();
   }
   bool sync_enabled() const noexcept { return sync_; }
 
   /// Buckets launched in the current backward.
-  std::size_t launched() const noexcept { return launched_; }
-  /// Nothing in flight: the caller may use the communicator directly.
+  std::size_t launched() const noexcept { return tracker_.started(); }
+  /// Nothing in flight on the communicator's worker (from any of its
+  /// users): the caller may use the communicator directly.
   bool idle() const { return worker_->in_flight() == 0; }
 
   const GradSyncStats& stats() const noexcept { return stats_; }
   void reset_stats() {
     stats_ = {};
-    busy_at_reset_ = worker_->busy_seconds();
+    worker_seconds_.store(0, std::memory_order_relaxed);
     inline_seconds_ = 0;
   }
 
  private:
+  /// A bucket's memory: the units' own (in place), or `staging`, or `packed`
+  /// (bf16), sized as the policy asks.
   struct Bucket {
-    std::size_t lo = 0, hi = 0;  // unit indices, inclusive
-    std::size_t count = 0;
-    std::span<T> region;         // when in place
-    std::vector<T> staging;      // when not
+    std::span<T> region;
+    std::vector<T> staging;
     std::vector<bfloat16> packed;
-    std::size_t pending = 0;
     Request request;
   };
 
@@ -325,166 +283,161 @@ class GradSync {
     return "unit " + std::to_string(u) + (names_.empty() ? std::string() : " ('" + names_[u] + "')");
   }
 
-  void plan() {
-    const std::size_t n = units_.size();
-    bucket_of_.assign(n, 0);
-    std::size_t cap = o_.first_bucket_cap_bytes;
-    for (std::size_t i = n; i-- > 0;) {
-      const std::size_t bytes = units_[i].size_bytes();
-      const bool full = !buckets_.empty() && buckets_.back().pending > 0 &&
-                        buckets_.back().count * sizeof(T) + bytes > cap;
-      if (buckets_.empty() || full) {
-        if (!buckets_.empty()) cap = o_.bucket_cap_bytes;
-        buckets_.emplace_back();
-        buckets_.back().hi = i;
-      }
-      Bucket& b = buckets_.back();
-      b.lo = i;
-      b.count += units_[i].size();
-      ++b.pending;
-      bucket_of_[i] = buckets_.size() - 1;
-    }
-    for (Bucket& b : buckets_) {
-      // Adjacent in memory, in registration order; empty units may point anywhere.
-      bool adjacent = true;
-      T* begin = nullptr;
-      T* end = nullptr;
-      for (std::size_t u = b.lo; u <= b.hi; ++u) {
-        if (units_[u].empty()) continue;
-        if (!begin) begin = units_[u].data();
-        if (end && units_[u].data() != end) adjacent = false;
-        end = units_[u].data() + units_[u].size();
-      }
-      if (adjacent) {
-        b.region = begin ? std::span<T>(begin, b.count) : std::span<T>();
+  void allocate() {
+    buckets_.resize(plan_.size());
+    const int world = comm_.size();
+    for (std::size_t k = 0; k < plan_.size(); ++k) {
+      const BucketInfo& info = plan_[k];
+      Bucket& b = buckets_[k];
+      const std::size_t storage = Reduction::storage(info.count, world);
+      if (o_.compression == Compression::bf16) {
+        b.packed.resize(storage);
+      } else if (info.in_place) {
+        T* begin = nullptr;
+        for (std::size_t u = info.first_unit; u <= info.last_unit && !begin; ++u) {
+          if (!units_[u].empty()) begin = units_[u].data();
+        }
+        b.region = begin ? std::span<T>(begin, info.count) : std::span<T>();
       } else {
-        b.staging.resize(b.count);
+        b.staging.resize(storage);
       }
-      if (o_.compression == Compression::bf16) b.packed.resize(b.count);
-      info_.push_back(BucketInfo{b.lo, b.hi, b.count, adjacent});
-      pending_init_.push_back(b.pending);
     }
-  }
-
-  void reset_backward() {
-    std::fill(ready_.begin(), ready_.end(), 0);
-    for (std::size_t k = 0; k < buckets_.size(); ++k) buckets_[k].pending = pending_init_[k];
-    next_ = 0;
-    launched_ = 0;
   }
 
   /// Launches, in order, every bucket whose units are all ready.
   void launch_ready(bool early) {
-    while (next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++, early);
+    while (tracker_.next_startable()) launch(tracker_.take_next(), early);
   }
 
   /// Starts bucket k on the progress worker, or runs it here and now when
   /// `here` (the caller owns the communicator: nothing is in flight).
   void launch(std::size_t k, bool early, bool here = false) {
-    Bucket& b = buckets_[k];
-    ++launched_;
     ++stats_.buckets_launched;
     if (early) ++stats_.buckets_launched_early;
     const int world = comm_.size();
     const int divisor = avg_.divisor == 0 ? world : avg_.divisor;
-    // Dividing by the world size is Avg's own last step; any other divisor
-    // is folded into the local scale before a Sum.
-    const bool use_avg = divisor == world;
-    const double scale = use_avg ? avg_.local_scale : avg_.local_scale / divisor;
-    const Compression compression = o_.compression;
-    const Options options = o_.collective;
-    if (here) return reduce_bucket(comm_, b, use_avg, static_cast<T>(scale), compression, options);
-    std::string label = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(b.count) + " elements)";
-    b.request = worker_->submit(std::move(label), [this, &b, use_avg, scale, compression, options](Communicator<B>& c) {
-      reduce_bucket(c, b, use_avg, static_cast<T>(scale), compression, options);
+    // Dividing by the world size is the policy's mean (Avg's last step);
+    // any other divisor is folded into the local scale before a sum.
+    const bool mean = divisor == world;
+    const T scale = static_cast<T>(mean ? avg_.local_scale : avg_.local_scale / divisor);
+    if (here) return reduce_bucket(comm_, k, mean, scale);
+    std::string label = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(plan_[k].count) + " elements)";
+    buckets_[k].request = worker_->submit(std::move(label), [this, k, mean, scale](Communicator<B>& c) {
+      // The worker is shared, so its own busy time is not ours to report.
+      const auto t0 = std::chrono::steady_clock::now();
+      struct Clock {
+        std::atomic<double>& sum;
+        std::chrono::steady_clock::time_point t0;
+        ~Clock() {
+          sum.fetch_add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                        std::memory_order_relaxed);
+        }
+      } clock{worker_seconds_, t0};
+      reduce_bucket(c, k, mean, scale);
     });
   }
 
   /// Runs on the progress worker, or on the owner's thread from finish().
-  void reduce_bucket(Communicator<B>& c, Bucket& b, bool use_avg, T scale, Compression compression,
-                     const Options& options) {
-    const AllReduce<Algo> all_reduce{options};
-    auto reduce = [&](auto span) {
-      if (use_avg) {
-        all_reduce(c, span, Avg{});
-      } else {
-        all_reduce(c, span, Sum{});
-      }
-    };
-    if (compression == Compression::bf16) {
+  void reduce_bucket(Communicator<B>& c, std::size_t k, bool mean, T scale) {
+    const BucketInfo& info = plan_[k];
+    Bucket& b = buckets_[k];
+    const ReducedPart part = Reduction::result(info.count, c.size(), c.rank());
+    if (o_.compression == Compression::bf16) {
       std::size_t at = 0;
-      for_each_unit(b, [&](std::span<T> g) {
+      for_each_unit(info, [&](std::span<T> g) {
         for (std::size_t i = 0; i < g.size(); ++i) b.packed[at + i] = bfloat16(static_cast<float>(g[i] * scale));
         at += g.size();
       });
-      reduce(std::span<bfloat16>(b.packed));
-      at = 0;
-      for_each_unit(b, [&](std::span<T> g) {
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<T>(static_cast<float>(b.packed[at + i]));
-        at += g.size();
+      reduction_.reduce(c, std::span<bfloat16>(b.packed), info.count, mean);
+      for_each_in_part(info, part, [&](std::span<T> g, std::size_t from) {
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<T>(static_cast<float>(b.packed[from + i]));
       });
       return;
     }
-    if (!b.staging.empty()) {
+    if (!info.in_place) {
       std::size_t at = 0;
-      for_each_unit(b, [&](std::span<T> g) {
+      for_each_unit(info, [&](std::span<T> g) {
         for (std::size_t i = 0; i < g.size(); ++i) b.staging[at + i] = g[i] * scale;
         at += g.size();
       });
-      reduce(std::span<T>(b.staging));
-      at = 0;
-      for_each_unit(b, [&](std::span<T> g) {
-        std::copy(b.staging.begin() + static_cast<std::ptrdiff_t>(at),
-                  b.staging.begin() + static_cast<std::ptrdiff_t>(at + g.size()), g.begin());
-        at += g.size();
+      reduction_.reduce(c, std::span<T>(b.staging), info.count, mean);
+      for_each_in_part(info, part, [&](std::span<T> g, std::size_t from) {
+        std::copy(b.staging.begin() + static_cast<std::ptrdiff_t>(from),
+                  b.staging.begin() + static_cast<std::ptrdiff_t>(from + g.size()), g.begin());
       });
       return;
     }
     if (scale != T(1)) {
       for (T& x : b.region) x *= scale;
     }
-    // One rank's mean is its own gradient: skip Avg's pass over the bucket.
-    if (use_avg && c.size() == 1) return;
-    reduce(b.region);
+    reduction_.reduce(c, b.region, info.count, mean);
   }
 
   template <class F>
-  void for_each_unit(const Bucket& b, F&& f) {
-    for (std::size_t u = b.lo; u <= b.hi; ++u) f(units_[u]);
+  void for_each_unit(const BucketInfo& info, F&& f) {
+    for (std::size_t u = info.first_unit; u <= info.last_unit; ++u) f(units_[u]);
+  }
+
+  /// Calls f(piece, at) for each piece of a unit that lies in `part` of the
+  /// bucket, `at` being where that piece's result is in the storage.
+  template <class F>
+  void for_each_in_part(const BucketInfo& info, const ReducedPart& part, F&& f) {
+    const std::size_t lo = part.first, hi = part.first + part.count;
+    std::size_t at = 0;
+    for (std::size_t u = info.first_unit; u <= info.last_unit; ++u) {
+      const std::size_t n = units_[u].size();
+      const std::size_t from = std::max(at, lo), to = std::min(at + n, hi);
+      if (from < to) f(units_[u].subspan(from - at, to - from), part.offset + (from - lo));
+      at += n;
+    }
   }
 
   /// Waits for every launched bucket; returns the first failure.
   std::exception_ptr drain() {
     std::exception_ptr first;
-    for (std::size_t k = 0; k < buckets_.size(); ++k) {
+    for (Bucket& b : buckets_) {
       try {
-        buckets_[k].request.wait();
+        b.request.wait();
       } catch (...) {
         if (!first) first = std::current_exception();
       }
-      buckets_[k].request = Request();
+      b.request = Request();
     }
     return first;
+  }
+
+  /// Waits until `r` is over, whatever it throws: even past its deadline the
+  /// job still uses this GradSync's buffers until it returns.
+  static void settle(const Request& r) noexcept {
+    try {
+      r.wait();
+      return;
+    } catch (...) {
+    }
+    for (;;) {
+      try {
+        if (r.test()) return;
+      } catch (...) {
+        return;  // completed, with an error
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   Communicator<B>& comm_;
   GradSyncOptions o_;
   std::vector<std::span<T>> units_;
   std::vector<std::string> names_;
+  Reduction reduction_;
+  BucketPlan plan_;
+  ReadinessTracker tracker_;
   std::vector<Bucket> buckets_;
-  std::vector<BucketInfo> info_;
-  std::vector<std::size_t> bucket_of_;
-  std::vector<std::size_t> pending_init_;
-  std::vector<unsigned char> ready_;
-  std::vector<unsigned char> touched_;
-  std::size_t next_ = 0;
-  std::size_t launched_ = 0;
   bool sync_ = true;
   Averaging avg_{};
   GradSyncStats stats_{};
-  double busy_at_reset_ = 0;
-  double inline_seconds_ = 0;  ///< buckets finish() ran on the caller's thread
-  std::unique_ptr<ProgressWorker<B>> worker_;  // last: destroyed first, while the buckets still exist
+  std::atomic<double> worker_seconds_{0};  ///< buckets run on the worker
+  double inline_seconds_ = 0;              ///< buckets finish() ran on the caller's thread
+  std::shared_ptr<ProgressWorker<B>> worker_;
 };
 
 }  // namespace gradsync

@@ -17,6 +17,7 @@
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
+#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/train/grad_sync.hpp"
@@ -64,6 +65,13 @@ struct CommunicatorTraits<Communicator<B>> : std::true_type {
   using backend = B;
 };
 
+/// Whether a communicator's buffers live in host memory. What is not a
+/// communicator passes here: its own static_assert says what is wrong.
+template <class C>
+inline constexpr bool communicates_host_memory = true;
+template <class B>
+inline constexpr bool communicates_host_memory<Communicator<B>> = backend_traits<B>::host_memory;
+
 }  // namespace detail
 
 /// Trains `Model` with a full replica on every rank of `Comm`: each step
@@ -87,6 +95,11 @@ template <class M, class Opt, class Comm, class Algo = Auto>
 class ReplicatedTrainer {
   static_assert(detail::CommunicatorTraits<Comm>::value,
                 "gradsync::ReplicatedTrainer: the third parameter must be gradsync::Communicator<Backend>");
+  static_assert(detail::communicates_host_memory<Comm>,
+                "gradsync::ReplicatedTrainer needs a backend whose memory space is host memory: it keeps "
+                "parameters, gradients and buffers in host vectors and steps the optimizer on the host, which "
+                "cannot work on device pointers. On a device-memory backend (Nccl), train with your own device "
+                "buffers and the primitives (AllReduce, Broadcast).");
   static_assert(detail::ModelHasValueType<M>,
                 "gradsync::ReplicatedTrainer: the model must declare `using value_type = float;` (or double)");
   static_assert(detail::ModelDeclaresUnits<M>,
