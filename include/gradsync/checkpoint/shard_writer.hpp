@@ -75,8 +75,10 @@ class ShardWriter {
     writer_.emplace(path, std::move(pieces), std::move(meta));
   }
 
-  /// Appends bytes of `range`'s data (ranges are written in the order given).
+  /// Appends bytes of `range`'s data (ranges are written in the order given;
+  /// writing nothing to an empty range is allowed and does nothing).
   void write(const ShardRange& range, std::span<const std::byte> bytes) {
+    if (range.begin == range.end && bytes.empty()) return;
     writer_->write(piece_name(range.tensor, range.begin, range.end), bytes);
   }
 
