@@ -103,6 +103,12 @@ struct Model {
     for (std::size_t i = 0; i < specs.size(); ++i) s.push_back({specs[i], data[i]});
     return s;
   }
+
+  std::vector<ck::TensorData> contents() const {
+    std::vector<ck::TensorData> s;
+    for (std::size_t i = 0; i < specs.size(); ++i) s.push_back({specs[i], data[i]});
+    return s;
+  }
 };
 
 Model random_model(std::mt19937_64& rng) {
@@ -247,6 +253,11 @@ TEST_CASE("writer misuse is refused and publishes nothing") {
   }
   CHECK(!fs::exists(path));
   CHECK(temporaries_in(dir.path) == 0);
+  ck::SafetensorsWriter w(path, {{"a", ck::TensorDtype::U8, {2}}});
+  w.write("a", two);
+  w.commit();
+  CHECK(contains(message_of<gradsync::InvalidArgument>([&] { w.commit(); }), "already committed"));
+  CHECK(contains(message_of<gradsync::InvalidArgument>([&] { w.write("a", two); }), "written after commit"));
 }
 
 TEST_CASE("a truncated file fails to open at every length, naming the file") {
@@ -257,8 +268,7 @@ TEST_CASE("a truncated file fails to open at every length, naming the file") {
   m.specs = {{"alpha", ck::TensorDtype::F32, {3}}, {"beta", ck::TensorDtype::I16, {5}}};
   m.data = {random_bytes(rng, 12), random_bytes(rng, 10)};
   const auto good = dir.path / "good.safetensors";
-  auto slots = m.slots();
-  ck::save_safetensors(good, slots);
+  ck::save_safetensors(good, m.contents());
   const auto bytes = file_bytes(good);
   ck::SafetensorsReader r(good);
   const auto data_start = r.tensor("alpha").offset;
@@ -289,8 +299,7 @@ TEST_CASE("a corrupted byte is caught: data by checksum naming the tensor, heade
   m.specs = {{"alpha", ck::TensorDtype::F32, {3}}, {"beta", ck::TensorDtype::I16, {5}}};
   m.data = {random_bytes(rng, 12), random_bytes(rng, 10)};
   const auto good = dir.path / "good.safetensors";
-  auto slots = m.slots();
-  ck::save_safetensors(good, slots);
+  ck::save_safetensors(good, m.contents());
   const auto bytes = file_bytes(good);
   const auto data_start = ck::SafetensorsReader(good).tensor("alpha").offset;
   const auto path = dir.path / "bad.safetensors";
@@ -329,7 +338,7 @@ TEST_CASE("other names, shapes or dtypes are refused with both sides named, and 
   TempDir dir;
   std::vector<std::byte> a(12, std::byte{1}), b(10, std::byte{2});
   const auto path = dir.path / "m.safetensors";
-  ck::save_safetensors(path, std::vector<ck::TensorSlot>{{{"alpha", ck::TensorDtype::F32, {3}}, a},
+  ck::save_safetensors(path, std::vector<ck::TensorData>{{{"alpha", ck::TensorDtype::F32, {3}}, a},
                                                          {{"beta", ck::TensorDtype::I16, {5}}, b}});
   std::vector<std::byte> x(12, std::byte{9}), y(10, std::byte{9}), z(20, std::byte{9});
   auto refused = [&](std::vector<ck::TensorSlot> slots) {
@@ -464,8 +473,13 @@ TEST_CASE("a sharded checkpoint refuses corrupted pieces, files of another check
   SUBCASE("missing shard file") {
     fs::remove(dir.path / files[1]);
     std::fill(got.begin(), got.end(), std::byte{0x77});
-    CHECK(contains(message_of<gradsync::Error>([&] { index.load(slots); }), files[1]));
+    auto msg = message_of<gradsync::Error>([&] { index.load(slots); });
+    CHECK(contains(msg, files[1]));
+    CHECK(contains(msg, "loading tensor 'w'"));
     CHECK(untouched());
+    fs::create_directories(dir.path / "elsewhere");
+    CHECK(contains(message_of<gradsync::InvalidArgument>([&] { index.write(dir.path / "elsewhere" / "i.json"); }),
+                   "must be written in the shard files' directory"));
   }
   SUBCASE("an index with a gap, a truncated index, a wrong spec") {
     auto text = file_bytes(dir.path / "m-a.index.json");

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <span>
 #include <string>
 #include <utility>
@@ -49,7 +50,7 @@ inline void sync_directory(const std::filesystem::path& dir) {
   if (rc != 0) detail::throw_io("fsync of directory", d, err);
 }
 
-/// Writes a file atomically. Bytes go to `.<name>.tmp-<pid>-<n>` beside the
+/// Writes a file atomically. Bytes go to `.<name>.tmp-<pid>-<n>-<random>` beside the
 /// target; `commit()` fsyncs it, renames it over the target and fsyncs the
 /// directory. Destroyed without commit (an exception, an abandoned write), it
 /// removes the temporary and the target is untouched. A process killed
@@ -57,9 +58,12 @@ inline void sync_directory(const std::filesystem::path& dir) {
 class AtomicFile {
  public:
   explicit AtomicFile(std::filesystem::path target) : target_(std::move(target)) {
+    // pid, a per-process counter and a random number: unique across threads,
+    // processes and hosts that share the directory.
     static std::atomic<unsigned> counter{0};
+    static const unsigned nonce = std::random_device{}();
     temp_ = target_.parent_path() / ("." + target_.filename().string() + ".tmp-" + std::to_string(::getpid()) +
-                                     "-" + std::to_string(counter.fetch_add(1)));
+                                     "-" + std::to_string(counter.fetch_add(1)) + "-" + std::to_string(nonce));
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ < 0) detail::throw_io("creating temporary file", temp_, errno);
   }
@@ -101,6 +105,7 @@ class AtomicFile {
 
   /// Makes the file durable and visible under its name, replacing any old one.
   void commit() {
+    if (fd_ < 0) throw InvalidArgument("checkpoint: '" + target_.string() + "' was already committed");
     detail::io_step("fsync");
     if (::fsync(fd_) != 0) detail::throw_io("fsync of", temp_, errno);
     int rc = ::close(fd_);

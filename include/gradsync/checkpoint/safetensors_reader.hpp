@@ -42,6 +42,12 @@ struct TensorSlot {
   std::span<std::byte> data;
 };
 
+/// One tensor to save: its spec and its bytes.
+struct TensorData {
+  TensorSpec spec;
+  std::span<const std::byte> data;
+};
+
 /// An open safetensors file whose header has been checked against the
 /// format and the file's size: known dtypes, shapes that match their byte
 /// ranges, ranges that tile the data exactly (a truncated or extended file
@@ -288,13 +294,13 @@ inline void load_safetensors(const std::filesystem::path& path, std::span<const 
     if (!staged[i].empty()) std::memcpy(slots[i].data.data(), staged[i].data(), staged[i].size());
 }
 
-/// Writes `slots` (their specs and current contents) to `path` in one go.
-inline void save_safetensors(const std::filesystem::path& path, std::span<const TensorSlot> slots,
+/// Writes `tensors` to `path` in one go, atomically.
+inline void save_safetensors(const std::filesystem::path& path, std::span<const TensorData> tensors,
                              Metadata metadata = {}) {
   std::vector<TensorSpec> specs;
-  for (const auto& s : slots) specs.push_back(s.spec);
+  for (const auto& t : tensors) specs.push_back(t.spec);
   SafetensorsWriter w(path, std::move(specs), std::move(metadata));
-  for (const auto& s : slots) w.write(s.spec.name, std::span<const std::byte>(s.data));
+  for (const auto& t : tensors) w.write(t.spec.name, t.data);
   w.commit();
 }
 

@@ -77,6 +77,7 @@ class SafetensorsWriter {
   /// Appends `bytes` to tensor `name`, which must be the first tensor not yet
   /// complete (tensors are written in declaration order).
   void write(std::string_view name, std::span<const std::byte> bytes) {
+    if (committed_) fail_arg("tensor '" + std::string(name) + "' written after commit");
     while (next_ < tensors_.size() && done_ == size_of(next_)) advance();
     if (next_ >= tensors_.size() || tensors_[next_].name != name) {
       // An empty write to a tensor that is already complete (or empty) is harmless.
@@ -105,6 +106,7 @@ class SafetensorsWriter {
   /// Fills in the checksums and makes the file durable and visible. Throws
   /// InvalidArgument (and publishes nothing) if a tensor is incomplete.
   void commit() {
+    if (committed_) fail_arg("the file was already committed");
     while (next_ < tensors_.size() && done_ == size_of(next_)) advance();
     if (next_ < tensors_.size())
       fail_arg("tensor '" + tensors_[next_].name + "' has " + std::to_string(done_) + " of its " +
@@ -113,6 +115,7 @@ class SafetensorsWriter {
     if (8 + header.size() != data_start_) throw Error("checkpoint: header of '" + path_.string() + "' changed size");
     file_->write_at(8, std::as_bytes(std::span(header)));
     file_->commit();
+    committed_ = true;
   }
 
   const std::filesystem::path& path() const noexcept { return path_; }
@@ -183,6 +186,7 @@ class SafetensorsWriter {
   std::unique_ptr<AtomicFile> file_;
   std::uint64_t data_start_ = 0;
   std::size_t next_ = 0;
+  bool committed_ = false;
   std::uint64_t done_ = 0;
 };
 

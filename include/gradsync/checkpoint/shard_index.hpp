@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -157,8 +158,15 @@ class ShardIndex {
     return index;
   }
 
-  /// Writes the index atomically to `path` (in the shard files' directory).
+  /// Writes the index atomically to `path`, which must be in the shard
+  /// files' directory (pieces name their files relative to it).
   void write(const std::filesystem::path& path) const {
+    std::error_code ec;
+    auto parent = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+    auto dir = dir_.empty() ? std::filesystem::path(".") : dir_;
+    if (!std::filesystem::equivalent(parent, dir, ec))
+      throw InvalidArgument("checkpoint: index '" + path.string() + "' must be written in the shard files' directory '" +
+                            dir.string() + "'");
     std::string s = "{\"format\":\"gradsync.sharded\",\"version\":1,\"checkpoint_id\":";
     detail::append_json_string(s, id_);
     s += ",\"tensors\":{";
@@ -236,7 +244,13 @@ class ShardIndex {
         std::uint64_t lo = std::max(p.begin, s.begin), hi = std::min(p.end, s.end);
         if (lo >= hi) continue;
         piece.resize((p.end - p.begin) * esize);
-        read_piece(readers, t, p, piece);
+        try {
+          read_piece(readers, t, p, piece);
+        } catch (const InvalidArgument& e) {
+          throw InvalidArgument(std::string(e.what()) + " (loading tensor '" + t.spec.name + "')");
+        } catch (const Error& e) {
+          throw Error(std::string(e.what()) + " (loading tensor '" + t.spec.name + "')");
+        }
         std::memcpy(staged[i].data() + (lo - s.begin) * esize, piece.data() + (lo - p.begin) * esize,
                     (hi - lo) * esize);
       }
