@@ -6,7 +6,8 @@ usage: check_safetensors.py WRITER WORKDIR
 Runs `WRITER sample FILE SIDECAR` (checkpoint_writer.cpp), loads FILE with
 safetensors.numpy.load_file and compares every tensor's dtype, shape and
 values with the sidecar JSON, and each tensor's bytes with the CRC-32 that
-gradsync stored in __metadata__ (zlib.crc32). Runs under the interpreter in
+gradsync stored in __metadata__ (zlib.crc32). Then the other way: a file
+saved by safetensors.numpy.save_file is read by `WRITER read`. Runs under the interpreter in
 GRADSYNC_PYTHON (default /usr/bin/python3; tools/python-venv makes one) and
 exits 77 (skip) when that interpreter cannot import safetensors and numpy.
 """
@@ -80,6 +81,26 @@ def main():
             failures.append(f"{name}: zlib.crc32 of its bytes is {crc}, __metadata__ says {stored}")
     if metadata.get("producer") != "gradsync checkpoint_writer":
         failures.append(f"user metadata lost: {metadata}")
+
+    # The other way: gradsync reads what Python wrote (no gradsync checksums there).
+    from safetensors.numpy import save_file
+    theirs = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
+    theirs_path = os.path.join(work, "from_python.safetensors")
+    save_file(theirs, theirs_path, metadata={"from": "python"})
+    out = subprocess.run([writer, "read", theirs_path], capture_output=True, text=True)
+    if out.returncode != 0:
+        failures.append(f"gradsync cannot read a file safetensors wrote: {out.stderr.strip()}")
+    else:
+        seen = {}
+        for line in out.stdout.splitlines():
+            name, dtype, rest = line.split(" ", 2)
+            shape, crc = rest.rsplit(" ", 1)
+            seen[name] = (dtype, shape, crc)
+        for name, a in theirs.items():
+            want = (expected[name]["dtype"], "[" + ", ".join(str(d) for d in a.shape) + "]",
+                    f"{zlib.crc32(a.tobytes()) & 0xFFFFFFFF:08x}")
+            if seen.get(name) != want:
+                failures.append(f"gradsync read {name} from Python's file as {seen.get(name)}, expected {want}")
     for f in failures:
         print("FAIL", f)
     if failures:

@@ -5,6 +5,8 @@
 //   checkpoint_writer verify DIR                load both checkpoints, check every byte,
 //       print "full G sharded H"; exit 1 with the error otherwise
 //   checkpoint_writer sample FILE SIDECAR       a file of every numpy dtype, and its values as JSON
+//   checkpoint_writer read FILE                 read a file another writer made (no checksums):
+//       print "name dtype shape crc32" per tensor
 #include <algorithm>
 #include <csignal>
 #include <cstddef>
@@ -198,6 +200,17 @@ int sample(const fs::path& file, const fs::path& sidecar) {
   return 0;
 }
 
+int read(const fs::path& file) {
+  ck::SafetensorsReader r(file, /*require_checksums=*/false);
+  for (const auto& t : r.tensors()) {
+    std::vector<std::byte> data(t.spec.bytes());
+    r.read(t.spec.name, data);
+    std::printf("%s %s %s %s\n", t.spec.name.c_str(), std::string(ck::dtype_name(t.spec.dtype)).c_str(),
+                ck::shape_string(t.spec.shape).c_str(), ck::crc32_hex(ck::Crc32::of(data)).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -211,7 +224,8 @@ int main(int argc, char** argv) try {
   }
   if (args.size() == 2 && args[0] == "verify") return verify(args[1]);
   if (args.size() == 3 && args[0] == "sample") return sample(args[1], args[2]);
-  std::fprintf(stderr, "usage: checkpoint_writer write DIR GEN [KILL_AT] | verify DIR | sample FILE SIDECAR\n");
+  if (args.size() == 2 && args[0] == "read") return read(args[1]);
+  std::fprintf(stderr, "usage: checkpoint_writer write DIR GEN [KILL_AT] | verify DIR | sample FILE SIDECAR | read FILE\n");
   return 2;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "checkpoint_writer: %s\n", e.what());
