@@ -10,7 +10,6 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace gradsync::checkpoint::detail {
@@ -21,27 +20,39 @@ class JsonError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct Json;
-/// Keys in file order (safetensors readers and writers keep it).
-using JsonObject = std::vector<std::pair<std::string, Json>>;
-using JsonArray = std::vector<Json>;
-
+/// A parsed value. Arrays and objects keep their elements in `items` (and an
+/// object its keys, in file order, in `keys`): a recursive std::variant of
+/// std::pair would need Json complete too early for some standard libraries.
 struct Json {
-  std::variant<std::uint64_t, std::string, JsonArray, JsonObject> value;
+  enum class Kind : std::uint8_t { integer, string, array, object };
 
-  bool is_object() const noexcept { return value.index() == 3; }
-  bool is_array() const noexcept { return value.index() == 2; }
-  bool is_string() const noexcept { return value.index() == 1; }
-  bool is_integer() const noexcept { return value.index() == 0; }
-  const JsonObject& object() const { return std::get<3>(value); }
-  const JsonArray& array() const { return std::get<2>(value); }
-  const std::string& string() const { return std::get<1>(value); }
-  std::uint64_t integer() const { return std::get<0>(value); }
+  Kind kind = Kind::integer;
+  std::uint64_t number = 0;
+  std::string text;
+  std::vector<Json> items;
+  std::vector<std::string> keys;
 
-  /// The member `key`, or null when absent.
+  bool is_object() const noexcept { return kind == Kind::object; }
+  bool is_array() const noexcept { return kind == Kind::array; }
+  bool is_string() const noexcept { return kind == Kind::string; }
+  bool is_integer() const noexcept { return kind == Kind::integer; }
+  const std::string& string() const noexcept { return text; }
+  std::uint64_t integer() const noexcept { return number; }
+  /// Elements of an array.
+  const std::vector<Json>& array() const noexcept { return items; }
+  /// Members of an object, in file order.
+  std::vector<std::pair<std::string_view, const Json*>> members() const {
+    std::vector<std::pair<std::string_view, const Json*>> out;
+    for (std::size_t i = 0; i < keys.size(); ++i) out.emplace_back(keys[i], &items[i]);
+    return out;
+  }
+  /// Elements of an array or members of an object.
+  std::size_t size() const noexcept { return items.size(); }
+
+  /// The member `key` of an object, or null when absent.
   const Json* find(std::string_view key) const {
-    for (const auto& [k, v] : object())
-      if (k == key) return &v;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &items[i];
     return nullptr;
   }
 };
@@ -90,36 +101,46 @@ class JsonParser {
     char c = s_[i_];
     if (c == '{') return parse_object(depth);
     if (c == '[') return parse_array(depth);
-    if (c == '"') return Json{parse_string()};
-    if (c >= '0' && c <= '9') return Json{parse_integer()};
+    Json v;
+    if (c == '"') {
+      v.kind = Json::Kind::string;
+      v.text = parse_string();
+      return v;
+    }
+    if (c >= '0' && c <= '9') {
+      v.number = parse_integer();
+      return v;
+    }
     fail("unsupported JSON value (only objects, arrays, strings and non-negative integers are allowed)");
   }
 
   Json parse_object(int depth) {
     ++i_;
-    JsonObject members;
-    if (consume('}')) return Json{std::move(members)};
+    Json v;
+    v.kind = Json::Kind::object;
+    if (consume('}')) return v;
     do {
       skip_space();
       if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string key");
       std::string key = parse_string();
-      for (const auto& m : members)
-        if (m.first == key) fail("duplicate key \"" + key + "\"");
+      if (v.find(key)) fail("duplicate key \"" + key + "\"");
       expect(':');
-      members.emplace_back(std::move(key), parse_value(depth + 1));
+      v.keys.push_back(std::move(key));
+      v.items.push_back(parse_value(depth + 1));
     } while (consume(','));
     expect('}');
-    return Json{std::move(members)};
+    return v;
   }
 
   Json parse_array(int depth) {
     ++i_;
-    JsonArray items;
-    if (consume(']')) return Json{std::move(items)};
-    do items.push_back(parse_value(depth + 1));
+    Json v;
+    v.kind = Json::Kind::array;
+    if (consume(']')) return v;
+    do v.items.push_back(parse_value(depth + 1));
     while (consume(','));
     expect(']');
-    return Json{std::move(items)};
+    return v;
   }
 
   std::uint64_t parse_integer() {

@@ -180,16 +180,16 @@ class SafetensorsReader {
     }
     if (!header.is_object()) fail("header is not a JSON object");
     const std::uint64_t data_start = 8 + len;
-    for (const auto& [name, value] : header.object()) {
+    for (const auto& [name, value] : header.members()) {
       if (name == "__metadata__") {
-        if (!value.is_object()) fail("__metadata__ is not an object");
-        for (const auto& [k, v] : value.object()) {
-          if (!v.is_string()) fail("__metadata__ value of '" + k + "' is not a string");
-          metadata_[k] = v.string();
+        if (!value->is_object()) fail("__metadata__ is not an object");
+        for (const auto& [k, v] : value->members()) {
+          if (!v->is_string()) fail("__metadata__ value of '" + std::string(k) + "' is not a string");
+          metadata_[std::string(k)] = v->string();
         }
         continue;
       }
-      tensors_.push_back(parse_tensor(name, value, data_start));
+      tensors_.push_back(parse_tensor(std::string(name), *value, data_start));
     }
     std::sort(tensors_.begin(), tensors_.end(), [](const TensorEntry& a, const TensorEntry& b) {
       return a.offset != b.offset ? a.offset < b.offset : a.spec.bytes() < b.spec.bytes();
@@ -224,7 +224,7 @@ class SafetensorsReader {
     const auto* dtype = v.find("dtype");
     const auto* shape = v.find("shape");
     const auto* offsets = v.find("data_offsets");
-    if (!dtype || !shape || !offsets || v.object().size() != 3)
+    if (!dtype || !shape || !offsets || v.size() != 3)
       bad("entry must have exactly the keys dtype, shape and data_offsets");
     if (!dtype->is_string()) bad("dtype is not a string");
     TensorEntry t;

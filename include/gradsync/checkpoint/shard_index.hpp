@@ -124,7 +124,9 @@ class ShardIndex {
     index.id_ = str(j.find("checkpoint_id"), "checkpoint_id");
     const auto* tensors = j.find("tensors");
     if (!tensors || !tensors->is_object()) bad("tensors is missing or not an object");
-    for (const auto& [name, v] : tensors->object()) {
+    for (const auto& [key, value] : tensors->members()) {
+      const std::string name(key);
+      const auto& v = *value;
       const std::string where = "tensor '" + name + "'";
       if (!v.is_object()) bad(where + " is not an object");
       ShardedTensor t;
