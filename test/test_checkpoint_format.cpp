@@ -499,3 +499,36 @@ TEST_CASE("a sharded checkpoint refuses corrupted pieces, files of another check
     CHECK(contains(message_of<gradsync::InvalidArgument>([&] { index.load(absent); }), "no tensor 'v'"));
   }
 }
+
+TEST_CASE("a rank that owns nothing writes a tensorless shard file, and a huge declared shape is refused") {
+  TempDir dir;
+  const std::vector<ck::TensorSpec> specs{{"t", ck::TensorDtype::I32, {2}}};
+  const std::int32_t values[2]{-5, 6};
+  std::vector<std::string> files;
+  for (int rank = 0; rank < 3; ++rank) {
+    ck::ShardRange r{"t", std::min<std::uint64_t>(2, static_cast<std::uint64_t>(rank)),
+                     std::min<std::uint64_t>(2, static_cast<std::uint64_t>(rank) + 1)};
+    ck::ShardWriter w(dir.path, "m", "x", rank, 3, specs, {r});
+    w.write(r, std::as_bytes(std::span(values).subspan(r.begin, r.end - r.begin)));
+    w.commit();
+    files.push_back(w.path().filename().string());
+  }
+  CHECK(ck::SafetensorsReader(dir.path / files[2]).tensors().empty());
+  auto index = ck::ShardIndex::from_shard_files(dir.path, "x", files, specs);
+  CHECK(index.files().size() == 2);
+  index.write(dir.path / "m.index.json");
+  std::int32_t got[2]{};
+  std::vector<ck::RangeSlot> all{{specs[0], 0, 2, std::as_writable_bytes(std::span(got))}};
+  ck::ShardIndex::read(dir.path / "m.index.json").load(all);
+  CHECK(got[0] == -5);
+  CHECK(got[1] == 6);
+
+  // 2^64 - 1 bytes declared: refused as truncated, not wrapped around.
+  std::string header = R"({"big":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,18446744073709551615]}})";
+  std::vector<std::byte> file(8);
+  file[0] = static_cast<std::byte>(header.size());
+  for (char c : header) file.push_back(static_cast<std::byte>(c));
+  put_bytes(dir.path / "big.safetensors", file);
+  CHECK(contains(message_of<gradsync::Error>([&] { ck::SafetensorsReader(dir.path / "big.safetensors", false); }),
+                 "truncated: tensor 'big'"));
+}

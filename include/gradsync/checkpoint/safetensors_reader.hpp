@@ -199,6 +199,10 @@ class SafetensorsReader {
       if (t.offset != end)
         fail("tensor '" + t.spec.name + "' starts at data offset " + std::to_string(t.offset - data_start) +
              (t.offset < end ? ", overlapping the tensor before it" : ", leaving a hole after the tensor before it"));
+      // Compared before adding: a huge shape in a corrupted header must not wrap around.
+      if (t.spec.bytes() > file_size_ - end)
+        fail("truncated: tensor '" + t.spec.name + "' needs " + std::to_string(t.spec.bytes()) + " bytes from byte " +
+             std::to_string(end) + ", but the file has " + std::to_string(file_size_));
       end += t.spec.bytes();
       if (end > file_size_)
         fail("truncated: tensor '" + t.spec.name + "' ends at byte " + std::to_string(end) + ", but the file has " +
