@@ -95,7 +95,7 @@ std::size_t temporaries_in(const fs::path& dir) {
 
 // A small model: one tensor of every dtype plus a scalar and an empty tensor.
 struct Model {
-  std::vector<ck::TensorSpec> specs;
+  std::vector<ck::TensorInfo> specs;
   std::vector<std::vector<std::byte>> data;
 
   std::vector<ck::TensorSlot> slots() {
@@ -234,7 +234,7 @@ TEST_CASE("a file with no tensors, and tensors of zero elements") {
 TEST_CASE("writer misuse is refused and publishes nothing") {
   TempDir dir;
   const auto path = dir.path / "w.safetensors";
-  const std::vector<ck::TensorSpec> specs{{"a", ck::TensorDtype::U8, {2}}, {"b", ck::TensorDtype::U8, {3}}};
+  const std::vector<ck::TensorInfo> specs{{"a", ck::TensorDtype::U8, {2}}, {"b", ck::TensorDtype::U8, {3}}};
   const std::byte two[2]{}, four[4]{};
   CHECK(contains(message_of<gradsync::InvalidArgument>([&] {
                    ck::SafetensorsWriter({path, {{"a", ck::TensorDtype::U8, {1}}, {"a", ck::TensorDtype::U8, {1}}}});
@@ -363,7 +363,7 @@ TEST_CASE("a sharded checkpoint written by 4 ranks reads back at 1, 2 and 3 rank
   INFO("seed " << test_seed());
   std::mt19937_64 rng(test_seed());
   TempDir dir;
-  const std::vector<ck::TensorSpec> specs{{"w", ck::TensorDtype::F32, {7, 5}},
+  const std::vector<ck::TensorInfo> specs{{"w", ck::TensorDtype::F32, {7, 5}},
                                           {"b", ck::TensorDtype::BF16, {3}},  // fewer elements than ranks
                                           {"e", ck::TensorDtype::F64, {0}},
                                           {"s", ck::TensorDtype::I64, {}}};
@@ -424,7 +424,7 @@ TEST_CASE("a sharded checkpoint written by 4 ranks reads back at 1, 2 and 3 rank
 
 TEST_CASE("a sharded checkpoint refuses corrupted pieces, files of another checkpoint and bad indexes") {
   TempDir dir;
-  const std::vector<ck::TensorSpec> specs{{"w", ck::TensorDtype::U8, {8}}};
+  const std::vector<ck::TensorInfo> specs{{"w", ck::TensorDtype::U8, {8}}};
   std::vector<std::byte> full(8);
   for (std::size_t i = 0; i < 8; ++i) full[i] = static_cast<std::byte>(i + 1);
   auto write_ckpt = [&](const std::string& id) {
@@ -502,7 +502,7 @@ TEST_CASE("a sharded checkpoint refuses corrupted pieces, files of another check
 
 TEST_CASE("a rank that owns nothing writes a tensorless shard file, and a huge declared shape is refused") {
   TempDir dir;
-  const std::vector<ck::TensorSpec> specs{{"t", ck::TensorDtype::I32, {2}}};
+  const std::vector<ck::TensorInfo> specs{{"t", ck::TensorDtype::I32, {2}}};
   const std::int32_t values[2]{-5, 6};
   std::vector<std::string> files;
   for (int rank = 0; rank < 3; ++rank) {

@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::vector<ck::TensorSpec> specs{{"embed.weight", ck::TensorDtype::F32, {64, 16}},
+const std::vector<ck::TensorInfo> specs{{"embed.weight", ck::TensorDtype::F32, {64, 16}},
                                         {"layer.0.bias", ck::TensorDtype::BF16, {100}},
                                         {"layer.0.weight", ck::TensorDtype::F64, {33, 7}},
                                         {"empty", ck::TensorDtype::I32, {0}},
@@ -136,7 +136,7 @@ int verify(const fs::path& dir) {
 
 // Values exact in every dtype, so Python can compare after a cast to float64.
 int sample(const fs::path& file, const fs::path& sidecar) {
-  const std::vector<ck::TensorSpec> s{{"f64", ck::TensorDtype::F64, {2, 3}}, {"f32", ck::TensorDtype::F32, {4, 5}},
+  const std::vector<ck::TensorInfo> s{{"f64", ck::TensorDtype::F64, {2, 3}}, {"f32", ck::TensorDtype::F32, {4, 5}},
                                       {"f16", ck::TensorDtype::F16, {7}},     {"i64", ck::TensorDtype::I64, {3}},
                                       {"i32", ck::TensorDtype::I32, {2, 2}},  {"i16", ck::TensorDtype::I16, {5}},
                                       {"i8", ck::TensorDtype::I8, {6}},       {"u64", ck::TensorDtype::U64, {2}},

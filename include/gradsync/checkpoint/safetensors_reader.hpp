@@ -23,7 +23,7 @@
 #include "gradsync/checkpoint/crc32.hpp"
 #include "gradsync/checkpoint/json.hpp"
 #include "gradsync/checkpoint/safetensors_writer.hpp"
-#include "gradsync/checkpoint/tensor_spec.hpp"
+#include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync::checkpoint {
@@ -31,20 +31,20 @@ namespace gradsync::checkpoint {
 /// A tensor as a file holds it: its spec, where its data lies in the file
 /// (absolute byte offset) and its stored checksum.
 struct TensorEntry {
-  TensorSpec spec;
+  TensorInfo spec;
   std::uint64_t offset = 0;
   std::optional<std::uint32_t> crc32;
 };
 
 /// Where to load one tensor: the spec the caller expects and its memory.
 struct TensorSlot {
-  TensorSpec spec;
+  TensorInfo spec;
   std::span<std::byte> data;
 };
 
 /// One tensor to save: its spec and its bytes.
 struct TensorData {
-  TensorSpec spec;
+  TensorInfo spec;
   std::span<const std::byte> data;
 };
 
@@ -301,7 +301,7 @@ inline void load_safetensors(const std::filesystem::path& path, std::span<const 
 /// Writes `tensors` to `path` in one go, atomically.
 inline void save_safetensors(const std::filesystem::path& path, std::span<const TensorData> tensors,
                              Metadata metadata = {}) {
-  std::vector<TensorSpec> specs;
+  std::vector<TensorInfo> specs;
   for (const auto& t : tensors) specs.push_back(t.spec);
   SafetensorsWriter w(path, std::move(specs), std::move(metadata));
   for (const auto& t : tensors) w.write(t.spec.name, t.data);

@@ -16,7 +16,7 @@
 #include "gradsync/checkpoint/atomic_file.hpp"
 #include "gradsync/checkpoint/crc32.hpp"
 #include "gradsync/checkpoint/json.hpp"
-#include "gradsync/checkpoint/tensor_spec.hpp"
+#include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync::checkpoint {
@@ -44,7 +44,7 @@ class SafetensorsWriter {
   /// Plans the file. Throws InvalidArgument for an empty, duplicate or
   /// reserved name, a size that overflows, or a reserved metadata key
   /// (`gradsync.format`, `gradsync.crc32:*`).
-  SafetensorsWriter(std::filesystem::path path, std::vector<TensorSpec> tensors, Metadata metadata = {})
+  SafetensorsWriter(std::filesystem::path path, std::vector<TensorInfo> tensors, Metadata metadata = {})
       : path_(std::move(path)), tensors_(std::move(tensors)), metadata_(std::move(metadata)) {
     for (const auto& [k, v] : metadata_)
       if (k.starts_with("gradsync.crc32:") || k == format_key)
@@ -119,7 +119,7 @@ class SafetensorsWriter {
   }
 
   const std::filesystem::path& path() const noexcept { return path_; }
-  const std::vector<TensorSpec>& tensors() const noexcept { return tensors_; }
+  const std::vector<TensorInfo>& tensors() const noexcept { return tensors_; }
 
  private:
   [[noreturn]] void fail_arg(const std::string& what) const {
@@ -134,7 +134,7 @@ class SafetensorsWriter {
     done_ = 0;
   }
 
-  const TensorSpec* find(std::string_view name) const {
+  const TensorInfo* find(std::string_view name) const {
     for (const auto& t : tensors_)
       if (t.name == name) return &t;
     return nullptr;
@@ -178,7 +178,7 @@ class SafetensorsWriter {
   }
 
   std::filesystem::path path_;
-  std::vector<TensorSpec> tensors_;
+  std::vector<TensorInfo> tensors_;
   Metadata metadata_;
   std::vector<std::uint64_t> begin_;
   std::vector<Crc32> crc_;

@@ -26,7 +26,7 @@
 #include "gradsync/checkpoint/json.hpp"
 #include "gradsync/checkpoint/safetensors_reader.hpp"
 #include "gradsync/checkpoint/shard_writer.hpp"
-#include "gradsync/checkpoint/tensor_spec.hpp"
+#include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync::checkpoint {
@@ -44,13 +44,13 @@ struct ShardPiece {
 /// A tensor of a sharded checkpoint: full spec and pieces sorted by `begin`
 /// that cover [0, elements) exactly once (none for an empty tensor).
 struct ShardedTensor {
-  TensorSpec spec;
+  TensorInfo spec;
   std::vector<ShardPiece> pieces;
 };
 
 /// Where to load elements [begin, end) of a tensor, and the spec expected of it.
 struct RangeSlot {
-  TensorSpec spec;
+  TensorInfo spec;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
   std::span<std::byte> data;
@@ -72,7 +72,7 @@ class ShardIndex {
   /// (reading only their headers) and checks that the pieces tile every
   /// tensor of `tensors` exactly and belong to checkpoint `id`.
   static ShardIndex from_shard_files(const std::filesystem::path& dir, std::string id,
-                                     std::span<const std::string> files, std::span<const TensorSpec> tensors) {
+                                     std::span<const std::string> files, std::span<const TensorInfo> tensors) {
     ShardIndex index;
     index.dir_ = dir;
     index.id_ = std::move(id);

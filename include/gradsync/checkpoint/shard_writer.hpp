@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gradsync/checkpoint/safetensors_writer.hpp"
-#include "gradsync/checkpoint/tensor_spec.hpp"
+#include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync::checkpoint {
@@ -54,13 +54,13 @@ class ShardWriter {
   /// checkpoint; `ranges`: what this rank owns. `id` must be the same on every
   /// rank and differ from the previous checkpoint's.
   ShardWriter(const std::filesystem::path& dir, std::string_view stem, std::string_view id, int rank, int size,
-              std::span<const TensorSpec> tensors, std::vector<ShardRange> ranges)
+              std::span<const TensorInfo> tensors, std::vector<ShardRange> ranges)
       : ranges_(std::move(ranges)) {
     const auto path = dir / shard_file_name(stem, id, rank, size);
     std::erase_if(ranges_, [](const ShardRange& r) { return r.begin == r.end; });
-    std::vector<TensorSpec> pieces;
+    std::vector<TensorInfo> pieces;
     for (const auto& r : ranges_) {
-      const TensorSpec* full = nullptr;
+      const TensorInfo* full = nullptr;
       for (const auto& t : tensors)
         if (t.name == r.tensor) full = &t;
       if (!full) throw InvalidArgument("checkpoint: shard range names tensor '" + r.tensor + "', which is not declared");
@@ -68,7 +68,7 @@ class ShardWriter {
         throw InvalidArgument("checkpoint: shard range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
                               ") of tensor '" + r.tensor + "' is outside its " + std::to_string(full->elements()) +
                               " elements");
-      pieces.push_back(TensorSpec{piece_name(r.tensor, r.begin, r.end), full->dtype, {r.end - r.begin}});
+      pieces.push_back(TensorInfo{piece_name(r.tensor, r.begin, r.end), full->dtype, {r.end - r.begin}});
     }
     Metadata meta{{std::string(checkpoint_id_key), std::string(id)},
                   {"gradsync.shard", std::to_string(rank) + "/" + std::to_string(size)}};

@@ -13,7 +13,9 @@
 namespace gradsync::checkpoint {
 
 /// A tensor as a checkpoint declares it: row-major, unpadded, little-endian.
-struct TensorSpec {
+/// (gradsync::TensorSpec, the trainers' model protocol, has a name and shape
+/// but no dtype; this is what a file records.)
+struct TensorInfo {
   std::string name;
   TensorDtype dtype = TensorDtype::F32;
   std::vector<std::uint64_t> shape;
@@ -38,7 +40,7 @@ struct TensorSpec {
   std::uint64_t elements() const noexcept { return checked_elements().value_or(0); }
   std::uint64_t bytes() const noexcept { return checked_bytes().value_or(0); }
 
-  friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
+  friend bool operator==(const TensorInfo&, const TensorInfo&) = default;
 };
 
 /// "[2, 3]", for messages.
