@@ -481,6 +481,24 @@ TEST_CASE("a sharded checkpoint refuses corrupted pieces, files of another check
     CHECK(contains(message_of<gradsync::InvalidArgument>([&] { index.write(dir.path / "elsewhere" / "i.json"); }),
                    "must be written in the shard files' directory"));
   }
+  SUBCASE("any flipped byte of the index fails to load or loads the right data") {
+    const auto text = file_bytes(dir.path / "m-a.index.json");
+    std::mt19937_64 rng(test_seed());
+    INFO("seed " << test_seed());
+    for (std::size_t at = 0; at < text.size(); ++at) {
+      INFO("byte " << at << " of the index flipped");
+      auto bad = text;
+      bad[at] ^= std::byte{static_cast<unsigned char>(1u << (rng() % 8))};
+      put_bytes(dir.path / "flip.index.json", bad);
+      std::fill(got.begin(), got.end(), std::byte{0x77});
+      try {
+        ck::ShardIndex::read(dir.path / "flip.index.json").load(slots);
+        CHECK(got == full);
+      } catch (const gradsync::Error&) {
+        CHECK(untouched());
+      }
+    }
+  }
   SUBCASE("an index with a gap, a truncated index, a wrong spec") {
     auto text = file_bytes(dir.path / "m-a.index.json");
     std::string s(reinterpret_cast<const char*>(text.data()), text.size());
