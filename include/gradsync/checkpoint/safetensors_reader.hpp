@@ -1,0 +1,311 @@
+#pragma once
+/// \file Reads and validates one safetensors file; loads a set of tensors
+/// all or nothing.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gradsync/checkpoint/crc32.hpp"
+#include "gradsync/checkpoint/json.hpp"
+#include "gradsync/checkpoint/safetensors_writer.hpp"
+#include "gradsync/checkpoint/tensor_info.hpp"
+#include "gradsync/core/error.hpp"
+
+namespace gradsync::checkpoint {
+
+/// A tensor as a file holds it: its spec, where its data lies in the file
+/// (absolute byte offset) and its stored checksum.
+struct TensorEntry {
+  TensorInfo spec;
+  std::uint64_t offset = 0;
+  std::optional<std::uint32_t> crc32;
+};
+
+/// Where to load one tensor: the spec the caller expects and its memory.
+struct TensorSlot {
+  TensorInfo spec;
+  std::span<std::byte> data;
+};
+
+/// One tensor to save: its spec and its bytes.
+struct TensorData {
+  TensorInfo spec;
+  std::span<const std::byte> data;
+};
+
+/// An open safetensors file whose header has been checked against the
+/// format and the file's size: known dtypes, shapes that match their byte
+/// ranges, ranges that tile the data exactly (a truncated or extended file
+/// fails here), and, for a file gradsync wrote, a checksum for every tensor.
+/// Every error is a gradsync::Error that names the file (and the tensor).
+class SafetensorsReader {
+ public:
+  /// Largest header accepted (the Python package's own limit).
+  static constexpr std::uint64_t max_header_bytes = 100'000'000;
+
+  /// Opens and validates `path`. `require_checksums`: refuse a file without a
+  /// CRC-32 for each tensor (files from other writers have none; pass false).
+  explicit SafetensorsReader(std::filesystem::path path, bool require_checksums = true) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail("cannot open: " + std::string(std::strerror(errno)));
+    try {
+      parse(require_checksums);
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
+  }
+
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  SafetensorsReader(SafetensorsReader&& o) noexcept
+      : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), tensors_(std::move(o.tensors_)),
+        metadata_(std::move(o.metadata_)), file_size_(o.file_size_) {}
+  ~SafetensorsReader() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  const std::filesystem::path& path() const noexcept { return path_; }
+  /// Tensors in the order of their data in the file.
+  const std::vector<TensorEntry>& tensors() const noexcept { return tensors_; }
+  /// `__metadata__`, including gradsync's own keys.
+  const Metadata& metadata() const noexcept { return metadata_; }
+
+  /// The tensor called `name`, or null.
+  const TensorEntry* find(std::string_view name) const noexcept {
+    for (const auto& t : tensors_)
+      if (t.spec.name == name) return &t;
+    return nullptr;
+  }
+
+  /// The tensor called `name`; throws InvalidArgument naming the file if absent.
+  const TensorEntry& tensor(std::string_view name) const {
+    if (auto* t = find(name)) return *t;
+    throw InvalidArgument("checkpoint: '" + path_.string() + "' has no tensor '" + std::string(name) + "'");
+  }
+
+  /// Reads `out.size()` raw bytes of `name`'s data starting `byte_offset` bytes into it; no checksum.
+  void read_bytes(const TensorEntry& t, std::uint64_t byte_offset, std::span<std::byte> out) const {
+    if (byte_offset > t.spec.bytes() || out.size() > t.spec.bytes() - byte_offset)
+      fail("read of bytes [" + std::to_string(byte_offset) + ", +" + std::to_string(out.size()) +
+           ") is outside tensor '" + t.spec.name + "'");
+    pread_all(t.offset + byte_offset, out, t.spec.name);
+  }
+
+  /// Reads all of `name`'s data into `out` (exactly its size) and checks its CRC-32.
+  void read(std::string_view name, std::span<std::byte> out) const {
+    const auto& t = tensor(name);
+    if (out.size() != t.spec.bytes())
+      throw InvalidArgument("checkpoint: reading tensor '" + t.spec.name + "' of '" + path_.string() + "' into " +
+                            std::to_string(out.size()) + " bytes; it has " + std::to_string(t.spec.bytes()));
+    pread_all(t.offset, out, t.spec.name);
+    verify(t, out);
+  }
+
+  /// Throws Error naming file and tensor if `data` (all of `t`'s bytes) does not match its stored CRC-32.
+  void verify(const TensorEntry& t, std::span<const std::byte> data) const {
+    if (!t.crc32) return;
+    auto got = Crc32::of(data);
+    if (got != *t.crc32)
+      fail("tensor '" + t.spec.name + "' is corrupted: its data has CRC-32 " + crc32_hex(got) + ", the header says " +
+           crc32_hex(*t.crc32));
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error("checkpoint: '" + path_.string() + "': " + what);
+  }
+
+  void pread_all(std::uint64_t offset, std::span<std::byte> out, std::string_view tensor) const {
+    std::byte* p = out.data();
+    std::size_t n = out.size();
+    while (n > 0) {
+      ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) fail("reading tensor '" + std::string(tensor) + "': " + std::strerror(errno));
+      if (r == 0) fail("tensor '" + std::string(tensor) + "' is truncated (the file ended while reading it)");
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+    }
+  }
+
+  static std::optional<std::uint32_t> parse_hex32(const std::string& s) {
+    if (s.size() != 8) return std::nullopt;
+    std::uint32_t v = 0;
+    for (char c : s) {
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= static_cast<std::uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f') v |= static_cast<std::uint32_t>(c - 'a' + 10);
+      else return std::nullopt;
+    }
+    return v;
+  }
+
+  void parse(bool require_checksums) {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) fail("cannot stat: " + std::string(std::strerror(errno)));
+    file_size_ = static_cast<std::uint64_t>(st.st_size);
+    if (file_size_ < 8) fail("truncated: " + std::to_string(file_size_) + " bytes, shorter than the 8-byte header length");
+    std::byte len_le[8];
+    pread_all(0, len_le, "(header length)");
+    std::uint64_t len = 0;
+    for (int i = 7; i >= 0; --i) len = len << 8 | static_cast<std::uint64_t>(len_le[i]);
+    if (len > max_header_bytes) fail("header length " + std::to_string(len) + " is implausible (corrupted or not a safetensors file)");
+    if (len > file_size_ - 8)
+      fail("truncated: the header says it is " + std::to_string(len) + " bytes, but only " +
+           std::to_string(file_size_ - 8) + " follow the length");
+    std::string text(len, '\0');
+    pread_all(8, std::as_writable_bytes(std::span(text)), "(header)");
+    detail::Json header;
+    try {
+      header = detail::parse_json(text);
+    } catch (const detail::JsonError& e) {
+      fail(std::string("header is not valid JSON (corrupted or truncated?): ") + e.what());
+    }
+    if (!header.is_object()) fail("header is not a JSON object");
+    const std::uint64_t data_start = 8 + len;
+    for (const auto& [name, value] : header.members()) {
+      if (name == "__metadata__") {
+        if (!value->is_object()) fail("__metadata__ is not an object");
+        for (const auto& [k, v] : value->members()) {
+          if (!v->is_string()) fail("__metadata__ value of '" + std::string(k) + "' is not a string");
+          metadata_[std::string(k)] = v->string();
+        }
+        continue;
+      }
+      tensors_.push_back(parse_tensor(std::string(name), *value, data_start));
+    }
+    std::sort(tensors_.begin(), tensors_.end(), [](const TensorEntry& a, const TensorEntry& b) {
+      return a.offset != b.offset ? a.offset < b.offset : a.spec.bytes() < b.spec.bytes();
+    });
+    std::uint64_t end = data_start;
+    for (const auto& t : tensors_) {
+      if (t.offset != end)
+        fail("tensor '" + t.spec.name + "' starts at data offset " + std::to_string(t.offset - data_start) +
+             (t.offset < end ? ", overlapping the tensor before it" : ", leaving a hole after the tensor before it"));
+      // Compared before adding: a huge shape in a corrupted header must not wrap around.
+      if (t.spec.bytes() > file_size_ - end)
+        fail("truncated: tensor '" + t.spec.name + "' needs " + std::to_string(t.spec.bytes()) + " bytes from byte " +
+             std::to_string(end) + ", but the file has " + std::to_string(file_size_));
+      end += t.spec.bytes();
+      if (end > file_size_)
+        fail("truncated: tensor '" + t.spec.name + "' ends at byte " + std::to_string(end) + ", but the file has " +
+             std::to_string(file_size_));
+    }
+    if (end != file_size_)
+      fail("the file has " + std::to_string(file_size_ - end) + " bytes after the last tensor's data");
+    const bool ours = metadata_.contains(std::string(format_key));
+    for (auto& t : tensors_) {
+      auto it = metadata_.find(crc32_key(t.spec.name));
+      if (it != metadata_.end()) {
+        t.crc32 = parse_hex32(it->second);
+        if (!t.crc32) fail("checksum of tensor '" + t.spec.name + "' is not 8 lower-case hex digits: '" + it->second + "'");
+      } else if (require_checksums || ours) {
+        fail("tensor '" + t.spec.name + "' has no checksum ('" + crc32_key(t.spec.name) + "' in __metadata__)");
+      }
+    }
+  }
+
+  TensorEntry parse_tensor(const std::string& name, const detail::Json& v, std::uint64_t data_start) const {
+    auto bad = [&](const std::string& what) { fail("tensor '" + name + "': " + what); };
+    if (!v.is_object()) bad("entry is not an object");
+    const auto* dtype = v.find("dtype");
+    const auto* shape = v.find("shape");
+    const auto* offsets = v.find("data_offsets");
+    if (!dtype || !shape || !offsets || v.size() != 3)
+      bad("entry must have exactly the keys dtype, shape and data_offsets");
+    if (!dtype->is_string()) bad("dtype is not a string");
+    TensorEntry t;
+    t.spec.name = name;
+    auto dt = parse_dtype(dtype->string());
+    if (!dt) bad("unknown dtype '" + dtype->string() + "'");
+    t.spec.dtype = *dt;
+    if (!shape->is_array()) bad("shape is not an array");
+    for (const auto& d : shape->array()) {
+      if (!d.is_integer()) bad("shape holds a non-integer");
+      t.spec.shape.push_back(d.integer());
+    }
+    if (!offsets->is_array() || offsets->array().size() != 2 || !offsets->array()[0].is_integer() ||
+        !offsets->array()[1].is_integer())
+      bad("data_offsets is not a pair of integers");
+    auto b = offsets->array()[0].integer(), e = offsets->array()[1].integer();
+    auto bytes = t.spec.checked_bytes();
+    if (!bytes) bad("shape " + shape_string(t.spec.shape) + " is too large");
+    if (e < b || e - b != *bytes)
+      bad("data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + ") hold " +
+          std::to_string(e >= b ? e - b : 0) + " bytes, but dtype " + std::string(dtype_name(t.spec.dtype)) +
+          " and shape " + shape_string(t.spec.shape) + " need " + std::to_string(*bytes));
+    if (b > file_size_) bad("data starts past the end of the file (truncated)");
+    t.offset = data_start + b;
+    return t;
+  }
+
+  std::filesystem::path path_;
+  int fd_ = -1;
+  std::vector<TensorEntry> tensors_;
+  Metadata metadata_;
+  std::uint64_t file_size_ = 0;
+};
+
+/// Loads the tensors `slots` names from `path`, all or nothing: every
+/// tensor's name, dtype and shape must match the file (and, unless
+/// `allow_extra`, the file may hold no other tensor), and every checksum must
+/// verify, before any slot is written. The data is staged in memory first,
+/// so this needs as much free memory as the tensors loaded.
+inline void load_safetensors(const std::filesystem::path& path, std::span<const TensorSlot> slots,
+                             bool allow_extra = false) {
+  SafetensorsReader reader(path);
+  auto mismatch = [&](const std::string& what) {
+    throw InvalidArgument("checkpoint: '" + path.string() + "' does not match: " + what);
+  };
+  for (const auto& s : slots) {
+    const auto* t = reader.find(s.spec.name);
+    if (!t) mismatch("it has no tensor '" + s.spec.name + "'");
+    if (t->spec.dtype != s.spec.dtype || t->spec.shape != s.spec.shape)
+      mismatch("tensor '" + s.spec.name + "' is " + std::string(dtype_name(t->spec.dtype)) + " " +
+               shape_string(t->spec.shape) + ", expected " + std::string(dtype_name(s.spec.dtype)) + " " +
+               shape_string(s.spec.shape));
+    if (s.data.size() != s.spec.bytes())
+      throw InvalidArgument("checkpoint: slot for tensor '" + s.spec.name + "' has " + std::to_string(s.data.size()) +
+                            " bytes; its dtype and shape need " + std::to_string(s.spec.bytes()));
+  }
+  if (!allow_extra)
+    for (const auto& t : reader.tensors())
+      if (std::none_of(slots.begin(), slots.end(), [&](const TensorSlot& s) { return s.spec.name == t.spec.name; }))
+        mismatch("it holds tensor '" + t.spec.name + "', which was not asked for");
+  std::vector<std::vector<std::byte>> staged(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    staged[i].resize(slots[i].data.size());
+    reader.read(slots[i].spec.name, staged[i]);
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    if (!staged[i].empty()) std::memcpy(slots[i].data.data(), staged[i].data(), staged[i].size());
+}
+
+/// Writes `tensors` to `path` in one go, atomically.
+inline void save_safetensors(const std::filesystem::path& path, std::span<const TensorData> tensors,
+                             Metadata metadata = {}) {
+  std::vector<TensorInfo> specs;
+  for (const auto& t : tensors) specs.push_back(t.spec);
+  SafetensorsWriter w(path, std::move(specs), std::move(metadata));
+  for (const auto& t : tensors) w.write(t.spec.name, t.data);
+  w.commit();
+}
+
+}  // namespace gradsync::checkpoint
