@@ -1,5 +1,4 @@
 // GradSync (the bucketed reducer) and the ProgressWorker under it, alone.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
