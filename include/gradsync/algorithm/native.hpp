@@ -14,6 +14,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail {
 
@@ -25,21 +26,6 @@ concept HasNative = requires(typename B::Endpoint& e, const float* in, float* ou
   e.native_all_gather(in, out, call, std::chrono::nanoseconds{});
   e.native_broadcast(out, call, std::chrono::nanoseconds{});
 };
-
-/// Calls f(T{}) with the element type of `t`: the backends' native
-/// collectives take typed pointers, which Native hands them from its
-/// type-erased buffers. Instantiated once per backend, for every type.
-template <class F>
-void with_element(DataType t, F&& f) {
-  switch (t) {
-    case DataType::float32: return f(float{});
-    case DataType::float64: return f(double{});
-    case DataType::int32: return f(std::int32_t{});
-    case DataType::int64: return f(std::int64_t{});
-    case DataType::bfloat16: return f(bfloat16{});
-    case DataType::float16: return f(float16{});
-  }
-}
 
 template <>
 struct Algorithm<Native> {
@@ -59,7 +45,7 @@ struct Algorithm<Native> {
                          const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) return ordered_all_reduce(comm, in, out, op);
-    with_element(out.type(), [&]<class T>(T) {
+    visit(out.type(), [&]<class T>(T) {
       comm.endpoint().native_all_reduce(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), comm.call(),
                                         comm.timeout());
     });
@@ -74,7 +60,7 @@ struct Algorithm<Native> {
         return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)};
       });
     }
-    with_element(out.type(), [&]<class T>(T) {
+    visit(out.type(), [&]<class T>(T) {
       comm.endpoint().native_reduce_scatter(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), comm.call(),
                                             comm.timeout());
     });
@@ -87,7 +73,7 @@ struct Algorithm<Native> {
   template <class B>
   static void broadcast(CallView<B>& comm, Buffer buf, int, const Options&) {
     require<B>();
-    with_element(buf.type(), [&]<class T>(T) {
+    visit(buf.type(), [&]<class T>(T) {
       comm.endpoint().native_broadcast(static_cast<T*>(buf.data()), comm.call(), comm.timeout());
     });
   }
@@ -95,7 +81,7 @@ struct Algorithm<Native> {
  private:
   template <class B>
   static void native_all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const CallInfo& call) {
-    with_element(out.type(), [&]<class T>(T) {
+    visit(out.type(), [&]<class T>(T) {
       comm.endpoint().native_all_gather(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), call,
                                         comm.timeout());
     });
