@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
+#include "support/instances.hpp"
 
 namespace gs = gradsync;
 using gs::bfloat16;

@@ -20,6 +20,7 @@
 
 #include "gradsync/gradsync.hpp"
 #include "support/common.hpp"
+#include "support/instances.hpp"
 
 namespace gs = gradsync;
 using test::Algorithms;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "support/instances.hpp"
 #include "support/unit_disagreement.hpp"
 
 using gradsync::Communicator;

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/instances.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_model.hpp"
 

@@ -3,6 +3,8 @@
 
 #include <gradsync/gradsync.hpp>
 
+#include "support/instances.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>

@@ -17,6 +17,7 @@
 #ifdef GRADSYNC_TEST_MPI
 #include "gradsync/backend/mpi.hpp"
 #endif
+#include "instances.hpp"
 
 namespace test {
 
