@@ -39,10 +39,8 @@
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
-#ifdef GRADSYNC_TEST_MPI
-#include "gradsync/backend/mpi.hpp"
-#endif
 #include "support/fault_watchdog.hpp"
+#include "support/world.hpp"
 
 namespace gs = gradsync;
 using Clock = std::chrono::steady_clock;
@@ -794,22 +792,10 @@ TEST_CASE("randomized faults on Threads: every rank ends promptly with the promi
 
 #else
 
-namespace {
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-}  // namespace
 
 TEST_CASE("randomized faults on Mpi: every rank ends promptly with the promised error") {
-  const int n = world_size();
-  const int me = world_rank();
+  const int n = test::mpi_size();
+  const int me = test::mpi_rank();
   if (n < 2 || n > 5) {
     MESSAGE("needs 2 to 5 processes, got ", n);
     return;
