@@ -76,6 +76,32 @@ concept PerfCollective = requires(int n, std::size_t c) {
   { D::recv_count(c, n) } -> std::same_as<std::size_t>;
 };
 
+/// What a descriptor inherits unless it says otherwise: no reduction, no
+/// root, no model modes, both placements, no notes, and sizes per rank (the
+/// size column is each rank's buffer of count elements).
+struct PerfDefaults {
+  static constexpr bool reduces = false;
+  static constexpr bool rooted = false;
+  static constexpr bool model_modes = false;
+  static constexpr bool out_of_place = true;
+  static constexpr bool in_place = true;
+  static constexpr std::string_view usage_note = "";
+  static constexpr std::string_view header_note = "";
+  static constexpr std::string_view size_convention = "";
+  static std::size_t count_for(std::size_t elements, int) { return elements; }
+  static std::size_t size_elements(std::size_t count, int) { return count; }
+  static std::size_t send_count(std::size_t count, int) { return count; }
+  static std::size_t recv_count(std::size_t count, int) { return count; }
+};
+
+/// Collectives whose size column is the whole array of N per-rank blocks, as
+/// nccl-tests counts reduce-scatter and all-gather; count is per rank.
+struct PerfBlocks : PerfDefaults {
+  static constexpr std::string_view size_convention = "N x per-rank bytes (count is elements per rank)";
+  static std::size_t count_for(std::size_t elements, int n) { return elements / static_cast<std::size_t>(n); }
+  static std::size_t size_elements(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
+};
+
 /// -n 0's bounds on calls per repeat.
 inline constexpr int min_auto_iters = 3;
 inline constexpr int max_auto_iters = 100000;
