@@ -19,14 +19,9 @@ namespace {
 using bench::Shape;
 
 /// All-gather: every rank ends with all ranks' blocks, block q from rank q.
-struct AllGatherPerf {
+struct AllGatherPerf : bench::PerfBlocks {
   static constexpr std::string_view name = "all_gather_perf";
   static constexpr gradsync::Collective collective = gradsync::Collective::all_gather;
-  static constexpr bool reduces = false;
-  static constexpr bool rooted = false;
-  static constexpr bool model_modes = false;
-  static constexpr bool out_of_place = true;
-  static constexpr bool in_place = true;
   static constexpr std::string_view busbw_formula = "(N-1)/N";
   static constexpr std::string_view usage_note =
       "  Sizes (-b, -e and the size column) are the whole gathered array, N x the\n"
@@ -34,12 +29,8 @@ struct AllGatherPerf {
       "  per rank.\n";
   static constexpr std::string_view header_note =
       "# size = N x count x sizeof(type): the whole gathered array, as nccl-tests counts it; count = elements per rank\n";
-  static constexpr std::string_view size_convention = "N x per-rank bytes (count is elements per rank)";
 
   static double busbw_factor(int n) { return static_cast<double>(n - 1) / n; }
-  static std::size_t count_for(std::size_t elements, int n) { return elements / static_cast<std::size_t>(n); }
-  static std::size_t size_elements(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
-  static std::size_t send_count(std::size_t count, int) { return count; }
   static std::size_t recv_count(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
 
   /// Rank q's block, hashed on its offset in the output, so that a block

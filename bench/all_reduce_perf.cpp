@@ -32,24 +32,14 @@ using bench::Shape;
 
 /// All-reduce: every rank ends with op over all ranks' buffers. size = count
 /// elements = the buffer of each rank.
-struct AllReducePerf {
+struct AllReducePerf : bench::PerfDefaults {
   static constexpr std::string_view name = "all_reduce_perf";
   static constexpr gradsync::Collective collective = gradsync::Collective::all_reduce;
   static constexpr bool reduces = true;
-  static constexpr bool rooted = false;
   static constexpr bool model_modes = true;
-  static constexpr bool out_of_place = true;
-  static constexpr bool in_place = true;
   static constexpr std::string_view busbw_formula = "2(N-1)/N";
-  static constexpr std::string_view usage_note = "";
-  static constexpr std::string_view header_note = "";
-  static constexpr std::string_view size_convention = "";
 
   static double busbw_factor(int n) { return 2.0 * (n - 1) / n; }
-  static std::size_t count_for(std::size_t elements, int) { return elements; }
-  static std::size_t size_elements(std::size_t count, int) { return count; }
-  static std::size_t send_count(std::size_t count, int) { return count; }
-  static std::size_t recv_count(std::size_t count, int) { return count; }
 
   template <class T, class Op>
   static T input(const Shape& s, std::size_t i) {

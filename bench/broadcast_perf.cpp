@@ -20,14 +20,11 @@ namespace {
 using bench::Shape;
 
 /// Broadcast: every rank ends with the root's buffer.
-struct BroadcastPerf {
+struct BroadcastPerf : bench::PerfDefaults {
   static constexpr std::string_view name = "broadcast_perf";
   static constexpr gradsync::Collective collective = gradsync::Collective::broadcast;
-  static constexpr bool reduces = false;
   static constexpr bool rooted = true;
-  static constexpr bool model_modes = false;
   static constexpr bool out_of_place = false;
-  static constexpr bool in_place = true;
   static constexpr std::string_view busbw_formula = "1 (all of it leaves the root)";
   static constexpr std::string_view usage_note =
       "  Sizes (-b, -e and the size column) are the buffer every rank ends with, as\n"
@@ -38,10 +35,7 @@ struct BroadcastPerf {
   static constexpr std::string_view size_convention = "per-rank bytes (the buffer every rank ends with)";
 
   static double busbw_factor(int) { return 1.0; }
-  static std::size_t count_for(std::size_t elements, int) { return elements; }
-  static std::size_t size_elements(std::size_t count, int) { return count; }
   static std::size_t send_count(std::size_t, int) { return 0; }
-  static std::size_t recv_count(std::size_t count, int) { return count; }
 
   template <class T, class>
   static T input(const Shape& s, std::size_t i) {

@@ -14,6 +14,8 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "peer/timing.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -50,14 +52,7 @@ int main(int argc, char** argv) {
     const int rank = std::atoi(argv[1]);
     const int world = std::atoi(argv[2]);
     const std::string dir = argv[3], algo = argv[4];
-    int repeats = 5, warmup = 5;
-    std::vector<std::size_t> sizes;
-    for (int i = 5; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "-r" && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
-      else if (a == "-w" && i + 1 < argc) warmup = std::max(0, std::atoi(argv[++i]));
-      else sizes.push_back(static_cast<std::size_t>(std::strtoull(a.c_str(), nullptr, 10)));
-    }
+    const bench::peer::Args args = bench::peer::parse_args(argc, argv, 5);
     gloo::transport::tcp::attr attr("127.0.0.1");
     auto dev = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore store(dir);
@@ -69,13 +64,12 @@ int main(int argc, char** argv) {
     gloo::AllreduceRing<double> max_op(base, {&shared_value}, 1, gloo::ReductionFunction<double>::max);
     gloo::BarrierAllToAll barrier(base);
 
-    const std::size_t max_bytes = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
-    std::vector<float> data(std::max<std::size_t>(max_bytes / sizeof(float), 1), 0.0f);  // zeros: sums stay finite
+    std::vector<float> data(std::max<std::size_t>(args.max_bytes() / sizeof(float), 1), 0.0f);  // zeros: sums stay finite
     if (rank == 0) std::printf("# gloo_allreduce_peer: %s, world %d, tcp 127.0.0.1, float sum, in place\n", algo.c_str(), world);
-    for (const std::size_t bytes : sizes) {
-      const int count = static_cast<int>(std::max<std::size_t>(bytes / sizeof(float), 1));
+    for (const std::size_t bytes : args.sizes) {
+      const int count = bench::peer::float_count(bytes);
       auto op = make(algo, base, data.data(), count);
-      for (int i = 0; i < warmup; ++i) op->run();
+      for (int i = 0; i < args.warmup; ++i) op->run();
       auto batch = [&](int n) {
         barrier.run();
         const auto t0 = Clock::now();
@@ -84,22 +78,8 @@ int main(int argc, char** argv) {
         max_op.run();
         return shared_value;
       };
-      double per_call = 0;
-      for (int n = 1;; n *= 2) {
-        per_call = batch(n);
-        if (per_call * n >= 0.01 || n >= 100000) break;
-      }
-      const int iters = static_cast<int>(std::clamp(0.2 / repeats / std::max(per_call, 1e-9), 3.0, 100000.0));
-      std::vector<double> t;
-      for (int r = 0; r < repeats; ++r) t.push_back(batch(iters));
-      std::sort(t.begin(), t.end());
-      const double median = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
-      const double b = static_cast<double>(count) * sizeof(float);
-      if (rank == 0) {
-        std::printf("%zu %.3f %.4f\n", static_cast<std::size_t>(b), median * 1e6,
-                    b / median / 1e9 * 2.0 * (world - 1) / world);
-        std::fflush(stdout);
-      }
+      const double t = bench::peer::median_per_call(batch, args.repeats);
+      if (rank == 0) bench::peer::print_row(count, t, world);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -19,13 +19,10 @@ using bench::Shape;
 
 /// Reduce-scatter: rank r ends with block r of op over all ranks' N-block
 /// inputs.
-struct ReduceScatterPerf {
+struct ReduceScatterPerf : bench::PerfBlocks {
   static constexpr std::string_view name = "reduce_scatter_perf";
   static constexpr gradsync::Collective collective = gradsync::Collective::reduce_scatter;
   static constexpr bool reduces = true;
-  static constexpr bool rooted = false;
-  static constexpr bool model_modes = false;
-  static constexpr bool out_of_place = true;
   static constexpr bool in_place = false;
   static constexpr std::string_view busbw_formula = "(N-1)/N";
   static constexpr std::string_view usage_note =
@@ -34,13 +31,9 @@ struct ReduceScatterPerf {
   static constexpr std::string_view header_note =
       "# size = N x count x sizeof(type): the whole array, as nccl-tests counts it; count = elements per rank\n"
       "# in-place: not measured (ReduceScatter needs separate in and out buffers)\n";
-  static constexpr std::string_view size_convention = "N x per-rank bytes (count is elements per rank)";
 
   static double busbw_factor(int n) { return static_cast<double>(n - 1) / n; }
-  static std::size_t count_for(std::size_t elements, int n) { return elements / static_cast<std::size_t>(n); }
-  static std::size_t size_elements(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
   static std::size_t send_count(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
-  static std::size_t recv_count(std::size_t count, int) { return count; }
 
   template <class T, class Op>
   static T input(const Shape& s, std::size_t i) {

@@ -1,7 +1,6 @@
 // bfloat16: conversion from float rounds to nearest, ties to even; NaN stays
 // NaN; overflow goes to infinity; every bfloat16 round-trips through float;
 // and reductions round back to bfloat16 after every step.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
+#include "support/instances.hpp"
 
 namespace gs = gradsync;
 using gs::bfloat16;

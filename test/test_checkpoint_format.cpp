@@ -2,7 +2,6 @@
 // dtype, sharded checkpoints re-read at other world sizes, and files that are
 // truncated, corrupted or mismatched refusing to load, all or nothing.
 // GRADSYNC_CHECKPOINT_SEED replays the random data.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <unistd.h>

@@ -1,6 +1,5 @@
 // The cost model behind Auto: explain() lists every algorithm the backend has
 // and names the cheapest; parse_cost_model reads GRADSYNC_COST_MODEL strictly.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
@@ -35,7 +35,7 @@ const std::vector<std::size_t> sizes{0, 4, 1000, 4096, 100'000, 1 << 20, 1 << 26
 
 }  // namespace
 
-TEST_CASE("explain lists the four Threads algorithms and chooses the cheapest") {
+TEST_CASE("explain lists the four Threads algorithms, each with a finite prediction") {
   for (gs::Collective c : collectives) {
     const auto all = explain_all(c, sizes);
     for (int n = 1; n <= 9; ++n) {
@@ -47,18 +47,52 @@ TEST_CASE("explain lists the four Threads algorithms and chooses the cheapest") 
         CHECK(e.candidates[1].algorithm == gs::Tree::name);
         CHECK(e.candidates[2].algorithm == gs::RecursiveHalvingDoubling::name);
         CHECK(e.candidates[3].algorithm == gs::Native::name);
-        double best = e.candidates[0].seconds;
-        std::string_view argmin = e.candidates[0].algorithm;
         for (const gs::Prediction& p : e.candidates) {
           CHECK(std::isfinite(p.seconds));
           CHECK(p.seconds >= 0.0);
-          if (p.seconds < best) {
-            best = p.seconds;
-            argmin = p.algorithm;
-          }
         }
-        CHECK(e.chosen == argmin);
       }
+    }
+  }
+}
+
+TEST_CASE("explain prices all-reduce by the reference formulas and chooses their cheapest") {
+  // Written out here from docs' Hockney formulas (shared REFERENCE.md), not
+  // taken from predict(): messages below the chunk size (one chunk each) on
+  // power-of-two worlds, where the formulas are exact. Tree is the
+  // unpipelined double binary tree, 2 lg p messages and 2n bytes moved;
+  // Native is two lg p synchronisations and one pass over the bytes.
+  const gs::CostModel& m = gs::cost_model<gs::Threads>();
+  const double a = m.alpha, b = m.beta, g = m.gamma;
+  const double nb = m.native_beta > 0 ? m.native_beta : b;
+  const std::vector<std::size_t> small{4, 4096, 65536};
+  const auto all = explain_all(gs::Collective::all_reduce, small);
+  for (int p : {2, 4, 8}) {
+    const double lg = std::log2(p);
+    const double frac = (p - 1.0) / p;
+    for (std::size_t i = 0; i < small.size(); ++i) {
+      const double n = static_cast<double>(small[i]);
+      const double ring = 2 * (p - 1) * a + 2 * frac * n * b + frac * n * g;
+      const double tree = 2 * lg * a + 2 * n * b + n * g;
+      const double rabenseifner = 2 * lg * a + 2 * frac * n * b + frac * n * g;
+      const double doubling = lg * (a + n * b + n * g);
+      const double rhd = std::min(rabenseifner, doubling);
+      const double native = 2 * m.native_alpha * lg + n * nb + frac * n * g;
+      const std::vector<std::pair<std::string_view, double>> want{
+          {gs::Ring::name, ring}, {gs::Tree::name, tree}, {gs::RecursiveHalvingDoubling::name, rhd},
+          {gs::Native::name, native}};
+      auto cheapest = want[0];
+      for (const auto& w : want)
+        if (w.second < cheapest.second) cheapest = w;
+      const gs::Explanation& e = all[static_cast<std::size_t>(p)][i];
+      INFO("N = " << p << ", " << small[i] << " bytes, chosen " << e.chosen);
+      REQUIRE(e.candidates.size() == want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        CAPTURE(want[k].first);
+        CHECK(e.candidates[k].algorithm == want[k].first);
+        CHECK(e.candidates[k].seconds == doctest::Approx(want[k].second).epsilon(1e-9));
+      }
+      CHECK(e.chosen == cheapest.first);
     }
   }
 }

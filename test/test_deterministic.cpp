@@ -5,19 +5,18 @@
 // Built with GRADSYNC_TEST_MPI it runs under mpirun on the Mpi backend, which
 // is how the Mpi results are shown bitwise equal to the Threads ones.
 #include "support/common.hpp"
+#include "support/values.hpp"
 #include "support/world.hpp"
 
-#include <cmath>
+#include <doctest/doctest.h>
+
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
@@ -27,67 +26,33 @@ using namespace test;
 
 namespace {
 
-/// u * 10^k, u in [1, 2) with a random sign, k in [-6, 6] (float16, whose
-/// range ends at 65504: k in [-3, 3]).
-template <class T>
-T wide(std::mt19937_64& g) {
-  const double u = std::uniform_real_distribution<double>(1.0, 2.0)(g);
-  constexpr int decades = std::is_same_v<T, gs::float16> ? 3 : 6;
-  const int k = std::uniform_int_distribution<int>(-decades, decades)(g);
-  const double s = std::uniform_int_distribution<int>(0, 1)(g) ? -1.0 : 1.0;
-  return T(static_cast<float>(s * u * std::pow(10.0, k)));
-}
-
-template <class T>
-std::vector<std::vector<T>> draw_inputs(std::mt19937_64& g, int n, std::size_t count) {
-  std::vector<std::vector<T>> in(static_cast<std::size_t>(n), std::vector<T>(count));
-  for (auto& v : in)
-    for (auto& x : v) x = wide<T>(g);
-  return in;
-}
-
-/// a + b rounded to T, as one step of the fold.
-template <class T>
-T add(T a, T b) {
-  if constexpr (is_half_v<T>) {
-    return T(static_cast<float>(a) + static_cast<float>(b));
-  } else {
-    return a + b;
-  }
-}
-
-/// The rank-ordered fold of element i over all ranks, then Avg's division.
-template <class Op, class T>
-T fold(const std::vector<std::vector<T>>& in, std::size_t i) {
-  T acc = in[0][i];
-  for (std::size_t q = 1; q < in.size(); ++q) acc = add(acc, in[q][i]);
-  if constexpr (std::is_same_v<Op, gs::Avg>) {
+/// The rank-ordered fold over all ranks, rounded to the element type at every
+/// step (16-bit types through float), then Avg's division.
+Values fold(const std::vector<Values>& in, gs::OpKind op) {
+  Values acc = in[0];
+  gs::visit(acc.type(), [&]<class T>(T) {
+    std::span<T> a = acc.as<T>();
+    for (std::size_t q = 1; q < in.size(); ++q) {
+      std::span<const T> x = in[q].as<T>();
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        if constexpr (is_half_v<T>) {
+          a[i] = T(static_cast<float>(a[i]) + static_cast<float>(x[i]));
+        } else {
+          a[i] = a[i] + x[i];
+        }
+      }
+    }
+    if (op != gs::OpKind::avg) return;
     const float n = static_cast<float>(in.size());
-    if constexpr (is_half_v<T>) {
-      acc = T(static_cast<float>(acc) / n);
-    } else {
-      acc = acc / n;
+    for (T& v : a) {
+      if constexpr (is_half_v<T>) {
+        v = T(static_cast<float>(v) / n);
+      } else {
+        v = static_cast<T>(v / n);
+      }
     }
-  }
+  });
   return acc;
-}
-
-template <class T>
-bool same_bits(T a, T b) {
-  return std::memcmp(&a, &b, sizeof(T)) == 0;
-}
-
-/// Fails at the first element of `got` whose bits differ from `want`.
-template <class T>
-void check_bits(std::span<const T> got, std::span<const T> want, const std::string& where) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (!same_bits(got[i], want[i])) {
-      FAIL_CHECK(where << ": element " << i << " of " << got.size() << " is " << to_double(got[i])
-                       << ", the rank-ordered fold is " << to_double(want[i]));
-      return;
-    }
-  }
 }
 
 std::vector<std::size_t> counts_for(int n) {
@@ -97,68 +62,70 @@ std::vector<std::size_t> counts_for(int n) {
 }
 
 /// results[c][r] of AllReduce (out of place, then in place) on every count.
-template <class Algo, class Op, class T>
-void all_reduce_results(int n, const std::vector<std::vector<std::vector<T>>>& in, gs::Options opt,
-                        std::vector<std::vector<std::vector<T>>>& oop, std::vector<std::vector<std::vector<T>>>& ip) {
+template <class Algo>
+void all_reduce_results(int n, gs::OpKind op, const std::vector<std::vector<Values>>& in, gs::Options opt,
+                        std::vector<std::vector<Values>>& oop, std::vector<std::vector<Values>>& ip) {
   const auto world = static_cast<std::size_t>(n);
-  oop.assign(in.size(), std::vector<std::vector<T>>(world));
+  oop.assign(in.size(), {});
   ip = in;
-  for (std::size_t c = 0; c < in.size(); ++c)
-    for (auto& v : oop[c]) v.assign(in[c][0].size(), T{});
+  for (std::size_t c = 0; c < in.size(); ++c) oop[c].assign(world, Values(in[c][0].type(), in[c][0].size()));
   test::run_world(n, [&](auto& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     const gs::AllReduce<Algo> all_reduce{opt};
     for (std::size_t c = 0; c < in.size(); ++c) {
-      all_reduce(comm, std::span<const T>(in[c][r]), std::span<T>(oop[c][r]), Op{});
-      all_reduce(comm, std::span<T>(ip[c][r]), Op{});
+      gs::visit(in[c][r].type(), [&]<class T>(T) {
+        gs::visit(op, [&](auto o) {
+          all_reduce(comm, in[c][r].as<T>(), oop[c][r].as<T>(), o);
+          all_reduce(comm, ip[c][r].as<T>(), o);
+        });
+      });
     }
   });
 }
 
-template <class Algo, class Op, class T>
-std::vector<std::vector<std::vector<T>>> reduce_scatter_results(int n, const std::vector<std::vector<std::vector<T>>>& in,
-                                                                gs::Options opt) {
+template <class Algo>
+std::vector<std::vector<Values>> reduce_scatter_results(int n, gs::OpKind op, const std::vector<std::vector<Values>>& in,
+                                                        gs::Options opt) {
   const auto world = static_cast<std::size_t>(n);
-  std::vector<std::vector<std::vector<T>>> out(in.size(), std::vector<std::vector<T>>(world));
-  for (std::size_t c = 0; c < in.size(); ++c)
-    for (auto& v : out[c]) v.assign(in[c][0].size() / world, T{});
+  std::vector<std::vector<Values>> out(in.size());
+  for (std::size_t c = 0; c < in.size(); ++c) out[c].assign(world, Values(in[c][0].type(), in[c][0].size() / world));
   test::run_world(n, [&](auto& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     const gs::ReduceScatter<Algo> reduce_scatter{opt};
     for (std::size_t c = 0; c < in.size(); ++c) {
-      reduce_scatter(comm, std::span<const T>(in[c][r]), std::span<T>(out[c][r]), Op{});
+      gs::visit(in[c][r].type(), [&]<class T>(T) {
+        gs::visit(op, [&](auto o) { reduce_scatter(comm, in[c][r].as<T>(), out[c][r].as<T>(), o); });
+      });
     }
   });
   return out;
 }
 
-template <class Op, class T>
-void all_reduce_is_the_fold(std::string_view salt) {
+void all_reduce_is_the_fold(gs::OpKind op, gs::DataType type) {
   const std::uint64_t seed = test_seed();
   CAPTURE(seed);
-  auto g = rng_for(salt);
+  auto g = rng_for("all_reduce/" + std::string(gs::detail::name(op)) + "/" + std::string(gs::name(type)));
   for (int n : {2, 3, 4, 5, 6, 7, 8}) {
     if (!test::world_has(n)) continue;
-    std::vector<std::vector<std::vector<T>>> in;
-    std::vector<std::vector<T>> want;
+    std::vector<std::vector<Values>> in;
+    std::vector<Values> want;
     for (std::size_t count : counts_for(n)) {
-      in.push_back(draw_inputs<T>(g, n, count));
-      want.emplace_back(count);
-      for (std::size_t i = 0; i < count; ++i) want.back()[i] = fold<Op>(in.back(), i);
+      in.push_back(draw_inputs(g, type, n, count, Draw::wide));
+      want.push_back(fold(in.back(), op));
     }
     for (const std::size_t chunk : {std::size_t{0}, std::size_t{64}}) {
       for_each_type(Algorithms{}, [&](auto algo) {
         using Algo = typename decltype(algo)::type;
         for (int run = 0; run < 2; ++run) {
-          INFO("AllReduce<" << Algo::name << "> " << Op::name << " " << type_name<T>() << " N = " << n
+          INFO("AllReduce<" << Algo::name << "> " << gs::detail::name(op) << " " << gs::name(type) << " N = " << n
                             << ", chunk_bytes = " << chunk << ", run " << run);
-          std::vector<std::vector<std::vector<T>>> oop, ip;
-          all_reduce_results<Algo, Op, T>(n, in, {.deterministic = true, .chunk_bytes = chunk}, oop, ip);
+          std::vector<std::vector<Values>> oop, ip;
+          all_reduce_results<Algo>(n, op, in, {.deterministic = true, .chunk_bytes = chunk}, oop, ip);
           for (std::size_t c = 0; c < in.size(); ++c) {
             for (std::size_t r : test::local_ranks(n)) {
               const std::string where = "count " + std::to_string(want[c].size()) + ", rank " + std::to_string(r);
-              check_bits<T>(oop[c][r], want[c], "out of place, " + where);
-              check_bits<T>(ip[c][r], want[c], "in place, " + where);
+              check_bits(oop[c][r], want[c], "out of place, " + where);
+              check_bits(ip[c][r], want[c], "in place, " + where);
             }
           }
         }
@@ -167,33 +134,30 @@ void all_reduce_is_the_fold(std::string_view salt) {
   }
 }
 
-template <class Op, class T>
-void reduce_scatter_is_the_fold(std::string_view salt) {
+void reduce_scatter_is_the_fold(gs::OpKind op, gs::DataType type) {
   const std::uint64_t seed = test_seed();
   CAPTURE(seed);
-  auto g = rng_for(salt);
+  auto g = rng_for("reduce_scatter/" + std::string(gs::detail::name(op)) + "/" + std::string(gs::name(type)));
   for (int n : {2, 3, 4, 5, 6, 7, 8}) {
     if (!test::world_has(n)) continue;
     const auto world = static_cast<std::size_t>(n);
     const std::vector<std::size_t> blocks{0, 1, 2, 7, 13, 101};
-    std::vector<std::vector<std::vector<T>>> in;
-    std::vector<std::vector<T>> want;
+    std::vector<std::vector<Values>> in;
+    std::vector<Values> want;
     for (std::size_t m : blocks) {
-      in.push_back(draw_inputs<T>(g, n, m * world));
-      want.emplace_back(m * world);
-      for (std::size_t i = 0; i < m * world; ++i) want.back()[i] = fold<Op>(in.back(), i);
+      in.push_back(draw_inputs(g, type, n, m * world, Draw::wide));
+      want.push_back(fold(in.back(), op));
     }
     for_each_type(Algorithms{}, [&](auto algo) {
       using Algo = typename decltype(algo)::type;
       for (int run = 0; run < 2; ++run) {
-        INFO("ReduceScatter<" << Algo::name << "> " << Op::name << " " << type_name<T>() << " N = " << n << ", run "
-                              << run);
-        const auto out = reduce_scatter_results<Algo, Op, T>(n, in, {.deterministic = true});
+        INFO("ReduceScatter<" << Algo::name << "> " << gs::detail::name(op) << " " << gs::name(type) << " N = " << n
+                              << ", run " << run);
+        const auto out = reduce_scatter_results<Algo>(n, op, in, {.deterministic = true});
         for (std::size_t c = 0; c < in.size(); ++c) {
           const std::size_t m = blocks[c];
           for (std::size_t r : test::local_ranks(n)) {
-            check_bits<T>(out[c][r], std::span<const T>(want[c]).subspan(r * m, m),
-                          "block " + std::to_string(m) + ", rank " + std::to_string(r));
+            check_bits(out[c][r], want[c].slice(r * m, m), "block " + std::to_string(m) + ", rank " + std::to_string(r));
           }
         }
       }
@@ -204,24 +168,24 @@ void reduce_scatter_is_the_fold(std::string_view salt) {
 }  // namespace
 
 TEST_CASE("deterministic AllReduce of float is the rank-ordered fold for every algorithm and run") {
-  all_reduce_is_the_fold<gs::Sum, float>("all_reduce/sum/float");
-  all_reduce_is_the_fold<gs::Avg, float>("all_reduce/avg/float");
+  all_reduce_is_the_fold(gs::OpKind::sum, gs::DataType::float32);
+  all_reduce_is_the_fold(gs::OpKind::avg, gs::DataType::float32);
 }
 
 TEST_CASE("deterministic AllReduce of bfloat16 rounds at every step of the rank-ordered fold") {
-  all_reduce_is_the_fold<gs::Sum, gs::bfloat16>("all_reduce/sum/bfloat16");
-  all_reduce_is_the_fold<gs::Avg, gs::bfloat16>("all_reduce/avg/bfloat16");
+  all_reduce_is_the_fold(gs::OpKind::sum, gs::DataType::bfloat16);
+  all_reduce_is_the_fold(gs::OpKind::avg, gs::DataType::bfloat16);
 }
 
 TEST_CASE("deterministic AllReduce of float16 rounds at every step of the rank-ordered fold") {
-  all_reduce_is_the_fold<gs::Sum, gs::float16>("all_reduce/sum/float16");
+  all_reduce_is_the_fold(gs::OpKind::sum, gs::DataType::float16);
 }
 
 TEST_CASE("deterministic ReduceScatter is the rank-ordered fold for every algorithm and run") {
-  reduce_scatter_is_the_fold<gs::Sum, float>("reduce_scatter/sum/float");
-  reduce_scatter_is_the_fold<gs::Sum, gs::bfloat16>("reduce_scatter/sum/bfloat16");
-  reduce_scatter_is_the_fold<gs::Avg, float>("reduce_scatter/avg/float");
-  reduce_scatter_is_the_fold<gs::Sum, gs::float16>("reduce_scatter/sum/float16");
+  reduce_scatter_is_the_fold(gs::OpKind::sum, gs::DataType::float32);
+  reduce_scatter_is_the_fold(gs::OpKind::sum, gs::DataType::bfloat16);
+  reduce_scatter_is_the_fold(gs::OpKind::avg, gs::DataType::float32);
+  reduce_scatter_is_the_fold(gs::OpKind::sum, gs::DataType::float16);
 }
 
 TEST_CASE("deterministic bfloat16: 256 + 1 + 1 is 256 on every algorithm, not 258") {
@@ -248,13 +212,12 @@ TEST_CASE("the data is wide enough that an unordered reduction changes the bits"
   auto g = rng_for("teeth");
   const int n = 8;
   if (!test::world_has(n)) return;
-  std::vector<std::vector<std::vector<float>>> in{draw_inputs<float>(g, n, 1000)};
-  std::vector<float> want(1000);
-  for (std::size_t i = 0; i < want.size(); ++i) want[i] = fold<gs::Sum>(in[0], i);
-  std::vector<std::vector<std::vector<float>>> oop, ip;
-  all_reduce_results<gs::Ring, gs::Sum, float>(n, in, {}, oop, ip);
+  const std::vector<std::vector<Values>> in{draw_inputs(g, gs::DataType::float32, n, 1000, Draw::wide)};
+  const Values want = fold(in[0], gs::OpKind::sum);
+  std::vector<std::vector<Values>> oop, ip;
+  all_reduce_results<gs::Ring>(n, gs::OpKind::sum, in, {}, oop, ip);
   std::size_t differ = 0;
   const std::size_t r = test::local_ranks(n).front();
-  for (std::size_t i = 0; i < want.size(); ++i) differ += same_bits(oop[0][r][i], want[i]) ? 0 : 1;
+  for (std::size_t i = 0; i < want.size(); ++i) differ += same_bits(oop[0][r].slice(i, 1), want.slice(i, 1)) ? 0 : 1;
   CHECK(differ > 0);
 }

@@ -2,7 +2,6 @@
 // was expected and given; a rank that throws makes the others fail fast; a
 // rank that never comes makes the others time out with a message naming it;
 // ranks that disagree end in an error, never in a hang or a stray write.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -22,6 +21,7 @@
 #include "gradsync/core/wire_call.hpp"
 #include "gradsync/gradsync.hpp"
 #include "support/common.hpp"
+#include "support/instances.hpp"
 
 namespace gs = gradsync;
 using test::Algorithms;

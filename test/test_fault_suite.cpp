@@ -16,12 +16,9 @@
 // deadline and limit (sanitizer builds pick a factor of their own).
 // A crash must end the process with its signal: doctest's handler allocates,
 // and after heap corruption it deadlocks in malloc (a hang instead of a crash).
+// (test/meson.build links this suite with a main built without doctest's
+// signal handlers.)
 #define DOCTEST_CONFIG_NO_POSIX_SIGNALS
-#ifdef GRADSYNC_TEST_MPI
-#define DOCTEST_CONFIG_IMPLEMENT
-#else
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#endif
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -42,10 +39,8 @@
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
-#ifdef GRADSYNC_TEST_MPI
-#include "gradsync/backend/mpi.hpp"
-#endif
 #include "support/fault_watchdog.hpp"
+#include "support/world.hpp"
 
 namespace gs = gradsync;
 using Clock = std::chrono::steady_clock;
@@ -797,22 +792,10 @@ TEST_CASE("randomized faults on Threads: every rank ends promptly with the promi
 
 #else
 
-namespace {
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-}  // namespace
 
 TEST_CASE("randomized faults on Mpi: every rank ends promptly with the promised error") {
-  const int n = world_size();
-  const int me = world_rank();
+  const int n = test::mpi_size();
+  const int me = test::mpi_rank();
   if (n < 2 || n > 5) {
     MESSAGE("needs 2 to 5 processes, got ", n);
     return;
@@ -880,17 +863,6 @@ TEST_CASE("randomized faults on Mpi: every rank ends promptly with the promised 
     MPI_Barrier(MPI_COMM_WORLD);
   }
   if (me == 0) tally.print(plan.trials, since(start));
-}
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  doctest::Context ctx(argc, argv);
-  int rc = ctx.run();
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
 }
 
 #endif

@@ -6,6 +6,8 @@
 #include <gradsync/core/endpoint_of.hpp>
 #include <gradsync/gradsync.hpp>
 
+#include "support/world.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -70,23 +72,12 @@ Outcome outcome(F&& f) {
   return o;
 }
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int world_size() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
 
 /// Every rank raised InvalidArgument quickly, naming its own call and another that differs.
 void check_disagreement(const Outcome& o, const std::string& mine, const std::string& other) {
-  INFO("rank ", world_rank(), ": ", o.kind, ": ", o.what);
+  INFO("rank ", test::mpi_rank(), ": ", o.kind, ": ", o.what);
   CHECK(o.kind == "InvalidArgument");
-  CHECK(o.what.find("gradsync: ranks disagree on a collective: rank " + std::to_string(world_rank()) + " called " +
+  CHECK(o.what.find("gradsync: ranks disagree on a collective: rank " + std::to_string(test::mpi_rank()) + " called " +
                     mine) != std::string::npos);
   CHECK(o.what.find(other) != std::string::npos);
   // Far below the deadline: the verdict, not a timeout, ended it.
@@ -164,7 +155,7 @@ TEST_CASE("at any world size, the ranks agree call after call, and any one rank 
         comm.barrier();
       }
     }
-    for (int odd = 0; odd < world_size(); ++odd) {
+    for (int odd = 0; odd < test::mpi_size(); ++odd) {
       gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
       comm.set_timeout(10s);
       std::vector<float> x(comm.rank() == odd ? 5 : 4, 1.0f);

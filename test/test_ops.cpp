@@ -4,6 +4,8 @@
 #include "support/common.hpp"
 #include "support/world.hpp"
 
+#include <doctest/doctest.h>
+
 #include <bit>
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,5 @@
 // GradSync (the bucketed reducer), its parts (plan, readiness, reduction
 // policies) and the ProgressWorker under it, alone.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
@@ -19,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/instances.hpp"
 #include "support/unit_disagreement.hpp"
 
 using gradsync::Communicator;

@@ -1,5 +1,4 @@
 // Optimizers on flat spans (SGD, momentum, Adam, AdamW) and the LR scaling rule.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>

@@ -1,5 +1,4 @@
 // ReplicatedTrainer: the DDP semantics of issue 6, each one a test.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
@@ -15,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/instances.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_model.hpp"
 

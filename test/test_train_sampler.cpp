@@ -1,8 +1,9 @@
 // DistributedSampler follows torch.utils.data.DistributedSampler's rules.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
+
+#include "support/instances.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -74,7 +75,7 @@ inline gradsync::CostModel preset_model(const std::string& name) {
   return m;
 }
 
-inline const std::vector<std::string> type_names{"float", "double", "int32", "int64", "bfloat16", "float16"};
+inline const std::vector<std::string> type_names(std::begin(gradsync::data_type_names), std::end(gradsync::data_type_names));
 inline const std::vector<std::string> op_names{"sum", "avg", "min", "max", "prod"};
 inline const std::vector<std::string> all_algorithm_names{"ring", "tree", "rhd", "native", "auto"};
 

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -73,6 +74,32 @@ concept PerfCollective = requires(int n, std::size_t c) {
   { D::size_elements(c, n) } -> std::same_as<std::size_t>;
   { D::send_count(c, n) } -> std::same_as<std::size_t>;
   { D::recv_count(c, n) } -> std::same_as<std::size_t>;
+};
+
+/// What a descriptor inherits unless it says otherwise: no reduction, no
+/// root, no model modes, both placements, no notes, and sizes per rank (the
+/// size column is each rank's buffer of count elements).
+struct PerfDefaults {
+  static constexpr bool reduces = false;
+  static constexpr bool rooted = false;
+  static constexpr bool model_modes = false;
+  static constexpr bool out_of_place = true;
+  static constexpr bool in_place = true;
+  static constexpr std::string_view usage_note = "";
+  static constexpr std::string_view header_note = "";
+  static constexpr std::string_view size_convention = "";
+  static std::size_t count_for(std::size_t elements, int) { return elements; }
+  static std::size_t size_elements(std::size_t count, int) { return count; }
+  static std::size_t send_count(std::size_t count, int) { return count; }
+  static std::size_t recv_count(std::size_t count, int) { return count; }
+};
+
+/// Collectives whose size column is the whole array of N per-rank blocks, as
+/// nccl-tests counts reduce-scatter and all-gather; count is per rank.
+struct PerfBlocks : PerfDefaults {
+  static constexpr std::string_view size_convention = "N x per-rank bytes (count is elements per rank)";
+  static std::size_t count_for(std::size_t elements, int n) { return elements / static_cast<std::size_t>(n); }
+  static std::size_t size_elements(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
 };
 
 /// -n 0's bounds on calls per repeat.
@@ -514,26 +541,28 @@ void write_json(const Report& rep) {
 
 // ------------------------------------------------------------- dispatch
 
-template <class F>
-void with_type(const std::string& name, F&& f) {
-  if (name == "float") f(std::type_identity<float>{});
-  else if (name == "double") f(std::type_identity<double>{});
-  else if (name == "int32") f(std::type_identity<std::int32_t>{});
-  else if (name == "int64") f(std::type_identity<std::int64_t>{});
-  else if (name == "bfloat16") f(std::type_identity<gradsync::bfloat16>{});
-  else f(std::type_identity<gradsync::float16>{});
+/// -d's and -o's names as values (parse_args accepts only names these know).
+inline gradsync::DataType data_type_named(const std::string& name) {
+  for (std::size_t i = 0; i < std::size(gradsync::data_type_names); ++i)
+    if (gradsync::data_type_names[i] == name) return static_cast<gradsync::DataType>(i);
+  return gradsync::DataType::float32;
+}
+inline gradsync::OpKind op_kind_named(const std::string& name) {
+  using K = gradsync::OpKind;
+  for (K k : {K::sum, K::avg, K::min, K::max, K::prod})
+    if (gradsync::detail::name(k) == name) return k;
+  return K::sum;
 }
 
 /// Calls f with -o's op; a collective that does not reduce gets Sum, unused,
 /// so that it is compiled once rather than once per op.
 template <class Desc, class F>
 void with_op(const std::string& name, F&& f) {
-  if constexpr (!Desc::reduces) f(gradsync::Sum{});
-  else if (name == "sum") f(gradsync::Sum{});
-  else if (name == "avg") f(gradsync::Avg{});
-  else if (name == "min") f(gradsync::Min{});
-  else if (name == "max") f(gradsync::Max{});
-  else f(gradsync::Prod{});
+  if constexpr (!Desc::reduces) {
+    f(gradsync::Sum{});
+  } else {
+    gradsync::visit(op_kind_named(name), f);
+  }
 }
 
 inline long long total_wrong(const Report& rep) {
@@ -560,8 +589,7 @@ int run_benchmark(Config cfg) {
   const bool printer = ranks.printer();
   if (printer) print_header<Desc>(rep);
   std::fflush(stdout);
-  with_type(rep.cfg.type, [&](auto type) {
-    using T = typename decltype(type)::type;
+  gradsync::visit(data_type_named(rep.cfg.type), [&]<class T>(T) {
     with_op<Desc>(rep.cfg.op, [&](auto op) {
       ranks.run([&](Comm& comm, Board& board) { run_rank<Desc, T, decltype(op)>(comm, board, rep); });
     });

@@ -26,6 +26,7 @@
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/core/visit.hpp"
 #include "gradsync/train/adam.hpp"
 #include "gradsync/train/adamw.hpp"
 #include "gradsync/train/distributed_sampler.hpp"

@@ -1,7 +1,6 @@
 // examples/mnist.hpp reads IDX files written here byte by byte, and rejects
 // bad magic numbers, bad dimensions, truncated and gzip-compressed files
 // with an error that names the file.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "mnist.hpp"

@@ -174,6 +174,19 @@ TEST_CASE("Nccl: unique-id path, on(stream), events and refusals") {
   CHECK(ev.test());
   CHECK(d.get()[12345] == 2.0f);
   check_cuda(cudaStreamDestroy(s), "cudaStreamDestroy");
+  // Refusals: bad arguments throw before anything is enqueued, and the
+  // communicator stays usable.
+  const std::uint64_t before = comm.sequence();
+  CHECK_THROWS_WITH_AS(gradsync::AllReduce<gradsync::Native>{}(comm, std::span<const float>(d.span().first(10)),
+                                                               d.span().subspan(100, 11)),
+                       doctest::Contains("same size"), gradsync::InvalidArgument);
+  CHECK_THROWS_WITH_AS(gradsync::Broadcast<gradsync::Ring>{}(comm, d.span(), 1), doctest::Contains("root must be in [0, 1)"),
+                       gradsync::InvalidArgument);
+  CHECK(comm.sequence() == before);
+  CHECK_FALSE(comm.failed());
+  gradsync::AllReduce<gradsync::Native>{}(comm, d.span(), gradsync::Sum{});
+  gradsync::synchronize(comm);
+  CHECK(d.get()[7] == 2.0f);
 }
 
 TEST_CASE("Nccl: split by color and key, on every GPU") {

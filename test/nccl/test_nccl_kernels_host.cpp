@@ -3,7 +3,6 @@
 // finish for every element type and op, bit for bit. On a GPU the same
 // functors run through thrust::cuda::par_nosync (see test_nccl_gpu.cu).
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <thrust/system/cpp/execution_policy.h>

@@ -11,7 +11,6 @@
 //    that a posted-but-not-yet-issued operation uses.
 // It needs no GPU and no NCCL; it is what makes order matching trustworthy.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstddef>

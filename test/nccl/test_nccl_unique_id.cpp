@@ -2,7 +2,6 @@
 // device (it only picks a bootstrap address), so this runs in CI. Creating
 // a communicator from the id needs a GPU and is covered by test_nccl_gpu.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <nccl.h>

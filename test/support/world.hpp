@@ -4,15 +4,12 @@
 // rank; built with GRADSYNC_TEST_MPI, the world is the mpirun job, a case
 // runs only when n equals its size, and each process sees its own rank.
 // Test bodies hold data for all n ranks, fill it identically everywhere
-// (one seed for the job), and check the ranks listed by local_ranks(n).
+// (one seed for the job: support/main.cpp), and check the ranks listed by
+// local_ranks(n).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,6 +17,7 @@
 #ifdef GRADSYNC_TEST_MPI
 #include "gradsync/backend/mpi.hpp"
 #endif
+#include "instances.hpp"
 
 namespace test {
 
@@ -86,36 +84,3 @@ inline std::uint64_t hash_bytes(const void* p, std::size_t bytes) {
 }
 
 }  // namespace test
-
-#ifdef GRADSYNC_TEST_MPI
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
-// One seed for the whole job (rank 0's), so every process draws the same
-// inputs; a failure on any rank fails the job, and each rank prints its own
-// summary line.
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  std::uint64_t seed = 0;
-  if (const char* env = std::getenv("GRADSYNC_TEST_SEED")) {
-    seed = std::strtoull(env, nullptr, 0);
-  } else {
-    std::random_device rd;
-    seed = (std::uint64_t{rd()} << 32) ^ std::uint64_t{rd()};
-  }
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  setenv("GRADSYNC_TEST_SEED", std::to_string(seed).c_str(), 1);
-  doctest::Context ctx(argc, argv);
-  int rc = ctx.run();
-  std::printf("rank %d of %d (mpi): %s, seed %llu\n", test::mpi_rank(), test::mpi_size(), rc ? "FAILED" : "passed",
-              static_cast<unsigned long long>(seed));
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
-}
-#else
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
-#endif

@@ -15,6 +15,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/partition.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail {
 
@@ -30,21 +31,6 @@ concept NativeEndpoint = requires(E& e, const float* in, float* out, const CallI
 /// Whether backend B has its own collectives, as its Capabilities declare.
 template <class B>
 concept HasNative = backend_traits<B>::native_collectives;
-
-/// Calls f(T{}) with the element type of `t`: the backends' native
-/// collectives take typed pointers, which Native hands them from its
-/// type-erased buffers. Instantiated once per backend, for every type.
-template <class F>
-void with_element(DataType t, F&& f) {
-  switch (t) {
-    case DataType::float32: return f(float{});
-    case DataType::float64: return f(double{});
-    case DataType::int32: return f(std::int32_t{});
-    case DataType::int64: return f(std::int64_t{});
-    case DataType::bfloat16: return f(bfloat16{});
-    case DataType::float16: return f(float16{});
-  }
-}
 
 template <>
 struct Algorithm<Native> {
@@ -67,7 +53,7 @@ struct Algorithm<Native> {
                          const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) return ordered_all_reduce(comm, in, out, op);
-    with_element(out.type(), [&]<class T>(T) {
+    visit(out.type(), [&]<class T>(T) {
       comm.endpoint().native_all_reduce(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), comm.call(),
                                         comm.timeout());
     });
@@ -82,7 +68,7 @@ struct Algorithm<Native> {
         return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)};
       });
     }
-    with_element(out.type(), [&]<class T>(T) {
+    visit(out.type(), [&]<class T>(T) {
       comm.endpoint().native_reduce_scatter(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), comm.call(),
                                             comm.timeout());
     });
@@ -95,7 +81,7 @@ struct Algorithm<Native> {
   template <class B>
   static void broadcast(CallView<B>& comm, Buffer buf, int, const Options&) {
     require<B>();
-    with_element(buf.type(), [&]<class T>(T) {
+    visit(buf.type(), [&]<class T>(T) {
       comm.endpoint().native_broadcast(static_cast<T*>(buf.data()), comm.call(), comm.timeout());
     });
   }
@@ -103,7 +89,7 @@ struct Algorithm<Native> {
  private:
   template <class B>
   static void native_all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const CallInfo& call) {
-    with_element(out.type(), [&]<class T>(T) {
+    visit(out.type(), [&]<class T>(T) {
       comm.endpoint().native_all_gather(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), call,
                                         comm.timeout());
     });

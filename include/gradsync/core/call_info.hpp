@@ -10,6 +10,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail {
 
@@ -29,15 +30,9 @@ struct CallInfo {
   friend bool operator==(const CallInfo&, const CallInfo&) = default;
 };
 
+/// The op's own name (Sum::name, ...); "?" for a value no op has.
 constexpr std::string_view name(OpKind k) noexcept {
-  switch (k) {
-    case OpKind::sum: return "sum";
-    case OpKind::avg: return "avg";
-    case OpKind::min: return "min";
-    case OpKind::max: return "max";
-    case OpKind::prod: return "prod";
-  }
-  return "?";
+  return k <= OpKind::prod ? visit(k, []<class Op>(Op) { return Op::name; }) : std::string_view("?");
 }
 
 /// "AllReduce #3 (ring, 1000 x float, sum)".

@@ -2,7 +2,9 @@
 /// \file The element types a collective accepts, and their names.
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 #include <type_traits>
 
@@ -41,16 +43,12 @@ concept Element = requires { DataTypeOf<std::remove_cv_t<T>>::value; };
 template <Element T>
 inline constexpr DataType data_type_v = DataTypeOf<std::remove_cv_t<T>>::value;
 
+/// Names as diagnostics and benchmark columns spell them, indexed by DataType.
+inline constexpr std::string_view data_type_names[] = {"float", "double", "int32", "int64", "bfloat16", "float16"};
+
 constexpr std::string_view name(DataType t) noexcept {
-  switch (t) {
-    case DataType::float32: return "float";
-    case DataType::float64: return "double";
-    case DataType::int32: return "int32";
-    case DataType::int64: return "int64";
-    case DataType::bfloat16: return "bfloat16";
-    case DataType::float16: return "float16";
-  }
-  return "?";
+  const auto i = static_cast<std::size_t>(t);
+  return i < std::size(data_type_names) ? data_type_names[i] : "?";
 }
 
 }  // namespace gradsync

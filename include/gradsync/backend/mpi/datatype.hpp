@@ -3,68 +3,66 @@
 
 #include <mpi.h>
 
-#include <array>
 #include <cstdint>
+#include <type_traits>
 
 #include "gradsync/core/bfloat16.hpp"
+#include "gradsync/core/float16.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail::mpi {
 
+inline MPI_Datatype datatype_of(float) noexcept { return MPI_FLOAT; }
+inline MPI_Datatype datatype_of(double) noexcept { return MPI_DOUBLE; }
+inline MPI_Datatype datatype_of(std::int32_t) noexcept { return MPI_INT32_T; }
+inline MPI_Datatype datatype_of(std::int64_t) noexcept { return MPI_INT64_T; }
+// MPI has no 16-bit floats: they travel as 16-bit words and are reduced by
+// the user ops below.
+inline MPI_Datatype datatype_of(bfloat16) noexcept { return MPI_UINT16_T; }
+inline MPI_Datatype datatype_of(float16) noexcept { return MPI_UINT16_T; }
+
 inline MPI_Datatype datatype(DataType t) noexcept {
-  switch (t) {
-    case DataType::float32: return MPI_FLOAT;
-    case DataType::float64: return MPI_DOUBLE;
-    case DataType::int32: return MPI_INT32_T;
-    case DataType::int64: return MPI_INT64_T;
-    case DataType::bfloat16:
-    case DataType::float16: return MPI_UINT16_T;  // reduced by the user ops below
-  }
-  return MPI_BYTE;
+  return visit(t, [](auto x) { return datatype_of(x); });
 }
 
-template <class T, OpKind K>
+inline MPI_Op builtin_op(Sum) noexcept { return MPI_SUM; }
+inline MPI_Op builtin_op(Avg) noexcept { return MPI_SUM; }  // finish divides
+inline MPI_Op builtin_op(Min) noexcept { return MPI_MIN; }
+inline MPI_Op builtin_op(Max) noexcept { return MPI_MAX; }
+inline MPI_Op builtin_op(Prod) noexcept { return MPI_PROD; }
+
+template <class T, class Op>
 void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
   // MPI's convention is inout = in op inout; op order does not change the bits.
-  reduce_into_kind(K, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
+  reduce_into_kind(Op::kind, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
 }
 
-template <class T>
-const std::array<MPI_Op, 4>& half_ops() {
-  static const std::array<MPI_Op, 4> ops = [] {
-    std::array<MPI_Op, 4> o{};
-    MPI_Op_create(&half_op<T, OpKind::sum>, 1, &o[0]);
-    MPI_Op_create(&half_op<T, OpKind::min>, 1, &o[1]);
-    MPI_Op_create(&half_op<T, OpKind::max>, 1, &o[2]);
-    MPI_Op_create(&half_op<T, OpKind::prod>, 1, &o[3]);
+/// The user op reducing T with Op, created on first use (Avg shares Sum's).
+template <class T, class Op>
+MPI_Op half_user_op() {
+  if constexpr (std::is_same_v<Op, Avg>) {
+    return half_user_op<T, Sum>();
+  } else {
+    static const MPI_Op o = [] {
+      MPI_Op h{};
+      MPI_Op_create(&half_op<T, Op>, 1, &h);
+      return h;
+    }();
     return o;
-  }();
-  return ops;
+  }
 }
 
 /// Built-in ops, except for bfloat16 and float16, which MPI does not know:
 /// there a user op widens to float per step exactly as the other algorithms do.
 inline MPI_Op op(OpKind k, DataType t) {
-  if (t == DataType::bfloat16 || t == DataType::float16) {
-    const auto& ops = t == DataType::bfloat16 ? half_ops<bfloat16>() : half_ops<float16>();
-    switch (k) {
-      case OpKind::sum:
-      case OpKind::avg: return ops[0];
-      case OpKind::min: return ops[1];
-      case OpKind::max: return ops[2];
-      case OpKind::prod: return ops[3];
-    }
-  }
-  switch (k) {
-    case OpKind::sum:
-    case OpKind::avg: return MPI_SUM;
-    case OpKind::min: return MPI_MIN;
-    case OpKind::max: return MPI_MAX;
-    case OpKind::prod: return MPI_PROD;
-  }
-  return MPI_SUM;
+  return visit(k, [&]<class Op>(Op o) {
+    if (t == DataType::bfloat16) return half_user_op<bfloat16, Op>();
+    if (t == DataType::float16) return half_user_op<float16, Op>();
+    return builtin_op(o);
+  });
 }
 
 }  // namespace gradsync::detail::mpi

@@ -28,6 +28,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/partition.hpp"
+#include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail::threads {
 
@@ -291,13 +292,7 @@ class Endpoint {
   /// element loops below are compiled per op, not dispatched per element.
   template <class F>
   static void with_op(OpKind kind, F&& f) {
-    switch (kind) {
-      case OpKind::sum: return f.template operator()<Sum>();
-      case OpKind::avg: return f.template operator()<Avg>();
-      case OpKind::min: return f.template operator()<Min>();
-      case OpKind::max: return f.template operator()<Max>();
-      case OpKind::prod: return f.template operator()<Prod>();
-    }
+    visit(kind, [&]<class Op>(Op) { f.template operator()<Op>(); });
   }
 
   template <ReduceOp Op, class T>

@@ -1,0 +1,65 @@
+#pragma once
+/// \file What the all-reduce peers of bench/compare.py (mpi_allreduce_peer,
+/// gloo_allreduce_peer) share: their arguments, how one size is timed (the
+/// way all_reduce_perf times gradsync) and the line rank 0 prints.
+/// Standard library only: each peer links its own transport and no gradsync.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace bench::peer {
+
+struct Args {
+  int repeats = 5;
+  int warmup = 5;
+  std::vector<std::size_t> sizes;  ///< bytes
+
+  std::size_t max_bytes() const { return sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end()); }
+};
+
+/// `[-r REPEATS] [-w WARMUP] BYTES...`, from argv[first] on.
+inline Args parse_args(int argc, char** argv, int first) {
+  Args a;
+  for (int i = first; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "-r" && i + 1 < argc) a.repeats = std::max(1, std::atoi(argv[++i]));
+    else if (s == "-w" && i + 1 < argc) a.warmup = std::max(0, std::atoi(argv[++i]));
+    else a.sizes.push_back(static_cast<std::size_t>(std::strtoull(s.c_str(), nullptr, 10)));
+  }
+  return a;
+}
+
+/// Floats in a message of `bytes` (at least one).
+inline int float_count(std::size_t bytes) { return static_cast<int>(std::max<std::size_t>(bytes / sizeof(float), 1)); }
+
+/// Seconds per call: `batch(n)` runs n calls back to back and returns the
+/// per-call mean, maximum over ranks. n grows until a batch takes 10 ms, then
+/// each repeat runs enough calls to fill about 0.2 s over all repeats; the
+/// result is the median over repeats.
+template <class Batch>
+double median_per_call(Batch&& batch, int repeats) {
+  double per_call = 0;
+  for (int n = 1;; n *= 2) {
+    per_call = batch(n);
+    if (per_call * n >= 0.01 || n >= 100000) break;
+  }
+  const int iters = static_cast<int>(std::clamp(0.2 / repeats / std::max(per_call, 1e-9), 3.0, 100000.0));
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) t.push_back(batch(iters));
+  std::sort(t.begin(), t.end());
+  return t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
+}
+
+/// Rank 0's line for one size: <bytes> <time_us> <busbw_GBps>, busbw with
+/// all-reduce's factor 2(N-1)/N.
+inline void print_row(int count, double seconds, int world) {
+  const double b = static_cast<double>(count) * sizeof(float);
+  std::printf("%zu %.3f %.4f\n", static_cast<std::size_t>(b), seconds * 1e6, b / seconds / 1e9 * 2.0 * (world - 1) / world);
+  std::fflush(stdout);
+}
+
+}  // namespace bench::peer

@@ -1,0 +1,48 @@
+// The one doctest main every test binary links (test/meson.build builds it
+// three ways: plain; without doctest's signal handlers, for the fault suite;
+// and with GRADSYNC_TEST_MPI, for the suites that run under mpirun).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#ifdef GRADSYNC_TEST_MPI
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+// One seed for the whole job (rank 0's), so every process draws the same
+// inputs; a failure on any rank fails the job, and each rank prints its own
+// summary line.
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::uint64_t seed = 0;
+  if (const char* env = std::getenv("GRADSYNC_TEST_SEED")) {
+    seed = std::strtoull(env, nullptr, 0);
+  } else {
+    std::random_device rd;
+    seed = (std::uint64_t{rd()} << 32) ^ std::uint64_t{rd()};
+  }
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  setenv("GRADSYNC_TEST_SEED", std::to_string(seed).c_str(), 1);
+  doctest::Context ctx(argc, argv);
+  const int rc = ctx.run();
+  std::printf("rank %d of %d (mpi): %s, seed %llu\n", rank, size, rc ? "FAILED" : "passed",
+              static_cast<unsigned long long>(seed));
+  int worst = rc;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
+#else
+int main(int argc, char** argv) {
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
+#endif
