@@ -4,6 +4,7 @@
 // rank that calls something else or skips the split is named; a member that
 // throws makes its sub-communicator's peers fail fast. Built plainly it runs
 // on Threads; with GRADSYNC_TEST_MPI (test/mpi/meson.build) on Mpi.
+#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <chrono>
