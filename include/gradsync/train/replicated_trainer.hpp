@@ -154,7 +154,7 @@ class ReplicatedTrainer {
   double step(const Batch& batch) {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ReplicatedTrainer::step: the model has no `double forward_backward(const Batch&, "
-                  "const gradsync::GradsReady&)` for this batch type");
+                  "const gradsync::StepContext<value_type>&)` for this batch type");
     int active = comm_.size();
     if (o_.join) active = count_active(1);
     if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
@@ -174,7 +174,7 @@ class ReplicatedTrainer {
   double accumulate(const Batch& batch) {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ReplicatedTrainer::accumulate: the model has no `double forward_backward(const "
-                  "Batch&, const gradsync::GradsReady&)` for this batch type");
+                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
     sync_->set_sync(false);
     const double loss = forward_backward(batch);
     ++micro_steps_;
@@ -204,6 +204,15 @@ class ReplicatedTrainer {
       sync_->mark_all_ready();
       finish_step();
     }
+  }
+
+  /// Runs `f(ctx)` with a StepContext for a forward without backward
+  /// (evaluation): the model reaches its units as in a step, and ctx.ready
+  /// throws. Returns what f returns.
+  template <class F>
+  decltype(auto) evaluate(F&& f) {
+    const StepContext<value_type> ctx(eval_provider_);
+    return std::forward<F>(f)(ctx);
   }
 
   /// Hashes every rank's parameters and throws gradsync::Error
@@ -280,8 +289,8 @@ class ReplicatedTrainer {
   template <class Batch>
   double forward_backward(const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
-    const GradsReady ready([this](std::size_t u) { sync_->ready(u); });
-    const double loss = static_cast<double>(model_.forward_backward(batch, ready));
+    const StepContext<value_type> ctx(provider_);
+    const double loss = static_cast<double>(model_.forward_backward(batch, ctx));
     stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return loss;
   }
@@ -306,10 +315,39 @@ class ReplicatedTrainer {
     return n;
   }
 
+  /// Lends the model its own storage: every unit is resident, so asking
+  /// for it costs a virtual call and releasing it nothing.
+  class Provider final : public detail::UnitProvider<value_type> {
+   public:
+    explicit Provider(ReplicatedTrainer& t, bool evaluating = false) : t_(t), evaluating_(evaluating) {}
+    const UnitView<value_type>& acquire(std::size_t u) override {
+      if (u >= t_.views_.size()) {
+        throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(t_.comm_.rank()) +
+                              ": the model asked for unit " + std::to_string(u) + ", which does not exist (" +
+                              std::to_string(t_.views_.size()) + " units)");
+      }
+      return t_.views_[u];
+    }
+    void release(std::size_t) noexcept override {}
+    void ready(std::size_t u) override {
+      if (evaluating_) {
+        throw InvalidArgument("gradsync: ReplicatedTrainer::evaluate on rank " + std::to_string(t_.comm_.rank()) +
+                              ": the model reported unit " + std::to_string(u) +
+                              " ready, but evaluation runs no backward");
+      }
+      t_.sync_->ready(u);
+    }
+
+    ReplicatedTrainer& t_;
+    bool evaluating_ = false;
+  };
+
   Comm& comm_;
   M model_;
   Opt opt_;
   ReplicatedTrainerOptions o_;
+  Provider provider_{*this};
+  Provider eval_provider_{*this, true};
   std::vector<UnitSpec> specs_;
   std::vector<value_type> params_, grads_, buffers_;
   std::vector<UnitView<value_type>> views_;
