@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -442,4 +443,111 @@ TEST_CASE("evaluate: a forward without backward sees the same parameters under b
     sharded[r] = loss_of(st, batches[0][r]);
   });
   CHECK(replicated == sharded);
+}
+
+namespace {
+
+/// Per step, each rank's clip_grad_norm result, then rank 0's final parameters.
+struct Clipped {
+  std::vector<std::vector<double>> norms;  // [rank][step]
+  std::vector<float> params;
+};
+
+template <class Trainer>
+void clip_steps(Trainer& trainer, const std::vector<std::vector<Batch<float>>>& batches, std::size_t r, double max_norm,
+                double p, std::vector<double>& norms) {
+  for (const auto& step : batches) {
+    trainer.forward_backward(step[r]);
+    const double norm = trainer.clip_grad_norm(max_norm, p);
+    norms.push_back(norm);
+    // Clipped: the norm is now max_norm·norm/(norm + 1e-6), at most max_norm.
+    const double again = trainer.clip_grad_norm(max_norm, p);
+    if (norm > max_norm) {
+      CHECK(again <= max_norm * (1 + 1e-5));
+      CHECK(again >= max_norm * (1 - 1e-4));
+    } else {
+      CHECK(again == norm);
+    }
+    trainer.optimizer_step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("clip_grad_norm: the global norm, equal on every rank and to ReplicatedTrainer's; inf-norm; clipping") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed = " << seed);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 6, world, 3);
+    for (const double p : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+      CAPTURE(p);
+      // Small enough that most steps clip, large enough that some may not.
+      const double max_norm = p == 1.0 ? 0.5 : 0.15;
+      Clipped replicated{std::vector<std::vector<double>>(ranks), {}};
+      ReplicatedTrainerOptions ro;
+      ro.sync.collective.deterministic = true;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ReplicatedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.1}), ro);
+        clip_steps(trainer, batches, r, max_norm, p, replicated.norms[r]);
+        if (r == 0) replicated.params.assign(trainer.parameters().begin(), trainer.parameters().end());
+      });
+      for (const auto& n : replicated.norms) CHECK(n == replicated.norms[0]);
+      // Clipping took place in most steps (what clip_steps checks of it).
+      std::size_t clipped = 0;
+      for (const double n : replicated.norms[0]) clipped += n > max_norm;
+      CHECK(clipped * 2 > replicated.norms[0].size());
+      for (const ShardingStrategy s : strategies) {
+        INFO("strategy = " << name(s));
+        std::vector<std::vector<double>> norms(ranks);
+        std::vector<float> params;
+        ShardedTrainerOptions so;
+        so.strategy = s;
+        so.collective.deterministic = true;
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.1}), so);
+          clip_steps(trainer, batches, r, max_norm, p, norms[r]);
+          auto full = trainer.full_parameters();
+          if (r == 0) params = std::move(full);
+        });
+        for (const auto& n : norms) CHECK(n == norms[0]);
+        REQUIRE(norms[0].size() == replicated.norms[0].size());
+        for (std::size_t i = 0; i < norms[0].size(); ++i) {
+          CAPTURE(i);
+          // The gradients are bitwise equal; only the order of the norm's sum differs.
+          if (std::isinf(p)) {
+            CHECK(norms[0][i] == replicated.norms[0][i]);
+          } else {
+            CHECK(std::abs(norms[0][i] - replicated.norms[0][i]) <= 1e-12 * replicated.norms[0][i]);
+          }
+        }
+        CHECK(worst_relative(params, replicated.params) <= 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("clip_grad_norm: refused outside forward_backward .. optimizer_step, and for p <= 0") {
+  gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer rt(comm, model_for(comm.rank()), gradsync::Sgd<float>());
+    ShardedTrainer st(comm, model_for(comm.rank()), gradsync::Sgd<float>());
+    CHECK_THROWS_WITH_AS(rt.clip_grad_norm(1.0), doctest::Contains("between forward_backward() and optimizer_step()"),
+                         gradsync::InvalidArgument);
+    CHECK_THROWS_WITH_AS(st.clip_grad_norm(1.0), doctest::Contains("between forward_backward() and optimizer_step()"),
+                         gradsync::InvalidArgument);
+    CHECK_THROWS_AS(rt.optimizer_step(), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(st.optimizer_step(), gradsync::InvalidArgument);
+    const Batch<float> b = random_batches(1, 1, 1, 2)[0][0];
+    rt.forward_backward(b);
+    st.forward_backward(b);
+    CHECK_THROWS_WITH_AS(rt.clip_grad_norm(1.0, 0.0), doctest::Contains("p > 0"), gradsync::InvalidArgument);
+    CHECK_THROWS_WITH_AS(st.clip_grad_norm(1.0, -2.0), doctest::Contains("p > 0"), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(rt.forward_backward(b), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(st.forward_backward(b), gradsync::InvalidArgument);
+    rt.optimizer_step();
+    st.optimizer_step();
+  });
 }

@@ -20,6 +20,7 @@
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
 #include "gradsync/train/model.hpp"
@@ -155,15 +156,57 @@ class ReplicatedTrainer {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ReplicatedTrainer::step: the model has no `double forward_backward(const Batch&, "
                   "const gradsync::StepContext<value_type>&)` for this batch type");
+    const double loss = forward_backward(batch);
+    optimizer_step();
+    return loss;
+  }
+
+  /// The first half of step(): forward, backward and the averaging of the
+  /// gradients, without the optimizer step. Then clip_grad_norm() if you
+  /// like, and optimizer_step().
+  template <class Batch>
+  double forward_backward(const Batch& batch) {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync::ReplicatedTrainer::forward_backward: the model has no `double forward_backward(const "
+                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    check_no_pending("forward_backward");
     int active = comm_.size();
     if (o_.join) active = count_active(1);
     if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
     sync_->set_sync(true);
     sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
                           .divisor = o_.join ? active : 0});
-    const double loss = forward_backward(batch);
-    finish_step();
+    const double loss = run_model(batch);
+    sync_grads();
+    pending_ = true;
     return loss;
+  }
+
+  /// Between forward_backward() and optimizer_step(): the norm of order p
+  /// (infinity: the largest magnitude) of the averaged gradient, which every
+  /// rank holds whole, so every rank returns the same value without
+  /// communicating; if it exceeds max_norm, the gradient is scaled by
+  /// max_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.
+  double clip_grad_norm(double max_norm, double p = 2.0) {
+    detail::check_norm_order("ReplicatedTrainer", max_norm, p);
+    if (!pending_) {
+      throw InvalidArgument("gradsync: ReplicatedTrainer::clip_grad_norm on rank " + std::to_string(comm_.rank()) +
+                            " needs the averaged gradient: call it between forward_backward() and optimizer_step()");
+    }
+    const double total = detail::norm_total(detail::norm_partial(std::span<const value_type>(grads_), p), p);
+    detail::clip_to(std::span<value_type>(grads_), total, max_norm);
+    return total;
+  }
+
+  /// The second half of step(): the optimizer step on the averaged
+  /// gradient, which is then zeroed.
+  void optimizer_step() {
+    if (!pending_) {
+      throw InvalidArgument("gradsync: ReplicatedTrainer::optimizer_step on rank " + std::to_string(comm_.rank()) +
+                            " without a forward_backward() before it");
+    }
+    pending_ = false;
+    apply_step();
   }
 
   /// Forward and backward on `batch` without communication: the gradient
@@ -175,8 +218,9 @@ class ReplicatedTrainer {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ReplicatedTrainer::accumulate: the model has no `double forward_backward(const "
                   "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    check_no_pending("accumulate");
     sync_->set_sync(false);
-    const double loss = forward_backward(batch);
+    const double loss = run_model(batch);
     ++micro_steps_;
     return loss;
   }
@@ -202,7 +246,8 @@ class ReplicatedTrainer {
       sync_->set_sync(true);
       sync_->set_averaging({.local_scale = 1.0, .divisor = active});
       sync_->mark_all_ready();
-      finish_step();
+      sync_grads();
+      apply_step();
     }
   }
 
@@ -287,7 +332,7 @@ class ReplicatedTrainer {
   }
 
   template <class Batch>
-  double forward_backward(const Batch& batch) {
+  double run_model(const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
     const StepContext<value_type> ctx(provider_);
     const double loss = static_cast<double>(model_.forward_backward(batch, ctx));
@@ -295,12 +340,23 @@ class ReplicatedTrainer {
     return loss;
   }
 
-  void finish_step() {
+  void check_no_pending(const char* what) const {
+    if (pending_) {
+      throw InvalidArgument(std::string("gradsync: ReplicatedTrainer::") + what + " on rank " +
+                            std::to_string(comm_.rank()) +
+                            " after a forward_backward() whose optimizer_step() has not run yet");
+    }
+  }
+
+  void sync_grads() {
     const double wait0 = sync_->stats().wait_seconds;
     sync_->finish();
     stats_.exposed_comm_seconds += sync_->stats().wait_seconds - wait0;
     stats_.comm_seconds = sync_->stats().comm_seconds;
     micro_steps_ = 0;
+  }
+
+  void apply_step() {
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(params_), std::span<const value_type>(grads_));
     std::fill(grads_.begin(), grads_.end(), value_type(0));
@@ -353,6 +409,8 @@ class ReplicatedTrainer {
   std::vector<UnitView<value_type>> views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
   std::size_t micro_steps_ = 0;
+  /// forward_backward() ran and optimizer_step() has not.
+  bool pending_ = false;
   TrainerStats stats_{};
 };
 

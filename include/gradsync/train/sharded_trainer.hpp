@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/reduce_scatter_average.hpp"
@@ -84,9 +86,12 @@ struct ShardedTraceEvent {
 /// Construction checks that every rank declared the same units, broadcasts
 /// rank 0's parameters and buffers, then keeps only this rank's shard.
 ///
+/// step() is forward_backward() then optimizer_step(); between the two,
+/// clip_grad_norm() may scale the gradient shards by the global norm.
+///
 /// Not yet: the root unit kept after forward (FSDP does; here every unit is
 /// resharded, so FullShard gathers twice per unit), prefetch, accumulation,
-/// clipping, HybridShard, mixed precision and offload (issue 13).
+/// HybridShard, mixed precision and offload (issue 13).
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -150,6 +155,23 @@ class ShardedTrainer {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ShardedTrainer::step: the model has no `double forward_backward(const Batch&, "
                   "const gradsync::StepContext<value_type>&)` for this batch type");
+    const double loss = forward_backward(batch);
+    optimizer_step();
+    return loss;
+  }
+
+  /// The first half of step(): forward, backward, and each unit's gradient
+  /// reduced to its owner, without the optimizer step. Then clip_grad_norm()
+  /// if you like, and optimizer_step().
+  template <class Batch>
+  double forward_backward(const Batch& batch) {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync::ShardedTrainer::forward_backward: the model has no `double forward_backward(const "
+                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    if (pending_) {
+      throw InvalidArgument(where() + ": forward_backward after a forward_backward() whose optimizer_step() has "
+                            "not run yet");
+    }
     if (o_.broadcast_buffers && !buffers_.empty()) {
       Broadcast<Algo>{o_.collective}(comm_, std::span<value_type>(buffers_), 0);
     }
@@ -165,8 +187,52 @@ class ShardedTrainer {
       throw;
     }
     stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    finish_step();
+    finish_reductions();
+    pending_ = true;
     return loss;
+  }
+
+  /// Between forward_backward() and optimizer_step(): the global norm of
+  /// order p of the averaged gradient (infinity: the largest magnitude).
+  /// Each rank takes Σ|g|^p (or max|g|) over its shard, an AllReduce Sum (or
+  /// Max) combines them, so every rank returns the same value; under NoShard
+  /// every rank holds the whole gradient and nothing is communicated (each
+  /// element counted once). If the norm exceeds max_norm, the gradient is
+  /// scaled by max_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.
+  /// Collective.
+  double clip_grad_norm(double max_norm, double p = 2.0) {
+    detail::check_norm_order("ShardedTrainer", max_norm, p);
+    if (!pending_) {
+      throw InvalidArgument(where() +
+                            ": clip_grad_norm needs the reduced gradient: call it between forward_backward() and "
+                            "optimizer_step()");
+    }
+    double partial = detail::norm_partial(std::span<const value_type>(shard_grads_), p);
+    if (sharded() && comm_.size() > 1) {
+      const AllReduce<Algo> all_reduce{o_.collective};
+      if (std::isinf(p)) {
+        all_reduce(comm_, std::span<double>(&partial, 1), Max{});
+      } else {
+        all_reduce(comm_, std::span<double>(&partial, 1), Sum{});
+      }
+    }
+    const double total = detail::norm_total(partial, p);
+    detail::clip_to(std::span<value_type>(shard_grads_), total, max_norm);
+    return total;
+  }
+
+  /// The second half of step(): the optimizer step on this rank's shard;
+  /// the gradient shard is then zeroed.
+  void optimizer_step() {
+    if (!pending_) {
+      throw InvalidArgument(where() + ": optimizer_step without a forward_backward() before it");
+    }
+    pending_ = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    opt_.step(std::span<value_type>(shard_params_), std::span<const value_type>(shard_grads_));
+    std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
+    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++stats_.steps;
   }
 
   /// Runs `f(ctx)` with a StepContext for a forward without backward
@@ -462,7 +528,7 @@ class ShardedTrainer {
                                 });
   }
 
-  void finish_step() {
+  void finish_reductions() {
     std::string missing;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (!units_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
@@ -474,11 +540,6 @@ class ShardedTrainer {
       throw InvalidArgument(where() + ": backward reported no gradient for " + missing +
                             ". Every unit must call ctx.ready(u) in every step");
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    opt_.step(std::span<value_type>(shard_params_), std::span<const value_type>(shard_grads_));
-    std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
-    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++stats_.steps;
   }
 
   /// After a step that threw, or an evaluation: let what is in flight end
@@ -545,6 +606,8 @@ class ShardedTrainer {
   std::vector<ShardedTraceEvent> trace_;
   Provider provider_{*this};
   bool evaluating_ = false;
+  /// forward_backward() ran and optimizer_step() has not.
+  bool pending_ = false;
   TrainerStats stats_{};
   std::shared_ptr<ProgressWorker<backend_type>> worker_;
 };
