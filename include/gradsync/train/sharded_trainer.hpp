@@ -56,6 +56,11 @@ struct ShardedTrainerOptions {
   Options collective{};
   /// Broadcast rank 0's buffers before every step, as ReplicatedTrainer does.
   bool broadcast_buffers = true;
+  /// FullShard: the unit released last in forward stays gathered until the
+  /// next ask of another unit, so a backward that starts with it (FSDP's
+  /// root unit) gathers it once, not twice. Peak memory is unchanged: it is
+  /// freed before the next unit is gathered.
+  bool keep_last_forward_unit = true;
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -89,9 +94,12 @@ struct ShardedTraceEvent {
 /// step() is forward_backward() then optimizer_step(); between the two,
 /// clip_grad_norm() may scale the gradient shards by the global norm.
 ///
-/// Not yet: the root unit kept after forward (FSDP does; here every unit is
-/// resharded, so FullShard gathers twice per unit), prefetch, accumulation,
-/// HybridShard, mixed precision and offload (issue 13).
+/// Under FullShard the unit released last in forward stays gathered until
+/// another unit is asked for, so the backward's first unit (FSDP's root)
+/// gathers once (ShardedTrainerOptions::keep_last_forward_unit).
+///
+/// Not yet: prefetch, accumulation, HybridShard, mixed precision and
+/// offload (issue 13).
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -453,6 +461,9 @@ class ShardedTrainer {
       s.held = true;
       return s.view;
     }
+    // The unit kept from forward goes once another is asked for.
+    if (kept_ != no_unit && kept_ != u) std::vector<value_type>().swap(units_[kept_].full);
+    kept_ = no_unit;
     if (s.full.empty()) gather(u);
     std::span<value_type> grads;
     if (backward) {
@@ -484,6 +495,12 @@ class ShardedTrainer {
     if (!sharded()) return;
     // FullShard reshards after forward and after backward; ShardGradOp
     // keeps forward's gather for the backward.
+    const bool forward = !evaluating_ && s.asks == 1;
+    if (forward && o_.strategy == ShardingStrategy::FullShard && o_.keep_last_forward_unit) {
+      if (kept_ != no_unit && kept_ != u && !units_[kept_].held) std::vector<value_type>().swap(units_[kept_].full);
+      kept_ = u;
+      return;
+    }
     const bool free = evaluating_ || o_.strategy == ShardingStrategy::FullShard || s.asks == 2;
     if (free) std::vector<value_type>().swap(s.full);
   }
@@ -551,6 +568,7 @@ class ShardedTrainer {
   }
 
   void release_all() noexcept {
+    kept_ = no_unit;
     for (UnitState& s : units_) {
       s.request = Request();
       std::vector<value_type>().swap(s.grad);
@@ -606,6 +624,9 @@ class ShardedTrainer {
   std::vector<ShardedTraceEvent> trace_;
   Provider provider_{*this};
   bool evaluating_ = false;
+  static constexpr std::size_t no_unit = static_cast<std::size_t>(-1);
+  /// FullShard's unit kept gathered after its forward (keep_last_forward_unit).
+  std::size_t kept_ = no_unit;
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
   TrainerStats stats_{};
