@@ -290,7 +290,7 @@ TEST_CASE("trace: the collectives of one step, per strategy") {
   }
 }
 
-TEST_CASE("memory: persistent bytes per rank are (8 + S)·Σ⌈U/N⌉, or (8 + S)·Ψ under NoShard") {
+TEST_CASE("memory: persistent bytes per rank are (8 + S)·Σ⌈U/N⌉, or (8 + S)·Ψ under NoShard and DDP") {
   const std::vector<std::size_t> unit_sizes{25, 36, 7, 1};
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
@@ -313,6 +313,13 @@ TEST_CASE("memory: persistent bytes per rank are (8 + S)·Σ⌈U/N⌉, or (8 + S
         CHECK(adam.persistent_bytes() == 16 * elements);
         ShardedTrainer adamw(comm, model_for(comm.rank()), gradsync::AdamW<float>(), o);
         CHECK(adamw.persistent_bytes() == 16 * elements);
+        // DDP's figure, (8 + S)·Ψ: what NoShard reports.
+        ReplicatedTrainer ddp_sgd(comm, model_for(comm.rank()), gradsync::Sgd<float>());
+        CHECK(ddp_sgd.persistent_bytes() == 8 * psi);
+        ReplicatedTrainer ddp_momentum(comm, model_for(comm.rank()), gradsync::Sgd<float>({.momentum = 0.9}));
+        CHECK(ddp_momentum.persistent_bytes() == 12 * psi);
+        ReplicatedTrainer ddp_adam(comm, model_for(comm.rank()), gradsync::Adam<float>());
+        CHECK(ddp_adam.persistent_bytes() == 16 * psi);
       });
     }
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -231,6 +232,7 @@ class ReplicatedTrainer {
   /// rank has joined. The average of each step is over the ranks that had
   /// data in it.
   void join() {
+    check_no_pending("join");
     if (!o_.join) {
       throw InvalidArgument("gradsync: ReplicatedTrainer::join on rank " + std::to_string(comm_.rank()) +
                             " needs ReplicatedTrainerOptions::join = true on every rank");
@@ -292,6 +294,22 @@ class ReplicatedTrainer {
   std::span<value_type> buffers() noexcept { return buffers_; }
   const std::vector<UnitSpec>& units() const noexcept { return specs_; }
   std::span<const UnitView<value_type>> unit_views() const noexcept { return views_; }
+
+  /// Bytes this rank keeps between steps: parameters, gradients and the
+  /// optimizer's state on them, (2 + S)·sizeof(T)·Ψ, S being the optimizer's
+  /// state elements per parameter (`state_per_element()`: 0 for SGD, 1 with
+  /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say).
+  /// GradSync's bucket staging and buffers are left out, as in
+  /// ShardedTrainer::persistent_bytes.
+  std::size_t persistent_bytes() const noexcept {
+    std::size_t state = 0;
+    if constexpr (requires(const Opt& o) {
+                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
+                  }) {
+      state = opt_.state_per_element();
+    }
+    return (2 + state) * sizeof(value_type) * params_.size();
+  }
 
   const TrainerStats& stats() const noexcept { return stats_; }
   void reset_stats() {
