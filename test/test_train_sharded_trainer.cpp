@@ -45,6 +45,7 @@ const char* name(ShardingStrategy s) {
     case ShardingStrategy::FullShard: return "FullShard";
     case ShardingStrategy::ShardGradOp: return "ShardGradOp";
     case ShardingStrategy::NoShard: return "NoShard";
+    case ShardingStrategy::HybridShard: return "HybridShard";
   }
   return "?";
 }
@@ -227,7 +228,10 @@ TEST_CASE("trace: the collectives of one step, per strategy") {
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
     const auto batches = random_batches(seed, 2, world, 2);
-    for (const auto [s, keep] : variants) {
+    for (const Variant& v : variants) {
+      // Plain variables: lambdas below capture them (no structured bindings).
+      const ShardingStrategy s = v.strategy;
+      const bool keep = v.keep_last_forward_unit;
       INFO("strategy = " << name(s) << ", keep_last_forward_unit = " << keep);
       const ShardedTrainerOptions o{.strategy = s, .keep_last_forward_unit = keep};
       std::vector<std::vector<gradsync::ShardedTraceEvent>> traces(static_cast<std::size_t>(world));
@@ -272,6 +276,8 @@ TEST_CASE("trace: the collectives of one step, per strategy") {
           case ShardingStrategy::NoShard:
             CHECK(gathers[u] == 0);
             CHECK(all_reduces[u] == 1);
+            break;
+          case ShardingStrategy::HybridShard:  // its own test case
             break;
         }
       }
@@ -409,7 +415,9 @@ TEST_CASE("bad input: calls out of protocol throw a clear error") {
       {Rogue::ask_three_times, "a third time in one step"},
   };
   for (int world = 1; world <= 2; ++world) {
-    for (const auto& [kind, expected] : cases) {
+    for (const auto& c : cases) {
+      const Rogue::Kind kind = c.first;
+      const char* const expected = c.second;
       for (const ShardingStrategy s : strategies) {
         CAPTURE(world);
         CAPTURE(expected);
@@ -517,13 +525,16 @@ TEST_CASE("clip_grad_norm: the global norm, equal on every rank and to Replicate
       std::size_t clipped = 0;
       for (const double n : replicated.norms[0]) clipped += n > max_norm;
       CHECK(clipped * 2 > replicated.norms[0].size());
-      for (const ShardingStrategy s : strategies) {
+      for (const ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                       ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
         INFO("strategy = " << name(s));
         std::vector<std::vector<double>> norms(ranks);
         std::vector<float> params;
         ShardedTrainerOptions so;
         so.strategy = s;
         so.collective.deterministic = true;
+        // Two groups of two at N = 4; otherwise one group.
+        so.shard_size = world == 4 ? 2 : 0;
         gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
           const auto r = static_cast<std::size_t>(comm.rank());
           ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.1}), so);
@@ -535,8 +546,11 @@ TEST_CASE("clip_grad_norm: the global norm, equal on every rank and to Replicate
         REQUIRE(norms[0].size() == replicated.norms[0].size());
         for (std::size_t i = 0; i < norms[0].size(); ++i) {
           CAPTURE(i);
-          // The gradients are bitwise equal; only the order of the norm's sum differs.
-          if (std::isinf(p)) {
+          // The gradients are bitwise equal; only the order of the norm's sum
+          // differs. HybridShard sums the gradient in another order.
+          if (s == ShardingStrategy::HybridShard) {
+            CHECK(std::abs(norms[0][i] - replicated.norms[0][i]) <= 1e-6 * replicated.norms[0][i]);
+          } else if (std::isinf(p)) {
             CHECK(norms[0][i] == replicated.norms[0][i]);
           } else {
             CHECK(std::abs(norms[0][i] - replicated.norms[0][i]) <= 1e-12 * replicated.norms[0][i]);
@@ -568,4 +582,80 @@ TEST_CASE("clip_grad_norm: refused outside forward_backward .. optimizer_step, a
     rt.optimizer_step();
     st.optimizer_step();
   });
+}
+
+TEST_CASE("HybridShard: 4 ranks as groups x shards match ReplicatedTrainer and FullShard at N = 4") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed = " << seed);
+  constexpr int world = 4;
+  const auto batches = random_batches(seed, 20, world, 3);
+  for (const bool deterministic : {false, true}) {
+    CAPTURE(deterministic);
+    const auto sgd = gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9});
+    const auto adam = gradsync::Adam<float>({.lr = 0.01});
+    const std::vector<float> replicated_sgd = train_replicated(batches, world, sgd, deterministic);
+    const std::vector<float> replicated_adam = train_replicated(batches, world, adam, deterministic);
+    const std::vector<float> full_shard = train_sharded(batches, world, adam, ShardingStrategy::FullShard, deterministic);
+    CHECK(worst_relative(full_shard, replicated_adam) <= 1e-6);
+    for (const int shard_size : {1, 2, 4, 0}) {
+      CAPTURE(shard_size);
+      for (const bool with_adam : {false, true}) {
+        CAPTURE(with_adam);
+        std::vector<std::vector<float>> result(world);
+        std::vector<std::vector<gradsync::ShardedTraceEvent>> traces(world);
+        std::vector<std::size_t> bytes(world);
+        ShardedTrainerOptions o;
+        o.strategy = ShardingStrategy::HybridShard;
+        o.shard_size = shard_size;
+        o.collective.deterministic = deterministic;
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          auto run = [&](auto opt) {
+            ShardedTrainer trainer(comm, model_for(comm.rank()), opt, o);
+            for (const auto& step : batches) trainer.step(step[r]);
+            result[r] = trainer.full_parameters();
+            traces[r] = trainer.trace();
+            bytes[r] = trainer.persistent_bytes();
+          };
+          if (with_adam) {
+            run(adam);
+          } else {
+            run(sgd);
+          }
+        });
+        for (const auto& x : result) CHECK(bitwise_equal(x, result[0]));
+        CHECK(worst_relative(result[0], with_adam ? replicated_adam : replicated_sgd) <= 1e-6);
+        // Shards of ⌈U/s⌉ elements, with s ranks per group.
+        const std::size_t s = shard_size == 0 ? world : static_cast<std::size_t>(shard_size);
+        std::size_t elements = 0;
+        for (const std::size_t u : {25, 36, 7, 1}) elements += (u + s - 1) / s;
+        CHECK(bytes[0] == (with_adam ? 16 : 12) * elements);
+        // Per unit: FullShard's gathers, then one reduce-scatter and one all-reduce.
+        std::vector<std::size_t> gathers(layers.size()), scatters(layers.size()), all_reduces(layers.size());
+        for (const auto& e : traces[0]) {
+          if (e.collective == gradsync::Collective::all_gather) ++gathers[e.unit];
+          if (e.collective == gradsync::Collective::reduce_scatter) ++scatters[e.unit];
+          if (e.collective == gradsync::Collective::all_reduce) ++all_reduces[e.unit];
+        }
+        for (std::size_t u = 0; u < layers.size(); ++u) {
+          CHECK(gathers[u] == (u + 1 == layers.size() ? 1 : 2));
+          CHECK(scatters[u] == 1);
+          CHECK(all_reduces[u] == 1);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("HybridShard: a shard_size that does not divide the world throws on every rank") {
+  std::vector<std::string> messages(4);
+  gradsync::run_threads(4, [&](Communicator<Threads>& comm) {
+    try {
+      ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>(),
+                             {.strategy = ShardingStrategy::HybridShard, .shard_size = 3});
+    } catch (const gradsync::InvalidArgument& e) {
+      messages[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const auto& m : messages) CHECK(m.find("shard_size that divides the world size 4, got 3") != std::string::npos);
 }

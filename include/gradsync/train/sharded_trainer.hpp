@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -45,6 +46,11 @@ enum class ShardingStrategy : std::uint8_t {
   ShardGradOp,
   /// DDP through the same class: every rank keeps everything, gradients are all-reduced.
   NoShard,
+  /// FullShard within groups of `shard_size` consecutive ranks (a host),
+  /// replicated across the groups: gradients are reduce-scattered (sum) in
+  /// the group, all-reduced (sum) across replicas, and divided by
+  /// shards × replicas on the owner.
+  HybridShard,
 };
 
 /// Options of ShardedTrainer.
@@ -61,6 +67,9 @@ struct ShardedTrainerOptions {
   /// root unit) gathers it once, not twice. Peak memory is unchanged: it is
   /// freed before the next unit is gathered.
   bool keep_last_forward_unit = true;
+  /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group g);
+  /// it must divide the world size. 0: the whole world (one replica).
+  int shard_size = 0;
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -98,8 +107,11 @@ struct ShardedTraceEvent {
 /// another unit is asked for, so the backward's first unit (FSDP's root)
 /// gathers once (ShardedTrainerOptions::keep_last_forward_unit).
 ///
-/// Not yet: prefetch, accumulation, HybridShard, mixed precision and
-/// offload (issue 13).
+/// HybridShard shards within groups of ShardedTrainerOptions::shard_size
+/// ranks (split from the communicator) and all-reduces each gradient shard
+/// across the groups.
+///
+/// Not yet: prefetch, accumulation, mixed precision and offload (issue 13).
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -139,6 +151,7 @@ class ShardedTrainer {
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ShardedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
                               "the same order: check what its units() depends on (configuration, rank, world size).");
+    split();
     layout();
     if (total_ == 0) {
       // Every rank declared the same units, so every rank throws this.
@@ -147,7 +160,7 @@ class ShardedTrainer {
                             " units, 0 elements); there is nothing to shard or train");
     }
     initialise();
-    worker_ = ProgressWorker<backend_type>::shared(comm_);
+    worker_ = ProgressWorker<backend_type>::shared(shard_comm());
   }
   ShardedTrainer(const ShardedTrainer&) = delete;
   ShardedTrainer& operator=(const ShardedTrainer&) = delete;
@@ -216,12 +229,13 @@ class ShardedTrainer {
                             "optimizer_step()");
     }
     double partial = detail::norm_partial(std::span<const value_type>(shard_grads_), p);
-    if (sharded() && comm_.size() > 1) {
+    // Replicas hold the same shards: the shard group's partials are the whole.
+    if (sharded() && shard_comm().size() > 1) {
       const AllReduce<Algo> all_reduce{o_.collective};
       if (std::isinf(p)) {
-        all_reduce(comm_, std::span<double>(&partial, 1), Max{});
+        all_reduce(shard_comm(), std::span<double>(&partial, 1), Max{});
       } else {
-        all_reduce(comm_, std::span<double>(&partial, 1), Sum{});
+        all_reduce(shard_comm(), std::span<double>(&partial, 1), Sum{});
       }
     }
     const double total = detail::norm_total(partial, p);
@@ -276,7 +290,7 @@ class ShardedTrainer {
   std::pair<std::size_t, std::size_t> owned_range(std::size_t u) const {
     const std::size_t c = chunks_.at(u), p = sizes_.at(u);
     if (o_.strategy == ShardingStrategy::NoShard) return {0, p};
-    const std::size_t first = std::min(p, static_cast<std::size_t>(comm_.rank()) * c);
+    const std::size_t first = std::min(p, static_cast<std::size_t>(shard_comm().rank()) * c);
     return {first, std::min(c, p - first)};
   }
   /// This rank's chunk of unit u, padding included.
@@ -295,8 +309,8 @@ class ShardedTrainer {
         all.insert(all.end(), s.begin(), s.end());
         continue;
       }
-      std::vector<value_type> full(chunks_[u] * static_cast<std::size_t>(comm_.size()));
-      AllGather<Algo>{o_.collective}(comm_, unit_shard(u), std::span<value_type>(full));
+      std::vector<value_type> full(chunks_[u] * static_cast<std::size_t>(shard_comm().size()));
+      AllGather<Algo>{o_.collective}(shard_comm(), unit_shard(u), std::span<value_type>(full));
       all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(sizes_[u]));
     }
     return all;
@@ -352,12 +366,40 @@ class ShardedTrainer {
   }
 
   bool sharded() const noexcept { return o_.strategy != ShardingStrategy::NoShard; }
+  bool full_shard() const noexcept {
+    return o_.strategy == ShardingStrategy::FullShard || o_.strategy == ShardingStrategy::HybridShard;
+  }
+
+  /// Where units are sharded and gathered: the shard group under
+  /// HybridShard, else the whole communicator.
+  Comm& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
+  const Comm& shard_comm() const noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
+
+  /// HybridShard: the shard group and the replica group of this rank, both
+  /// split from the communicator (collective; every rank the same options).
+  void split() {
+    if (o_.strategy != ShardingStrategy::HybridShard) return;
+    const int world = comm_.size();
+    const int s = o_.shard_size == 0 ? world : o_.shard_size;
+    if (s < 1 || world % s != 0) {
+      throw InvalidArgument(where() + ": HybridShard needs a shard_size that divides the world size " +
+                            std::to_string(world) + ", got " + std::to_string(o_.shard_size));
+    }
+    if constexpr (requires(Comm& c) { c.split(0, 0); }) {
+      const int r = comm_.rank();
+      // Colors are never no_color, so both splits give a communicator.
+      if (auto g = comm_.split(r / s, r)) shard_comm_.emplace(std::move(*g));
+      if (auto g = comm_.split(r % s, r)) replica_comm_.emplace(std::move(*g));
+    } else {
+      throw InvalidArgument(where() + ": HybridShard needs Communicator::split, which this backend lacks");
+    }
+  }
 
   std::string where() const { return "gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()); }
   std::string unit_name(std::size_t u) const { return "unit " + std::to_string(u) + " ('" + specs_[u].name + "')"; }
 
   void layout() {
-    const auto n = static_cast<std::size_t>(comm_.size());
+    const auto n = static_cast<std::size_t>(shard_comm().size());
     std::size_t at = 0;
     for (const UnitSpec& s : specs_) {
       std::size_t p = 0;
@@ -467,7 +509,7 @@ class ShardedTrainer {
     if (s.full.empty()) gather(u);
     std::span<value_type> grads;
     if (backward) {
-      s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], comm_.size()), value_type(0));
+      s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], shard_comm().size()), value_type(0));
       grads = std::span<value_type>(s.grad).first(sizes_[u]);
     }
     s.view = make_view(u, std::span<value_type>(s.full).first(sizes_[u]), grads);
@@ -477,7 +519,7 @@ class ShardedTrainer {
 
   void gather(std::size_t u) {
     UnitState& s = units_[u];
-    s.full.assign(chunks_[u] * static_cast<std::size_t>(comm_.size()), value_type(0));
+    s.full.assign(chunks_[u] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
     trace_.push_back({Collective::all_gather, u});
     const std::span<const value_type> in = unit_shard(u);
     const std::span<value_type> out(s.full);
@@ -496,12 +538,12 @@ class ShardedTrainer {
     // FullShard reshards after forward and after backward; ShardGradOp
     // keeps forward's gather for the backward.
     const bool forward = !evaluating_ && s.asks == 1;
-    if (forward && o_.strategy == ShardingStrategy::FullShard && o_.keep_last_forward_unit) {
+    if (forward && full_shard() && o_.keep_last_forward_unit) {
       if (kept_ != no_unit && kept_ != u && !units_[kept_].held) std::vector<value_type>().swap(units_[kept_].full);
       kept_ = u;
       return;
     }
-    const bool free = evaluating_ || o_.strategy == ShardingStrategy::FullShard || s.asks == 2;
+    const bool free = evaluating_ || full_shard() || s.asks == 2;
     if (free) std::vector<value_type>().swap(s.full);
   }
 
@@ -535,6 +577,25 @@ class ShardedTrainer {
     const std::size_t count = sizes_[u];
     const std::span<value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
+    if (replica_comm_) {
+      trace_.push_back({Collective::all_reduce, u});
+      // The replica communicator is used only here, on the shard group's
+      // worker, after construction: one thread, one order.
+      Comm* replicas = &*replica_comm_;
+      const auto divisor = static_cast<value_type>(comm_.size());
+      s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + unit_name(u),
+                                  [opts, storage, count, mine, replicas, divisor](Communicator<backend_type>& c) {
+                                    const ReduceScatterAverage<Algo> policy{opts};
+                                    policy.reduce(c, storage, count, false);
+                                    const ReducedPart part =
+                                        ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
+                                    std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset),
+                                                part.count, mine.begin());
+                                    if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, mine, Sum{});
+                                    for (value_type& x : mine) x /= divisor;
+                                  });
+      return;
+    }
     s.request = worker_->submit("ShardedTrainer reduce-scatter of " + unit_name(u),
                                 [opts, storage, count, mine](Communicator<backend_type>& c) {
                                   const ReduceScatterAverage<Algo> policy{opts};
@@ -630,6 +691,8 @@ class ShardedTrainer {
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
   TrainerStats stats_{};
+  /// HybridShard's groups; declared before worker_, which runs on the first.
+  std::optional<Comm> shard_comm_, replica_comm_;
   std::shared_ptr<ProgressWorker<backend_type>> worker_;
 };
 
