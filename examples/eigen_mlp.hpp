@@ -1,7 +1,8 @@
 #pragma once
 // An MLP classifier for gradsync's trainers: ReLU hidden layers, softmax
 // cross-entropy, its math in Eigen. Its parameters live in the trainer's
-// flat storage; the model only keeps views of it (gradsync::Model).
+// flat storage; a step lends the model a layer's views through its
+// gradsync::StepContext, and the model keeps none (gradsync::Model).
 //
 // Shared by examples/ddp_mlp.cpp and bench/ddp_step.cpp.
 

@@ -4,10 +4,11 @@
 ///
 /// The trainer owns every parameter, gradient and buffer as one flat array
 /// each, with each unit a contiguous range of it, in the order the model
-/// declares. The model only holds views (std::span) into those arrays. A
-/// replicated trainer can then all-reduce a range of units in place; a
-/// sharded one can keep a 1/N slice of a unit and gather it on demand; an
-/// optimizer steps on any flat span.
+/// declares. The model keeps no views: in a step it asks for a unit
+/// (StepContext::params) and gets views (std::span) valid while it holds
+/// the handle. A replicated trainer can then all-reduce a range of units in
+/// place; a sharded one can keep a 1/N slice of a unit and gather it on
+/// demand; an optimizer steps on any flat span.
 
 #include <concepts>
 #include <cstddef>

@@ -83,9 +83,10 @@ inline constexpr bool communicates_host_memory<Communicator<B>> = backend_traits
 ///
 /// The trainer owns the model (moved in) and its storage: one flat array of
 /// parameters, one of gradients, one of buffers, each unit a contiguous
-/// range of it; the model holds views. Construction checks that every rank
-/// declared the same units (names and shapes, in order; otherwise every rank
-/// throws InvalidArgument naming the first unit and rank that differ) and
+/// range of it; the model gets views of a unit when it asks (StepContext).
+/// Construction checks that every rank declared the same units (names and
+/// shapes, in order; otherwise every rank throws InvalidArgument naming the
+/// first unit and rank that differ) and
 /// broadcasts rank 0's parameters and buffers. N ranks with per-rank batch
 /// b under a mean loss then train as one rank with batch N·b.
 ///

@@ -58,11 +58,11 @@ struct ShardedTrainerOptions {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   /// Passed to every gather and reduction (`deterministic`: sums in rank
   /// order, so the result is bitwise that of ReplicatedTrainer with the same
-  /// option).
+  /// option; not under HybridShard, which sums within groups first).
   Options collective{};
   /// Broadcast rank 0's buffers before every step, as ReplicatedTrainer does.
   bool broadcast_buffers = true;
-  /// FullShard: the unit released last in forward stays gathered until the
+  /// FullShard and HybridShard: the unit released last in forward stays gathered until the
   /// next ask of another unit, so a backward that starts with it (FSDP's
   /// root unit) gathers it once, not twice. Peak memory is unchanged: it is
   /// freed before the next unit is gathered.
@@ -103,7 +103,7 @@ struct ShardedTraceEvent {
 /// step() is forward_backward() then optimizer_step(); between the two,
 /// clip_grad_norm() may scale the gradient shards by the global norm.
 ///
-/// Under FullShard the unit released last in forward stays gathered until
+/// Under FullShard (and HybridShard) the unit released last in forward stays gathered until
 /// another unit is asked for, so the backward's first unit (FSDP's root)
 /// gathers once (ShardedTrainerOptions::keep_last_forward_unit).
 ///
