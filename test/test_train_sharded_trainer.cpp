@@ -595,7 +595,8 @@ TEST_CASE("HybridShard: 4 ranks as groups x shards match ReplicatedTrainer and F
     const auto adam = gradsync::Adam<float>({.lr = 0.01});
     const std::vector<float> replicated_sgd = train_replicated(batches, world, sgd, deterministic);
     const std::vector<float> replicated_adam = train_replicated(batches, world, adam, deterministic);
-    const std::vector<float> full_shard = train_sharded(batches, world, adam, ShardingStrategy::FullShard, deterministic);
+    const std::vector<float> full_shard =
+        train_sharded(batches, world, adam, ShardingStrategy::FullShard, deterministic);
     CHECK(worst_relative(full_shard, replicated_adam) <= 1e-6);
     for (const int shard_size : {1, 2, 4, 0}) {
       CAPTURE(shard_size);

@@ -421,7 +421,8 @@ class ShardedTrainer {
     UnitView<value_type> v;
     std::size_t p = 0;
     for (const TensorSpec& t : specs_[u].params) {
-      v.params.push_back({params.subspan(p, t.count()), grads.empty() ? std::span<value_type>() : grads.subspan(p, t.count()), &t});
+      const std::span<value_type> g = grads.empty() ? std::span<value_type>() : grads.subspan(p, t.count());
+      v.params.push_back({params.subspan(p, t.count()), g, &t});
       p += t.count();
     }
     std::size_t b = 0;
@@ -481,8 +482,8 @@ class ShardedTrainer {
 
   void check_unit(std::size_t u, const char* what) const {
     if (u >= units_.size()) {
-      throw InvalidArgument(where() + ": the model " + what + " unit " + std::to_string(u) + ", which does not exist (" +
-                            std::to_string(units_.size()) + " units)");
+      throw InvalidArgument(where() + ": the model " + what + " unit " + std::to_string(u) +
+                            ", which does not exist (" + std::to_string(units_.size()) + " units)");
     }
   }
 
@@ -568,9 +569,10 @@ class ShardedTrainer {
     if (!sharded()) {
       trace_.push_back({Collective::all_reduce, u});
       const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]);
-      s.request = worker_->submit("ShardedTrainer all-reduce of " + unit_name(u), [opts, g](Communicator<backend_type>& c) {
-        if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
-      });
+      s.request = worker_->submit("ShardedTrainer all-reduce of " + unit_name(u),
+                                  [opts, g](Communicator<backend_type>& c) {
+                                    if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
+                                  });
       return;
     }
     trace_.push_back({Collective::reduce_scatter, u});
@@ -600,7 +602,8 @@ class ShardedTrainer {
                                 [opts, storage, count, mine](Communicator<backend_type>& c) {
                                   const ReduceScatterAverage<Algo> policy{opts};
                                   policy.reduce(c, storage, count, true);
-                                  const ReducedPart part = ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
+                                  const ReducedPart part =
+                                      ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
                                   std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset), part.count,
                                               mine.begin());
                                 });
