@@ -290,7 +290,8 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     std::int64_t correct = 0;
     for (std::size_t i = test_begin; i < test_end; i += 256) {
       const int n = static_cast<int>(std::min<std::size_t>(256, test_end - i));
-      correct += trainer.model().correct(example::Batch{&test.x[i * test.dim], &test.y[i], n});
+      const example::Batch batch{&test.x[i * test.dim], &test.y[i], n};
+      correct += trainer.evaluate([&](const auto& ctx) { return trainer.model().correct(batch, ctx); });
     }
     std::vector<double> sums{loss_sum, double(steps), double(correct), trainer.stats().exposed_comm_seconds,
                              trainer.stats().comm_seconds};

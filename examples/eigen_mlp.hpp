@@ -1,7 +1,8 @@
 #pragma once
 // An MLP classifier for gradsync's trainers: ReLU hidden layers, softmax
 // cross-entropy, its math in Eigen. Its parameters live in the trainer's
-// flat storage; the model only keeps views of it (gradsync::Model).
+// flat storage; a step lends the model a layer's views through its
+// gradsync::StepContext, and the model keeps none (gradsync::Model).
 //
 // Shared by examples/ddp_mlp.cpp and bench/ddp_step.cpp.
 
@@ -47,15 +48,15 @@ class EigenMlp {
     return u;
   }
 
-  /// Keeps the views and writes He-uniform initial weights (zero biases).
+  /// Writes He-uniform initial weights (zero biases); keeps no views: a
+  /// step reaches the weights through its gradsync::StepContext.
   void bind(std::span<const gradsync::UnitView<float>> units) {
-    views_.assign(units.begin(), units.end());
     std::mt19937_64 rng(seed_);
-    for (std::size_t l = 0; l < views_.size(); ++l) {
+    for (std::size_t l = 0; l < units.size(); ++l) {
       const float bound = std::sqrt(6.0f / static_cast<float>(sizes_[l]));
       std::uniform_real_distribution<float> dist(-bound, bound);
-      for (float& w : views_[l].params[0].value) w = dist(rng);
-      for (float& b : views_[l].params[1].value) b = 0.0f;
+      for (float& w : units[l].params[0].value) w = dist(rng);
+      for (float& b : units[l].params[1].value) b = 0.0f;
     }
     acts_.resize(sizes_.size());
     deltas_.resize(sizes_.size());
@@ -63,16 +64,16 @@ class EigenMlp {
 
   std::size_t parameter_count() const {
     std::size_t n = 0;
-    for (const auto& u : views_) n += u.flat_params.size();
+    for (std::size_t l = 0; l + 1 < sizes_.size(); ++l) n += std::size_t(sizes_[l + 1]) * std::size_t(sizes_[l] + 1);
     return n;
   }
 
   /// Mean cross-entropy over the batch; adds its gradient into the grad
   /// views and reports each layer ready as soon as its gradient is final.
-  double forward_backward(const Batch& batch, const gradsync::GradsReady& ready) {
+  double forward_backward(const Batch& batch, const gradsync::StepContext<float>& ctx) {
     const int n = batch.count;
-    const std::size_t L = views_.size();
-    forward(batch);
+    const std::size_t L = layers();
+    forward(batch, ctx);
     // Softmax probabilities become dLoss/dlogits in place: (p - onehot) / n.
     Matrix& delta = acts_[L];
     double loss = 0;
@@ -86,14 +87,15 @@ class EigenMlp {
       const auto in = sizes_[l], out = sizes_[l + 1];
       const Matrix& d = l + 1 == L ? acts_[L] : deltas_[l + 1];
       const Eigen::Ref<const Matrix> a = input(l, n);
-      MatrixMap gw(views_[l].params[0].grad.data(), out, in);
-      VectorMap gb(views_[l].params[1].grad.data(), out);
+      const auto p = ctx.params(l);
+      MatrixMap gw(p->params[0].grad.data(), out, in);
+      VectorMap gb(p->params[1].grad.data(), out);
       gw.noalias() += d * a.transpose();
       gb.noalias() += d.rowwise().sum();
-      ready(l);
+      ctx.ready(l);
       if (l > 0) {
         // Through the weights, then the ReLU: zero where the activation was.
-        const MatrixMap w(views_[l].params[0].value.data(), out, in);
+        const MatrixMap w(p->params[0].value.data(), out, in);
         deltas_[l].noalias() = w.transpose() * d;
         deltas_[l].array() *= (a.array() > 0.0f).cast<float>();
       }
@@ -101,10 +103,11 @@ class EigenMlp {
     return loss / n;
   }
 
-  /// Number of samples in `batch` classified correctly.
-  int correct(const Batch& batch) {
-    forward(batch);
-    const Matrix& p = acts_[views_.size()];
+  /// Number of samples in `batch` classified correctly; `ctx` from the
+  /// trainer's evaluate().
+  int correct(const Batch& batch, const gradsync::StepContext<float>& ctx) {
+    forward(batch, ctx);
+    const Matrix& p = acts_[layers()];
     int ok = 0;
     for (int i = 0; i < batch.count; ++i) {
       Eigen::Index arg;
@@ -121,14 +124,19 @@ class EigenMlp {
     return acts_[l];
   }
 
-  void forward(const Batch& batch) {
+  std::size_t layers() const { return sizes_.size() - 1; }
+
+  void forward(const Batch& batch, const gradsync::StepContext<float>& ctx) {
     const int n = batch.count;
-    const std::size_t L = views_.size();
+    const std::size_t L = layers();
+    acts_.resize(sizes_.size());
+    deltas_.resize(sizes_.size());
     x_ = batch.x;
     for (std::size_t l = 0; l < L; ++l) {
       const auto in = sizes_[l], out = sizes_[l + 1];
-      const MatrixMap w(views_[l].params[0].value.data(), out, in);
-      const VectorMap b(views_[l].params[1].value.data(), out);
+      const auto p = ctx.params(l);
+      const MatrixMap w(p->params[0].value.data(), out, in);
+      const VectorMap b(p->params[1].value.data(), out);
       acts_[l + 1].noalias() = w * input(l, n);
       acts_[l + 1].colwise() += b;
       if (l + 1 < L) acts_[l + 1] = acts_[l + 1].cwiseMax(0.0f);
@@ -143,7 +151,6 @@ class EigenMlp {
 
   std::vector<int> sizes_;
   std::uint64_t seed_;
-  std::vector<gradsync::UnitView<float>> views_;
   const float* x_ = nullptr;
   // acts_[l]: the output of layer l-1, after ReLU (acts_[0] unused: the
   // batch is read in place); deltas_[l]: dLoss/d that output before ReLU.

@@ -56,8 +56,8 @@ struct Mlp {
     return u;
   }
 
-  void bind(std::span<const gradsync::UnitView<T>> v) {
-    views.assign(v.begin(), v.end());
+  /// Writes the initial values; keeps no views (the protocol's rule).
+  void bind(std::span<const gradsync::UnitView<T>> views) {
     // Rank-dependent values on purpose: the trainer must replace them.
     std::uint64_t s = init_seed * 0x9E3779B97F4A7C15ull + 12345;
     for (const auto& unit : views) {
@@ -72,14 +72,17 @@ struct Mlp {
     }
   }
 
-  double forward_backward(const Batch<T>& batch, const gradsync::GradsReady& ready) {
+  /// Asks for each layer in forward and again in backward, and reports it
+  /// ready while still holding it.
+  double forward_backward(const Batch<T>& batch, const gradsync::StepContext<T>& ctx) {
     const std::size_t n = batch.size, L = sizes.size() - 1;
     std::vector<std::vector<T>> act(L + 1);
     act[0] = batch.x;
     for (std::size_t l = 0; l < L; ++l) {
+      const auto p = ctx.params(l);
       const std::size_t in = sizes[l], out = sizes[l + 1];
-      auto w = views[l].params[0].value;
-      auto b = views[l].params[1].value;
+      auto w = p->params[0].value;
+      auto b = p->params[1].value;
       act[l + 1].assign(n * out, T(0));
       for (std::size_t i = 0; i < n; ++i)
         for (std::size_t o = 0; o < out; ++o) {
@@ -87,15 +90,16 @@ struct Mlp {
           for (std::size_t k = 0; k < in; ++k) z += w[o * in + k] * act[l][i * in + k];
           act[l + 1][i * out + o] = l + 1 < L ? std::tanh(z) : z;
         }
+      if (l == 0) p->buffers[0].value[0] += static_cast<T>(n);
     }
     const std::size_t out = sizes.back();
     const bool aux = with_aux && !batch.skip_aux;
     if (aux) {
-      auto bias = views[L].params[0].value;
+      const auto p = ctx.params(L);
+      auto bias = p->params[0].value;
       for (std::size_t i = 0; i < n; ++i)
         for (std::size_t o = 0; o < out; ++o) act[L][i * out + o] += bias[o];
     }
-    views[0].buffers[0].value[0] += static_cast<T>(n);
     double loss = 0;
     std::vector<T> delta(n * out);
     for (std::size_t i = 0; i < n * out; ++i) {
@@ -104,16 +108,18 @@ struct Mlp {
       delta[i] = e / static_cast<T>(n);
     }
     if (aux) {
-      auto g = views[L].params[0].grad;
+      const auto p = ctx.params(L);
+      auto g = p->params[0].grad;
       for (std::size_t i = 0; i < n; ++i)
         for (std::size_t o = 0; o < out; ++o) g[o] += delta[i * out + o];
-      ready(L);
+      ctx.ready(L);
     }
     for (std::size_t l = L; l-- > 0;) {
+      const auto p = ctx.params(l);
       const std::size_t in = sizes[l], o_n = sizes[l + 1];
-      auto w = views[l].params[0].value;
-      auto gw = views[l].params[0].grad;
-      auto gb = views[l].params[1].grad;
+      auto w = p->params[0].value;
+      auto gw = p->params[0].grad;
+      auto gb = p->params[1].grad;
       std::vector<T> prev(n * in, T(0));
       for (std::size_t i = 0; i < n; ++i)
         for (std::size_t o = 0; o < o_n; ++o) {
@@ -124,15 +130,13 @@ struct Mlp {
             prev[i * in + k] += d * w[o * in + k];
           }
         }
-      ready(l);
+      ctx.ready(l);
       if (l > 0)
         for (std::size_t j = 0; j < n * in; ++j) prev[j] *= T(1) - act[l][j] * act[l][j];
       delta = std::move(prev);
     }
     return loss / double(n);
   }
-
-  std::vector<gradsync::UnitView<T>> views;
 };
 
 }  // namespace test_train
@@ -149,25 +153,23 @@ struct Declared {
 
   std::vector<gradsync::UnitSpec> units() const { return specs; }
 
-  void bind(std::span<const gradsync::UnitView<T>> v) {
-    views.assign(v.begin(), v.end());
+  void bind(std::span<const gradsync::UnitView<T>> views) {
     for (const auto& unit : views)
       for (std::size_t i = 0; i < unit.flat_params.size(); ++i) unit.flat_params[i] = static_cast<T>(i % 7) - T(3);
   }
 
-  double forward_backward(const Batch<T>&, const gradsync::GradsReady& ready) {
+  double forward_backward(const Batch<T>&, const gradsync::StepContext<T>& ctx) {
     double loss = 0;
-    for (std::size_t u = views.size(); u-- > 0;) {
-      for (std::size_t i = 0; i < views[u].flat_params.size(); ++i) {
-        loss += 0.5 * double(views[u].flat_params[i]) * double(views[u].flat_params[i]);
-        views[u].flat_grads[i] += views[u].flat_params[i];
+    for (std::size_t u = specs.size(); u-- > 0;) {
+      const auto p = ctx.params(u);
+      for (std::size_t i = 0; i < p->flat_params.size(); ++i) {
+        loss += 0.5 * double(p->flat_params[i]) * double(p->flat_params[i]);
+        p->flat_grads[i] += p->flat_params[i];
       }
-      ready(u);
+      ctx.ready(u);
     }
     return loss;
   }
-
-  std::vector<gradsync::UnitView<T>> views;
 };
 
 }  // namespace test_train

@@ -33,7 +33,7 @@ constexpr std::size_t in = 5, out = 3;
 const std::vector<std::size_t> layers{in, 16, 12, out};
 
 Mlp<float> model_for(int rank, bool aux = false) {
-  return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 7, aux, {}};
+  return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 7, aux};
 }
 
 gradsync::Sgd<float> momentum_sgd() { return gradsync::Sgd<float>({.lr = 0.2, .momentum = 0.9}); }
@@ -367,7 +367,7 @@ TEST_CASE("units: ranks that declare different units all throw at construction, 
         gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
           const auto r = static_cast<std::size_t>(comm.rank());
           try {
-            ReplicatedTrainer trainer(comm, Declared<float>{comm.rank() == odd ? theirs : mine, {}},
+            ReplicatedTrainer trainer(comm, Declared<float>{comm.rank() == odd ? theirs : mine},
                                       gradsync::Sgd<float>({.lr = 0.1}));
             constructed[r] = 1;
             trainer.step(Batch<float>{});
@@ -385,7 +385,7 @@ TEST_CASE("units: ranks that declare different units all throw at construction, 
     const auto units = random_units(rng);
     std::vector<std::vector<float>> params(static_cast<std::size_t>(world));
     gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
-      ReplicatedTrainer trainer(comm, Declared<float>{units, {}}, gradsync::Sgd<float>({.lr = 0.5}));
+      ReplicatedTrainer trainer(comm, Declared<float>{units}, gradsync::Sgd<float>({.lr = 0.5}));
       const std::vector<float> before(trainer.parameters().begin(), trainer.parameters().end());
       trainer.step(Batch<float>{});
       params[static_cast<std::size_t>(comm.rank())].assign(trainer.parameters().begin(), trainer.parameters().end());
@@ -408,7 +408,7 @@ TEST_CASE("units: the message names both declarations, the unit counts, and ever
     topt.timeout = std::chrono::seconds(5);
     gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
       try {
-        ReplicatedTrainer trainer(comm, Declared<float>{declared(comm.rank()), {}}, gradsync::Sgd<float>({.lr = 0.1}));
+        ReplicatedTrainer trainer(comm, Declared<float>{declared(comm.rank())}, gradsync::Sgd<float>({.lr = 0.1}));
       } catch (const gradsync::InvalidArgument& e) {
         messages[static_cast<std::size_t>(comm.rank())] = e.what();
       }

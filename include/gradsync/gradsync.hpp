@@ -36,3 +36,4 @@
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
 #include "gradsync/train/sgd.hpp"
+#include "gradsync/train/sharded_trainer.hpp"

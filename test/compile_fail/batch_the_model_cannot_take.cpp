@@ -1,5 +1,5 @@
 // step() with a batch type the model has no forward_backward for.
-// expect: the model has no `double forward_backward(const Batch&, const gradsync::GradsReady&)` for this batch type
+// expect: the model has no `double forward_backward(const Batch&, const gradsync::StepContext<value_type>&)` for this batch type
 #include <gradsync/gradsync.hpp>
 
 struct Images {};
@@ -9,7 +9,7 @@ struct Model {
   using value_type = float;
   std::vector<gradsync::UnitSpec> units() const { return {}; }
   void bind(std::span<const gradsync::UnitView<float>>) {}
-  double forward_backward(const Images&, const gradsync::GradsReady&) { return 0; }
+  double forward_backward(const Images&, const gradsync::StepContext<float>&) { return 0; }
 };
 
 void f(gradsync::Communicator<gradsync::Threads>& comm) {

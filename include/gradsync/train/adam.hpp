@@ -68,6 +68,8 @@ class AdamImpl {
   double lr() const noexcept { return o_.lr; }
   void set_lr(double lr) noexcept { o_.lr = lr; }
   const AdamOptions& options() const noexcept { return o_; }
+  /// State elements kept per parameter: the two moments.
+  static constexpr std::size_t state_per_element() noexcept { return 2; }
 
   /// Forgets the moments and the step count.
   void reset() noexcept {

@@ -4,14 +4,14 @@
 ///
 /// The trainer owns every parameter, gradient and buffer as one flat array
 /// each, with each unit a contiguous range of it, in the order the model
-/// declares. The model only holds views (std::span) into those arrays. A
-/// replicated trainer can then all-reduce a range of units in place; a
-/// sharded one can keep a 1/N slice of a unit and gather it on demand; an
-/// optimizer steps on any flat span.
+/// declares. The model keeps no views: in a step it asks for a unit
+/// (StepContext::params) and gets views (std::span) valid while it holds
+/// the handle. A replicated trainer can then all-reduce a range of units in
+/// place; a sharded one can keep a 1/N slice of a unit and gather it on
+/// demand; an optimizer steps on any flat span.
 
 #include <concepts>
 #include <cstddef>
-#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -61,17 +61,73 @@ struct UnitView {
   std::span<T> flat_buffers;
 };
 
-/// Passed to the model's backward; it calls `ready(unit)` as soon as that
-/// unit's gradients are final for this backward, so the trainer can start
-/// reducing them while backward goes on. A plain function reference, so a
-/// model need not be a template.
-class GradsReady {
+namespace detail {
+
+/// What a trainer lends a step's context: a unit's views while the model
+/// holds them (acquire/release), and the report that its gradients are final.
+template <class T>
+class UnitProvider {
  public:
-  explicit GradsReady(std::function<void(std::size_t)> fn) : fn_(std::move(fn)) {}
-  void operator()(std::size_t unit) const { fn_(unit); }
+  virtual const UnitView<T>& acquire(std::size_t unit) = 0;
+  virtual void release(std::size_t unit) noexcept = 0;
+  virtual void ready(std::size_t unit) = 0;
+
+ protected:
+  UnitProvider() = default;
+  UnitProvider(const UnitProvider&) = default;
+  UnitProvider& operator=(const UnitProvider&) = default;
+  ~UnitProvider() = default;
+};
+
+}  // namespace detail
+
+/// A unit's parameters (and gradients, and buffers) held by the model: the
+/// views are valid while the handle lives, and the trainer may free or
+/// reshard them once it goes. Get one from StepContext::params.
+template <class T>
+class UnitParams {
+ public:
+  UnitParams(detail::UnitProvider<T>& provider, std::size_t unit)
+      : provider_(&provider), unit_(unit), view_(&provider.acquire(unit)) {}
+  UnitParams(UnitParams&& other) noexcept
+      : provider_(std::exchange(other.provider_, nullptr)), unit_(other.unit_), view_(other.view_) {}
+  UnitParams(const UnitParams&) = delete;
+  UnitParams& operator=(const UnitParams&) = delete;
+  UnitParams& operator=(UnitParams&&) = delete;
+  ~UnitParams() {
+    if (provider_) provider_->release(unit_);
+  }
+
+  const UnitView<T>& operator*() const noexcept { return *view_; }
+  const UnitView<T>* operator->() const noexcept { return view_; }
+  std::size_t unit() const noexcept { return unit_; }
 
  private:
-  std::function<void(std::size_t)> fn_;
+  detail::UnitProvider<T>* provider_;
+  std::size_t unit_;
+  const UnitView<T>* view_;
+};
+
+/// Passed to the model's forward_backward: the only way to a unit's
+/// parameters during a step, and the report that a unit's gradients are
+/// final. In forward the model holds `auto p = ctx.params(u)` while it
+/// reads unit u; in backward it asks again, adds its gradients into
+/// `p->params[i].grad`, and calls `ctx.ready(u)` while still holding it, as
+/// soon as they are final, so the trainer can reduce them while backward
+/// goes on. A replicated trainer lends its own storage (a virtual call); a
+/// sharded one gathers the unit on the first ask and frees it per strategy.
+template <class T>
+class StepContext {
+ public:
+  explicit StepContext(detail::UnitProvider<T>& provider) : provider_(&provider) {}
+
+  /// Unit `unit`'s views, valid until the handle goes.
+  [[nodiscard]] UnitParams<T> params(std::size_t unit) const { return UnitParams<T>(*provider_, unit); }
+  /// Unit `unit`'s gradients are final for this backward.
+  void ready(std::size_t unit) const { provider_->ready(unit); }
+
+ private:
+  detail::UnitProvider<T>* provider_;
 };
 
 namespace detail {
@@ -91,21 +147,25 @@ concept ModelBinds = ModelHasValueType<M> && requires(M& m, std::span<const Unit
 /// - `using value_type = float;` (or double): the element type of its storage;
 /// - `std::vector<UnitSpec> units() const`: its parameters and buffers,
 ///   grouped into units, in forward order;
-/// - `void bind(std::span<const UnitView<value_type>>)`: keeps the views and
-///   writes initial values (each rank may write different ones; a trainer
-///   replaces them with rank 0's).
+/// - `void bind(std::span<const UnitView<value_type>>)`: writes initial
+///   values (each rank may write different ones; a trainer replaces them
+///   with rank 0's). The views are valid only during bind(): a model must
+///   not keep them, and reaches its parameters in a step through
+///   StepContext::params (a sharded trainer holds them only in shards).
 /// Its forward/backward is checked separately, per batch type (TrainableOn).
 template <class M>
 concept Model = detail::ModelHasValueType<M> && detail::ModelDeclaresUnits<M> && detail::ModelBinds<M> &&
                 std::move_constructible<M>;
 
 /// A model that can train on `Batch`: `double forward_backward(const Batch&,
-/// const GradsReady&)` runs forward and backward, adds (+=) the gradient of
-/// its mean loss into the grad views, calls `ready(u)` once per unit that
-/// received a gradient, and returns the loss.
+/// const StepContext<value_type>&)` runs forward and backward, holding each
+/// unit's parameters through `ctx.params(u)` while it uses them, adds (+=)
+/// the gradient of its mean loss into the grad views, calls `ctx.ready(u)`
+/// once per unit that received a gradient, and returns the loss.
 template <class M, class Batch>
-concept TrainableOn = Model<M> && requires(M& m, const Batch& b, const GradsReady& ready) {
-  { m.forward_backward(b, ready) } -> std::convertible_to<double>;
-};
+concept TrainableOn =
+    Model<M> && requires(M& m, const Batch& b, const StepContext<typename M::value_type>& ctx) {
+      { m.forward_backward(b, ctx) } -> std::convertible_to<double>;
+    };
 
 }  // namespace gradsync

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
 #include "gradsync/train/model.hpp"
@@ -81,9 +83,10 @@ inline constexpr bool communicates_host_memory<Communicator<B>> = backend_traits
 ///
 /// The trainer owns the model (moved in) and its storage: one flat array of
 /// parameters, one of gradients, one of buffers, each unit a contiguous
-/// range of it; the model holds views. Construction checks that every rank
-/// declared the same units (names and shapes, in order; otherwise every rank
-/// throws InvalidArgument naming the first unit and rank that differ) and
+/// range of it; the model gets views of a unit when it asks (StepContext).
+/// Construction checks that every rank declared the same units (names and
+/// shapes, in order; otherwise every rank throws InvalidArgument naming the
+/// first unit and rank that differ) and
 /// broadcasts rank 0's parameters and buffers. N ranks with per-rank batch
 /// b under a mean loss then train as one rank with batch N·b.
 ///
@@ -154,16 +157,58 @@ class ReplicatedTrainer {
   double step(const Batch& batch) {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ReplicatedTrainer::step: the model has no `double forward_backward(const Batch&, "
-                  "const gradsync::GradsReady&)` for this batch type");
+                  "const gradsync::StepContext<value_type>&)` for this batch type");
+    const double loss = forward_backward(batch);
+    optimizer_step();
+    return loss;
+  }
+
+  /// The first half of step(): forward, backward and the averaging of the
+  /// gradients, without the optimizer step. Then clip_grad_norm() if you
+  /// like, and optimizer_step().
+  template <class Batch>
+  double forward_backward(const Batch& batch) {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync::ReplicatedTrainer::forward_backward: the model has no `double forward_backward(const "
+                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    check_no_pending("forward_backward");
     int active = comm_.size();
     if (o_.join) active = count_active(1);
     if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
     sync_->set_sync(true);
     sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
                           .divisor = o_.join ? active : 0});
-    const double loss = forward_backward(batch);
-    finish_step();
+    const double loss = run_model(batch);
+    sync_grads();
+    pending_ = true;
     return loss;
+  }
+
+  /// Between forward_backward() and optimizer_step(): the norm of order p
+  /// (infinity: the largest magnitude) of the averaged gradient, which every
+  /// rank holds whole, so every rank returns the same value without
+  /// communicating; if it exceeds max_norm, the gradient is scaled by
+  /// max_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.
+  double clip_grad_norm(double max_norm, double p = 2.0) {
+    detail::check_norm_order("ReplicatedTrainer", max_norm, p);
+    if (!pending_) {
+      throw InvalidArgument("gradsync: ReplicatedTrainer::clip_grad_norm on rank " + std::to_string(comm_.rank()) +
+                            " needs the averaged gradient: call it between forward_backward() and optimizer_step()");
+    }
+    const double total = detail::norm_total(detail::norm_partial(std::span<const value_type>(grads_), p), p);
+    detail::clip_to(std::span<value_type>(grads_), total, max_norm);
+    return total;
+  }
+
+  /// The second half of step(): the optimizer step on the averaged
+  /// gradient, which is then zeroed.
+  void optimizer_step() {
+    if (!pending_) {
+      throw InvalidArgument("gradsync: ReplicatedTrainer::optimizer_step on rank " + std::to_string(comm_.rank()) +
+                            " without a forward_backward() before it");
+    }
+    pending_ = false;
+    apply_step();
   }
 
   /// Forward and backward on `batch` without communication: the gradient
@@ -174,9 +219,10 @@ class ReplicatedTrainer {
   double accumulate(const Batch& batch) {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ReplicatedTrainer::accumulate: the model has no `double forward_backward(const "
-                  "Batch&, const gradsync::GradsReady&)` for this batch type");
+                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    check_no_pending("accumulate");
     sync_->set_sync(false);
-    const double loss = forward_backward(batch);
+    const double loss = run_model(batch);
     ++micro_steps_;
     return loss;
   }
@@ -187,6 +233,7 @@ class ReplicatedTrainer {
   /// rank has joined. The average of each step is over the ranks that had
   /// data in it.
   void join() {
+    check_no_pending("join");
     if (!o_.join) {
       throw InvalidArgument("gradsync: ReplicatedTrainer::join on rank " + std::to_string(comm_.rank()) +
                             " needs ReplicatedTrainerOptions::join = true on every rank");
@@ -202,8 +249,18 @@ class ReplicatedTrainer {
       sync_->set_sync(true);
       sync_->set_averaging({.local_scale = 1.0, .divisor = active});
       sync_->mark_all_ready();
-      finish_step();
+      sync_grads();
+      apply_step();
     }
+  }
+
+  /// Runs `f(ctx)` with a StepContext for a forward without backward
+  /// (evaluation): the model reaches its units as in a step, and ctx.ready
+  /// throws. Returns what f returns.
+  template <class F>
+  decltype(auto) evaluate(F&& f) {
+    const StepContext<value_type> ctx(eval_provider_);
+    return std::forward<F>(f)(ctx);
   }
 
   /// Hashes every rank's parameters and throws gradsync::Error
@@ -238,6 +295,22 @@ class ReplicatedTrainer {
   std::span<value_type> buffers() noexcept { return buffers_; }
   const std::vector<UnitSpec>& units() const noexcept { return specs_; }
   std::span<const UnitView<value_type>> unit_views() const noexcept { return views_; }
+
+  /// Bytes this rank keeps between steps: parameters, gradients and the
+  /// optimizer's state on them, (2 + S)·sizeof(T)·Ψ, S being the optimizer's
+  /// state elements per parameter (`state_per_element()`: 0 for SGD, 1 with
+  /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say).
+  /// GradSync's bucket staging and buffers are left out, as in
+  /// ShardedTrainer::persistent_bytes.
+  std::size_t persistent_bytes() const noexcept {
+    std::size_t state = 0;
+    if constexpr (requires(const Opt& o) {
+                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
+                  }) {
+      state = opt_.state_per_element();
+    }
+    return (2 + state) * sizeof(value_type) * params_.size();
+  }
 
   const TrainerStats& stats() const noexcept { return stats_; }
   void reset_stats() {
@@ -278,20 +351,31 @@ class ReplicatedTrainer {
   }
 
   template <class Batch>
-  double forward_backward(const Batch& batch) {
+  double run_model(const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
-    const GradsReady ready([this](std::size_t u) { sync_->ready(u); });
-    const double loss = static_cast<double>(model_.forward_backward(batch, ready));
+    const StepContext<value_type> ctx(provider_);
+    const double loss = static_cast<double>(model_.forward_backward(batch, ctx));
     stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return loss;
   }
 
-  void finish_step() {
+  void check_no_pending(const char* what) const {
+    if (pending_) {
+      throw InvalidArgument(std::string("gradsync: ReplicatedTrainer::") + what + " on rank " +
+                            std::to_string(comm_.rank()) +
+                            " after a forward_backward() whose optimizer_step() has not run yet");
+    }
+  }
+
+  void sync_grads() {
     const double wait0 = sync_->stats().wait_seconds;
     sync_->finish();
     stats_.exposed_comm_seconds += sync_->stats().wait_seconds - wait0;
     stats_.comm_seconds = sync_->stats().comm_seconds;
     micro_steps_ = 0;
+  }
+
+  void apply_step() {
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(params_), std::span<const value_type>(grads_));
     std::fill(grads_.begin(), grads_.end(), value_type(0));
@@ -306,15 +390,46 @@ class ReplicatedTrainer {
     return n;
   }
 
+  /// Lends the model its own storage: every unit is resident, so asking
+  /// for it costs a virtual call and releasing it nothing.
+  class Provider final : public detail::UnitProvider<value_type> {
+   public:
+    explicit Provider(ReplicatedTrainer& t, bool evaluating = false) : t_(t), evaluating_(evaluating) {}
+    const UnitView<value_type>& acquire(std::size_t u) override {
+      if (u >= t_.views_.size()) {
+        throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(t_.comm_.rank()) +
+                              ": the model asked for unit " + std::to_string(u) + ", which does not exist (" +
+                              std::to_string(t_.views_.size()) + " units)");
+      }
+      return t_.views_[u];
+    }
+    void release(std::size_t) noexcept override {}
+    void ready(std::size_t u) override {
+      if (evaluating_) {
+        throw InvalidArgument("gradsync: ReplicatedTrainer::evaluate on rank " + std::to_string(t_.comm_.rank()) +
+                              ": the model reported unit " + std::to_string(u) +
+                              " ready, but evaluation runs no backward");
+      }
+      t_.sync_->ready(u);
+    }
+
+    ReplicatedTrainer& t_;
+    bool evaluating_ = false;
+  };
+
   Comm& comm_;
   M model_;
   Opt opt_;
   ReplicatedTrainerOptions o_;
+  Provider provider_{*this};
+  Provider eval_provider_{*this, true};
   std::vector<UnitSpec> specs_;
   std::vector<value_type> params_, grads_, buffers_;
   std::vector<UnitView<value_type>> views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
   std::size_t micro_steps_ = 0;
+  /// forward_backward() ran and optimizer_step() has not.
+  bool pending_ = false;
   TrainerStats stats_{};
 };
 

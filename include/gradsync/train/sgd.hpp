@@ -33,6 +33,8 @@ class Sgd {
   double lr() const noexcept { return o_.lr; }
   void set_lr(double lr) noexcept { o_.lr = lr; }
   const SgdOptions& options() const noexcept { return o_; }
+  /// State elements kept per parameter: the velocity, with momentum.
+  std::size_t state_per_element() const noexcept { return o_.momentum == 0 ? 0 : 1; }
 
   /// Forgets the momentum, so the next step may be on a span of any size.
   void reset() noexcept {

@@ -1,0 +1,661 @@
+// ShardedTrainer: layout, parity with ReplicatedTrainer, the collectives of a
+// step, persistent memory, and what it refuses (issue 13's first slice).
+#include <doctest/doctest.h>
+
+#include <gradsync/gradsync.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/unit_disagreement.hpp"
+#include "test_train_model.hpp"
+
+using gradsync::Communicator;
+using gradsync::ReplicatedTrainer;
+using gradsync::ReplicatedTrainerOptions;
+using gradsync::ShardedTrainer;
+using gradsync::ShardedTrainerOptions;
+using gradsync::ShardingStrategy;
+using gradsync::Threads;
+using test_train::Batch;
+using test_train::Declared;
+using test_train::Mlp;
+
+namespace {
+
+constexpr std::size_t in = 4, out = 1;
+/// Units of 25, 36, 7 and (aux) 1 elements: most not divisible by N = 2..4,
+/// and one smaller than N.
+const std::vector<std::size_t> layers{in, 5, 6, out};
+constexpr ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                           ShardingStrategy::NoShard};
+
+const char* name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FullShard: return "FullShard";
+    case ShardingStrategy::ShardGradOp: return "ShardGradOp";
+    case ShardingStrategy::NoShard: return "NoShard";
+    case ShardingStrategy::HybridShard: return "HybridShard";
+  }
+  return "?";
+}
+
+Mlp<float> model_for(int rank) { return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 3, true}; }
+
+std::uint64_t fresh_seed() { return (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}(); }
+
+/// batches[s][r]: rank r's batch of step s, fresh random numbers from `seed`.
+std::vector<std::vector<Batch<float>>> random_batches(std::uint64_t seed, int steps, int world, std::size_t b) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<std::vector<Batch<float>>> all(static_cast<std::size_t>(steps));
+  for (auto& step : all) {
+    for (int r = 0; r < world; ++r) {
+      Batch<float> batch;
+      batch.size = b;
+      for (std::size_t i = 0; i < b * in; ++i) batch.x.push_back(d(rng));
+      for (std::size_t i = 0; i < b * out; ++i) batch.y.push_back(d(rng));
+      step.push_back(std::move(batch));
+    }
+  }
+  return all;
+}
+
+template <class Opt>
+std::vector<float> train_replicated(const std::vector<std::vector<Batch<float>>>& batches, int world, Opt opt,
+                                    bool deterministic) {
+  std::vector<float> result;
+  ReplicatedTrainerOptions o;
+  o.sync.collective.deterministic = deterministic;
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, model_for(comm.rank()), opt, o);
+    for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+    if (comm.rank() == 0) result.assign(trainer.parameters().begin(), trainer.parameters().end());
+  });
+  return result;
+}
+
+/// Rank 0's gathered parameters; every rank's gather must be the same.
+template <class Opt>
+std::vector<float> train_sharded(const std::vector<std::vector<Batch<float>>>& batches, int world, Opt opt,
+                                 ShardingStrategy strategy, bool deterministic) {
+  std::vector<std::vector<float>> result(static_cast<std::size_t>(world));
+  ShardedTrainerOptions o;
+  o.strategy = strategy;
+  o.collective.deterministic = deterministic;
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ShardedTrainer trainer(comm, model_for(comm.rank()), opt, o);
+    for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+    result[static_cast<std::size_t>(comm.rank())] = trainer.full_parameters();
+  });
+  for (const auto& r : result) CHECK(r == result[0]);
+  return result[0];
+}
+
+/// Largest |a − b| / max(1, |b|): relative, with an absolute floor for values near zero.
+double worst_relative(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / std::max(1.0, std::abs(double(b[i]))));
+  }
+  return worst;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+template <class Opt>
+void check_parity(const char* opt_name, Opt opt) {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed = " << seed << ", optimizer = " << std::string(opt_name));
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      const std::vector<float> replicated = train_replicated(batches, world, opt, deterministic);
+      for (const ShardingStrategy s : strategies) {
+        INFO("strategy = " << name(s));
+        const std::vector<float> sharded = train_sharded(batches, world, opt, s, deterministic);
+        CHECK(worst_relative(sharded, replicated) <= 1e-6);
+        if (deterministic) CHECK(bitwise_equal(sharded, replicated));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layout: owned ranges, zero padding, and a gather that reproduces the input bitwise") {
+  for (int world = 1; world <= 4; ++world) {
+    const auto n = static_cast<std::size_t>(world);
+    std::vector<std::size_t> sizes{1, n, n + 1};
+    if (n > 1) sizes.push_back(n - 1);
+    if (world == 4) sizes.push_back(5);
+    for (const std::size_t p : sizes) {
+      CAPTURE(world);
+      CAPTURE(p);
+      const std::vector<gradsync::UnitSpec> units{{"u", {{"w", {p}}}, {}}};
+      // What Declared writes at bind: element i is i % 7 − 3.
+      std::vector<float> input(p);
+      for (std::size_t i = 0; i < p; ++i) input[i] = static_cast<float>(i % 7) - 3.0f;
+      std::vector<std::size_t> owned(n);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ShardedTrainer trainer(comm, Declared<float>{units}, gradsync::Sgd<float>());
+        const auto r = static_cast<std::size_t>(comm.rank());
+        const std::size_t c = (p + n - 1) / n;
+        REQUIRE(trainer.chunk_size(0) == c);
+        const auto [first, count] = trainer.owned_range(0);
+        CHECK(first == std::min(p, r * c));
+        CHECK(count == std::min(c, p - first));
+        owned[r] = count;
+        const auto shard = trainer.unit_shard(0);
+        REQUIRE(shard.size() == c);
+        for (std::size_t i = 0; i < c; ++i) {
+          if (i < count) {
+            CHECK(std::memcmp(&shard[i], &input[first + i], sizeof(float)) == 0);
+          } else {
+            CHECK(shard[i] == 0.0f);
+            CHECK(!std::signbit(shard[i]));
+          }
+        }
+        CHECK(bitwise_equal(trainer.full_parameters(), input));
+      });
+      std::size_t sum = 0;
+      for (const std::size_t k : owned) sum += k;
+      CHECK(sum == p);
+      if (world == 4 && p == 5) CHECK(owned == std::vector<std::size_t>{2, 2, 1, 0});
+    }
+  }
+}
+
+TEST_CASE("start: every rank starts from rank 0's parameters") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    std::vector<float> replicated;
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>());
+      if (comm.rank() == 0) replicated.assign(trainer.parameters().begin(), trainer.parameters().end());
+    });
+    for (const ShardingStrategy s : strategies) {
+      INFO("strategy = " << name(s));
+      std::vector<std::vector<float>> gathered(static_cast<std::size_t>(world));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>(), {.strategy = s});
+        gathered[static_cast<std::size_t>(comm.rank())] = trainer.full_parameters();
+      });
+      for (const auto& g : gathered) CHECK(bitwise_equal(g, replicated));
+    }
+  }
+}
+
+TEST_CASE("parity: SGD, 20 steps, equal to ReplicatedTrainer (bitwise when deterministic)") {
+  check_parity("SGD", gradsync::Sgd<float>({.lr = 0.1}));
+}
+
+TEST_CASE("parity: momentum SGD") {
+  check_parity("momentum SGD", gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9}));
+}
+
+TEST_CASE("parity: Adam") { check_parity("Adam", gradsync::Adam<float>({.lr = 0.01})); }
+
+TEST_CASE("parity: AdamW") { check_parity("AdamW", gradsync::AdamW<float>({.lr = 0.01, .weight_decay = 0.05})); }
+
+TEST_CASE("trace: the collectives of one step, per strategy") {
+  using gradsync::Collective;
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed = " << seed);
+  struct Variant {
+    ShardingStrategy strategy;
+    bool keep_last_forward_unit;
+  };
+  const Variant variants[] = {{ShardingStrategy::FullShard, true},
+                              {ShardingStrategy::FullShard, false},
+                              {ShardingStrategy::ShardGradOp, true},
+                              {ShardingStrategy::NoShard, true}};
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto batches = random_batches(seed, 2, world, 2);
+    for (const Variant& v : variants) {
+      // Plain variables: lambdas below capture them (no structured bindings).
+      const ShardingStrategy s = v.strategy;
+      const bool keep = v.keep_last_forward_unit;
+      INFO("strategy = " << name(s) << ", keep_last_forward_unit = " << keep);
+      const ShardedTrainerOptions o{.strategy = s, .keep_last_forward_unit = keep};
+      std::vector<std::vector<gradsync::ShardedTraceEvent>> traces(static_cast<std::size_t>(world));
+      std::vector<std::uint64_t> calls(static_cast<std::size_t>(world));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Adam<float>(), o);
+        trainer.step(batches[0][r]);
+        const std::uint64_t before = comm.sequence();
+        trainer.step(batches[1][r]);
+        calls[r] = comm.sequence() - before;
+        traces[r] = trainer.trace();
+      });
+      const std::size_t units = layers.size();  // three layers and aux
+      std::vector<std::size_t> gathers(units), reductions(units), all_reduces(units);
+      // Each unit's reduction comes after every one of its gathers.
+      for (const auto& e : traces[0]) {
+        REQUIRE(e.unit < units);
+        if (e.collective == Collective::all_gather) {
+          CHECK(reductions[e.unit] == 0);
+          ++gathers[e.unit];
+        } else if (e.collective == Collective::reduce_scatter) {
+          ++reductions[e.unit];
+        } else {
+          CHECK(e.collective == Collective::all_reduce);
+          ++all_reduces[e.unit];
+        }
+      }
+      for (std::size_t u = 0; u < units; ++u) {
+        CAPTURE(u);
+        switch (s) {
+          case ShardingStrategy::FullShard:
+            // The aux unit, last in forward and first in backward, is FSDP's
+            // root: kept gathered from its forward into its backward.
+            CHECK(gathers[u] == (keep && u + 1 == units ? 1 : 2));
+            CHECK(reductions[u] == 1);
+            break;
+          case ShardingStrategy::ShardGradOp:
+            CHECK(gathers[u] == 1);
+            CHECK(reductions[u] == 1);
+            break;
+          case ShardingStrategy::NoShard:
+            CHECK(gathers[u] == 0);
+            CHECK(all_reduces[u] == 1);
+            break;
+          case ShardingStrategy::HybridShard:  // its own test case
+            break;
+        }
+      }
+      // The same trace on every rank, and nothing else on the communicator
+      // but the broadcast of the buffers.
+      for (std::size_t r = 0; r < traces.size(); ++r) {
+        CAPTURE(r);
+        REQUIRE(traces[r].size() == traces[0].size());
+        for (std::size_t i = 0; i < traces[r].size(); ++i) {
+          CHECK(traces[r][i].collective == traces[0][i].collective);
+          CHECK(traces[r][i].unit == traces[0][i].unit);
+        }
+        if (world > 1) CHECK(calls[r] == traces[0].size() + 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("memory: persistent bytes per rank are (8 + S)·Σ⌈U/N⌉, or (8 + S)·Ψ under NoShard and DDP") {
+  const std::vector<std::size_t> unit_sizes{25, 36, 7, 1};
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    std::size_t sharded = 0, psi = 0;
+    for (const std::size_t u : unit_sizes) {
+      sharded += (u + n - 1) / n;
+      psi += u;
+    }
+    for (const ShardingStrategy s : strategies) {
+      INFO("strategy = " << name(s));
+      const std::size_t elements = s == ShardingStrategy::NoShard ? psi : sharded;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const ShardedTrainerOptions o{.strategy = s};
+        ShardedTrainer sgd(comm, model_for(comm.rank()), gradsync::Sgd<float>(), o);
+        CHECK(sgd.persistent_bytes() == 8 * elements);
+        ShardedTrainer momentum(comm, model_for(comm.rank()), gradsync::Sgd<float>({.momentum = 0.9}), o);
+        CHECK(momentum.persistent_bytes() == 12 * elements);
+        ShardedTrainer adam(comm, model_for(comm.rank()), gradsync::Adam<float>(), o);
+        CHECK(adam.persistent_bytes() == 16 * elements);
+        ShardedTrainer adamw(comm, model_for(comm.rank()), gradsync::AdamW<float>(), o);
+        CHECK(adamw.persistent_bytes() == 16 * elements);
+        // DDP's figure, (8 + S)·Ψ: what NoShard reports.
+        ReplicatedTrainer ddp_sgd(comm, model_for(comm.rank()), gradsync::Sgd<float>());
+        CHECK(ddp_sgd.persistent_bytes() == 8 * psi);
+        ReplicatedTrainer ddp_momentum(comm, model_for(comm.rank()), gradsync::Sgd<float>({.momentum = 0.9}));
+        CHECK(ddp_momentum.persistent_bytes() == 12 * psi);
+        ReplicatedTrainer ddp_adam(comm, model_for(comm.rank()), gradsync::Adam<float>());
+        CHECK(ddp_adam.persistent_bytes() == 16 * psi);
+      });
+    }
+  }
+}
+
+TEST_CASE("units: ranks that declare different units throw on every rank, without hanging") {
+  const std::vector<gradsync::UnitSpec> mine{{"fc1", {{"weight", {3, 5}}}, {}}, {"fc2", {{"weight", {5, 3}}}, {}}};
+  auto transposed = mine;
+  transposed[1].params[0].shape = {3, 5};
+  for (int world = 2; world <= 4; ++world) {
+    CAPTURE(world);
+    std::vector<std::string> messages(static_cast<std::size_t>(world));
+    gradsync::ThreadsOptions topt;
+    topt.timeout = std::chrono::seconds(5);
+    const auto t0 = std::chrono::steady_clock::now();
+    gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+      try {
+        ShardedTrainer trainer(comm, Declared<float>{comm.rank() == world - 1 ? transposed : mine},
+                               gradsync::Sgd<float>());
+      } catch (const gradsync::InvalidArgument& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    for (const auto& m : messages) {
+      CHECK(m == messages[0]);
+      CHECK(m.find("ShardedTrainer: ranks declared different units") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("bad input: a zero-sized model throws on every rank") {
+  for (int world = 1; world <= 3; ++world) {
+    for (const auto& units : {std::vector<gradsync::UnitSpec>{},
+                              std::vector<gradsync::UnitSpec>{{"empty", {{"w", {0}}}, {}}}}) {
+      std::vector<std::string> messages(static_cast<std::size_t>(world));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        try {
+          ShardedTrainer trainer(comm, Declared<float>{units}, gradsync::Sgd<float>());
+        } catch (const gradsync::InvalidArgument& e) {
+          messages[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      });
+      for (const auto& m : messages) CHECK(m.find("declares no parameters") != std::string::npos);
+    }
+  }
+}
+
+namespace {
+
+/// Breaks the protocol in one of three ways, on every rank alike.
+struct Rogue {
+  using value_type = float;
+  enum Kind { ask_twice, ready_without_asking, ask_three_times } kind = ask_twice;
+
+  std::vector<gradsync::UnitSpec> units() const { return {{"a", {{"w", {6}}}, {}}, {"b", {{"w", {3}}}, {}}}; }
+  void bind(std::span<const gradsync::UnitView<float>>) {}
+  double forward_backward(const Batch<float>&, const gradsync::StepContext<float>& ctx) {
+    switch (kind) {
+      case ask_twice: {
+        const auto p = ctx.params(0);
+        const auto q = ctx.params(0);
+        break;
+      }
+      case ready_without_asking: {
+        { const auto p = ctx.params(1); }
+        ctx.ready(1);
+        break;
+      }
+      case ask_three_times: {
+        { const auto p = ctx.params(0); }
+        { const auto p = ctx.params(0); }
+        { const auto p = ctx.params(0); }
+        break;
+      }
+    }
+    return 0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bad input: calls out of protocol throw a clear error") {
+  const std::pair<Rogue::Kind, const char*> cases[] = {
+      {Rogue::ask_twice, "while it still holds it"},
+      {Rogue::ready_without_asking, "ready without holding it from a backward ask"},
+      {Rogue::ask_three_times, "a third time in one step"},
+  };
+  for (int world = 1; world <= 2; ++world) {
+    for (const auto& c : cases) {
+      const Rogue::Kind kind = c.first;
+      const char* const expected = c.second;
+      for (const ShardingStrategy s : strategies) {
+        CAPTURE(world);
+        CAPTURE(expected);
+        INFO("strategy = " << name(s));
+        std::vector<std::string> messages(static_cast<std::size_t>(world));
+        gradsync::ThreadsOptions topt;
+        topt.timeout = std::chrono::seconds(5);
+        gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+          try {
+            ShardedTrainer trainer(comm, Rogue{kind}, gradsync::Sgd<float>(), {.strategy = s});
+            trainer.step(Batch<float>{});
+          } catch (const gradsync::InvalidArgument& e) {
+            messages[static_cast<std::size_t>(comm.rank())] = e.what();
+          }
+        });
+        for (const auto& m : messages) CHECK(m.find(expected) != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("evaluate: a forward without backward sees the same parameters under both trainers") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed = " << seed);
+  const auto batches = random_batches(seed, 3, 2, 4);
+  auto loss_of = [](auto& trainer, const Batch<float>& b) {
+    // The Mlp's forward, through the context: unit 0's weights summed.
+    return trainer.evaluate([&](const gradsync::StepContext<float>& ctx) {
+      const auto p = ctx.params(0);
+      double sum = 0;
+      for (const float x : p->flat_params) sum += x;
+      return sum + static_cast<double>(b.size);
+    });
+  };
+  std::vector<double> replicated(2), sharded(2);
+  gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    ReplicatedTrainerOptions ro;
+    ro.sync.collective.deterministic = true;
+    ShardedTrainerOptions so;
+    so.collective.deterministic = true;
+    ReplicatedTrainer rt(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.1}), ro);
+    ShardedTrainer st(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.1}), so);
+    for (const auto& step : batches) {
+      rt.step(step[r]);
+      st.step(step[r]);
+    }
+    replicated[r] = loss_of(rt, batches[0][r]);
+    sharded[r] = loss_of(st, batches[0][r]);
+  });
+  CHECK(replicated == sharded);
+}
+
+namespace {
+
+/// Per step, each rank's clip_grad_norm result, then rank 0's final parameters.
+struct Clipped {
+  std::vector<std::vector<double>> norms;  // [rank][step]
+  std::vector<float> params;
+};
+
+template <class Trainer>
+void clip_steps(Trainer& trainer, const std::vector<std::vector<Batch<float>>>& batches, std::size_t r, double max_norm,
+                double p, std::vector<double>& norms) {
+  for (const auto& step : batches) {
+    trainer.forward_backward(step[r]);
+    const double norm = trainer.clip_grad_norm(max_norm, p);
+    norms.push_back(norm);
+    // Clipped: the norm is now max_norm·norm/(norm + 1e-6), at most max_norm.
+    const double again = trainer.clip_grad_norm(max_norm, p);
+    if (norm > max_norm) {
+      CHECK(again <= max_norm * (1 + 1e-5));
+      CHECK(again >= max_norm * (1 - 1e-4));
+    } else {
+      CHECK(again == norm);
+    }
+    trainer.optimizer_step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("clip_grad_norm: the global norm, equal on every rank and to ReplicatedTrainer's; inf-norm; clipping") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed = " << seed);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 6, world, 3);
+    for (const double p : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+      CAPTURE(p);
+      // Small enough that most steps clip, large enough that some may not.
+      const double max_norm = p == 1.0 ? 0.5 : 0.15;
+      Clipped replicated{std::vector<std::vector<double>>(ranks), {}};
+      ReplicatedTrainerOptions ro;
+      ro.sync.collective.deterministic = true;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ReplicatedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.1}), ro);
+        clip_steps(trainer, batches, r, max_norm, p, replicated.norms[r]);
+        if (r == 0) replicated.params.assign(trainer.parameters().begin(), trainer.parameters().end());
+      });
+      for (const auto& n : replicated.norms) CHECK(n == replicated.norms[0]);
+      // Clipping took place in most steps (what clip_steps checks of it).
+      std::size_t clipped = 0;
+      for (const double n : replicated.norms[0]) clipped += n > max_norm;
+      CHECK(clipped * 2 > replicated.norms[0].size());
+      for (const ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                       ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
+        INFO("strategy = " << name(s));
+        std::vector<std::vector<double>> norms(ranks);
+        std::vector<float> params;
+        ShardedTrainerOptions so;
+        so.strategy = s;
+        so.collective.deterministic = true;
+        // Two groups of two at N = 4; otherwise one group.
+        so.shard_size = world == 4 ? 2 : 0;
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.1}), so);
+          clip_steps(trainer, batches, r, max_norm, p, norms[r]);
+          auto full = trainer.full_parameters();
+          if (r == 0) params = std::move(full);
+        });
+        for (const auto& n : norms) CHECK(n == norms[0]);
+        REQUIRE(norms[0].size() == replicated.norms[0].size());
+        for (std::size_t i = 0; i < norms[0].size(); ++i) {
+          CAPTURE(i);
+          // The gradients are bitwise equal; only the order of the norm's sum
+          // differs. HybridShard sums the gradient in another order.
+          if (s == ShardingStrategy::HybridShard) {
+            CHECK(std::abs(norms[0][i] - replicated.norms[0][i]) <= 1e-6 * replicated.norms[0][i]);
+          } else if (std::isinf(p)) {
+            CHECK(norms[0][i] == replicated.norms[0][i]);
+          } else {
+            CHECK(std::abs(norms[0][i] - replicated.norms[0][i]) <= 1e-12 * replicated.norms[0][i]);
+          }
+        }
+        CHECK(worst_relative(params, replicated.params) <= 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("clip_grad_norm: refused outside forward_backward .. optimizer_step, and for p <= 0") {
+  gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer rt(comm, model_for(comm.rank()), gradsync::Sgd<float>());
+    ShardedTrainer st(comm, model_for(comm.rank()), gradsync::Sgd<float>());
+    CHECK_THROWS_WITH_AS(rt.clip_grad_norm(1.0), doctest::Contains("between forward_backward() and optimizer_step()"),
+                         gradsync::InvalidArgument);
+    CHECK_THROWS_WITH_AS(st.clip_grad_norm(1.0), doctest::Contains("between forward_backward() and optimizer_step()"),
+                         gradsync::InvalidArgument);
+    CHECK_THROWS_AS(rt.optimizer_step(), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(st.optimizer_step(), gradsync::InvalidArgument);
+    const Batch<float> b = random_batches(1, 1, 1, 2)[0][0];
+    rt.forward_backward(b);
+    st.forward_backward(b);
+    CHECK_THROWS_WITH_AS(rt.clip_grad_norm(1.0, 0.0), doctest::Contains("p > 0"), gradsync::InvalidArgument);
+    CHECK_THROWS_WITH_AS(st.clip_grad_norm(1.0, -2.0), doctest::Contains("p > 0"), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(rt.forward_backward(b), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(st.forward_backward(b), gradsync::InvalidArgument);
+    rt.optimizer_step();
+    st.optimizer_step();
+  });
+}
+
+TEST_CASE("HybridShard: 4 ranks as groups x shards match ReplicatedTrainer and FullShard at N = 4") {
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed = " << seed);
+  constexpr int world = 4;
+  const auto batches = random_batches(seed, 20, world, 3);
+  for (const bool deterministic : {false, true}) {
+    CAPTURE(deterministic);
+    const auto sgd = gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9});
+    const auto adam = gradsync::Adam<float>({.lr = 0.01});
+    const std::vector<float> replicated_sgd = train_replicated(batches, world, sgd, deterministic);
+    const std::vector<float> replicated_adam = train_replicated(batches, world, adam, deterministic);
+    const std::vector<float> full_shard =
+        train_sharded(batches, world, adam, ShardingStrategy::FullShard, deterministic);
+    CHECK(worst_relative(full_shard, replicated_adam) <= 1e-6);
+    for (const int shard_size : {1, 2, 4, 0}) {
+      CAPTURE(shard_size);
+      for (const bool with_adam : {false, true}) {
+        CAPTURE(with_adam);
+        std::vector<std::vector<float>> result(world);
+        std::vector<std::vector<gradsync::ShardedTraceEvent>> traces(world);
+        std::vector<std::size_t> bytes(world);
+        ShardedTrainerOptions o;
+        o.strategy = ShardingStrategy::HybridShard;
+        o.shard_size = shard_size;
+        o.collective.deterministic = deterministic;
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          auto run = [&](auto opt) {
+            ShardedTrainer trainer(comm, model_for(comm.rank()), opt, o);
+            for (const auto& step : batches) trainer.step(step[r]);
+            result[r] = trainer.full_parameters();
+            traces[r] = trainer.trace();
+            bytes[r] = trainer.persistent_bytes();
+          };
+          if (with_adam) {
+            run(adam);
+          } else {
+            run(sgd);
+          }
+        });
+        for (const auto& x : result) CHECK(bitwise_equal(x, result[0]));
+        CHECK(worst_relative(result[0], with_adam ? replicated_adam : replicated_sgd) <= 1e-6);
+        // Shards of ⌈U/s⌉ elements, with s ranks per group.
+        const std::size_t s = shard_size == 0 ? world : static_cast<std::size_t>(shard_size);
+        std::size_t elements = 0;
+        for (const std::size_t u : {25, 36, 7, 1}) elements += (u + s - 1) / s;
+        CHECK(bytes[0] == (with_adam ? 16 : 12) * elements);
+        // Per unit: FullShard's gathers, then one reduce-scatter and one all-reduce.
+        std::vector<std::size_t> gathers(layers.size()), scatters(layers.size()), all_reduces(layers.size());
+        for (const auto& e : traces[0]) {
+          if (e.collective == gradsync::Collective::all_gather) ++gathers[e.unit];
+          if (e.collective == gradsync::Collective::reduce_scatter) ++scatters[e.unit];
+          if (e.collective == gradsync::Collective::all_reduce) ++all_reduces[e.unit];
+        }
+        for (std::size_t u = 0; u < layers.size(); ++u) {
+          CHECK(gathers[u] == (u + 1 == layers.size() ? 1 : 2));
+          CHECK(scatters[u] == 1);
+          CHECK(all_reduces[u] == 1);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("HybridShard: a shard_size that does not divide the world throws on every rank") {
+  std::vector<std::string> messages(4);
+  gradsync::run_threads(4, [&](Communicator<Threads>& comm) {
+    try {
+      ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>(),
+                             {.strategy = ShardingStrategy::HybridShard, .shard_size = 3});
+    } catch (const gradsync::InvalidArgument& e) {
+      messages[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const auto& m : messages) CHECK(m.find("shard_size that divides the world size 4, got 3") != std::string::npos);
+}
