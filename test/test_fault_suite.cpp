@@ -13,7 +13,10 @@
 // GRADSYNC_FAULT_REPEAT=n runs each seed n times (the faults race),
 // GRADSYNC_FAULT_LENIENT=1 lets the fault's error end the call before it,
 // GRADSYNC_FAULT_LONG=1 runs 10,000, GRADSYNC_FAULT_SLACK_FACTOR scales every
-// deadline and limit (sanitizer builds pick a factor of their own).
+// deadline and limit (sanitizer builds pick a factor of their own). Over MPI
+// every trial's communicator stays allocated until MPI ends (about 0.7 MB per
+// process; see docs/DESIGN.md), so at np 4 on 24 GiB run the long mode in
+// batches (GRADSYNC_FAULT_TRIALS=2000 with a different GRADSYNC_FAULT_SEED each).
 // A crash must end the process with its signal: doctest's handler allocates,
 // and after heap corruption it deadlocks in malloc (a hang instead of a crash).
 // (test/meson.build links this suite with a main built without doctest's
