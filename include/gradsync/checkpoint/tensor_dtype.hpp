@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "gradsync/core/types.hpp"
+#include "gradsync/core/visit.hpp"
 
 namespace gradsync::checkpoint {
 
@@ -66,15 +67,17 @@ constexpr std::optional<TensorDtype> parse_dtype(std::string_view name) noexcept
 
 /// The safetensors dtype that stores a gradsync::DataType.
 constexpr TensorDtype to_tensor_dtype(DataType t) noexcept {
-  switch (t) {
-    case DataType::float32: return TensorDtype::F32;
-    case DataType::float64: return TensorDtype::F64;
-    case DataType::int32: return TensorDtype::I32;
-    case DataType::int64: return TensorDtype::I64;
-    case DataType::bfloat16: return TensorDtype::BF16;
-    case DataType::float16: return TensorDtype::F16;
-  }
-  return TensorDtype::U8;
+  return visit(t, []<class T>(T) {
+    if constexpr (std::is_same_v<T, float>) return TensorDtype::F32;
+    else if constexpr (std::is_same_v<T, double>) return TensorDtype::F64;
+    else if constexpr (std::is_same_v<T, std::int32_t>) return TensorDtype::I32;
+    else if constexpr (std::is_same_v<T, std::int64_t>) return TensorDtype::I64;
+    else if constexpr (std::is_same_v<T, bfloat16>) return TensorDtype::BF16;
+    else {
+      static_assert(std::is_same_v<T, float16>, "gradsync: a DataType without a safetensors dtype");
+      return TensorDtype::F16;
+    }
+  });
 }
 
 /// The gradsync::DataType a safetensors dtype corresponds to, if there is one.
