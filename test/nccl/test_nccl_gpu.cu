@@ -77,7 +77,7 @@ void check_all_reduce(gradsync::Communicator<B>& comm, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     T want = val<T>(0, i);
     for (int q = 1; q < p; ++q) want = Op::apply(want, val<T>(q, i));
-    if constexpr (gradsync::HasFinish<Op>) want = Op::finish(want, p);
+    if constexpr (gradsync::detail::HasFinish<Op>) want = Op::finish(want, p);
     REQUIRE_MESSAGE(as_float(got[i]) == doctest::Approx(as_float(want)).epsilon(0.02), Algo::name, " rank ",
                     comm.rank(), " element ", i);
   }

@@ -20,7 +20,7 @@ template <class T>
 T value(int i, int salt) {
   // Mixed signs and magnitudes; halves get values that round.
   const int v = ((i * 37 + salt * 11) % 23) - 11;
-  if constexpr (gradsync::is_half_storage_v<T>) {
+  if constexpr (gradsync::detail::is_half_storage_v<T>) {
     return T(static_cast<float>(v) * 0.3f + 0.01f * static_cast<float>(salt));
   } else if constexpr (std::is_floating_point_v<T>) {
     return static_cast<T>(v) * static_cast<T>(0.3) + static_cast<T>(salt) / 100;

@@ -47,7 +47,7 @@ std::string type_name() {
 
 /// 16-bit storage types (bfloat16, float16) convert through float.
 template <class T>
-constexpr bool is_half_v = gradsync::is_half_storage_v<T>;
+constexpr bool is_half_v = gradsync::detail::is_half_storage_v<T>;
 
 template <class T>
 double to_double(T x) {

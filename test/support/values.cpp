@@ -19,7 +19,7 @@ namespace {
 
 template <class T>
 double to_double(T x) {
-  if constexpr (gs::is_half_storage_v<T>) {
+  if constexpr (gs::detail::is_half_storage_v<T>) {
     return static_cast<double>(static_cast<float>(x));
   } else {
     return static_cast<double>(x);

@@ -24,7 +24,7 @@ enum class OpKind : std::uint8_t { sum, avg, min, max, prod };
 namespace detail {
 template <class T, class F>
 constexpr T combine(T a, T b, F f) noexcept {
-  if constexpr (is_half_storage_v<T>) {
+  if constexpr (detail::is_half_storage_v<T>) {
     return T(static_cast<float>(f(static_cast<float>(a), static_cast<float>(b))));
   } else {
     return static_cast<T>(f(a, b));
@@ -83,7 +83,7 @@ struct Avg {
   }
   template <class T>
   static constexpr T finish(T x, int world) noexcept {
-    if constexpr (is_half_storage_v<T>) {
+    if constexpr (detail::is_half_storage_v<T>) {
       return T(static_cast<float>(x) / static_cast<float>(world));
     } else {
       return static_cast<T>(x / static_cast<T>(world));
@@ -133,11 +133,11 @@ template <class Op>
 concept ReduceOp = std::same_as<Op, Sum> || std::same_as<Op, Avg> || std::same_as<Op, Min> ||
                    std::same_as<Op, Max> || std::same_as<Op, Prod>;
 
+namespace detail {
+
 /// Ops that need a last pass after the reduction (Avg).
 template <class Op>
 concept HasFinish = requires { Op::template finish<float>(1.0f, 1); };
-
-namespace detail {
 
 /// Elements per block of the local kernels below: one 64-byte cache line.
 template <class T>

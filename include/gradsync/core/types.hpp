@@ -32,9 +32,11 @@ struct DataTypeOf<bfloat16> : std::integral_constant<DataType, DataType::bfloat1
 template <>
 struct DataTypeOf<float16> : std::integral_constant<DataType, DataType::float16> {};
 
+namespace detail {
 /// 16-bit float storage types: reduced in float, rounded back at each step.
 template <class T>
 inline constexpr bool is_half_storage_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+}  // namespace detail
 
 /// A type gradsync can carry and reduce: float, double, int32, int64, bfloat16, float16.
 template <class T>
