@@ -122,16 +122,16 @@ class Agreement {
     comm_ = nullptr;
   }
 
-  /// Frees everything (on the device that is current).
+  /// Frees everything (on the device that is current). The stream is idle
+  /// first: check() always waits for its gather or aborts the communicator,
+  /// which ends the gather's kernel.
   void release() noexcept {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (comm_) ncclCommDestroy(comm_);
     if (host_calls_) cudaFreeHost(host_calls_);
     if (device_calls_) cudaFree(device_calls_);
     if (done_) cudaEventDestroy(done_);
-    if (stream_) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
-    if (comm_) ncclCommDestroy(comm_);
+    if (stream_) cudaStreamDestroy(stream_);
     host_calls_ = nullptr;
     device_calls_ = nullptr;
     done_ = nullptr;
