@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -71,6 +72,19 @@ inline std::string crc32_hex(std::uint32_t v) {
   std::string s(8, '0');
   for (int i = 7; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = "0123456789abcdef"[v & 0xFu];
   return s;
+}
+
+/// The checksum back from crc32_hex's form; nothing for any other string.
+inline std::optional<std::uint32_t> parse_crc32_hex(const std::string& s) {
+  if (s.size() != 8) return std::nullopt;
+  std::uint32_t v = 0;
+  for (char c : s) {
+    v <<= 4;
+    if (c >= '0' && c <= '9') v |= static_cast<std::uint32_t>(c - '0');
+    else if (c >= 'a' && c <= 'f') v |= static_cast<std::uint32_t>(c - 'a' + 10);
+    else return std::nullopt;
+  }
+  return v;
 }
 
 }  // namespace gradsync::checkpoint

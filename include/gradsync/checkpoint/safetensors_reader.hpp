@@ -145,18 +145,6 @@ class SafetensorsReader {
     }
   }
 
-  static std::optional<std::uint32_t> parse_hex32(const std::string& s) {
-    if (s.size() != 8) return std::nullopt;
-    std::uint32_t v = 0;
-    for (char c : s) {
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<std::uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<std::uint32_t>(c - 'a' + 10);
-      else return std::nullopt;
-    }
-    return v;
-  }
-
   void parse(bool require_checksums) {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail("cannot stat: " + std::string(std::strerror(errno)));
@@ -214,7 +202,7 @@ class SafetensorsReader {
     for (auto& t : tensors_) {
       auto it = metadata_.find(crc32_key(t.spec.name));
       if (it != metadata_.end()) {
-        t.crc32 = parse_hex32(it->second);
+        t.crc32 = parse_crc32_hex(it->second);
         if (!t.crc32) fail("checksum of tensor '" + t.spec.name + "' is not 8 lower-case hex digits: '" + it->second + "'");
       } else if (require_checksums || ours) {
         fail("tensor '" + t.spec.name + "' has no checksum ('" + crc32_key(t.spec.name) + "' in __metadata__)");

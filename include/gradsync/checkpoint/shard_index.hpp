@@ -149,7 +149,7 @@ class ShardIndex {
         piece.offset = num(p.find("offset"), where + " piece offset");
         piece.begin = num(p.find("begin"), where + " piece begin");
         piece.end = num(p.find("end"), where + " piece end");
-        auto crc = parse_crc(str(p.find("crc32"), where + " piece crc32"));
+        auto crc = parse_crc32_hex(str(p.find("crc32"), where + " piece crc32"));
         if (!crc) bad(where + " piece crc32 is not 8 hex digits");
         piece.crc32 = *crc;
         t.pieces.push_back(std::move(piece));
@@ -264,18 +264,6 @@ class ShardIndex {
  private:
   [[noreturn]] static void fail_index(const std::filesystem::path& path, const std::string& what) {
     throw Error("checkpoint: index '" + path.string() + "': " + what);
-  }
-
-  static std::optional<std::uint32_t> parse_crc(const std::string& s) {
-    if (s.size() != 8) return std::nullopt;
-    std::uint32_t v = 0;
-    for (char c : s) {
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<std::uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<std::uint32_t>(c - 'a' + 10);
-      else return std::nullopt;
-    }
-    return v;
   }
 
   // "w[3:7]" -> ("w", 3, 7).

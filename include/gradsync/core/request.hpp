@@ -6,6 +6,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <utility>
 
@@ -100,4 +101,26 @@ class Request {
   std::chrono::nanoseconds timeout_{};
 };
 
+namespace detail {
+
+/// Waits until `r` is over, whatever it throws: even past its deadline a job
+/// still uses its owner's buffers until it returns, so an owner that unwinds
+/// (GradSync, ShardedTrainer) must not free them before this returns.
+inline void settle(const Request& r) noexcept {
+  try {
+    r.wait();
+    return;
+  } catch (...) {
+  }
+  for (;;) {
+    try {
+      if (r.test()) return;
+    } catch (...) {
+      return;  // completed, with an error
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace detail
 }  // namespace gradsync

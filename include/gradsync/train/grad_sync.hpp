@@ -127,7 +127,7 @@ class GradSync {
   /// Waits for what is in flight (without rethrowing) before the buffers go:
   /// the worker is shared, so it may outlive this GradSync.
   ~GradSync() {
-    for (auto& b : buckets_) settle(b.request);
+    for (auto& b : buckets_) detail::settle(b.request);
   }
 
   const std::vector<BucketInfo>& buckets() const noexcept { return plan_.buckets(); }
@@ -404,24 +404,6 @@ class GradSync {
       b.request = Request();
     }
     return first;
-  }
-
-  /// Waits until `r` is over, whatever it throws: even past its deadline the
-  /// job still uses this GradSync's buffers until it returns.
-  static void settle(const Request& r) noexcept {
-    try {
-      r.wait();
-      return;
-    } catch (...) {
-    }
-    for (;;) {
-      try {
-        if (r.test()) return;
-      } catch (...) {
-        return;  // completed, with an error
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
   }
 
   Communicator<B>& comm_;

@@ -655,25 +655,7 @@ class ShardedTrainer {
   }
 
   void settle_all() noexcept {
-    for (UnitState& s : units_) settle(s.request);
-  }
-
-  /// Waits until `r` is over, whatever it throws: even past its deadline
-  /// the job still uses this trainer's buffers until it returns.
-  static void settle(const Request& r) noexcept {
-    try {
-      r.wait();
-      return;
-    } catch (...) {
-    }
-    for (;;) {
-      try {
-        if (r.test()) return;
-      } catch (...) {
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    for (UnitState& s : units_) detail::settle(s.request);
   }
 
   Comm& comm_;
