@@ -4,7 +4,9 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "gradsync/train/optimizer.hpp"
@@ -76,6 +78,29 @@ class AdamImpl {
     m_.clear();
     v_.clear();
     t_ = 0;
+  }
+
+  /// For checkpoints: steps, the hyper-parameters (lr, beta1, beta2, eps,
+  /// weight_decay) and the moments exp_avg and exp_avg_sq.
+  OptimizerStateView<T> state() const {
+    return {Decoupled ? "AdamW" : "Adam",
+            t_,
+            {{"lr", o_.lr}, {"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps},
+             {"weight_decay", o_.weight_decay}},
+            {{"exp_avg", std::span<const T>(m_)}, {"exp_avg_sq", std::span<const T>(v_)}}};
+  }
+
+  /// Throws InvalidArgument unless `s` holds five hyper-parameters and two buffers.
+  void check_state(const OptimizerState<T>& s) const { check_state_shape(Decoupled ? "AdamW" : "Adam", s, 5, 2); }
+
+  /// Restores what state() lists, in its order, after check_state.
+  void load_state(OptimizerState<T> s) {
+    check_state(s);
+    const auto& h = s.hyperparameters;
+    o_ = {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4]};
+    m_ = std::move(s.buffers[0]);
+    v_ = std::move(s.buffers[1]);
+    t_ = static_cast<std::size_t>(s.steps);
   }
 
   void step(std::span<T> params, std::span<const T> grads) {

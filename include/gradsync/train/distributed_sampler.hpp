@@ -13,6 +13,22 @@
 
 namespace gradsync {
 
+/// What a checkpoint keeps of a DistributedSampler: independent of the
+/// world size, since the ranks' positions together cover a prefix of the
+/// epoch's order.
+struct SamplerState {
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  /// Positions of the epoch's (padded) order that all ranks together have
+  /// taken: position() times the number of ranks.
+  std::uint64_t consumed = 0;
+  /// The dataset's length, shuffle and drop_last: checked, not restored
+  /// (another dataset is another run).
+  std::uint64_t length = 0;
+  bool shuffle = true;
+  bool drop_last = false;
+};
+
 /// Options of DistributedSampler, with PyTorch's defaults.
 struct SamplerOptions {
   bool shuffle = true;
@@ -57,9 +73,71 @@ class DistributedSampler {
   }
 
   /// Selects the permutation of the next epoch (seed + epoch); call it at
-  /// the start of every epoch, with the same value on every rank.
-  void set_epoch(std::uint64_t epoch) noexcept { epoch_ = epoch; }
+  /// the start of every epoch, with the same value on every rank. A new
+  /// epoch starts at position 0; the epoch the sampler is already in keeps
+  /// its position, so a loop that calls set_epoch at the top of every epoch
+  /// resumes mid-epoch after load_state.
+  void set_epoch(std::uint64_t epoch) noexcept {
+    if (epoch != epoch_) position_ = 0;
+    epoch_ = epoch;
+  }
   std::uint64_t epoch() const noexcept { return epoch_; }
+
+  /// How many of this epoch's indices() the training loop has used
+  /// (advance()): where a loop resumed from a checkpoint starts.
+  std::size_t position() const noexcept { return position_; }
+
+  /// Records that the loop used the next `n` of this epoch's indices; a
+  /// checkpoint saved afterwards resumes after them.
+  void advance(std::size_t n) {
+    if (n > num_samples_ - position_) {
+      throw InvalidArgument("gradsync: DistributedSampler::advance(" + std::to_string(n) + ") at position " +
+                            std::to_string(position_) + " of an epoch of " + std::to_string(num_samples_) +
+                            " samples on rank " + std::to_string(rank_) + " goes past its end");
+    }
+    position_ += n;
+  }
+
+  /// What a checkpoint saves.
+  SamplerState state() const noexcept {
+    return {o_.seed, epoch_, static_cast<std::uint64_t>(position_) * static_cast<std::uint64_t>(replicas_), length_,
+            o_.shuffle, o_.drop_last};
+  }
+
+  /// Throws InvalidArgument if `s` cannot be loaded here: another length,
+  /// shuffle or drop_last, or a part of an epoch that this world size cannot
+  /// continue without repeating or skipping a sample (not a multiple of it).
+  void check_state(const SamplerState& s) const {
+    auto refuse = [&](const std::string& what) {
+      throw InvalidArgument("gradsync: DistributedSampler::load_state on rank " + std::to_string(rank_) + ": " + what);
+    };
+    if (s.length != length_ || s.shuffle != o_.shuffle || s.drop_last != o_.drop_last) {
+      refuse("the state is of a sampler over " + std::to_string(s.length) + " samples (shuffle " +
+             (s.shuffle ? "on" : "off") + ", drop_last " + (s.drop_last ? "on" : "off") + "), this one over " +
+             std::to_string(length_) + " (shuffle " + (o_.shuffle ? "on" : "off") + ", drop_last " +
+             (o_.drop_last ? "on" : "off") + ")");
+    }
+    // A prefix that covers the epoch (every sample, or this world size's
+    // whole padded order) resumes at its end, whatever the world size.
+    const bool whole = s.consumed >= length_ || s.consumed >= total_size();
+    if (!whole && s.consumed % static_cast<std::uint64_t>(replicas_) != 0) {
+      refuse(std::to_string(s.consumed) + " samples of epoch " + std::to_string(s.epoch) +
+             " were taken, which " + std::to_string(replicas_) +
+             " ranks cannot continue without repeating or skipping one (resume at a world size that divides it, "
+             "or from the start of the next epoch)");
+    }
+  }
+
+  /// Restores seed, epoch and position from a checkpoint (at any world size
+  /// that divides the consumed count; check_state says what is refused).
+  void load_state(const SamplerState& s) {
+    check_state(s);
+    o_.seed = s.seed;
+    epoch_ = s.epoch;
+    const std::uint64_t mine = s.consumed / static_cast<std::uint64_t>(replicas_);
+    // A prefix longer than this world size's padded epoch has seen every sample.
+    position_ = mine < num_samples_ ? static_cast<std::size_t>(mine) : num_samples_;
+  }
 
   /// Indices this rank visits in the current epoch.
   std::size_t num_samples() const noexcept { return num_samples_; }
@@ -108,6 +186,7 @@ class DistributedSampler {
   SamplerOptions o_;
   std::size_t num_samples_ = 0;
   std::uint64_t epoch_ = 0;
+  std::size_t position_ = 0;
 };
 
 }  // namespace gradsync

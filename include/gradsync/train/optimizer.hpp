@@ -3,8 +3,12 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "gradsync/core/error.hpp"
 
@@ -23,7 +27,66 @@ concept Optimizer = requires(O& o, const O& co, std::span<T> params, std::span<c
   o.set_lr(lr);
 };
 
+/// What an optimizer must save to continue exactly, as it holds it: spans
+/// into the optimizer, valid until its next step or load_state. A
+/// checkpoint names each buffer after the tensors of the flat span it
+/// covers (`optimizer.fc1.weight.exp_avg`).
+template <class T>
+struct OptimizerStateView {
+  /// "Sgd", "Adam", "AdamW": a checkpoint of one kind does not load into another.
+  std::string_view kind;
+  /// Steps taken (Adam's bias correction; Sgd's first-step momentum rule).
+  std::uint64_t steps = 0;
+  /// Name and value of every hyper-parameter, booleans as 0 or 1.
+  std::vector<std::pair<std::string_view, double>> hyperparameters;
+  /// Name (PyTorch's: momentum_buffer, exp_avg, exp_avg_sq) and data of
+  /// every per-element buffer: as long as the span stepped, or empty before
+  /// the first step.
+  std::vector<std::pair<std::string_view, std::span<const T>>> buffers;
+};
+
+/// State to load into an optimizer: the values of what its state() lists,
+/// in the same order (hyper-parameters by value, buffers moved in).
+template <class T>
+struct OptimizerState {
+  std::uint64_t steps = 0;
+  std::vector<double> hyperparameters;
+  std::vector<std::vector<T>> buffers;
+};
+
+/// An optimizer a checkpoint can save and restore: `state()`;
+/// `check_state(s)`, which throws InvalidArgument if `s` does not fit; and
+/// `load_state(s)`, which checks the same and then replaces the step count,
+/// hyper-parameters and buffers. A loader checks every piece of a
+/// checkpoint before it changes any, so the check comes apart from the load.
+template <class O, class T>
+concept CheckpointableOptimizer = Optimizer<O, T> && requires(O& o, const O& co, OptimizerState<T> s) {
+  { co.state() } -> std::same_as<OptimizerStateView<T>>;
+  co.check_state(s);
+  o.load_state(std::move(s));
+};
+
 namespace detail {
+
+/// What every optimizer's load_state checks before it changes anything: as
+/// many values as its state() lists, and buffers all of one size.
+template <class T>
+void check_state_shape(const char* who, const OptimizerState<T>& s, std::size_t hyperparameters,
+                       std::size_t buffers) {
+  if (s.hyperparameters.size() != hyperparameters || s.buffers.size() != buffers) {
+    throw InvalidArgument(std::string("gradsync: ") + who + "::load_state expects " +
+                          std::to_string(hyperparameters) + " hyper-parameters and " + std::to_string(buffers) +
+                          " buffers, got " + std::to_string(s.hyperparameters.size()) + " and " +
+                          std::to_string(s.buffers.size()));
+  }
+  for (const auto& b : s.buffers) {
+    if (b.size() != s.buffers.front().size()) {
+      throw InvalidArgument(std::string("gradsync: ") + who +
+                            "::load_state expects buffers of one size (the span it steps), got " +
+                            std::to_string(s.buffers.front().size()) + " and " + std::to_string(b.size()));
+    }
+  }
+}
 
 /// An optimizer's state is sized by its first step; a later step on a span
 /// of another size is a bug in the caller, not a new model.

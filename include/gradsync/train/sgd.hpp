@@ -3,7 +3,10 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gradsync/train/optimizer.hpp"
@@ -40,6 +43,42 @@ class Sgd {
   void reset() noexcept {
     velocity_.clear();
     steps_ = 0;
+  }
+
+  /// For checkpoints: steps, the hyper-parameters (lr, momentum,
+  /// dampening, weight_decay, nesterov) and, with momentum, momentum_buffer.
+  OptimizerStateView<T> state() const {
+    OptimizerStateView<T> s{"Sgd", steps_, {}, {}};
+    s.hyperparameters = {{"lr", o_.lr},
+                         {"momentum", o_.momentum},
+                         {"dampening", o_.dampening},
+                         {"weight_decay", o_.weight_decay},
+                         {"nesterov", o_.nesterov ? 1.0 : 0.0}};
+    if (o_.momentum != 0) s.buffers.emplace_back("momentum_buffer", std::span<const T>(velocity_));
+    return s;
+  }
+
+  /// Throws InvalidArgument if `s` is not what state() lists for this
+  /// optimizer: five hyper-parameters and, with momentum (and only then),
+  /// one buffer.
+  void check_state(const OptimizerState<T>& s) const {
+    detail::check_state_shape("Sgd", s, 5, o_.momentum == 0 ? 0 : 1);
+    if ((s.hyperparameters[1] == 0) != (o_.momentum == 0)) {
+      throw InvalidArgument("gradsync: Sgd::load_state: momentum " + std::to_string(s.hyperparameters[1]) +
+                            (o_.momentum == 0 ? " into an Sgd without momentum" : " into an Sgd with momentum") +
+                            "; the momentum buffer would be missing or left over");
+    }
+  }
+
+  /// Restores what state() lists, in its order, after check_state. A
+  /// buffer loaded before the first step is ignored: that step sets the
+  /// velocity to the gradient.
+  void load_state(OptimizerState<T> s) {
+    check_state(s);
+    const auto& h = s.hyperparameters;
+    o_ = {.lr = h[0], .momentum = h[1], .dampening = h[2], .weight_decay = h[3], .nesterov = h[4] != 0};
+    velocity_ = s.buffers.empty() ? std::vector<T>{} : std::move(s.buffers.front());
+    steps_ = static_cast<std::size_t>(s.steps);
   }
 
   void step(std::span<T> params, std::span<const T> grads) {
