@@ -312,6 +312,15 @@ class ReplicatedTrainer {
     return (2 + state) * sizeof(value_type) * params_.size();
   }
 
+  /// Optimizer steps taken (what a checkpoint saves as `trainer.step`).
+  std::size_t step_count() const noexcept { return stats_.steps; }
+  /// Sets the step count; for loading a checkpoint.
+  void set_step_count(std::size_t steps) noexcept { stats_.steps = steps; }
+  /// No forward_backward() waits for its optimizer_step() and nothing is
+  /// accumulated: the only moments a checkpoint can be taken or loaded,
+  /// since gradients are not saved.
+  bool between_steps() const noexcept { return !pending_ && micro_steps_ == 0; }
+
   const TrainerStats& stats() const noexcept { return stats_; }
   void reset_stats() {
     const std::size_t steps = stats_.steps;

@@ -1,0 +1,369 @@
+// Checkpoints of the training state (issue 14): optimizer and sampler state,
+// ReplicatedTrainer's save/load, exact resume, bad files.
+#include <doctest/doctest.h>
+
+#include <gradsync/checkpoint/safetensors_reader.hpp>
+#include <gradsync/gradsync.hpp>
+#include <gradsync/train/replicated_checkpoint.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/common.hpp"
+#include "test_train_model.hpp"
+
+namespace fs = std::filesystem;
+using gradsync::Communicator;
+using gradsync::DistributedSampler;
+using gradsync::ReplicatedTrainer;
+using gradsync::ReplicatedTrainerOptions;
+using gradsync::Threads;
+using test_train::Batch;
+using test_train::make_batch;
+using test_train::Mlp;
+
+namespace {
+
+constexpr std::size_t in = 5, out = 3;
+const std::vector<std::size_t> layers{in, 7, 6, out};
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / ("gradsync-trainckpt-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() { fs::remove_all(path); }
+};
+
+/// Deterministic reductions: a resumed run can then be held to the bits.
+ReplicatedTrainerOptions exact() {
+  ReplicatedTrainerOptions o;
+  o.sync.collective.deterministic = true;
+  o.sync.first_bucket_cap_bytes = 64;
+  o.sync.bucket_cap_bytes = 256;
+  return o;
+}
+
+gradsync::Sgd<float> momentum_sgd(double lr = 0.1) {
+  return gradsync::Sgd<float>({.lr = lr, .momentum = 0.9, .weight_decay = 1e-3});
+}
+gradsync::Adam<float> adam(double lr = 0.01) { return gradsync::Adam<float>({.lr = lr, .weight_decay = 1e-4}); }
+
+/// A batch of the samples `idx` names.
+Batch<float> batch_of(std::span<const std::size_t> idx) {
+  Batch<float> b;
+  for (std::size_t i : idx) {
+    const Batch<float> one = make_batch<float>(i, 1, in, out);
+    b.x.insert(b.x.end(), one.x.begin(), one.x.end());
+    b.y.insert(b.y.end(), one.y.begin(), one.y.end());
+  }
+  b.size = idx.size();
+  return b;
+}
+
+/// `steps` steps of at most `b` samples, drawn from the sampler in order;
+/// a new epoch starts when the current one is used up.
+template <class Trainer>
+void train_steps(Trainer& trainer, DistributedSampler& sampler, int steps, std::size_t b,
+                 std::vector<std::size_t>* seen = nullptr) {
+  for (int s = 0; s < steps; ++s) {
+    if (sampler.position() == sampler.num_samples()) sampler.set_epoch(sampler.epoch() + 1);
+    const auto idx = sampler.indices();
+    const std::size_t n = std::min(b, sampler.num_samples() - sampler.position());
+    const std::span<const std::size_t> mine(idx.data() + sampler.position(), n);
+    if (seen) seen->insert(seen->end(), mine.begin(), mine.end());
+    trainer.step(batch_of(mine));
+    sampler.advance(n);
+  }
+}
+
+/// Everything a resumed run must reproduce, from one rank.
+struct Snapshot {
+  std::vector<float> params, buffers;
+  std::vector<std::vector<float>> opt_buffers;
+  std::vector<double> hyper;
+  std::uint64_t opt_steps = 0;
+  std::size_t trainer_steps = 0;
+  gradsync::SamplerState sampler;
+  bool operator==(const Snapshot&) const = default;
+};
+
+bool operator==(const gradsync::SamplerState& a, const gradsync::SamplerState& b) {
+  return a.seed == b.seed && a.epoch == b.epoch && a.consumed == b.consumed && a.length == b.length &&
+         a.shuffle == b.shuffle && a.drop_last == b.drop_last;
+}
+
+template <class Trainer>
+Snapshot snapshot(Trainer& trainer, const DistributedSampler& sampler) {
+  Snapshot s;
+  s.params.assign(trainer.parameters().begin(), trainer.parameters().end());
+  s.buffers.assign(trainer.buffers().begin(), trainer.buffers().end());
+  const auto st = trainer.optimizer().state();
+  for (const auto& [name, data] : st.buffers) s.opt_buffers.emplace_back(data.begin(), data.end());
+  for (const auto& [name, value] : st.hyperparameters) s.hyper.push_back(value);
+  s.opt_steps = st.steps;
+  s.trainer_steps = trainer.step_count();
+  s.sampler = sampler.state();
+  return s;
+}
+
+/// The samples of the sampler's dataset: 37 is divisible by none of 2..4.
+constexpr std::size_t dataset = 37;
+constexpr std::size_t batch = 3;
+
+template <class Opt>
+void check_resume(int world, Opt make_opt(double), const char* what) {
+  CAPTURE(world);
+  CAPTURE(what);
+  TempDir dir;
+  std::vector<Snapshot> straight(static_cast<std::size_t>(world)), resumed(straight.size());
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 7 + std::uint64_t(comm.rank())}, make_opt(0.05), exact());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
+    train_steps(trainer, sampler, 20, batch);
+    straight[std::size_t(comm.rank())] = snapshot(trainer, sampler);
+  });
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 7 + std::uint64_t(comm.rank())}, make_opt(0.05), exact());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
+    train_steps(trainer, sampler, 10, batch);
+    gradsync::save_checkpoint(trainer, sampler, dir.path, {{"schedule.warmup", "done"}});
+  });
+  // Fresh communicator, trainer, model (other initial values), optimizer
+  // (other learning rate) and sampler (other seed and epoch): the load must
+  // overwrite every piece of them.
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 1000 + std::uint64_t(comm.rank())}, make_opt(0.5), exact());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 99});
+    sampler.set_epoch(5);
+    const auto meta = gradsync::load_checkpoint(trainer, sampler, dir.path);
+    CHECK(meta == gradsync::checkpoint::Metadata{{"schedule.warmup", "done"}});
+    CHECK(trainer.step_count() == 10);
+    train_steps(trainer, sampler, 10, batch);
+    resumed[std::size_t(comm.rank())] = snapshot(trainer, sampler);
+  });
+  for (std::size_t r = 0; r < straight.size(); ++r) {
+    CAPTURE(r);
+    CHECK(resumed[r].params == straight[r].params);
+    CHECK(resumed[r].buffers == straight[r].buffers);
+    CHECK(resumed[r].opt_buffers == straight[r].opt_buffers);
+    CHECK(resumed[r].hyper == straight[r].hyper);
+    CHECK(resumed[r].opt_steps == straight[r].opt_steps);
+    CHECK(resumed[r].trainer_steps == 20);
+    CHECK(resumed[r] == straight[r]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("optimizer state: state() and load_state() carry Sgd, Adam and AdamW on exactly") {
+  auto rng = test::rng_for("optimizer state");
+  CAPTURE(test::test_seed());
+  std::normal_distribution<float> normal;
+  const std::size_t n = 1 + rng() % 50;
+  CAPTURE(n);
+  auto draw = [&] {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  const std::vector<float> p0 = draw();
+  std::vector<std::vector<float>> grads;
+  for (int s = 0; s < 6; ++s) grads.push_back(draw());
+  auto run = [&]<class Opt>(Opt a, Opt fresh) {
+    std::vector<float> pa = p0;
+    for (int s = 0; s < 3; ++s) a.step(std::span<float>(pa), std::span<const float>(grads[std::size_t(s)]));
+    const auto st = a.state();
+    gradsync::OptimizerState<float> copy{st.steps, {}, {}};
+    for (const auto& h : st.hyperparameters) copy.hyperparameters.push_back(h.second);
+    for (const auto& b : st.buffers) copy.buffers.emplace_back(b.second.begin(), b.second.end());
+    fresh.load_state(std::move(copy));
+    CHECK(fresh.lr() == a.lr());
+    std::vector<float> pb = pa;
+    for (int s = 3; s < 6; ++s) {
+      a.step(std::span<float>(pa), std::span<const float>(grads[std::size_t(s)]));
+      fresh.step(std::span<float>(pb), std::span<const float>(grads[std::size_t(s)]));
+    }
+    CHECK(pa == pb);
+  };
+  run(gradsync::Sgd<float>({.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}),
+      gradsync::Sgd<float>({.lr = 3, .momentum = 0.5}));
+  run(gradsync::Sgd<float>({.lr = 0.1}), gradsync::Sgd<float>({.lr = 3}));
+  run(gradsync::Adam<float>({.lr = 0.01, .beta1 = 0.8, .weight_decay = 0.1}), gradsync::Adam<float>({.lr = 1}));
+  run(gradsync::AdamW<float>({.lr = 0.01, .beta2 = 0.99}), gradsync::AdamW<float>());
+
+  SUBCASE("names are PyTorch's") {
+    const auto s = gradsync::Adam<float>().state();
+    REQUIRE(s.buffers.size() == 2);
+    CHECK(s.buffers[0].first == "exp_avg");
+    CHECK(s.buffers[1].first == "exp_avg_sq");
+    CHECK(s.kind == "Adam");
+    CHECK(gradsync::AdamW<float>().state().kind == "AdamW");
+    const auto m = gradsync::Sgd<float>({.momentum = 0.9}).state();
+    REQUIRE(m.buffers.size() == 1);
+    CHECK(m.buffers[0].first == "momentum_buffer");
+    CHECK(gradsync::Sgd<float>().state().buffers.empty());
+  }
+  SUBCASE("a state that does not fit is refused and changes nothing") {
+    gradsync::Adam<float> a({.lr = 0.25});
+    CHECK_THROWS_AS(a.load_state({1, {0.1, 0.9, 0.99, 1e-8}, {{}, {}}}), gradsync::InvalidArgument);
+    CHECK_THROWS_AS(a.load_state({1, {0.1, 0.9, 0.99, 1e-8, 0}, {std::vector<float>(3), std::vector<float>(4)}}),
+                    gradsync::InvalidArgument);
+    CHECK(a.lr() == 0.25);
+    gradsync::Sgd<float> s({.lr = 0.25, .momentum = 0.9});
+    CHECK_THROWS_WITH_AS(s.load_state({1, {0.1, 0, 0, 0, 0}, {std::vector<float>(3)}}),
+                         doctest::Contains("into an Sgd with momentum"), gradsync::InvalidArgument);
+    CHECK(s.lr() == 0.25);
+  }
+}
+
+TEST_CASE("sampler: a resumed sampler continues at the next unseen sample, mid-epoch, at N = 1..4") {
+  auto rng = test::rng_for("sampler resume");
+  CAPTURE(test::test_seed());
+  for (int world = 1; world <= 4; ++world) {
+    for (bool drop_last : {false, true}) {
+      const std::size_t length = std::size_t(world) + rng() % 40;  // often not divisible by N
+      const std::uint64_t seed = rng();
+      CAPTURE(world);
+      CAPTURE(length);
+      CAPTURE(drop_last);
+      for (int r = 0; r < world; ++r) {
+        DistributedSampler whole(length, world, r, {.seed = seed, .drop_last = drop_last});
+        whole.set_epoch(3);
+        const auto all = whole.indices();
+        const std::size_t cut = all.empty() ? 0 : rng() % (all.size() + 1);
+        CAPTURE(cut);
+        whole.advance(cut);
+        DistributedSampler resumed(length, world, r, {.seed = seed + 1, .drop_last = drop_last});
+        resumed.set_epoch(9);
+        resumed.load_state(whole.state());
+        CHECK(resumed.epoch() == 3);
+        CHECK(resumed.position() == cut);
+        // The loop's set_epoch at the top of the epoch keeps the position.
+        resumed.set_epoch(3);
+        CHECK(resumed.position() == cut);
+        CHECK(resumed.indices() == all);
+        resumed.set_epoch(4);
+        CHECK(resumed.position() == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("sampler: across world sizes the ranks together continue the epoch's order, or are refused") {
+  auto rng = test::rng_for("sampler reshard");
+  CAPTURE(test::test_seed());
+  const std::size_t length = 40 + rng() % 30;
+  const std::uint64_t seed = rng();
+  CAPTURE(length);
+  // Saved at N = 4 after k samples per rank: 4k of the order are taken.
+  const std::size_t k = 1 + rng() % 5;
+  std::multiset<std::size_t> before;
+  gradsync::SamplerState saved;
+  for (int r = 0; r < 4; ++r) {
+    DistributedSampler s(length, 4, r, {.seed = seed});
+    const auto idx = s.indices();
+    before.insert(idx.begin(), idx.begin() + std::ptrdiff_t(k));
+    s.advance(k);
+    saved = s.state();
+  }
+  CHECK(saved.consumed == 4 * k);
+  // At N = 2 the rest of the epoch is every sample not yet seen, once.
+  std::multiset<std::size_t> after;
+  for (int r = 0; r < 2; ++r) {
+    DistributedSampler s(length, 2, r, {.seed = seed + 5});
+    s.load_state(saved);
+    const auto idx = s.indices();
+    after.insert(idx.begin() + std::ptrdiff_t(s.position()), idx.end());
+  }
+  std::multiset<std::size_t> every = before;
+  every.insert(after.begin(), after.end());
+  std::multiset<std::size_t> expected;
+  for (std::size_t i = 0; i < length; ++i) expected.insert(i);
+  // N = 2 pads an odd length with one repeat from the start of the order.
+  if (length % 2) expected.insert(DistributedSampler(length, 1, 0, {.seed = seed}).indices().front());
+  CHECK(every == expected);
+  // At N = 3 a prefix of 4k samples continues only if 3 divides it.
+  DistributedSampler three(length, 3, 0, {.seed = seed});
+  if ((4 * k) % 3 == 0) {
+    CHECK_NOTHROW(three.load_state(saved));
+  } else {
+    CHECK_THROWS_WITH_AS(three.load_state(saved), doctest::Contains("without repeating or skipping"),
+                         gradsync::InvalidArgument);
+    CHECK(three.position() == 0);
+  }
+  // Another dataset is refused.
+  DistributedSampler other(length + 1, 4, 0, {.seed = seed});
+  const std::string over = "over " + std::to_string(length) + " samples";
+  CHECK_THROWS_WITH_AS(other.load_state(saved), doctest::Contains(over.c_str()), gradsync::InvalidArgument);
+  CHECK_THROWS_AS(DistributedSampler(length, 2, 0).advance(length), gradsync::InvalidArgument);
+}
+
+TEST_CASE("checkpoint file: the training state as named tensors, values as the trainer holds them") {
+  TempDir dir;
+  const fs::path file = dir.path / "step.safetensors";
+  gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 3}, adam(), exact());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 4});
+    train_steps(trainer, sampler, 3, batch);
+    gradsync::save_checkpoint(trainer, sampler, file, {{"note", "x"}});
+    if (comm.rank() != 1) return;
+    gradsync::checkpoint::SafetensorsReader reader(file);
+    std::set<std::string> names;
+    for (const auto& t : reader.tensors()) names.insert(t.spec.name);
+    const std::set<std::string> expected{
+        "layer0.w", "layer0.b", "layer0.seen", "layer1.w", "layer1.b", "layer2.w", "layer2.b",
+        "optimizer.layer0.w.exp_avg", "optimizer.layer0.w.exp_avg_sq", "optimizer.layer0.b.exp_avg",
+        "optimizer.layer0.b.exp_avg_sq", "optimizer.layer1.w.exp_avg", "optimizer.layer1.w.exp_avg_sq",
+        "optimizer.layer1.b.exp_avg", "optimizer.layer1.b.exp_avg_sq", "optimizer.layer2.w.exp_avg",
+        "optimizer.layer2.w.exp_avg_sq", "optimizer.layer2.b.exp_avg", "optimizer.layer2.b.exp_avg_sq",
+        "trainer.step", "optimizer.step", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
+        "optimizer.weight_decay", "sampler.seed", "sampler.epoch", "sampler.consumed", "sampler.length",
+        "sampler.shuffle", "sampler.drop_last"};
+    CHECK(names == expected);
+    CHECK(reader.tensor("layer1.w").spec.shape == std::vector<std::uint64_t>{6, 7});
+    CHECK(reader.tensor("optimizer.layer1.w.exp_avg").spec.shape == std::vector<std::uint64_t>{6, 7});
+    CHECK(reader.tensor("trainer.step").spec.shape.empty());
+    CHECK(reader.metadata().at("note") == "x");
+    CHECK(reader.metadata().at("gradsync.optimizer") == "Adam");
+    // Parameters and exp_avg_sq of layer1.w, bit for bit.
+    const std::size_t w1 = 7 * 5 + 7;  // layer0's w and b come first
+    std::vector<float> got(42);
+    reader.read("layer1.w", std::as_writable_bytes(std::span<float>(got)));
+    CHECK(std::equal(got.begin(), got.end(), trainer.parameters().begin() + std::ptrdiff_t(w1)));
+    reader.read("optimizer.layer1.w.exp_avg_sq", std::as_writable_bytes(std::span<float>(got)));
+    const auto v = trainer.optimizer().state().buffers[1].second;
+    CHECK(std::equal(got.begin(), got.end(), v.begin() + std::ptrdiff_t(w1)));
+    std::uint64_t u = 0;
+    reader.read("trainer.step", std::as_writable_bytes(std::span<std::uint64_t>(&u, 1)));
+    CHECK(u == 3);
+    reader.read("sampler.consumed", std::as_writable_bytes(std::span<std::uint64_t>(&u, 1)));
+    CHECK(u == 2 * 3 * batch);
+    double lr = 0;
+    reader.read("optimizer.lr", std::as_writable_bytes(std::span<double>(&lr, 1)));
+    CHECK(lr == trainer.optimizer().lr());
+  });
+}
+
+TEST_CASE("resume: 10 steps, save, a fresh trainer loads, 10 more = 20 straight, bitwise, N = 1..4") {
+  for (int world = 1; world <= 4; ++world) {
+    check_resume(world, adam, "Adam");
+    check_resume(world, momentum_sgd, "Sgd with momentum");
+  }
+}
