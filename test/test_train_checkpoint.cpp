@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <span>
@@ -366,4 +367,164 @@ TEST_CASE("resume: 10 steps, save, a fresh trainer loads, 10 more = 20 straight,
     check_resume(world, adam, "Adam");
     check_resume(world, momentum_sgd, "Sgd with momentum");
   }
+}
+
+namespace {
+
+/// What each rank of a load got: its exception's type and message ("" if none).
+struct Outcome {
+  std::string type, what;
+};
+
+/// Loads `path(rank)` into a fresh trainer on each of 3 ranks; a rank that
+/// throws must be left as it was.
+template <class Opt>
+std::vector<Outcome> try_load(const Mlp<float>& model, Opt opt, const std::function<fs::path(int)>& path) {
+  std::vector<Outcome> got(3);
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, model, opt, exact());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
+    train_steps(trainer, sampler, 1, batch);
+    const Snapshot before = snapshot(trainer, sampler);
+    Outcome& o = got[std::size_t(comm.rank())];
+    try {
+      gradsync::load_checkpoint(trainer, sampler, path(comm.rank()));
+    } catch (const gradsync::InvalidArgument& e) {
+      o = {"InvalidArgument", e.what()};
+    } catch (const gradsync::Error& e) {
+      o = {"Error", e.what()};
+    }
+    if (!o.what.empty()) CHECK(snapshot(trainer, sampler) == before);
+    if (o.what.empty()) CHECK(trainer.step_count() == 2);
+  });
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("bad files: every rank throws, naming the file and the tensor, and nothing is loaded on any rank") {
+  TempDir dir;
+  const fs::path good = dir.path / "good.safetensors";
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 3}, adam(), exact());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
+    train_steps(trainer, sampler, 2, batch);
+    gradsync::save_checkpoint(trainer, sampler, good);
+  });
+  auto same_file = [](fs::path p) { return [p](int) { return p; }; };
+  auto all_say = [](const std::vector<Outcome>& got, const std::string& type, const std::vector<std::string>& parts) {
+    for (const Outcome& o : got) {
+      CAPTURE(o.what);
+      CHECK(o.type == type);
+      for (const std::string& p : parts) CHECK(o.what.find(p) != std::string::npos);
+    }
+  };
+
+  SUBCASE("the checkpoint itself loads") {
+    for (const Outcome& o : try_load(Mlp<float>{layers, 5}, adam(), same_file(good))) CHECK(o.what.empty());
+  }
+  SUBCASE("another model's shapes") {
+    all_say(try_load(Mlp<float>{{in, 8, 6, out}, 5}, adam(), same_file(good)), "InvalidArgument",
+            {good.string(), "'layer0.w' is F32 [7, 5], this training state's is F32 [8, 5]"});
+  }
+  SUBCASE("another model's names") {
+    all_say(try_load(Mlp<float>{layers, 5, true}, adam(), same_file(good)), "InvalidArgument",
+            {good.string(), "has no tensor 'aux.bias'"});
+  }
+  SUBCASE("another optimizer") {
+    all_say(try_load(Mlp<float>{layers, 5}, momentum_sgd(), same_file(good)), "InvalidArgument",
+            {good.string(), "optimizer Adam", "Sgd"});
+  }
+  SUBCASE("a corrupted byte") {
+    const fs::path bad = dir.path / "corrupt.safetensors";
+    fs::copy_file(good, bad);
+    std::uint64_t at = 0;
+    {
+      gradsync::checkpoint::SafetensorsReader r(bad);
+      at = r.tensor("optimizer.layer1.b.exp_avg").offset + 5;
+    }
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(at));
+    char c = 0;
+    f.get(c);
+    f.seekp(std::streamoff(at));
+    f.put(static_cast<char>(c ^ 0x10));
+    f.close();
+    all_say(try_load(Mlp<float>{layers, 5}, adam(), same_file(bad)), "Error",
+            {bad.string(), "'optimizer.layer1.b.exp_avg' is corrupted"});
+  }
+  SUBCASE("a truncated file") {
+    const fs::path bad = dir.path / "short.safetensors";
+    fs::copy_file(good, bad);
+    fs::resize_file(bad, fs::file_size(good) - 3);
+    all_say(try_load(Mlp<float>{layers, 5}, adam(), same_file(bad)), "Error", {bad.string(), "truncated"});
+  }
+  SUBCASE("another dataset for the sampler") {
+    std::vector<Outcome> got(2);
+    gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, Mlp<float>{layers, 5}, adam(), exact());
+      DistributedSampler sampler(dataset + 1, comm.size(), comm.rank());
+      try {
+        gradsync::load_checkpoint(trainer, sampler, good);
+      } catch (const gradsync::InvalidArgument& e) {
+        got[std::size_t(comm.rank())] = {"InvalidArgument", e.what()};
+      }
+      CHECK(trainer.step_count() == 0);
+    });
+    all_say(got, "InvalidArgument", {"over 37 samples"});
+  }
+  SUBCASE("one rank cannot read it: that rank says why, the others name it, no rank hangs") {
+    const fs::path missing = dir.path / "elsewhere" / "good.safetensors";
+    const auto got = try_load(Mlp<float>{layers, 5}, adam(), [&](int r) { return r == 1 ? missing : good; });
+    CHECK(got[1].type == "Error");
+    CHECK(got[1].what.find(missing.string()) != std::string::npos);
+    CHECK(got[1].what.find("cannot open") != std::string::npos);
+    for (int r : {0, 2}) {
+      CAPTURE(got[std::size_t(r)].what);
+      CHECK(got[std::size_t(r)].type == "Error");
+      CHECK(got[std::size_t(r)].what.find("failed on rank 1") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("save and load refuse, on every rank before any communication, what cannot be right") {
+  TempDir dir;
+  std::vector<std::string> mid(3), reserved(3), unwritable(3);
+  const fs::path blocker = dir.path / "a-file";
+  std::ofstream(blocker) << "not a directory";
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    const auto r = std::size_t(comm.rank());
+    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 3}, adam(), exact());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank());
+    trainer.forward_backward(batch_of(std::vector<std::size_t>{r}));
+    try {
+      gradsync::save_checkpoint(trainer, sampler, dir.path);
+    } catch (const gradsync::InvalidArgument& e) {
+      mid[r] = e.what();
+    }
+    CHECK_THROWS_AS(gradsync::load_checkpoint(trainer, sampler, dir.path), gradsync::InvalidArgument);
+    trainer.optimizer_step();
+    try {
+      gradsync::save_checkpoint(trainer, sampler, dir.path, {{"gradsync.mine", "1"}});
+    } catch (const gradsync::InvalidArgument& e) {
+      reserved[r] = e.what();
+    }
+    // Rank 0 cannot create the directory: every rank throws, none hangs.
+    try {
+      gradsync::save_checkpoint(trainer, sampler, blocker / "ckpt");
+    } catch (const std::exception& e) {
+      unwritable[r] = e.what();
+    }
+    // The communicator is still usable, and a good save still works.
+    gradsync::save_checkpoint(trainer, sampler, dir.path);
+  });
+  for (std::size_t r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(mid[r].find("between forward_backward() and optimizer_step()") != std::string::npos);
+    CHECK(reserved[r].find("'gradsync.mine' is reserved") != std::string::npos);
+    CHECK(!unwritable[r].empty());
+    if (r != 0) CHECK(unwritable[r].find("failed on rank 0") != std::string::npos);
+  }
+  CHECK(fs::exists(dir.path / "checkpoint.safetensors"));
+  CHECK(!fs::exists(blocker / "ckpt"));
 }
