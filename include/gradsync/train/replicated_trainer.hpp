@@ -18,6 +18,7 @@
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
+#include "gradsync/core/aligned_allocator.hpp"
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
@@ -433,7 +434,9 @@ class ReplicatedTrainer {
   Provider provider_{*this};
   Provider eval_provider_{*this, true};
   std::vector<UnitSpec> specs_;
-  std::vector<value_type> params_, grads_, buffers_;
+  // Aligned alike in every process, so a model's vectorized math sums in
+  // the same order wherever the heap put them (see AlignedAllocator).
+  std::vector<value_type, detail::AlignedAllocator<value_type>> params_, grads_, buffers_;
   std::vector<UnitView<value_type>> views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
   std::size_t micro_steps_ = 0;
