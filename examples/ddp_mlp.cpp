@@ -5,6 +5,9 @@
 //   ddp_mlp --ranks 2 --epochs 5 --hidden 512
 //   mpirun -np 4 ddp_mlp --backend mpi     one rank per process (built with MPI)
 //   ddp_mlp --no-flush-denormals  keep subnormal floats (slower from epoch 5)
+//   ddp_mlp --save DIR            checkpoint to DIR/checkpoint.safetensors after every epoch
+//   ddp_mlp --resume DIR          continue from it: same step, epoch and sample, optimizer state
+//   ddp_mlp --max-steps 500 --save DIR    stop (and save) after 500 steps, mid-epoch
 //
 // Each rank trains on its DistributedSampler shard with batch 64 (effective
 // batch 64 x ranks), the learning rate scaled by the linear rule and decayed
@@ -17,6 +20,7 @@
 #include "eigen_mlp.hpp"
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/replicated_checkpoint.hpp>
 #ifdef GRADSYNC_HAVE_MPI
 #include <gradsync/backend/mpi.hpp>
 #endif
@@ -165,6 +169,11 @@ struct Args {
   std::size_t train_samples = 0, test_samples = 0;  // 0: the dataset's own
   std::uint64_t seed = 2024;
   std::string mnist, backend = "threads";
+  // Checkpoints: where to save (after every epoch and at --max-steps) and what to resume from.
+  std::string save, resume;
+  std::uint64_t max_steps = 0;  // 0: no limit
+  // Deterministic reductions: a resumed run then ends with the very figures of an uninterrupted one.
+  bool deterministic = false;
   // Momentum buffers of weights whose gradients stay zero decay into
   // subnormals, where x86 arithmetic is 10-100x slower: flush them to zero.
   bool flush_denormals = true;
@@ -220,9 +229,14 @@ Args parse(int argc, char** argv) {
     else if (k == "--mnist") a.mnist = next();
     else if (k == "--backend") a.backend = next();
     else if (k == "--no-flush-denormals") a.flush_denormals = false;
+    else if (k == "--save") a.save = next();
+    else if (k == "--resume") a.resume = next();
+    else if (k == "--max-steps") a.max_steps = count();
+    else if (k == "--deterministic") a.deterministic = true;
     else throw std::runtime_error("unknown option " + k +
                                   " (expected --backend --ranks --epochs --batch --hidden --lr --target"
-                                  " --train-samples --test-samples --seed --mnist --no-flush-denormals)");
+                                  " --train-samples --test-samples --seed --mnist --no-flush-denormals --save"
+                                  " --resume --max-steps --deterministic)");
   }
   if (a.ranks < 1 || a.epochs < 1 || a.batch < 1 || a.hidden < 1) {
     throw std::runtime_error("--ranks, --epochs, --batch and --hidden must be at least 1");
@@ -259,16 +273,50 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
   // Each rank seeds its own initial weights; the trainer broadcasts rank 0's.
   example::EigenMlp model({train.dim, args.hidden, args.hidden, train.classes}, 100 + std::uint64_t(comm.rank()));
   // The replica check hashes every rank's parameters: cheap every 100 steps.
+  gradsync::ReplicatedTrainerOptions options{.check_replicas_every = 100};
+  options.sync.collective.deterministic = args.deterministic;
   gradsync::ReplicatedTrainer trainer(comm, std::move(model), gradsync::Sgd<float>({.lr = lr, .momentum = 0.9}),
-                                      {.check_replicas_every = 100});
+                                      options);
   gradsync::DistributedSampler sampler(train.size(), comm.size(), comm.rank(), {.seed = 7});
-  std::vector<float> xb(std::size_t(args.batch) * train.dim);
+  // The learning-rate schedule depends on --epochs, so a checkpoint records it.
+  const gradsync::checkpoint::Metadata run_info{{"ddp_mlp.epochs", std::to_string(args.epochs)}};
+  if (!args.resume.empty()) {
+    const auto t = std::chrono::steady_clock::now();
+    const auto meta = gradsync::load_checkpoint(trainer, sampler, args.resume);
+    if (comm.rank() == 0) {
+      std::printf("resumed from %s in %.2f s: step %zu, epoch %llu, sample %zu of %zu on each rank\n",
+                  gradsync::checkpoint_file(args.resume).c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), trainer.step_count(),
+                  static_cast<unsigned long long>(sampler.epoch() + 1), sampler.position(), sampler.num_samples());
+      if (const auto it = meta.find("ddp_mlp.epochs"); it != meta.end() && it->second != run_info.at("ddp_mlp.epochs")) {
+        std::printf("note: the checkpoint's run planned --epochs %s, this one %d: the learning-rate schedule differs\n",
+                    it->second.c_str(), args.epochs);
+      }
+    }
+  }
+  auto save = [&] {
+    if (args.save.empty()) return;
+    const auto t = std::chrono::steady_clock::now();
+    gradsync::save_checkpoint(trainer, sampler, args.save, run_info);
+    if (comm.rank() == 0) {
+      std::printf("saved %s at step %zu in %.2f s\n", gradsync::checkpoint_file(args.save).c_str(),
+                  trainer.step_count(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+      std::fflush(stdout);
+    }
+  };
+  bool stopped = false;
+  // Aligned as Eigen vectorizes best, and alike in every run: with another
+  // alignment Eigen sums in another order, and a resumed run would drift
+  // from an uninterrupted one in the last bits.
+  std::vector<float, Eigen::aligned_allocator<float>> xb(std::size_t(args.batch) * train.dim);
   std::vector<int> yb(args.batch);
   // Test accuracy: rank r scores its contiguous share, 256 samples at a time.
   const std::size_t test_begin = test.size() * comm.rank() / comm.size();
   const std::size_t test_end = test.size() * (comm.rank() + 1) / comm.size();
   double accuracy = 0;
-  for (int epoch = 0; epoch < args.epochs; ++epoch) {
+  // A resumed run starts in the epoch it stopped in, at the sample after the last one it took.
+  const int first_epoch = static_cast<int>(sampler.epoch()) + (sampler.position() == sampler.num_samples() ? 1 : 0);
+  for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
     sampler.set_epoch(epoch);
     // Cosine decay, epoch by epoch, from the scaled rate towards zero.
     trainer.optimizer().set_lr(lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
@@ -277,14 +325,20 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     std::int64_t steps = 0;
-    for (std::size_t at = 0; at < idx.size(); at += args.batch) {
+    const std::size_t first_sample = sampler.position();
+    for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
       const int n = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
       for (int i = 0; i < n; ++i) {
         std::copy_n(&train.x[idx[at + i] * train.dim], train.dim, &xb[std::size_t(i) * train.dim]);
         yb[i] = train.y[idx[at + i]];
       }
       loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), n});
+      sampler.advance(std::size_t(n));
       ++steps;
+      if (args.max_steps && trainer.step_count() >= args.max_steps) {
+        stopped = true;
+        break;
+      }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::int64_t correct = 0;
@@ -300,10 +354,11 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     if (comm.rank() == 0) {
       std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %8.0f samples/s  "
                   "comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
-                  epoch + 1, sums[0] / sums[1], 100 * accuracy, double(idx.size()) * comm.size() / seconds,
+                  epoch + 1, sums[0] / sums[1], 100 * accuracy, double(sampler.position() - first_sample) * comm.size() / seconds,
                   sums[4] / comm.size(), sums[3] / comm.size(), seconds);
       std::fflush(stdout);
     }
+    save();
   }
   return accuracy;
 }

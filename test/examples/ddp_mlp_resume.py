@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""ddp_mlp stopped mid-epoch with --save, then continued in a fresh process
+with --resume, ends exactly as an uninterrupted run: the same last epoch's
+loss and accuracy, and a final checkpoint with the same bytes.
+
+usage: ddp_mlp_resume.py DDP_MLP WORKDIR [ddp_mlp options...]
+"""
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+
+def run(binary, args, expect_rc=0):
+    p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
+    if p.returncode != expect_rc:
+        sys.exit(f"ddp_mlp {' '.join(args)} exited {p.returncode}, expected {expect_rc}\n{p.stdout}\n{p.stderr}")
+    return p.stdout + p.stderr
+
+
+def last_epoch(out):
+    """(epoch, loss, accuracy) of the last epoch line."""
+    lines = re.findall(r"^epoch\s+(\d+)\s+loss (\S+)\s+test acc\s+(\S+)%", out, re.M)
+    if not lines:
+        sys.exit("no epoch line in:\n" + out)
+    return lines[-1]
+
+
+def main():
+    binary, work = sys.argv[1], pathlib.Path(sys.argv[2])
+    common = sys.argv[3:] + ["--deterministic", "--epochs", "3"]
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    straight = run(binary, common + ["--save", str(work / "straight")])
+    # 20 steps of batch 64 on 2048 samples stop mid-epoch at 1 to 4 ranks.
+    first = run(binary, common + ["--max-steps", "20", "--save", str(work / "stopped")])
+    if "at step 20" not in first:
+        sys.exit("the stopped run did not save at step 20:\n" + first)
+    resumed = run(binary, common + ["--resume", str(work / "stopped"), "--save", str(work / "resumed")])
+    at = re.search(r"resumed from .* step 20, epoch \d+, sample (\d+) of (\d+)", resumed)
+    if not at or not 0 < int(at.group(1)) < int(at.group(2)):
+        sys.exit("the resumed run did not start mid-epoch at step 20:\n" + resumed)
+    a, b = last_epoch(straight), last_epoch(resumed)
+    print("uninterrupted:", a, " resumed:", b)
+    # The epoch the run resumed in reports the loss of its second part only.
+    if len(re.findall(r"^epoch", resumed, re.M)) == 1:
+        a, b = (a[0], a[2]), (b[0], b[2])
+    if a != b:
+        sys.exit(f"the resumed run ends at {b}, the uninterrupted one at {a}\n--- straight\n{straight}\n--- resumed\n{resumed}")
+    sa = (work / "straight" / "checkpoint.safetensors").read_bytes()
+    sb = (work / "resumed" / "checkpoint.safetensors").read_bytes()
+    if sa != sb:
+        sys.exit("the final checkpoints differ: the resumed run's state is not the uninterrupted one's")
+    # A checkpoint that is not there: a clear error naming the file, exit 2.
+    missing = run(binary, common + ["--resume", str(work / "nowhere")], expect_rc=2)
+    if str(work / "nowhere" / "checkpoint.safetensors") not in missing or "cannot open" not in missing:
+        sys.exit("resuming from a missing checkpoint did not say which file:\n" + missing)
+    shutil.rmtree(work)
+    print("ok")
+
+
+main()
