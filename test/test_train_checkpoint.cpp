@@ -6,18 +6,25 @@
 #include <gradsync/gradsync.hpp>
 #include <gradsync/train/replicated_checkpoint.hpp>
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -527,4 +534,73 @@ TEST_CASE("save and load refuse, on every rank before any communication, what ca
   }
   CHECK(fs::exists(dir.path / "checkpoint.safetensors"));
   CHECK(!fs::exists(blocker / "ckpt"));
+}
+
+namespace {
+
+/// Runs this test binary again on test case `name` with GRADSYNC_CKPT_CHILD
+/// set to `dir`; its exit status, or -1 if it did not end within a minute
+/// (then it is killed).
+int run_child(const std::string& name, const fs::path& dir) {
+  const std::string filter = "--test-case=" + name;
+  const std::string env = "GRADSYNC_CKPT_CHILD=" + dir.string();
+  std::vector<char*> args{const_cast<char*>("/proc/self/exe"), const_cast<char*>(filter.c_str()), nullptr};
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e)
+    if (!std::string_view(*e).starts_with("GRADSYNC_CKPT_CHILD=")) envp.push_back(*e);
+  envp.push_back(const_cast<char*>(env.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, args.data(), envp.data()) != 0) return -2;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -3;
+}
+
+}  // namespace
+
+// The child half runs in a process of its own: nothing of the saving
+// process (heap layout, a static, a cached value) can carry the state over.
+TEST_CASE("resume in a fresh process: Adam at N = 2 ends as the uninterrupted run, byte for byte") {
+  constexpr int world = 2;
+  if (const char* child = std::getenv("GRADSYNC_CKPT_CHILD")) {
+    const fs::path dir = child;
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, Mlp<float>{layers, 500 + std::uint64_t(comm.rank())}, adam(0.9), exact());
+      DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 1});
+      gradsync::load_checkpoint(trainer, sampler, dir / "half");
+      CHECK(trainer.step_count() == 10);
+      train_steps(trainer, sampler, 10, batch);
+      gradsync::save_checkpoint(trainer, sampler, dir / "resumed");
+    });
+    return;
+  }
+  TempDir dir;
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer straight(comm, Mlp<float>{layers, 7 + std::uint64_t(comm.rank())}, adam(), exact());
+    DistributedSampler s1(dataset, comm.size(), comm.rank(), {.seed = 11});
+    train_steps(straight, s1, 20, batch);
+    gradsync::save_checkpoint(straight, s1, dir.path / "straight");
+    ReplicatedTrainer half(comm, Mlp<float>{layers, 7 + std::uint64_t(comm.rank())}, adam(), exact());
+    DistributedSampler s2(dataset, comm.size(), comm.rank(), {.seed = 11});
+    train_steps(half, s2, 10, batch);
+    gradsync::save_checkpoint(half, s2, dir.path / "half");
+  });
+  REQUIRE(run_child("resume in a fresh process*", dir.path) == 0);
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(f), {});
+  };
+  const auto a = bytes(dir.path / "straight" / "checkpoint.safetensors");
+  const auto b = bytes(dir.path / "resumed" / "checkpoint.safetensors");
+  CHECK(!a.empty());
+  CHECK(a == b);
 }
