@@ -126,7 +126,7 @@ std::vector<int> parse_list(const std::string& s) {
 int main(int argc, char** argv) try {
   std::vector<int> sizes{784, 2048, 2048, 2048, 10};
   int ranks = 1, repeats = 5;
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gradsync-checkpoint-perf-" + std::to_string(::getpid()));
+  std::filesystem::path dir = std::filesystem::temp_directory_path();
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (i + 1 >= argc) throw std::runtime_error(k + " needs a value");
@@ -138,8 +138,10 @@ int main(int argc, char** argv) try {
     else throw std::runtime_error("unknown option " + k + " (expected --sizes --ranks --repeats --dir)");
   }
   if (sizes.size() < 2 || ranks < 1 || repeats < 1) throw std::runtime_error("bad --sizes, --ranks or --repeats");
-  std::filesystem::create_directories(dir);
-  const std::filesystem::path ckpt = dir / "ckpt.safetensors", plain = dir / "plain.bin";
+  // A directory of its own inside --dir, the only thing removed at the end.
+  const std::filesystem::path work = dir / ("gradsync-checkpoint-perf-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(work);
+  const std::filesystem::path ckpt = work / "ckpt.safetensors", plain = work / "plain.bin";
 
   std::vector<double> save_s, load_s, write_s, write_sync_s, read_s, crc_s;
   std::size_t params = 0, file_bytes = 0;
@@ -171,11 +173,11 @@ int main(int argc, char** argv) try {
       if (crc == 0x12345678) std::printf("#\n");  // keeps the checksum from being optimised away
     }
   });
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(work);
 
   const double mb = double(file_bytes) / 1e6;
   std::printf("# checkpoint_perf: %zu parameters, Adam, %d rank(s), file %.1f MB, median of %d, in %s\n", params,
-              ranks, mb, repeats, dir.parent_path().c_str());
+              ranks, mb, repeats, dir.c_str());
   std::printf("# %-28s %10s %10s\n", "what", "seconds", "MB/s");
   auto row = [&](const char* what, const std::vector<double>& v) {
     const double t = median(v);
