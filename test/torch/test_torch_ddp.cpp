@@ -384,6 +384,20 @@ TEST_CASE("DistributedDataParallel: wrong use is a clear error naming the parame
     for (const auto& e : got.errors) CHECK(e.find("parameter 'w'") != std::string::npos);
     for (const auto& e : got.errors) CHECK(e.find("not contiguous") != std::string::npos);
   }
+  SUBCASE("a parameter on another device than the backend's memory") {
+    // Debian's LibTorch has no CUDA; the meta device stands in for "not on the CPU".
+    struct NetImpl : torch::nn::Module {
+      NetImpl() {
+        register_parameter("a", torch::zeros({3}));
+        register_parameter("b", torch::empty({3}, torch::kMeta));
+      }
+    };
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::DistributedDataParallel ddp(comm, std::make_shared<NetImpl>());
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) CHECK(e.find("parameter 'b' cannot be synchronised: it is on meta") != std::string::npos);
+  }
   SUBCASE("parameters of two dtypes") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
       Mlp m;
