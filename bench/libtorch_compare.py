@@ -1,0 +1,68 @@
+#!/usr/bin/python3
+"""gradsync's LibTorch DDP against PyTorch's DDP + Gloo, interleaved in one run.
+
+    /usr/bin/python3 bench/libtorch_compare.py build/bench/libtorch_ddp_step --rounds 3
+
+Each round runs, for every N, libtorch_ddp_step then torch_ddp_peer.py, so
+both see the same machine load; the table gives the median over the rounds
+of each one's median step time, samples/s over all ranks, the weak-scaling
+efficiency (samples/s at N over N times samples/s at 1) and the ratio of
+samples/s. Both run the same model in the same LibTorch 1.13 kernels, one
+thread per rank.
+"""
+import argparse
+import pathlib
+import statistics
+import subprocess
+import sys
+
+here = pathlib.Path(__file__).resolve().parent
+
+
+def gradsync_ms(exe, n, a):
+    out = subprocess.run([exe, "--ranks", str(n), "--steps", str(a.steps), "--batch", str(a.batch),
+                          "--hidden", str(a.hidden)], check=True, capture_output=True, text=True, timeout=600).stdout
+    row = [l for l in out.splitlines() if l and not l.startswith("#")][0].split()
+    return float(row[1])
+
+
+def torch_ms(n, a):
+    out = subprocess.run(["/usr/bin/python3", str(here / "torch_ddp_peer.py"), "--ranks", str(n), "--steps",
+                          str(a.steps), "--batch", str(a.batch), "--hidden", str(a.hidden)],
+                         check=True, capture_output=True, text=True, timeout=600).stdout
+    return float(out.split()[1])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("exe")
+    p.add_argument("--ranks", type=int, action="append")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=1024)
+    a = p.parse_args()
+    ns = a.ranks or [1, 2, 4]
+    gs = {n: [] for n in ns}
+    pt = {n: [] for n in ns}
+    for _ in range(a.rounds):
+        for n in ns:
+            gs[n].append(gradsync_ms(a.exe, n, a))
+            pt[n].append(torch_ms(n, a))
+    print(f"# MLP 784-{a.hidden}-{a.hidden}-10, per-rank batch {a.batch}, SGD, one thread per rank; "
+          f"median of {a.rounds} interleaved rounds of {a.steps} steps")
+    print("#  N   gradsync ms  samples/s  weak-eff   PyTorch ms  samples/s  weak-eff   gradsync/PyTorch")
+    base = {}
+    for n in ns:
+        g, t = statistics.median(gs[n]), statistics.median(pt[n])
+        gsps, tsps = 1000 * n * a.batch / g, 1000 * n * a.batch / t
+        if n == 1:
+            base = {"g": gsps, "t": tsps}
+        eff = (lambda s, b: f"{100 * s / (n * b):.0f}%" if b else "-")
+        print(f"{n:4d} {g:13.2f} {gsps:10.0f} {eff(gsps, base.get('g')):>9} {t:12.2f} {tsps:10.0f} "
+              f"{eff(tsps, base.get('t')):>9} {gsps / tsps:18.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

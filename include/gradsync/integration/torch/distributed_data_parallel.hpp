@@ -1,0 +1,473 @@
+#pragma once
+/// \file DistributedDataParallel: PyTorch's DDP for a LibTorch torch::nn::Module, on any host gradsync communicator.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
+
+#include "gradsync/algorithm/tags.hpp"
+#include "gradsync/collective/broadcast.hpp"
+#include "gradsync/core/backend_traits.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/error.hpp"
+#include "gradsync/core/options.hpp"
+#include "gradsync/core/visit.hpp"
+#include "gradsync/integration/torch/tensor.hpp"
+#include "gradsync/train/grad_sync.hpp"
+#include "gradsync/train/grad_sync_options.hpp"
+#include "gradsync/train/unit_agreement.hpp"
+
+namespace gradsync {
+
+/// Options of DistributedDataParallel, with PyTorch DDP's defaults.
+struct DistributedDataParallelOptions {
+  /// Largest bucket, in bytes of gradient (PyTorch: bucket_cap_mb = 25).
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  /// The first bucket (the last layers, whose gradients come first) is
+  /// small, so communication starts early in backward.
+  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+  /// A parameter that got no gradient in a synced backward contributes
+  /// zeros. Off: that backward throws InvalidArgument naming it.
+  bool find_unused_parameters = false;
+  /// Broadcast rank 0's buffers (BatchNorm statistics...) before every
+  /// forward through operator().
+  bool broadcast_buffers = true;
+  /// Passed to every collective; `deterministic` sums in rank order.
+  Options collective{};
+};
+
+/// Data parallelism for a LibTorch module: what torch.nn.parallel.
+/// DistributedDataParallel does in Python, which LibTorch's C++ frontend
+/// lacks (pytorch/pytorch#48959).
+///
+///     Net net;                                              // TORCH_MODULE
+///     gradsync::DistributedDataParallel ddp(comm, net);     // broadcasts rank 0's weights
+///     torch::optim::SGD opt(net->parameters(), 0.1);
+///     opt.zero_grad();
+///     auto loss = torch::nll_loss(ddp(x), y);              // net->forward(x)
+///     loss.backward();                                      // returns with averaged gradients
+///     opt.step();
+///
+/// How: every parameter's `.grad` is a view into one flat gradient buffer
+/// (PyTorch's gradient_as_bucket_view), so buckets are reduced in place,
+/// with no copy in or out. A hook after each parameter's gradient
+/// accumulator marks it ready in a GradSync, which launches each bucket
+/// (reverse registration order, 1 MiB first, then 25 MiB) on the
+/// communicator's progress worker while backward goes on; a callback queued
+/// on the autograd engine finishes the sync before `backward()` returns, so
+/// the training loop is unchanged.
+///
+/// Construction is collective: every rank must wrap the same parameters and
+/// buffers (names, shapes, dtypes, in the same order), else InvalidArgument
+/// on every rank naming the first difference; then rank 0's parameters and
+/// buffers are broadcast. Parameters must be contiguous CPU tensors of one
+/// floating dtype (float or double); a parameter that breaks this, or that
+/// changes shape later, is named in the error.
+///
+/// Backward runs on the calling thread for CPU tensors, which is where the
+/// hooks and the final callback run: one DistributedDataParallel belongs to
+/// one thread (one rank), as its communicator does.
+///
+/// \tparam Module  a module holder (`torch::nn::Linear`, a TORCH_MODULE type)
+///                 or a `std::shared_ptr` to a torch::nn::Module subclass.
+/// \tparam Comm    gradsync::Communicator<Backend> over host memory (Threads, Mpi).
+/// \tparam Algo    the algorithm of every collective.
+template <class Module, class Comm, class Algo = Auto>
+class DistributedDataParallel {
+  static_assert(detail::CommunicatorTraits<Comm>::value,
+                "gradsync::DistributedDataParallel: the second parameter must be gradsync::Communicator<Backend>");
+  using Backend_ = typename detail::CommunicatorTraits<Comm>::backend;
+  static_assert(backend_traits<Backend_>::host_memory,
+                "gradsync::DistributedDataParallel reduces CPU tensors: its backend must work on host memory "
+                "(Threads, Mpi). CUDA tensors on Nccl need a CUDA build of LibTorch.");
+
+ public:
+  using module_type = Module;
+  using communicator_type = Comm;
+
+  DistributedDataParallel(Comm& comm, Module module, DistributedDataParallelOptions options = {})
+      : comm_(comm), module_(std::move(module)), o_(options), state_(std::make_shared<HookState>()) {
+    state_->owner = this;
+    collect();
+    check_agreement();
+    make_grad_views();
+    make_sync();
+    {
+      torch::NoGradGuard no_grad;
+      for (const Param& p : params_) broadcast(p.tensor);
+      for (auto& b : base().named_buffers(true)) broadcast(b.value());
+    }
+    register_hooks();
+  }
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  /// Removes the hooks (the module outlives this object in the user's
+  /// hands) and lets what is in flight end.
+  ~DistributedDataParallel() {
+    state_->owner = nullptr;
+    for (Param& p : params_) {
+      if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+    }
+  }
+
+  /// The forward pass: broadcasts rank 0's buffers (when asked), checks
+  /// that no parameter changed shape or storage, then calls
+  /// `module->forward(args...)`.
+  ///
+  /// With find_unused_parameters, a Tensor result's autograd graph is
+  /// walked, as PyTorch DDP does: parameters it cannot reach are marked
+  /// ready (with zeros) as soon as backward starts, so their buckets do not
+  /// wait for finish() and communication still overlaps backward.
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    check_parameters();
+    // A backward that failed never ran its final callback.
+    finish_queued_ = false;
+    if (o_.broadcast_buffers && comm_.size() > 1) {
+      torch::NoGradGuard no_grad;
+      for (auto& b : base().named_buffers(true)) broadcast(b.value());
+    }
+    auto out = module_->forward(std::forward<Args>(args)...);
+    if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
+      if (o_.find_unused_parameters) find_unreachable(out);
+    }
+    return out;
+  }
+
+  Module& module() noexcept { return module_; }
+  const Module& module() const noexcept { return module_; }
+
+  /// While the guard lives, backward only accumulates gradients locally; the
+  /// next synced backward averages the sum (PyTorch's `no_sync()`).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& d) : d_(d), was_(d.sync_enabled()) { d_.set_sync(false); }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    ~NoSync() { d_.set_sync(was_); }
+
+   private:
+    DistributedDataParallel& d_;
+    bool was_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  bool sync_enabled() const {
+    return std::visit([](const auto& s) { return s->sync_enabled(); }, sync_);
+  }
+  void set_sync(bool on) {
+    std::visit([on](auto& s) { s->set_sync(on); }, sync_);
+  }
+
+  /// Bucket statistics: `buckets_launched_early` counts the buckets that
+  /// started while backward was still running.
+  const GradSyncStats& stats() const {
+    return std::visit([](const auto& s) -> const GradSyncStats& { return s->stats(); }, sync_);
+  }
+  void reset_stats() {
+    std::visit([](auto& s) { s->reset_stats(); }, sync_);
+  }
+  /// The bucket plan: which parameters (by registration index) go together.
+  const std::vector<BucketInfo>& buckets() const {
+    return std::visit([](const auto& s) -> const std::vector<BucketInfo>& { return s->buckets(); }, sync_);
+  }
+  /// Names of the parameters that are synchronised, in registration order.
+  std::vector<std::string> parameter_names() const {
+    std::vector<std::string> out;
+    for (const Param& p : params_) out.push_back(p.name);
+    return out;
+  }
+
+ private:
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;
+    std::vector<std::int64_t> shape;
+    void* data = nullptr;
+    std::size_t offset = 0;  ///< in the flat gradient, in elements
+    torch::Tensor grad_view;
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    std::uintptr_t hook_key = 0;
+  };
+
+  /// What the hooks point at: the hooks live in the autograd graph, which
+  /// may outlive this object; they find it through here, or find nothing.
+  struct HookState {
+    DistributedDataParallel* owner = nullptr;
+  };
+
+  class ReadyHook final : public torch::autograd::FunctionPostHook {
+   public:
+    ReadyHook(std::shared_ptr<HookState> state, std::size_t index) : state_(std::move(state)), index_(index) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list& /*inputs*/) override {
+      if (state_->owner) state_->owner->on_gradient(index_);
+      return outputs;
+    }
+
+   private:
+    std::shared_ptr<HookState> state_;
+    std::size_t index_;
+  };
+
+  torch::nn::Module& base() {
+    if constexpr (requires { module_.ptr(); }) {
+      return *module_.ptr();
+    } else {
+      return *module_;
+    }
+  }
+
+  std::string where() const { return "gradsync: DistributedDataParallel on rank " + std::to_string(comm_.rank()); }
+
+  void collect() {
+    for (auto& np : base().named_parameters(true)) {
+      const torch::Tensor& t = np.value();
+      if (!t.requires_grad()) continue;  // frozen: neither reduced nor hooked, as in PyTorch DDP
+      if (std::string why = detail::unusable_reason(t); !why.empty()) {
+        throw InvalidArgument(where() + ": parameter '" + np.key() + "' cannot be synchronised: " + why);
+      }
+      if (t.scalar_type() != c10::ScalarType::Float && t.scalar_type() != c10::ScalarType::Double) {
+        throw InvalidArgument(where() + ": parameter '" + np.key() + "' is " + c10::toString(t.scalar_type()) +
+                              "; gradients are averaged in float or double (keep master weights in float)");
+      }
+      if (!params_.empty() && t.scalar_type() != params_.front().tensor.scalar_type()) {
+        throw InvalidArgument(where() + ": parameter '" + np.key() + "' is " + c10::toString(t.scalar_type()) +
+                              " but '" + params_.front().name + "' is " +
+                              c10::toString(params_.front().tensor.scalar_type()) +
+                              "; all parameters must share one dtype");
+      }
+      Param p;
+      p.name = np.key();
+      p.tensor = t;
+      p.shape = t.sizes().vec();
+      p.data = t.data_ptr();
+      params_.push_back(std::move(p));
+    }
+    if (params_.empty()) {
+      throw InvalidArgument(where() + ": the module has no parameter that requires a gradient; there is nothing "
+                                      "to synchronise");
+    }
+  }
+
+  /// Every rank wrapped the same parameters and buffers: checked before any
+  /// data moves, so a mismatch is a clear error on every rank, not a
+  /// broadcast of one tensor into another.
+  void check_agreement() {
+    std::vector<std::string> declared;
+    auto describe = [](const std::string& kind, const std::string& name, const torch::Tensor& t) {
+      return kind + " " + name + " " + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes());
+    };
+    for (const Param& p : params_) declared.push_back(describe("parameter", p.name, p.tensor));
+    for (auto& b : base().named_buffers(true)) {
+      if (std::string why = detail::unusable_reason(b.value()); !why.empty()) {
+        throw InvalidArgument(where() + ": buffer '" + b.key() + "' cannot be broadcast: " + why);
+      }
+      declared.push_back(describe("buffer", b.key(), b.value()));
+    }
+    detail::check_units_agree(comm_, declared, "DistributedDataParallel",
+                              "Every rank must wrap the same module: the same parameters and buffers, with the same "
+                              "names, dtypes and shapes, in the same order.");
+  }
+
+  /// One flat gradient buffer in registration order; each parameter's .grad
+  /// aliases its slice. The aliases are made with from_blob (holding the
+  /// flat buffer alive) rather than as autograd views, because LibTorch's
+  /// Optimizer::zero_grad calls detach_() on every grad, which a view refuses.
+  void make_grad_views() {
+    std::size_t total = 0;
+    for (Param& p : params_) {
+      p.offset = total;
+      total += static_cast<std::size_t>(p.tensor.numel());
+    }
+    const auto options = p_options();
+    flat_grad_ = torch::zeros({static_cast<std::int64_t>(total)}, options);
+    torch::NoGradGuard no_grad;
+    for (Param& p : params_) {
+      auto* begin = static_cast<char*>(flat_grad_.data_ptr()) + p.offset * flat_grad_.element_size();
+      torch::Tensor keep = flat_grad_;
+      p.grad_view = torch::from_blob(
+          begin, p.shape, [keep](void*) mutable { keep.reset(); }, options);
+      if (p.tensor.grad().defined()) p.grad_view.copy_(p.tensor.grad());
+      p.tensor.mutable_grad() = p.grad_view;
+    }
+  }
+
+  c10::TensorOptions p_options() const {
+    return torch::TensorOptions().dtype(params_.front().tensor.scalar_type()).device(torch::kCPU);
+  }
+
+  void make_sync() {
+    GradSyncOptions g;
+    g.bucket_cap_bytes = o_.bucket_cap_bytes;
+    g.first_bucket_cap_bytes = o_.first_bucket_cap_bytes;
+    g.find_unused_parameters = o_.find_unused_parameters;
+    g.collective = o_.collective;
+    std::vector<std::string> names = parameter_names();
+    auto build = [&]<class T>(T) {
+      std::vector<std::span<T>> units;
+      for (const Param& p : params_) units.push_back(tensor_span<T>(p.grad_view, p.name));
+      sync_ = std::make_unique<GradSync<Backend_, T, Algo>>(comm_, std::move(units), g, std::move(names));
+    };
+    if (flat_grad_.scalar_type() == c10::ScalarType::Double) {
+      build(double{});
+    } else {
+      build(float{});
+    }
+  }
+
+  /// Rank 0's values of `t` everywhere; `t` passed detail::unusable_reason at construction.
+  void broadcast(const torch::Tensor& t) {
+    if (comm_.size() == 1 || t.numel() == 0) return;
+    visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
+      Broadcast<Algo>{o_.collective}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
+    });
+  }
+
+  void register_hooks() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      // The accumulator is held here: the parameter keeps only a weak
+      // reference, and a new one (without our hook) would replace it.
+      p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+      p.hook_key = p.accumulator->add_post_hook(std::make_unique<ReadyHook>(state_, i));
+    }
+    got_.assign(params_.size(), 0);
+    touched_.assign(params_.size(), 0);
+  }
+
+  void check_parameters() const {
+    for (const Param& p : params_) {
+      if (p.tensor.sizes().vec() != p.shape || p.tensor.data_ptr() != p.data) {
+        throw InvalidArgument(where() + ": parameter '" + p.name + "' changed " +
+                              (p.tensor.sizes().vec() != p.shape ? "shape, from " + c10::str(c10::IntArrayRef(p.shape)) +
+                                                                       " to " + c10::str(p.tensor.sizes())
+                                                                 : std::string("storage")) +
+                              " after DistributedDataParallel was built; its gradient can no longer be synchronised");
+      }
+    }
+  }
+
+  /// After parameter i's gradient accumulator ran: its gradient for this
+  /// backward is final.
+  void on_gradient(std::size_t i) {
+    Param& p = params_[i];
+    torch::Tensor& g = p.tensor.mutable_grad();
+    // The grad was reset (zero_grad with set_to_none, or by hand) and autograd
+    // made a fresh tensor: bring it back into the bucket.
+    if (!g.defined() || g.data_ptr() != p.grad_view.data_ptr()) {
+      torch::NoGradGuard no_grad;
+      if (g.defined()) {
+        p.grad_view.copy_(g);
+      } else {
+        p.grad_view.zero_();
+      }
+      g = p.grad_view;
+    }
+    if (!finish_queued_) {
+      // The first gradient of this backward. The engine runs the callback
+      // after the whole backward, before backward() returns; an exception
+      // it throws reaches backward()'s caller.
+      finish_queued_ = true;
+      std::shared_ptr<HookState> state = state_;
+      torch::autograd::Engine::get_default_engine().queue_callback([state] {
+        if (state->owner) state->owner->finish_backward();
+      });
+      if (sync_enabled()) mark_unreachable_ready();
+    }
+    if (got_[i] && sync_enabled()) {
+      throw InvalidArgument(where() + ": parameter '" + p.name +
+                            "' got a gradient after being marked unused: the graph of the forward through this "
+                            "DistributedDataParallel did not reach it, so it was used outside that forward");
+    }
+    got_[i] = 1;
+    touched_[i] = 1;
+    std::visit([i](auto& s) { s->ready(i); }, sync_);
+  }
+
+  /// Parameters the last forward's graph cannot reach: ready now, holding
+  /// zeros, or what they accumulated under no_sync.
+  void mark_unreachable_ready() {
+    for (std::size_t i : unreachable_) {
+      if (!touched_[i]) {
+        torch::NoGradGuard no_grad;
+        params_[i].grad_view.zero_();
+      }
+      got_[i] = 1;
+      std::visit([i](auto& s) { s->ready(i); }, sync_);
+    }
+    unreachable_.clear();
+  }
+
+  void find_unreachable(const torch::Tensor& out) {
+    unreachable_.clear();
+    std::unordered_set<const torch::autograd::Node*> seen;
+    std::vector<const torch::autograd::Node*> todo;
+    if (out.grad_fn()) todo.push_back(out.grad_fn().get());
+    while (!todo.empty()) {
+      const torch::autograd::Node* n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n).second) continue;
+      for (const torch::autograd::Edge& e : n->next_edges()) {
+        if (e.function) todo.push_back(e.function.get());
+      }
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!seen.contains(params_[i].accumulator.get())) unreachable_.push_back(i);
+    }
+  }
+
+  void finish_backward() {
+    finish_queued_ = false;
+    const bool synced = sync_enabled();
+    std::string missing;
+    if (synced && !o_.find_unused_parameters) {
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (!got_[i]) missing += (missing.empty() ? "'" : ", '") + params_[i].name + "'";
+      }
+    }
+    std::fill(got_.begin(), got_.end(), 0);
+    if (!missing.empty()) {
+      // GradSync refuses this backward too, after letting what is in flight
+      // end; its message speaks of units, ours of the module's parameters.
+      try {
+        std::visit([](auto& s) { s->finish(); }, sync_);
+      } catch (const InvalidArgument&) {
+      }
+      std::fill(touched_.begin(), touched_.end(), 0);
+      throw InvalidArgument(where() + ": backward produced no gradient for parameter " + missing +
+                            ". If the module leaves some parameters unused on some steps, set "
+                            "DistributedDataParallelOptions::find_unused_parameters = true");
+    }
+    if (synced) std::fill(touched_.begin(), touched_.end(), 0);
+    std::visit([](auto& s) { s->finish(); }, sync_);
+  }
+
+  Comm& comm_;
+  Module module_;
+  DistributedDataParallelOptions o_;
+  std::shared_ptr<HookState> state_;
+  std::vector<Param> params_;
+  torch::Tensor flat_grad_;
+  std::variant<std::unique_ptr<GradSync<Backend_, float, Algo>>, std::unique_ptr<GradSync<Backend_, double, Algo>>>
+      sync_;
+  bool finish_queued_ = false;
+  std::vector<unsigned char> got_;      ///< got a gradient in this backward
+  std::vector<unsigned char> touched_;  ///< got one since the last synced backward
+  std::vector<std::size_t> unreachable_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,493 @@
+// DistributedDataParallel for LibTorch modules (issue 15): parity with one
+// process on the concatenated batch, no_sync accumulation, unused
+// parameters, overlap, buffers, wrong use, and the data-loader sampler.
+//
+// Every rank's result is collected and checked on the main thread after
+// run_threads, so a failing rank never leaves the others waiting.
+
+// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK,
+// CHECK_EQ... macros would otherwise stand in for doctest's (and abort the
+// process on failure instead of reporting it).
+#include <gradsync/gradsync.hpp>
+#include <gradsync/integration/torch.hpp>
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../support/common.hpp"
+
+namespace {
+
+using Comm = gradsync::Communicator<gradsync::Threads>;
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(int hidden = 20, bool with_unused = false)
+      : fc1(register_module("fc1", torch::nn::Linear(12, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, 16))),
+        fc3(register_module("fc3", torch::nn::Linear(16, 5))) {
+    if (with_unused) unused = register_module("unused", torch::nn::Linear(3, 7));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::tanh(fc2(torch::relu(fc1(x))))); }
+  /// `extra`: also trains `unused` (a branch some ranks take and others do not).
+  torch::Tensor forward(torch::Tensor x, bool extra) {
+    torch::Tensor out = forward(x);
+    if (extra) out = out + unused->forward(torch::ones({x.size(0), 3})).narrow(1, 0, 5);
+    return out;
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+  torch::nn::Linear unused{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+/// Inputs and labels for `rows` samples, from the case's seed.
+struct Data {
+  torch::Tensor x, y;
+};
+Data make_data(std::int64_t rows, std::string_view salt) {
+  auto rng = test::rng_for(salt);
+  std::normal_distribution<float> normal;
+  std::vector<float> xs(static_cast<std::size_t>(rows * 12));
+  for (float& v : xs) v = normal(rng);
+  std::vector<std::int64_t> ys(static_cast<std::size_t>(rows));
+  for (auto& v : ys) v = static_cast<std::int64_t>(rng() % 5);
+  return {torch::from_blob(xs.data(), {rows, 12}).clone(), torch::from_blob(ys.data(), {rows}, torch::kInt64).clone()};
+}
+
+std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  auto params = m.parameters();
+  REQUIRE(params.size() == values.size());
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
+}
+
+/// Initial weights from the case's seed (LibTorch's default init).
+std::vector<torch::Tensor> initial_weights(std::string_view salt, bool with_unused = false) {
+  auto rng = test::rng_for(salt);
+  torch::manual_seed(rng());
+  Mlp m(20, with_unused);
+  return snapshot(*m);
+}
+
+enum class Opt { sgd_momentum, adam };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, torch::nn::Module& m) {
+  if (o == Opt::adam) return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-2));
+  return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+/// ‖a − b‖ / ‖b‖, the largest over the tensors.
+double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
+    const double ref = b[i].to(torch::kDouble).norm().item<double>();
+    worst = std::max(worst, ref > 0 ? diff / ref : diff);
+  }
+  return worst;
+}
+
+bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+/// One process, the whole batch: what the ranks together must reproduce.
+std::vector<torch::Tensor> reference_run(const std::vector<torch::Tensor>& init, Opt o, const Data& d, int steps,
+                                         bool with_unused = false) {
+  Mlp m(20, with_unused);
+  load(*m, init);
+  auto opt = make_optimizer(o, *m);
+  for (int s = 0; s < steps; ++s) {
+    opt->zero_grad();
+    torch::nn::functional::cross_entropy(m->forward(d.x), d.y).backward();
+    opt->step();
+  }
+  return snapshot(*m);
+}
+
+/// Results of a run_threads call, one slot per rank.
+struct PerRank {
+  explicit PerRank(int n) : params(static_cast<std::size_t>(n)), errors(static_cast<std::size_t>(n)) {}
+  std::vector<std::vector<torch::Tensor>> params;
+  std::vector<std::string> errors;
+};
+
+/// Runs `body` on every rank; an exception a rank throws is recorded, not raised.
+template <class F>
+PerRank run_ranks(int n, F body) {
+  PerRank out(n);
+  gradsync::run_threads(n, [&](Comm& comm) {
+    torch::set_num_threads(1);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    try {
+      out.params[r] = body(comm);
+    } catch (const gradsync::InvalidArgument& e) {
+      out.errors[r] = e.what();
+    }
+  });
+  return out;
+}
+
+torch::Tensor rows(const torch::Tensor& t, std::int64_t first, std::int64_t count) {
+  return t.narrow(0, first, count);
+}
+
+}  // namespace
+
+TEST_CASE("DistributedDataParallel: N ranks of batch b match one process on the N·b batch, bitwise alike across ranks") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 5;  // per rank; odd on purpose
+  const int steps = 5;
+  const auto init = initial_weights("ddp parity init");
+  for (int n : {1, 2, 3, 4}) {
+    for (Opt o : {Opt::sgd_momentum, Opt::adam}) {
+      CAPTURE(n);
+      CAPTURE(static_cast<int>(o));
+      const Data d = make_data(n * b, "ddp parity data");
+      const auto expected = reference_run(init, o, d, steps);
+      PerRank got = run_ranks(n, [&](Comm& comm) {
+        Mlp m;
+        // Only rank 0 starts from the reference weights: construction must broadcast them.
+        if (comm.rank() == 0) load(*m, init);
+        gradsync::DistributedDataParallel ddp(comm, m);
+        auto opt = make_optimizer(o, *m);
+        const Data mine{rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b)};
+        for (int s = 0; s < steps; ++s) {
+          opt->zero_grad();
+          torch::nn::functional::cross_entropy(ddp(mine.x), mine.y).backward();
+          opt->step();
+        }
+        return snapshot(*m);
+      });
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+        CHECK(bitwise_equal(got.params[static_cast<std::size_t>(r)], got.params[0]));
+      }
+      CHECK(max_relative(got.params[0], expected) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("DistributedDataParallel: K micro-batches under no_sync match one step on the K-times batch") {
+  CAPTURE(test::test_seed());
+  const int n = 3, k = 4;
+  const std::int64_t b = 3;
+  const auto init = initial_weights("ddp no_sync init");
+  const Data d = make_data(n * k * b, "ddp no_sync data");
+  const auto expected = reference_run(init, Opt::sgd_momentum, d, 1);
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    Mlp m;
+    load(*m, init);
+    gradsync::DistributedDataParallel ddp(comm, m);
+    auto opt = make_optimizer(Opt::sgd_momentum, *m);
+    opt->zero_grad();
+    // Rank r's micro-batch i is rows (i·n + r)·b: together the K·n pieces are the whole batch.
+    auto micro = [&](int i) {
+      const std::int64_t first = (static_cast<std::int64_t>(i) * n + comm.rank()) * b;
+      // Each micro-loss is a mean over b; 1/K makes their sum the mean over K·b.
+      (torch::nn::functional::cross_entropy(ddp(rows(d.x, first, b)), rows(d.y, first, b)) / k).backward();
+    };
+    {
+      auto guard = ddp.no_sync();
+      for (int i = 0; i + 1 < k; ++i) micro(i);
+      REQUIRE(ddp.stats().buckets_launched == 0);
+    }
+    micro(k - 1);
+    opt->step();
+    return snapshot(*m);
+  });
+  for (int r = 0; r < n; ++r) REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+  CHECK(bitwise_equal(got.params[1], got.params[0]));
+  CHECK(bitwise_equal(got.params[2], got.params[0]));
+  CHECK(max_relative(got.params[0], expected) <= 1e-6);
+}
+
+TEST_CASE("DistributedDataParallel: unused parameters contribute zeros with find_unused, and are named without it") {
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const std::int64_t b = 4;
+  const auto init = initial_weights("ddp unused init", /*with_unused=*/true);
+  const Data d = make_data(n * b, "ddp unused data");
+
+  SUBCASE("find_unused_parameters on: trains as if the parameter were absent, and overlaps") {
+    const auto expected = reference_run(init, Opt::adam, d, 3, /*with_unused=*/true);
+    std::vector<std::size_t> early(n);
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      Mlp m(20, true);
+      load(*m, init);
+      gradsync::DistributedDataParallelOptions o;
+      o.find_unused_parameters = true;
+      o.first_bucket_cap_bytes = 128;  // `unused` (last registered) is bucket 0 alone
+      o.bucket_cap_bytes = 512;
+      gradsync::DistributedDataParallel ddp(comm, m, o);
+      auto opt = make_optimizer(Opt::adam, *m);
+      for (int s = 0; s < 3; ++s) {
+        opt->zero_grad();
+        torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b)), rows(d.y, comm.rank() * b, b))
+            .backward();
+        opt->step();
+      }
+      early[static_cast<std::size_t>(comm.rank())] = ddp.stats().buckets_launched_early;
+      return snapshot(*m);
+    });
+    for (int r = 0; r < n; ++r) {
+      REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+      // The graph walk marks `unused` ready when backward starts, so bucket 0
+      // does not hold the others back until finish().
+      CHECK(early[static_cast<std::size_t>(r)] > 0);
+    }
+    CHECK(bitwise_equal(got.params[2], got.params[0]));
+    CHECK(max_relative(got.params[0], expected) <= 1e-6);
+  }
+
+  SUBCASE("find_unused_parameters off: every rank's backward throws naming the parameter") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      Mlp m(20, true);
+      gradsync::DistributedDataParallel ddp(comm, m);
+      torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b)), rows(d.y, comm.rank() * b, b))
+          .backward();
+      return snapshot(*m);
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(got.errors[static_cast<std::size_t>(r)]);
+      CHECK(got.errors[static_cast<std::size_t>(r)].find("'unused.weight', 'unused.bias'") != std::string::npos);
+      CHECK(got.errors[static_cast<std::size_t>(r)].find("find_unused_parameters") != std::string::npos);
+    }
+  }
+
+  SUBCASE("a parameter used on some ranks only: every rank ends the step, alike") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      Mlp m(20, true);
+      if (comm.rank() == 0) load(*m, init);
+      gradsync::DistributedDataParallelOptions o;
+      o.find_unused_parameters = true;
+      gradsync::DistributedDataParallel ddp(comm, m, o);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      for (int s = 0; s < 2; ++s) {
+        opt->zero_grad();
+        // Rank 1 alone takes the branch through `unused`: the others contribute zeros for it.
+        torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b), comm.rank() == 1),
+                                             rows(d.y, comm.rank() * b, b))
+            .backward();
+        opt->step();
+      }
+      return snapshot(*m);
+    });
+    for (int r = 0; r < n; ++r) REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+    CHECK(bitwise_equal(got.params[1], got.params[0]));
+    CHECK(bitwise_equal(got.params[2], got.params[0]));
+    // `unused` moved: rank 1's gradient reached everyone, divided by N.
+    CHECK_FALSE(torch::equal(got.params[0][6], init[6]));
+  }
+}
+
+TEST_CASE("DistributedDataParallel: buckets start while backward runs, in reverse registration order") {
+  CAPTURE(test::test_seed());
+  const int n = 2;
+  const Data d = make_data(n * 4, "ddp overlap data");
+  std::vector<std::size_t> early(n), launched(n), buckets(n);
+  std::vector<std::vector<gradsync::BucketInfo>> plans(n);
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    Mlp m;
+    gradsync::DistributedDataParallelOptions o;
+    o.first_bucket_cap_bytes = 64;
+    o.bucket_cap_bytes = 1024;
+    gradsync::DistributedDataParallel ddp(comm, m, o);
+    torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * 4, 4)), rows(d.y, comm.rank() * 4, 4))
+        .backward();
+    const auto r = static_cast<std::size_t>(comm.rank());
+    early[r] = ddp.stats().buckets_launched_early;
+    launched[r] = ddp.stats().buckets_launched;
+    plans[r] = ddp.buckets();
+    return snapshot(*m);
+  });
+  for (int r = 0; r < n; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    REQUIRE(got.errors[i] == "");
+    REQUIRE(plans[i].size() >= 3);
+    CHECK(launched[i] == plans[i].size());
+    // Some bucket was launched from an autograd hook, before backward ended.
+    CHECK(early[i] >= 1);
+    // Bucket 0 holds the last registered parameter (fc3.bias).
+    CHECK(plans[i][0].last_unit == 5);
+  }
+}
+
+TEST_CASE("DistributedDataParallel: buffers are rank 0's after construction and at every forward") {
+  struct NetImpl : torch::nn::Module {
+    NetImpl() : fc(register_module("fc", torch::nn::Linear(4, 3))), bn(register_module("bn", torch::nn::BatchNorm1d(3))) {}
+    torch::Tensor forward(torch::Tensor x) { return bn(fc(x)); }
+    torch::nn::Linear fc;
+    torch::nn::BatchNorm1d bn;
+  };
+  const int n = 3;
+  std::vector<torch::Tensor> after_ctor(n), after_forward(n);
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    auto net = std::make_shared<NetImpl>();
+    torch::NoGradGuard no_grad;
+    net->bn->running_mean.fill_(comm.rank() + 1.0);
+    gradsync::DistributedDataParallel ddp(comm, net);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    after_ctor[r] = net->bn->running_mean.clone();
+    net->eval();  // eval: forward reads the statistics and leaves them as they are
+    net->bn->running_mean.fill_(10.0 * (comm.rank() + 1));
+    ddp(torch::ones({2, 4}));
+    after_forward[r] = net->bn->running_mean.clone();
+    return snapshot(*net);
+  });
+  for (int r = 0; r < n; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    REQUIRE(got.errors[i] == "");
+    CHECK(torch::equal(after_ctor[i], torch::full({3}, 1.0f)));
+    CHECK(torch::equal(after_forward[i], torch::full({3}, 10.0f)));
+    // And the parameters are rank 0's.
+    CHECK(bitwise_equal(got.params[i], got.params[0]));
+  }
+}
+
+TEST_CASE("DistributedDataParallel: wrong use is a clear error naming the parameter, on every rank") {
+  const int n = 3;
+  SUBCASE("a non-contiguous parameter") {
+    struct NetImpl : torch::nn::Module {
+      NetImpl() { w = register_parameter("w", torch::randn({4, 3}).t()); }
+      torch::Tensor w;
+    };
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::DistributedDataParallel ddp(comm, std::make_shared<NetImpl>());
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) CHECK(e.find("parameter 'w'") != std::string::npos);
+    for (const auto& e : got.errors) CHECK(e.find("not contiguous") != std::string::npos);
+  }
+  SUBCASE("a parameter on another device than the backend's memory") {
+    // Debian's LibTorch has no CUDA; the meta device stands in for "not on the CPU".
+    struct NetImpl : torch::nn::Module {
+      NetImpl() {
+        register_parameter("a", torch::zeros({3}));
+        register_parameter("b", torch::empty({3}, torch::kMeta));
+      }
+    };
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::DistributedDataParallel ddp(comm, std::make_shared<NetImpl>());
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) CHECK(e.find("parameter 'b' cannot be synchronised: it is on meta") != std::string::npos);
+  }
+  SUBCASE("parameters of two dtypes") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      Mlp m;
+      m->fc2->to(torch::kDouble);
+      gradsync::DistributedDataParallel ddp(comm, m);
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) CHECK(e.find("'fc2.weight' is Double") != std::string::npos);
+  }
+  SUBCASE("a parameter that changed shape after construction") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      Mlp m;
+      gradsync::DistributedDataParallel ddp(comm, m);
+      m->fc1->weight.set_data(torch::zeros({21, 12}));
+      ddp(torch::ones({1, 12}));
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) CHECK(e.find("'fc1.weight' changed shape") != std::string::npos);
+  }
+  SUBCASE("ranks that wrap different modules") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      Mlp m(comm.rank() == 2 ? 21 : 20);
+      gradsync::DistributedDataParallel ddp(comm, m);
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) {
+      CAPTURE(e);
+      CHECK(e.find("fc1.weight") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("TorchDistributedSampler: a LibTorch loader visits this rank's share, epoch by epoch, and resumes mid-epoch") {
+  const int n = 3;
+  const std::int64_t length = 23;  // not divisible by n: the last rank's share is padded
+  const auto data = torch::arange(length, torch::kFloat).unsqueeze(1);
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    gradsync::SamplerOptions so;
+    so.seed = 7;
+    auto loader = torch::data::make_data_loader(
+        torch::data::datasets::TensorDataset(data).map(torch::data::transforms::Stack<torch::data::TensorExample>()),
+        gradsync::TorchDistributedSampler(static_cast<std::size_t>(length), n, r, so),
+        torch::data::DataLoaderOptions(4));
+    for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+      std::vector<std::size_t> seen;
+      for (auto& batch : *loader) {
+        for (std::int64_t i = 0; i < batch.data.size(0); ++i) seen.push_back(static_cast<std::size_t>(batch.data[i][0].item<float>()));
+      }
+      gradsync::DistributedSampler expected(static_cast<std::size_t>(length), n, r, so);
+      expected.set_epoch(epoch);
+      CHECK(seen == expected.indices());
+    }
+  }
+  // Save after two batches of epoch 1, load into a fresh sampler: the rest of epoch 1 follows.
+  gradsync::TorchDistributedSampler a(static_cast<std::size_t>(length), n, 1);
+  a.set_epoch(1);
+  auto first = a.next(3).value();
+  auto second = a.next(3).value();
+  torch::serialize::OutputArchive out;
+  a.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  gradsync::TorchDistributedSampler b(static_cast<std::size_t>(length), n, 1);
+  torch::serialize::InputArchive in;
+  std::istringstream is(bytes.str());
+  in.load_from(is);
+  b.load(in);
+  b.reset();  // what the loader does at begin(): it must not start the epoch over
+  std::vector<std::size_t> rest;
+  while (auto batch = b.next(5)) rest.insert(rest.end(), batch->begin(), batch->end());
+  std::vector<std::size_t> all = first;
+  all.insert(all.end(), second.begin(), second.end());
+  all.insert(all.end(), rest.begin(), rest.end());
+  gradsync::DistributedSampler expected(static_cast<std::size_t>(length), n, 1);
+  expected.set_epoch(1);
+  CHECK(b.epoch() == 1);
+  CHECK(all == expected.indices());
+}
+
+TEST_CASE("tensor_span shares a tensor's memory and refuses what it cannot") {
+  auto t = torch::arange(6, torch::kFloat);
+  auto s = gradsync::tensor_span<float>(t, "t");
+  CHECK(s.data() == t.data_ptr<float>());
+  CHECK(s.size() == 6);
+  CHECK(gradsync::data_type_of(torch::kBFloat16) == gradsync::DataType::bfloat16);
+  CHECK(gradsync::data_type_of(torch::kHalf) == gradsync::DataType::float16);
+  CHECK_FALSE(gradsync::data_type_of(torch::kBool).has_value());
+  CHECK_THROWS_WITH_AS(gradsync::tensor_span<double>(t, "t"), doctest::Contains("not the one asked for"),
+                       gradsync::InvalidArgument);
+  CHECK_THROWS_WITH_AS(gradsync::tensor_span<float>(t.view({2, 3}).t(), "u"), doctest::Contains("u as a buffer"),
+                       gradsync::InvalidArgument);
+}
