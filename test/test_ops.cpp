@@ -181,19 +181,10 @@ bool operand_flushed() {
 
 }  // namespace
 
-TEST_CASE("integer Sum wraps modulo 2^bits on every algorithm") {
-  integer_all_reduce_wraps<gs::Sum, std::int32_t>("sum int32");
-  integer_all_reduce_wraps<gs::Sum, std::int64_t>("sum int64");
-}
-
-TEST_CASE("integer Prod wraps modulo 2^bits on every algorithm") {
-  integer_all_reduce_wraps<gs::Prod, std::int32_t>("prod int32");
-  integer_all_reduce_wraps<gs::Prod, std::int64_t>("prod int64");
-}
-
-TEST_CASE("integer Avg is the wrapped sum divided by N, truncated toward zero") {
-  integer_all_reduce_wraps<gs::Avg, std::int32_t>("avg int32");
-  integer_all_reduce_wraps<gs::Avg, std::int64_t>("avg int64");
+// Avg is the wrapped sum divided by N, truncated toward zero.
+TEST_CASE_TEMPLATE("integer Sum, Prod and Avg wrap modulo 2^bits on every algorithm", Op, gs::Sum, gs::Prod, gs::Avg) {
+  integer_all_reduce_wraps<Op, std::int32_t>(std::string(Op::name) + " int32");
+  integer_all_reduce_wraps<Op, std::int64_t>(std::string(Op::name) + " int64");
 }
 
 TEST_CASE("integer ReduceScatter wraps modulo 2^bits on every algorithm") {
