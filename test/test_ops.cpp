@@ -1,6 +1,7 @@
 // Reduction ops on their own: integer Sum, Prod and Avg wrap modulo 2^bits on
 // every algorithm (computed in the unsigned type, so UBSan stays silent), and
 // the per-thread flush-denormals switch.
+#include "support/at_worlds.hpp"
 #include "support/common.hpp"
 #include "support/world.hpp"
 
@@ -82,17 +83,6 @@ void check_equal(std::span<const T> got, std::span<const T> want, const std::str
       return;
     }
   }
-}
-
-/// Runs check(g, n) at the integer tests' world sizes, 3 and 5, with the
-/// generator of `salt` (the seed is printed on failure).
-template <class Check>
-void at_integer_worlds(std::string_view salt, Check check) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for(salt);
-  for (int n : {3, 5})
-    if (test::world_has(n)) check(g, n);
 }
 
 template <class Op, class T>
@@ -182,13 +172,13 @@ bool operand_flushed() {
 
 // Avg is the wrapped sum divided by N, truncated toward zero.
 TEST_CASE_TEMPLATE("integer Sum, Prod and Avg wrap modulo 2^bits on every algorithm", Op, gs::Sum, gs::Prod, gs::Avg) {
-  at_integer_worlds(std::string(Op::name) + " int32", integer_all_reduce_wraps<Op, std::int32_t>);
-  at_integer_worlds(std::string(Op::name) + " int64", integer_all_reduce_wraps<Op, std::int64_t>);
+  at_worlds(std::string(Op::name) + " int32", {3, 5}, integer_all_reduce_wraps<Op, std::int32_t>);
+  at_worlds(std::string(Op::name) + " int64", {3, 5}, integer_all_reduce_wraps<Op, std::int64_t>);
 }
 
 TEST_CASE("integer ReduceScatter wraps modulo 2^bits on every algorithm") {
-  at_integer_worlds("rs sum int32", integer_reduce_scatter_wraps<gs::Sum, std::int32_t>);
-  at_integer_worlds("rs prod int64", integer_reduce_scatter_wraps<gs::Prod, std::int64_t>);
+  at_worlds("rs sum int32", {3, 5}, integer_reduce_scatter_wraps<gs::Sum, std::int32_t>);
+  at_worlds("rs prod int64", {3, 5}, integer_reduce_scatter_wraps<gs::Prod, std::int64_t>);
 }
 
 TEST_CASE("set_flush_denormals flushes subnormal results and operands on this thread only") {
