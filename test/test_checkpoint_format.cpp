@@ -145,6 +145,26 @@ void write_streamed(const fs::path& p, Model& m, std::mt19937_64& rng) {
   w.commit();
 }
 
+/// The file the corruption tests damage, in a directory of its own:
+/// "alpha" (F32[3], data bytes 0..11) and "beta" (I16[5]) of random values,
+/// saved as good.safetensors.
+struct TwoTensors {
+  TempDir dir;
+  Model model;
+  std::vector<std::byte> bytes;
+  /// Offset of the first data byte in the file.
+  std::size_t data_start = 0;
+
+  explicit TwoTensors(std::mt19937_64& rng) {
+    model.specs = {{"alpha", ck::TensorDtype::F32, {3}}, {"beta", ck::TensorDtype::I16, {5}}};
+    model.data = {random_bytes(rng, 12), random_bytes(rng, 10)};
+    const auto good = dir.path / "good.safetensors";
+    ck::save_safetensors(good, model.contents());
+    bytes = file_bytes(good);
+    data_start = ck::SafetensorsReader(good).tensor("alpha").offset;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("CRC-32 is zlib's, whatever the split") {
@@ -262,29 +282,21 @@ TEST_CASE("writer misuse is refused and publishes nothing") {
 TEST_CASE("a truncated file fails to open at every length, naming the file") {
   INFO("seed " << test_seed());
   std::mt19937_64 rng(test_seed());
-  TempDir dir;
-  Model m;
-  m.specs = {{"alpha", ck::TensorDtype::F32, {3}}, {"beta", ck::TensorDtype::I16, {5}}};
-  m.data = {random_bytes(rng, 12), random_bytes(rng, 10)};
-  const auto good = dir.path / "good.safetensors";
-  ck::save_safetensors(good, m.contents());
-  const auto bytes = file_bytes(good);
-  ck::SafetensorsReader r(good);
-  const auto data_start = r.tensor("alpha").offset;
-  const auto path = dir.path / "cut.safetensors";
-  for (std::size_t len = 0; len < bytes.size(); ++len) {
-    INFO("truncated to " << len << " of " << bytes.size() << " bytes");
-    put_bytes(path, std::span(bytes).first(len));
+  const TwoTensors two(rng);
+  const auto path = two.dir.path / "cut.safetensors";
+  for (std::size_t len = 0; len < two.bytes.size(); ++len) {
+    INFO("truncated to " << len << " of " << two.bytes.size() << " bytes");
+    put_bytes(path, std::span(two.bytes).first(len));
     auto msg = message_of<gradsync::Error>([&] { ck::SafetensorsReader{path}; });
     CHECK(contains(msg, path.string()));
-    if (len >= data_start) {
+    if (len >= two.data_start) {
       // Data truncation names the first tensor the file cannot hold.
-      CHECK(contains(msg, len < data_start + 12 ? "'alpha'" : "'beta'"));
+      CHECK(contains(msg, len < two.data_start + 12 ? "'alpha'" : "'beta'"));
       CHECK(contains(msg, "truncated"));
     }
   }
   // Extra bytes after the data are refused too.
-  auto longer = bytes;
+  auto longer = two.bytes;
   longer.push_back(std::byte{0});
   put_bytes(path, longer);
   CHECK(contains(message_of<gradsync::Error>([&] { ck::SafetensorsReader{path}; }), "after the last tensor"));
@@ -293,21 +305,14 @@ TEST_CASE("a truncated file fails to open at every length, naming the file") {
 TEST_CASE("a corrupted byte is caught: data by checksum naming the tensor, header never loads wrong data") {
   INFO("seed " << test_seed());
   std::mt19937_64 rng(test_seed());
-  TempDir dir;
-  Model m;
-  m.specs = {{"alpha", ck::TensorDtype::F32, {3}}, {"beta", ck::TensorDtype::I16, {5}}};
-  m.data = {random_bytes(rng, 12), random_bytes(rng, 10)};
-  const auto good = dir.path / "good.safetensors";
-  ck::save_safetensors(good, m.contents());
-  const auto bytes = file_bytes(good);
-  const auto data_start = ck::SafetensorsReader(good).tensor("alpha").offset;
-  const auto path = dir.path / "bad.safetensors";
-  for (std::size_t at = 0; at < bytes.size(); ++at) {
-    INFO("byte " << at << " of " << bytes.size() << " flipped");
-    auto bad = bytes;
+  const TwoTensors two(rng);
+  const auto path = two.dir.path / "bad.safetensors";
+  for (std::size_t at = 0; at < two.bytes.size(); ++at) {
+    INFO("byte " << at << " of " << two.bytes.size() << " flipped");
+    auto bad = two.bytes;
     bad[at] ^= std::byte{static_cast<unsigned char>(1u << (rng() % 8))};
     put_bytes(path, bad);
-    Model back = m;
+    Model back = two.model;
     for (auto& d : back.data) std::fill(d.begin(), d.end(), std::byte{0x5A});
     auto back_slots = back.slots();
     bool threw = false;
@@ -317,9 +322,9 @@ TEST_CASE("a corrupted byte is caught: data by checksum naming the tensor, heade
       threw = true;
       std::string msg = e.what();
       CHECK(contains(msg, path.string()));
-      if (at >= data_start) {
+      if (at >= two.data_start) {
         CHECK(contains(msg, "corrupted"));
-        CHECK(contains(msg, at < data_start + 12 ? "'alpha'" : "'beta'"));
+        CHECK(contains(msg, at < two.data_start + 12 ? "'alpha'" : "'beta'"));
       }
     }
     if (threw) {
@@ -327,8 +332,8 @@ TEST_CASE("a corrupted byte is caught: data by checksum naming the tensor, heade
       for (const auto& d : back.data) CHECK(std::all_of(d.begin(), d.end(), [](std::byte b) { return b == std::byte{0x5A}; }));
     } else {
       // Only a byte the loader does not depend on (padding, a metadata value) may change.
-      CHECK(at < data_start);
-      CHECK(back.data == m.data);
+      CHECK(at < two.data_start);
+      CHECK(back.data == two.model.data);
     }
   }
 }

@@ -10,6 +10,7 @@
 // checks are run-time typed and compiled once (support/values.cpp). That
 // keeps this file's instantiations to one body per algorithm, and so its
 // compile time (CI compiles it five times) small.
+#include "support/at_worlds.hpp"
 #include "support/common.hpp"
 #include "support/values.hpp"
 #include "support/world.hpp"
@@ -115,6 +116,16 @@ std::vector<Spec> world_specs(int n, std::span<const gs::OpKind> ops, const std:
 // op are run-time values, made types (gs::visit) just at the typed call, and
 // the checks are compiled once (support/values.cpp).
 
+/// Runs every spec's calls in one world: on each rank r, for each spec j in
+/// order, call(comm, r, j, T{}) with the spec's element type as T.
+template <class Call>
+void run_specs(int n, const std::vector<Spec>& specs, Call call) {
+  test::run_world(n, [&](auto& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    for (std::size_t j = 0; j < specs.size(); ++j) gs::visit(specs[j].type, [&](auto t) { call(comm, r, j, t); });
+  });
+}
+
 /// AllReduce out of place and in place on every count of every spec.
 template <class Algo>
 void all_reduce_world(std::mt19937_64& g, int n, const std::vector<Spec>& specs) {
@@ -129,19 +140,14 @@ void all_reduce_world(std::mt19937_64& g, int n, const std::vector<Spec>& specs)
   }
   if (!test::world_has(n)) return;
   const auto original = in;
-  test::run_world(n, [&](auto& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    for (std::size_t j = 0; j < specs.size(); ++j) {
-      const gs::AllReduce<Algo> all_reduce{specs[j].opt};
-      gs::visit(specs[j].type, [&]<class T>(T) {
-        gs::visit(specs[j].op, [&](auto o) {
-          for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
-            all_reduce(comm, std::as_const(in[j][c][r]).template as<T>(), oop[j][c][r].template as<T>(), o);
-            all_reduce(comm, ip[j][c][r].template as<T>(), o);
-          }
-        });
-      });
-    }
+  run_specs(n, specs, [&]<class T>(auto& comm, std::size_t r, std::size_t j, T) {
+    const gs::AllReduce<Algo> all_reduce{specs[j].opt};
+    gs::visit(specs[j].op, [&](auto o) {
+      for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
+        all_reduce(comm, std::as_const(in[j][c][r]).template as<T>(), oop[j][c][r].template as<T>(), o);
+        all_reduce(comm, ip[j][c][r].template as<T>(), o);
+      }
+    });
   });
   for (std::size_t j = 0; j < specs.size(); ++j) {
     for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
@@ -172,18 +178,13 @@ void reduce_scatter_world(std::mt19937_64& g, int n, const std::vector<Spec>& sp
     }
   }
   if (!test::world_has(n)) return;
-  test::run_world(n, [&](auto& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    for (std::size_t j = 0; j < specs.size(); ++j) {
-      const gs::ReduceScatter<Algo> reduce_scatter{specs[j].opt};
-      gs::visit(specs[j].type, [&]<class T>(T) {
-        gs::visit(specs[j].op, [&](auto o) {
-          for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
-            reduce_scatter(comm, std::as_const(in[j][c][r]).template as<T>(), out[j][c][r].template as<T>(), o);
-          }
-        });
-      });
-    }
+  run_specs(n, specs, [&]<class T>(auto& comm, std::size_t r, std::size_t j, T) {
+    const gs::ReduceScatter<Algo> reduce_scatter{specs[j].opt};
+    gs::visit(specs[j].op, [&](auto o) {
+      for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
+        reduce_scatter(comm, std::as_const(in[j][c][r]).template as<T>(), out[j][c][r].template as<T>(), o);
+      }
+    });
   });
   for (std::size_t j = 0; j < specs.size(); ++j) {
     for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
@@ -211,18 +212,13 @@ void all_gather_world(std::mt19937_64& g, int n, const std::vector<Spec>& specs)
     }
   }
   if (!test::world_has(n)) return;
-  test::run_world(n, [&](auto& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    for (std::size_t j = 0; j < specs.size(); ++j) {
-      const gs::AllGather<Algo> all_gather{specs[j].opt};
-      gs::visit(specs[j].type, [&]<class T>(T) {
-        for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
-          const std::size_t m = specs[j].counts[c];
-          all_gather(comm, std::as_const(in[j][c][r]).template as<T>(), oop[j][c][r].template as<T>());
-          std::span<T> y = ip[j][c][r].template as<T>();
-          all_gather(comm, std::span<const T>(y.subspan(r * m, m)), y);
-        }
-      });
+  run_specs(n, specs, [&]<class T>(auto& comm, std::size_t r, std::size_t j, T) {
+    const gs::AllGather<Algo> all_gather{specs[j].opt};
+    for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
+      const std::size_t m = specs[j].counts[c];
+      all_gather(comm, std::as_const(in[j][c][r]).template as<T>(), oop[j][c][r].template as<T>());
+      std::span<T> y = ip[j][c][r].template as<T>();
+      all_gather(comm, std::span<const T>(y.subspan(r * m, m)), y);
     }
   });
   for (std::size_t j = 0; j < specs.size(); ++j) {
@@ -253,16 +249,11 @@ void broadcast_world(std::mt19937_64& g, int n, const std::vector<Spec>& specs) 
   }
   if (!test::world_has(n)) return;
   const auto original = buf;
-  test::run_world(n, [&](auto& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    for (std::size_t j = 0; j < specs.size(); ++j) {
-      const gs::Broadcast<Algo> broadcast{specs[j].opt};
-      gs::visit(specs[j].type, [&]<class T>(T) {
-        for (std::size_t c = 0; c < specs[j].counts.size(); ++c)
-          for (int root = 0; root < n; ++root)
-            broadcast(comm, buf[j][c][static_cast<std::size_t>(root)][r].template as<T>(), root);
-      });
-    }
+  run_specs(n, specs, [&]<class T>(auto& comm, std::size_t r, std::size_t j, T) {
+    const gs::Broadcast<Algo> broadcast{specs[j].opt};
+    for (std::size_t c = 0; c < specs[j].counts.size(); ++c)
+      for (int root = 0; root < n; ++root)
+        broadcast(comm, buf[j][c][static_cast<std::size_t>(root)][r].template as<T>(), root);
   });
   for (std::size_t j = 0; j < specs.size(); ++j) {
     for (std::size_t c = 0; c < specs[j].counts.size(); ++c) {
@@ -287,13 +278,10 @@ void broadcast_world(std::mt19937_64& g, int n, const std::vector<Spec>& specs) 
 #if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 1
 TEST_CASE_TEMPLATE("AllReduce matches the reference for every op, type, world size 1..9 and count", Algo,
                    GRADSYNC_ALGORITHMS) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for("all_reduce/" + std::string(Algo::name));
-  for (int n = 1; n <= 9; ++n) {
+  at_worlds("all_reduce/" + std::string(Algo::name), {1, 2, 3, 4, 5, 6, 7, 8, 9}, [](std::mt19937_64& g, int n) {
     const std::vector<std::size_t> det_counts{static_cast<std::size_t>(n - 1), static_cast<std::size_t>(n + 1), 101};
     all_reduce_world<Algo>(g, n, world_specs(n, all_ops, det_counts, {.deterministic = true, .chunk_bytes = 64}));
-  }
+  });
 }
 
 #endif
@@ -301,40 +289,32 @@ TEST_CASE_TEMPLATE("AllReduce matches the reference for every op, type, world si
 #if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 2
 TEST_CASE_TEMPLATE("ReduceScatter matches the reference for every op, type, world size 1..9 and count", Algo,
                    GRADSYNC_ALGORITHMS) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for("reduce_scatter/" + std::string(Algo::name));
-  for (int n = 1; n <= 9; ++n) {
+  at_worlds("reduce_scatter/" + std::string(Algo::name), {1, 2, 3, 4, 5, 6, 7, 8, 9}, [](std::mt19937_64& g, int n) {
     reduce_scatter_world<Algo>(g, n, world_specs(n, all_ops, {1, 13}, {.deterministic = true}));
-  }
+  });
 }
 
 TEST_CASE_TEMPLATE("AllGather out of place and in place for every type, world size 1..9 and count", Algo,
                    GRADSYNC_ALGORITHMS) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for("all_gather/" + std::string(Algo::name));
-  for (int n = 1; n <= 9; ++n) all_gather_world<Algo>(g, n, world_specs(n, no_op, {}, {}));
+  at_worlds("all_gather/" + std::string(Algo::name), {1, 2, 3, 4, 5, 6, 7, 8, 9}, [](std::mt19937_64& g, int n) {
+    all_gather_world<Algo>(g, n, world_specs(n, no_op, {}, {}));
+  });
 }
 
 TEST_CASE_TEMPLATE("Broadcast from every root for every type, world size 1..9 and count", Algo, GRADSYNC_ALGORITHMS) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for("broadcast/" + std::string(Algo::name));
-  for (int n = 1; n <= 9; ++n) broadcast_world<Algo>(g, n, world_specs(n, no_op, {}, {}));
+  at_worlds("broadcast/" + std::string(Algo::name), {1, 2, 3, 4, 5, 6, 7, 8, 9}, [](std::mt19937_64& g, int n) {
+    broadcast_world<Algo>(g, n, world_specs(n, no_op, {}, {}));
+  });
 }
 
 #endif
 
 #if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 1
 TEST_CASE_TEMPLATE("AllReduce of a million floats at N = 3 and 4", Algo, GRADSYNC_ALGORITHMS) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for("all_reduce_large/" + std::string(Algo::name));
   // A prime count: no world size divides it.
-  for (int n : {3, 4}) {
+  at_worlds("all_reduce_large/" + std::string(Algo::name), {3, 4}, [](std::mt19937_64& g, int n) {
     all_reduce_world<Algo>(g, n, {{gs::DataType::float32, gs::OpKind::sum, {1'000'003}, {}}});
-  }
+  });
 }
 
 // RHD's all-reduce runs recursive doubling on whole buffers below the size

@@ -4,6 +4,7 @@
 // run. The data spans twelve decades, so any other order changes the bits.
 // Built with GRADSYNC_TEST_MPI it runs under mpirun on the Mpi backend, which
 // is how the Mpi results are shown bitwise equal to the Threads ones.
+#include "support/at_worlds.hpp"
 #include "support/common.hpp"
 #include "support/values.hpp"
 #include "support/world.hpp"
@@ -102,11 +103,8 @@ std::vector<std::vector<Values>> reduce_scatter_results(int n, gs::OpKind op, co
 }
 
 void all_reduce_is_the_fold(gs::OpKind op, gs::DataType type) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for("all_reduce/" + std::string(gs::detail::name(op)) + "/" + std::string(gs::name(type)));
-  for (int n : {2, 3, 4, 5, 6, 7, 8}) {
-    if (!test::world_has(n)) continue;
+  const std::string salt = "all_reduce/" + std::string(gs::detail::name(op)) + "/" + std::string(gs::name(type));
+  at_worlds(salt, {2, 3, 4, 5, 6, 7, 8}, [&](std::mt19937_64& g, int n) {
     std::vector<std::vector<Values>> in;
     std::vector<Values> want;
     for (std::size_t count : counts_for(n)) {
@@ -131,15 +129,12 @@ void all_reduce_is_the_fold(gs::OpKind op, gs::DataType type) {
         }
       });
     }
-  }
+  });
 }
 
 void reduce_scatter_is_the_fold(gs::OpKind op, gs::DataType type) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for("reduce_scatter/" + std::string(gs::detail::name(op)) + "/" + std::string(gs::name(type)));
-  for (int n : {2, 3, 4, 5, 6, 7, 8}) {
-    if (!test::world_has(n)) continue;
+  const std::string salt = "reduce_scatter/" + std::string(gs::detail::name(op)) + "/" + std::string(gs::name(type));
+  at_worlds(salt, {2, 3, 4, 5, 6, 7, 8}, [&](std::mt19937_64& g, int n) {
     const auto world = static_cast<std::size_t>(n);
     const std::vector<std::size_t> blocks{0, 1, 2, 7, 13, 101};
     std::vector<std::vector<Values>> in;
@@ -162,7 +157,7 @@ void reduce_scatter_is_the_fold(gs::OpKind op, gs::DataType type) {
         }
       }
     });
-  }
+  });
 }
 
 }  // namespace

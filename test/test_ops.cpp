@@ -1,6 +1,7 @@
 // Reduction ops on their own: integer Sum, Prod and Avg wrap modulo 2^bits on
 // every algorithm (computed in the unsigned type, so UBSan stays silent), and
 // the per-thread flush-denormals switch.
+#include "support/at_worlds.hpp"
 #include "support/common.hpp"
 #include "support/world.hpp"
 
@@ -85,80 +86,68 @@ void check_equal(std::span<const T> got, std::span<const T> want, const std::str
 }
 
 template <class Op, class T>
-void integer_all_reduce_wraps(std::string_view salt) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for(salt);
-  for (int n : {3, 5}) {
-    if (!test::world_has(n)) continue;
-    const auto world = static_cast<std::size_t>(n);
-    // Below a SIMD block, its tail, not divisible by N, and long enough to pipeline.
-    std::vector<std::vector<std::vector<T>>> in;
-    std::vector<std::vector<T>> want;
-    for (std::size_t count : {std::size_t{1}, std::size_t{7}, world * 12, std::size_t{1031}, std::size_t{20011}}) {
-      in.emplace_back(world, std::vector<T>(count));
-      for (auto& v : in.back())
-        for (auto& x : v) x = draw<T>(g);
-      want.emplace_back(count);
-      for (std::size_t i = 0; i < count; ++i) want.back()[i] = reference<Op>(in.back(), i);
-    }
-    const std::vector<gs::Options> options{{}, {.chunk_bytes = 64}, {.deterministic = true}};
-    for_each_type(Algorithms{}, [&](auto algo) {
-      using Algo = typename decltype(algo)::type;
-      for (std::size_t o = 0; o < options.size(); ++o) {
-        INFO("AllReduce<" << Algo::name << "> " << Op::name << " " << type_name<T>() << " N = " << n << ", options "
-                          << o);
-        std::vector<std::vector<std::vector<T>>> oop(in.size(), std::vector<std::vector<T>>(world));
-        auto ip = in;
-        for (std::size_t c = 0; c < in.size(); ++c)
-          for (auto& v : oop[c]) v.assign(in[c][0].size(), T{});
-        test::run_world(n, [&](auto& comm) {
-          const auto r = static_cast<std::size_t>(comm.rank());
-          const gs::AllReduce<Algo> all_reduce{options[o]};
-          for (std::size_t c = 0; c < in.size(); ++c) {
-            all_reduce(comm, std::span<const T>(in[c][r]), std::span<T>(oop[c][r]), Op{});
-            all_reduce(comm, std::span<T>(ip[c][r]), Op{});
-          }
-        });
+void integer_all_reduce_wraps(std::mt19937_64& g, int n) {
+  const auto world = static_cast<std::size_t>(n);
+  // Below a SIMD block, its tail, not divisible by N, and long enough to pipeline.
+  std::vector<std::vector<std::vector<T>>> in;
+  std::vector<std::vector<T>> want;
+  for (std::size_t count : {std::size_t{1}, std::size_t{7}, world * 12, std::size_t{1031}, std::size_t{20011}}) {
+    in.emplace_back(world, std::vector<T>(count));
+    for (auto& v : in.back())
+      for (auto& x : v) x = draw<T>(g);
+    want.emplace_back(count);
+    for (std::size_t i = 0; i < count; ++i) want.back()[i] = reference<Op>(in.back(), i);
+  }
+  const std::vector<gs::Options> options{{}, {.chunk_bytes = 64}, {.deterministic = true}};
+  for_each_type(Algorithms{}, [&](auto algo) {
+    using Algo = typename decltype(algo)::type;
+    for (std::size_t o = 0; o < options.size(); ++o) {
+      INFO("AllReduce<" << Algo::name << "> " << Op::name << " " << type_name<T>() << " N = " << n << ", options "
+                        << o);
+      std::vector<std::vector<std::vector<T>>> oop(in.size(), std::vector<std::vector<T>>(world));
+      auto ip = in;
+      for (std::size_t c = 0; c < in.size(); ++c)
+        for (auto& v : oop[c]) v.assign(in[c][0].size(), T{});
+      test::run_world(n, [&](auto& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        const gs::AllReduce<Algo> all_reduce{options[o]};
         for (std::size_t c = 0; c < in.size(); ++c) {
-          for (std::size_t r : test::local_ranks(n)) {
-            const std::string where = "count " + std::to_string(want[c].size()) + ", rank " + std::to_string(r);
-            check_equal<T>(oop[c][r], want[c], "out of place, " + where);
-            check_equal<T>(ip[c][r], want[c], "in place, " + where);
-          }
+          all_reduce(comm, std::span<const T>(in[c][r]), std::span<T>(oop[c][r]), Op{});
+          all_reduce(comm, std::span<T>(ip[c][r]), Op{});
+        }
+      });
+      for (std::size_t c = 0; c < in.size(); ++c) {
+        for (std::size_t r : test::local_ranks(n)) {
+          const std::string where = "count " + std::to_string(want[c].size()) + ", rank " + std::to_string(r);
+          check_equal<T>(oop[c][r], want[c], "out of place, " + where);
+          check_equal<T>(ip[c][r], want[c], "in place, " + where);
         }
       }
-    });
-  }
+    }
+  });
 }
 
 template <class Op, class T>
-void integer_reduce_scatter_wraps(std::string_view salt) {
-  const std::uint64_t seed = test_seed();
-  CAPTURE(seed);
-  auto g = rng_for(salt);
-  for (int n : {3, 5}) {
-    if (!test::world_has(n)) continue;
-    const auto world = static_cast<std::size_t>(n);
-    const std::size_t m = 1031;
-    std::vector<std::vector<T>> in(world, std::vector<T>(m * world));
-    for (auto& v : in)
-      for (auto& x : v) x = draw<T>(g);
-    std::vector<T> want(m * world);
-    for (std::size_t i = 0; i < want.size(); ++i) want[i] = reference<Op>(in, i);
-    for_each_type(Algorithms{}, [&](auto algo) {
-      using Algo = typename decltype(algo)::type;
-      INFO("ReduceScatter<" << Algo::name << "> " << Op::name << " " << type_name<T>() << " N = " << n);
-      std::vector<std::vector<T>> out(world, std::vector<T>(m));
-      test::run_world(n, [&](auto& comm) {
-        const auto r = static_cast<std::size_t>(comm.rank());
-        gs::ReduceScatter<Algo>{}(comm, std::span<const T>(in[r]), std::span<T>(out[r]), Op{});
-      });
-      for (std::size_t r : test::local_ranks(n)) {
-        check_equal<T>(out[r], std::span<const T>(want).subspan(r * m, m), "rank " + std::to_string(r));
-      }
+void integer_reduce_scatter_wraps(std::mt19937_64& g, int n) {
+  const auto world = static_cast<std::size_t>(n);
+  const std::size_t m = 1031;
+  std::vector<std::vector<T>> in(world, std::vector<T>(m * world));
+  for (auto& v : in)
+    for (auto& x : v) x = draw<T>(g);
+  std::vector<T> want(m * world);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = reference<Op>(in, i);
+  for_each_type(Algorithms{}, [&](auto algo) {
+    using Algo = typename decltype(algo)::type;
+    INFO("ReduceScatter<" << Algo::name << "> " << Op::name << " " << type_name<T>() << " N = " << n);
+    std::vector<std::vector<T>> out(world, std::vector<T>(m));
+    test::run_world(n, [&](auto& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      gs::ReduceScatter<Algo>{}(comm, std::span<const T>(in[r]), std::span<T>(out[r]), Op{});
     });
-  }
+    for (std::size_t r : test::local_ranks(n)) {
+      check_equal<T>(out[r], std::span<const T>(want).subspan(r * m, m), "rank " + std::to_string(r));
+    }
+  });
 }
 
 /// Whether 1e-20f * 1e-20f (1e-40, subnormal in float) came out as zero on
@@ -181,24 +170,15 @@ bool operand_flushed() {
 
 }  // namespace
 
-TEST_CASE("integer Sum wraps modulo 2^bits on every algorithm") {
-  integer_all_reduce_wraps<gs::Sum, std::int32_t>("sum int32");
-  integer_all_reduce_wraps<gs::Sum, std::int64_t>("sum int64");
-}
-
-TEST_CASE("integer Prod wraps modulo 2^bits on every algorithm") {
-  integer_all_reduce_wraps<gs::Prod, std::int32_t>("prod int32");
-  integer_all_reduce_wraps<gs::Prod, std::int64_t>("prod int64");
-}
-
-TEST_CASE("integer Avg is the wrapped sum divided by N, truncated toward zero") {
-  integer_all_reduce_wraps<gs::Avg, std::int32_t>("avg int32");
-  integer_all_reduce_wraps<gs::Avg, std::int64_t>("avg int64");
+// Avg is the wrapped sum divided by N, truncated toward zero.
+TEST_CASE_TEMPLATE("integer Sum, Prod and Avg wrap modulo 2^bits on every algorithm", Op, gs::Sum, gs::Prod, gs::Avg) {
+  at_worlds(std::string(Op::name) + " int32", {3, 5}, integer_all_reduce_wraps<Op, std::int32_t>);
+  at_worlds(std::string(Op::name) + " int64", {3, 5}, integer_all_reduce_wraps<Op, std::int64_t>);
 }
 
 TEST_CASE("integer ReduceScatter wraps modulo 2^bits on every algorithm") {
-  integer_reduce_scatter_wraps<gs::Sum, std::int32_t>("rs sum int32");
-  integer_reduce_scatter_wraps<gs::Prod, std::int64_t>("rs prod int64");
+  at_worlds("rs sum int32", {3, 5}, integer_reduce_scatter_wraps<gs::Sum, std::int32_t>);
+  at_worlds("rs prod int64", {3, 5}, integer_reduce_scatter_wraps<gs::Prod, std::int64_t>);
 }
 
 TEST_CASE("set_flush_denormals flushes subnormal results and operands on this thread only") {

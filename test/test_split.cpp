@@ -217,31 +217,53 @@ TEST_CASE("a color below zero other than no_color throws InvalidArgument before 
   }
 }
 
+/// How each rank's body of a failure test ended, and when.
+struct Outcomes {
+  /// The body's own result, the expected exception's message, or "threw: "
+  /// and any other exception's.
+  std::vector<std::string> text;
+  std::vector<double> seconds;
+};
+
+/// Runs `body(comm)` (returning a string) on n ranks with a 30 s deadline and
+/// records how each ended; Expected is the exception the test waits for.
+template <class Expected, class Body>
+Outcomes outcomes(int n, Body body) {
+  Outcomes o{std::vector<std::string>(static_cast<std::size_t>(n)), std::vector<double>(static_cast<std::size_t>(n))};
+  test::run_world(n, [&](Comm& comm) {
+    comm.set_timeout(std::chrono::seconds(30));
+    const auto r = static_cast<std::size_t>(comm.rank());
+    const auto t0 = Clock::now();
+    try {
+      o.text[r] = body(comm);
+    } catch (const Expected& e) {
+      o.text[r] = e.what();
+    } catch (const std::exception& e) {
+      o.text[r] = std::string("threw: ") + e.what();
+    }
+    o.seconds[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+  });
+  return o;
+}
+
 TEST_CASE("a rank that calls something else instead of split: every rank names both calls") {
   for (int n : {3, 4}) {
     if (!test::world_has(n)) continue;
     CAPTURE(n);
-    std::vector<std::string> messages(static_cast<std::size_t>(n));
-    test::run_world(n, [&](Comm& comm) {
-      comm.set_timeout(std::chrono::seconds(20));
-      std::string& mine = messages[static_cast<std::size_t>(comm.rank())];
-      try {
-        if (comm.rank() == 1) {
-          std::vector<float> x(4, 1.0f);
-          gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
-        } else {
-          (void)comm.split(0, 0);
-        }
-        mine = "no error";
-      } catch (const gs::InvalidArgument& e) {
-        mine = e.what();
-      } catch (const std::exception& e) {
-        mine = std::string("not InvalidArgument: ") + e.what();
+    const Outcomes o = outcomes<gs::InvalidArgument>(n, [](Comm& comm) {
+      if (comm.rank() == 1) {
+        std::vector<float> x(4, 1.0f);
+        gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x));
+      } else {
+        (void)comm.split(0, 0);
       }
+      return std::string("no error");
     });
     for (std::size_t r : test::local_ranks(n)) {
-      CHECK_MESSAGE(contains(messages[r], "Split #1"), "rank " << r << ": " << messages[r]);
-      CHECK_MESSAGE(contains(messages[r], "AllReduce #1"), "rank " << r << ": " << messages[r]);
+      CAPTURE(r);
+      CHECK_MESSAGE(contains(o.text[r], "Split #1"), o.text[r]);
+      CHECK_MESSAGE(contains(o.text[r], "AllReduce #1"), o.text[r]);
+      CHECK_MESSAGE(!contains(o.text[r], "threw: "), o.text[r]);
     }
   }
 }
@@ -250,29 +272,19 @@ TEST_CASE("a rank that skips split is named by the others, at once") {
   for (int n : {3, 4}) {
     if (!test::world_has(n)) continue;
     CAPTURE(n);
-    std::vector<std::string> messages(static_cast<std::size_t>(n));
-    std::vector<double> took(static_cast<std::size_t>(n));
-    test::run_world(n, [&](Comm& comm) {
-      comm.set_timeout(std::chrono::seconds(30));
+    const Outcomes o = outcomes<gs::Aborted>(n, [n](Comm& comm) {
       // The last rank leaves: its communicator is destroyed as it returns.
-      if (comm.rank() == n - 1) return;
-      std::string& mine = messages[static_cast<std::size_t>(comm.rank())];
-      const auto t0 = Clock::now();
-      try {
-        (void)comm.split(comm.rank() % 2, 0);
-        mine = "no error";
-      } catch (const gs::Aborted& e) {
-        mine = e.what();
-      } catch (const std::exception& e) {
-        mine = std::string("not Aborted: ") + e.what();
-      }
-      took[static_cast<std::size_t>(comm.rank())] = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (comm.rank() == n - 1) return std::string("left");
+      (void)comm.split(comm.rank() % 2, 0);
+      return std::string("no error");
     });
     for (std::size_t r : test::local_ranks(n)) {
       if (static_cast<int>(r) == n - 1) continue;
-      CHECK_MESSAGE(contains(messages[r], "rank " + std::to_string(n - 1)), "rank " << r << ": " << messages[r]);
-      CHECK_MESSAGE(contains(messages[r], "Split"), "rank " << r << ": " << messages[r]);
-      CHECK_MESSAGE(took[r] < 10.0, "rank " << r << " took " << took[r] << " s");
+      CAPTURE(r);
+      CHECK_MESSAGE(contains(o.text[r], "rank " + std::to_string(n - 1)), o.text[r]);
+      CHECK_MESSAGE(contains(o.text[r], "Split"), o.text[r]);
+      CHECK_MESSAGE(!contains(o.text[r], "threw: "), o.text[r]);
+      CHECK_MESSAGE(o.seconds[r] < 10.0, "took " << o.seconds[r] << " s");
     }
   }
 }
@@ -281,37 +293,25 @@ TEST_CASE("a member that throws makes its sub-communicator's peers fail fast; th
   for (int n : {3, 4}) {
     if (!test::world_has(n)) continue;
     CAPTURE(n);
-    std::vector<std::string> messages(static_cast<std::size_t>(n));
-    std::vector<double> took(static_cast<std::size_t>(n));
-    test::run_world(n, [&](Comm& comm) {
-      comm.set_timeout(std::chrono::seconds(30));
+    const Outcomes o = outcomes<gs::Aborted>(n, [](Comm& comm) {
       const int r = comm.rank();
-      std::string& mine = messages[static_cast<std::size_t>(r)];
-      const auto t0 = Clock::now();
-      try {
-        std::optional<Comm> half = comm.split(r % 2, 0);
-        std::vector<double> x(1000, 1.0);
-        gs::AllReduce<gs::Ring>{}(*half, std::span<double>(x));
-        // Rank 2 fails between two calls of its group {0, 2}.
-        if (r == 2) throw std::runtime_error("rank 2's own failure");
-        gs::AllReduce<gs::Tree>{}(*half, std::span<double>(x));
-        mine = x[0] == half->size() * half->size() ? "ok" : "wrong sum";
-      } catch (const gs::Aborted& e) {
-        mine = e.what();
-      } catch (const std::exception& e) {
-        mine = std::string("threw: ") + e.what();
-      }
-      took[static_cast<std::size_t>(r)] = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::optional<Comm> half = comm.split(r % 2, 0);
+      std::vector<double> x(1000, 1.0);
+      gs::AllReduce<gs::Ring>{}(*half, std::span<double>(x));
+      // Rank 2 fails between two calls of its group {0, 2}.
+      if (r == 2) throw std::runtime_error("rank 2's own failure");
+      gs::AllReduce<gs::Tree>{}(*half, std::span<double>(x));
+      return std::string(x[0] == half->size() * half->size() ? "ok" : "wrong sum");
     });
     for (std::size_t r : test::local_ranks(n)) {
       CAPTURE(r);
       if (r == 2) {
-        CHECK(messages[r] == "threw: rank 2's own failure");
+        CHECK(o.text[r] == "threw: rank 2's own failure");
       } else if (r % 2 == 0) {
-        CHECK_MESSAGE(contains(messages[r], "rank 1"), messages[r]);  // rank 2 is rank 1 of the group
-        CHECK_MESSAGE(took[r] < 10.0, "took " << took[r] << " s");
+        CHECK_MESSAGE(contains(o.text[r], "rank 1"), o.text[r]);  // rank 2 is rank 1 of the group
+        CHECK_MESSAGE(o.seconds[r] < 10.0, "took " << o.seconds[r] << " s");
       } else {
-        CHECK(messages[r] == "ok");
+        CHECK(o.text[r] == "ok");
       }
     }
   }

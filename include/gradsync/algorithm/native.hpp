@@ -63,10 +63,7 @@ struct Algorithm<Native> {
                              const Options& opt) {
     require<B>();
     if (opt.deterministic && !rank_ordered<B>()) {
-      const std::size_t m = out.size();
-      return ordered_reduce_scatter(comm, in, out, op, [m](int q) {
-        return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)};
-      });
+      return ordered_reduce_scatter(comm, in, out, op, EqualBlocks{out.size()});
     }
     visit(out.type(), [&]<class T>(T) {
       comm.endpoint().native_reduce_scatter(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), comm.call(),

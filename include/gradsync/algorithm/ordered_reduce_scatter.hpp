@@ -12,6 +12,7 @@
 #include "gradsync/core/buffer.hpp"
 #include "gradsync/core/call_view.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/options.hpp"
 #include "gradsync/core/partition.hpp"
 
 namespace gradsync::detail {
@@ -52,6 +53,15 @@ void ordered_reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKin
   comm.copy(out, ConstBuffer(slot(0)));
   for (int q = 1; q < p; ++q) comm.reduce(out, ConstBuffer(slot(q)), op);
   comm.finish(out, op);
+}
+
+/// Where Ring, Tree and RHD's reduce-scatters start: a deterministic call, or
+/// one rank, is the rank-ordered fold of equal blocks. Returns whether it ran.
+template <class B>
+bool reduce_scatter_in_rank_order(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op, const Options& opt) {
+  if (!opt.deterministic && comm.size() > 1) return false;
+  ordered_reduce_scatter(comm, in, out, op, EqualBlocks{out.size()});
+  return true;
 }
 
 }  // namespace gradsync::detail

@@ -197,12 +197,11 @@ struct Algorithm<RecursiveHalvingDoubling> {
   template <class B>
   static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
-    const int p = comm.size();
+    if (reduce_scatter_in_rank_order(comm, in, out, op, opt)) return;
+    const Fold f(comm.size());
     const int r = comm.rank();
     const std::size_t m = out.size();
-    auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
-    if (opt.deterministic || p == 1) return ordered_reduce_scatter(comm, in, out, op, blocks);
-    const Fold f(p);
+    const EqualBlocks blocks{m};
     const int v = f.virt(r);
     const int partner = f.partner(r);
     if (v < 0) {
@@ -236,7 +235,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
   static void all_gather(CallView<B>& comm, ConstBuffer in, Buffer out, const Options&) {
     const std::size_t m = in.size();
     comm.copy(out.subspan(m * static_cast<std::size_t>(comm.rank()), m), in);
-    gather_blocks(comm, out, [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; });
+    gather_blocks(comm, out, EqualBlocks{m});
   }
 
   /// Van de Geijn's broadcast: scatter by recursive halving from the root,

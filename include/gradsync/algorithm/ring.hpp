@@ -112,15 +112,14 @@ struct Algorithm<Ring> {
   template <class B>
   static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
+    if (reduce_scatter_in_rank_order(comm, in, out, op, opt)) return;
     const int p = comm.size();
-    const std::size_t m = out.size();
-    auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
-    if (opt.deterministic || p == 1) return ordered_reduce_scatter(comm, in, out, op, blocks);
     // Shift -1 leaves rank r holding block r after N-1 reducing steps.
     auto work = comm.scratch(in.type(), in.size());
     comm.copy(work, in);
     ring_steps(comm, work, op, -1, 0, p - 1, p - 1, opt);
-    comm.copy(out, ConstBuffer(work.subspan(blocks(comm.rank()).begin, m)));
+    const Range mine = EqualBlocks{out.size()}(comm.rank());
+    comm.copy(out, ConstBuffer(work.subspan(mine.begin, mine.size())));
   }
 
   template <class B>

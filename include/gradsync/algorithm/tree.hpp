@@ -256,12 +256,10 @@ struct Algorithm<Tree> {
   template <class B>
   static void reduce_scatter(CallView<B>& comm, ConstBuffer in, Buffer out, OpKind op,
                              const Options& opt) {
-    const int p = comm.size();
-    const std::size_t m = out.size();
-    auto blocks = [m](int q) { return Range{m * static_cast<std::size_t>(q), m * static_cast<std::size_t>(q + 1)}; };
-    if (opt.deterministic || p == 1) return ordered_reduce_scatter(comm, in, out, op, blocks);
+    if (reduce_scatter_in_rank_order(comm, in, out, op, opt)) return;
     const int r = comm.rank();
-    const BinaryTree t{p};
+    const BinaryTree t{comm.size()};
+    const std::size_t m = out.size();
     const TreeNode node = tree_node(t, r, [](int pos) { return pos; });
     auto work = comm.scratch(in.type(), in.size());
     comm.copy(work, in);
@@ -280,7 +278,7 @@ struct Algorithm<Tree> {
     for (int c : node.children)
       if (c >= 0) comm.send(ConstBuffer(blocks_of(c)), c, tree_tag(0, 1), ev_send);
     comm.wait_all();
-    comm.copy(out, ConstBuffer(work.subspan(blocks(r).begin, m)));
+    comm.copy(out, ConstBuffer(work.subspan(EqualBlocks{m}(r).begin, m)));
     comm.finish(out, op);
   }
 

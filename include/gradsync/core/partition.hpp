@@ -21,6 +21,16 @@ constexpr Range block(std::size_t count, std::size_t parts, std::size_t i) noexc
   return {begin, begin + q + (i < r ? 1 : 0)};
 }
 
+/// Block q of an N-block reduce-scatter input whose blocks all hold `m`
+/// elements: [q·m, q·m + m).
+struct EqualBlocks {
+  std::size_t m = 0;
+  constexpr Range operator()(int q) const noexcept {
+    const std::size_t begin = m * static_cast<std::size_t>(q);
+    return {begin, begin + m};
+  }
+};
+
 /// Piece k of `pieces` of the range `whole`.
 constexpr Range sub(Range whole, std::size_t pieces, std::size_t k) noexcept {
   const Range b = block(whole.size(), pieces, k);

@@ -8,7 +8,6 @@
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/ops.hpp"
-#include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/reduction_policy.hpp"
 
@@ -22,8 +21,9 @@ namespace gradsync {
 template <class Algo = Auto>
 struct AllReduceAverage {
   using algorithm = Algo;
-  /// Passed to every AllReduce (`deterministic`, chunking).
-  Options options{};
+  /// The AllReduce every bucket runs; `P{options}` sets its Options
+  /// (`deterministic`, chunking).
+  AllReduce<Algo> all_reduce{};
 
   static constexpr bool in_place = true;
   static constexpr std::size_t storage(std::size_t count, int /*world*/) noexcept { return count; }
@@ -35,7 +35,6 @@ struct AllReduceAverage {
   void reduce(Communicator<B>& comm, std::span<E> storage, std::size_t count, bool mean) const {
     // One rank's sum and mean are its own values: skip a pass over the bucket.
     if (comm.size() == 1) return;
-    const AllReduce<Algo> all_reduce{options};
     if (mean) {
       all_reduce(comm, storage.first(count), Avg{});
     } else {

@@ -9,7 +9,6 @@
 #include "gradsync/collective/reduce_scatter.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/ops.hpp"
-#include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/reduction_policy.hpp"
 
@@ -29,8 +28,9 @@ namespace gradsync {
 template <class Algo = Auto>
 struct ReduceScatterAverage {
   using algorithm = Algo;
-  /// Passed to every ReduceScatter (`deterministic`, chunking).
-  Options options{};
+  /// The ReduceScatter every bucket runs; `P{options}` sets its Options
+  /// (`deterministic`, chunking).
+  ReduceScatter<Algo> reduce_scatter{};
 
   static constexpr bool in_place = false;
 
@@ -56,7 +56,6 @@ struct ReduceScatterAverage {
     if (comm.size() == 1) return;
     const std::size_t m = shard_size(count, comm.size());
     const std::size_t padded = m * static_cast<std::size_t>(comm.size());
-    const ReduceScatter<Algo> reduce_scatter{options};
     const std::span<const E> in = storage.first(padded);
     const std::span<E> out = storage.subspan(padded, m);
     if (mean) {
