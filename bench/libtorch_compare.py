@@ -8,20 +8,26 @@ both see the same machine load; the table gives the median over the rounds
 of each one's median step time, samples/s over all ranks, the weak-scaling
 efficiency (samples/s at N over N times samples/s at 1) and the ratio of
 samples/s. Both run the same model in the same LibTorch 1.13 kernels, one
-thread per rank.
+thread per rank. LibTorch's speed depends on the BLAS it finds: Debian's
+libtorch recommends OpenBLAS (libopenblas0-pthread); with only the reference
+libblas3 a step is about 20 times slower, for both.
 """
 import argparse
+import os
 import pathlib
 import statistics
 import subprocess
 import sys
 
 here = pathlib.Path(__file__).resolve().parent
+# One thread per rank for both, BLAS included: OpenBLAS reads this when it
+# loads, before either program could call set_num_threads.
+env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 
 
 def gradsync_ms(exe, n, a):
     out = subprocess.run([exe, "--ranks", str(n), "--steps", str(a.steps), "--batch", str(a.batch),
-                          "--hidden", str(a.hidden)], check=True, capture_output=True, text=True, timeout=600).stdout
+                          "--hidden", str(a.hidden)], check=True, capture_output=True, text=True, timeout=600, env=env).stdout
     row = [l for l in out.splitlines() if l and not l.startswith("#")][0].split()
     return float(row[1])
 
@@ -29,7 +35,7 @@ def gradsync_ms(exe, n, a):
 def torch_ms(n, a):
     out = subprocess.run(["/usr/bin/python3", str(here / "torch_ddp_peer.py"), "--ranks", str(n), "--steps",
                           str(a.steps), "--batch", str(a.batch), "--hidden", str(a.hidden)],
-                         check=True, capture_output=True, text=True, timeout=600).stdout
+                         check=True, capture_output=True, text=True, timeout=600, env=env).stdout
     return float(out.split()[1])
 
 
