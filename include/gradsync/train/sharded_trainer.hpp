@@ -29,6 +29,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/train/accumulation_mode.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
@@ -70,6 +71,10 @@ struct ShardedTrainerOptions {
   /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group g);
   /// it must divide the world size. 0: the whole world (one replica).
   int shard_size = 0;
+  /// How accumulate() keeps micro-steps' gradients: reduce-scatter each
+  /// into the shard (Sharded, memory 1/N), or keep them unsharded until
+  /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step).
+  AccumulationMode accumulation = AccumulationMode::Sharded;
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -111,7 +116,17 @@ struct ShardedTraceEvent {
 /// ranks (split from the communicator) and all-reduces each gradient shard
 /// across the groups.
 ///
-/// Not yet: prefetch, accumulation, mixed precision and offload (issue 13).
+/// accumulate() runs a micro-step whose gradient the next step() includes
+/// (K−1 calls and a step: the mean over K micro-batches). Under
+/// AccumulationMode::Sharded each micro-step reduce-scatters and adds the
+/// averaged shard into the gradient shard (memory stays 1/N); under NoSync
+/// (FSDP's no_sync) micro-steps communicate no gradient and every unit keeps
+/// its unsharded gradient, N·c + c elements per unit (≈ +Ψ per rank), from
+/// the first micro-step's backward to step()'s, which scales the local sum by
+/// 1/K and reduces it once: bitwise ReplicatedTrainer::accumulate under the
+/// deterministic option.
+///
+/// Not yet: prefetch, mixed precision and offload (issue 13).
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -189,27 +204,29 @@ class ShardedTrainer {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ShardedTrainer::forward_backward: the model has no `double forward_backward(const "
                   "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
-    if (pending_) {
-      throw InvalidArgument(where() + ": forward_backward after a forward_backward() whose optimizer_step() has "
-                            "not run yet");
-    }
+    check_no_pending("forward_backward");
     if (o_.broadcast_buffers && !buffers_.empty()) {
       Broadcast<Algo>{o_.collective}(comm_, std::span<value_type>(buffers_), 0);
     }
-    trace_.clear();
-    begin_step(false);
-    const auto t0 = std::chrono::steady_clock::now();
-    double loss = 0;
-    try {
-      const StepContext<value_type> ctx(provider_);
-      loss = static_cast<double>(model_.forward_backward(batch, ctx));
-    } catch (...) {
-      abandon_step();
-      throw;
-    }
-    stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    finish_reductions();
+    const double loss = run_model(batch, true);
     pending_ = true;
+    return loss;
+  }
+
+  /// A micro-step: forward and backward on `batch`, its gradient kept for
+  /// the next step() (ShardedTrainerOptions::accumulation says how). K−1
+  /// calls of accumulate() and one step() equal one step on K times the
+  /// samples with the loss scaled by 1/K: the mean over micro-batches, which
+  /// is the mean over their samples when micro-batches are of equal size.
+  /// A micro-step that throws drops what was accumulated.
+  template <class Batch>
+  double accumulate(const Batch& batch) {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync::ShardedTrainer::accumulate: the model has no `double forward_backward(const "
+                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    check_no_pending("accumulate");
+    const double loss = run_model(batch, false);
+    ++micro_steps_;
     return loss;
   }
 
@@ -250,6 +267,7 @@ class ShardedTrainer {
       throw InvalidArgument(where() + ": optimizer_step without a forward_backward() before it");
     }
     pending_ = false;
+    micro_steps_ = 0;
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(shard_params_), std::span<const value_type>(shard_grads_));
     std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
@@ -471,6 +489,43 @@ class ShardedTrainer {
     }
   }
 
+  void check_no_pending(const char* what) const {
+    if (pending_) {
+      throw InvalidArgument(where() + ": " + what +
+                            " after a forward_backward() whose optimizer_step() has not run yet");
+    }
+  }
+
+  /// Forward and backward; `sync`: the step that reduces (forward_backward),
+  /// else a micro-step of accumulate().
+  template <class Batch>
+  double run_model(const Batch& batch, bool sync) {
+    trace_.clear();
+    begin_step(false);
+    reducing_ = sync || o_.accumulation == AccumulationMode::Sharded;
+    // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer.
+    local_scale_ = sync && o_.accumulation == AccumulationMode::NoSync
+                       ? static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1))
+                       : value_type(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss = 0;
+    try {
+      const StepContext<value_type> ctx(provider_);
+      loss = static_cast<double>(model_.forward_backward(batch, ctx));
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
+    stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    finish_reductions(!reducing_);
+    // Sharded accumulation summed K means into the shard: their mean.
+    if (sync && o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0) {
+      const auto k = static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1));
+      for (value_type& x : shard_grads_) x *= k;
+    }
+    return loss;
+  }
+
   void begin_step(bool evaluating) {
     evaluating_ = evaluating;
     for (UnitState& s : units_) {
@@ -510,7 +565,10 @@ class ShardedTrainer {
     if (s.full.empty()) gather(u);
     std::span<value_type> grads;
     if (backward) {
-      s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], shard_comm().size()), value_type(0));
+      // Under NoSync the gradient of earlier micro-steps is still there.
+      if (s.grad.empty()) {
+        s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], shard_comm().size()), value_type(0));
+      }
       grads = std::span<value_type>(s.grad).first(sizes_[u]);
     }
     s.view = make_view(u, std::span<value_type>(s.full).first(sizes_[u]), grads);
@@ -565,10 +623,17 @@ class ShardedTrainer {
                             "then call ctx.ready(u)");
     }
     s.ready = true;
+    if (!reducing_) return;
     const Options opts = o_.collective;
+    // Sharded accumulation: after the first micro-step, add to the shard.
+    const bool add = o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0;
+    const value_type scale = local_scale_;
     if (!sharded()) {
       trace_.push_back({Collective::all_reduce, u});
       const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]);
+      if (scale != value_type(1)) {
+        for (value_type& x : g) x *= scale;
+      }
       s.request = worker_->submit("ShardedTrainer all-reduce of " + unit_name(u),
                                   [opts, g](Communicator<backend_type>& c) {
                                     if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
@@ -579,6 +644,9 @@ class ShardedTrainer {
     const std::size_t count = sizes_[u];
     const std::span<value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
+    if (scale != value_type(1)) {
+      for (value_type& x : storage.first(count)) x *= scale;
+    }
     if (replica_comm_) {
       trace_.push_back({Collective::all_reduce, u});
       // The replica communicator is used only here, on the shard group's
@@ -586,36 +654,43 @@ class ShardedTrainer {
       Comm* replicas = &*replica_comm_;
       const auto divisor = static_cast<value_type>(comm_.size());
       s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + unit_name(u),
-                                  [opts, storage, count, mine, replicas, divisor](Communicator<backend_type>& c) {
+                                  [opts, storage, count, mine, replicas, divisor, add](Communicator<backend_type>& c) {
                                     const ReduceScatterAverage<Algo> policy{opts};
                                     policy.reduce(c, storage, count, false);
                                     const ReducedPart part =
                                         ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                    std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset),
-                                                part.count, mine.begin());
-                                    if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, mine, Sum{});
-                                    for (value_type& x : mine) x /= divisor;
+                                    const std::span<value_type> reduced = storage.subspan(part.offset, mine.size());
+                                    std::fill(reduced.begin() + static_cast<std::ptrdiff_t>(part.count),
+                                              reduced.end(), value_type(0));
+                                    if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, reduced, Sum{});
+                                    for (std::size_t i = 0; i < mine.size(); ++i) {
+                                      const value_type x = reduced[i] / divisor;
+                                      mine[i] = add ? mine[i] + x : x;
+                                    }
                                   });
       return;
     }
     s.request = worker_->submit("ShardedTrainer reduce-scatter of " + unit_name(u),
-                                [opts, storage, count, mine](Communicator<backend_type>& c) {
+                                [opts, storage, count, mine, add](Communicator<backend_type>& c) {
                                   const ReduceScatterAverage<Algo> policy{opts};
                                   policy.reduce(c, storage, count, true);
                                   const ReducedPart part =
                                       ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                  std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset), part.count,
-                                              mine.begin());
+                                  for (std::size_t i = 0; i < part.count; ++i) {
+                                    const value_type x = storage[part.offset + i];
+                                    mine[i] = add ? mine[i] + x : x;
+                                  }
                                 });
   }
 
-  void finish_reductions() {
+  /// `keep_grads`: a NoSync micro-step, whose unsharded gradients stay.
+  void finish_reductions(bool keep_grads) {
     std::string missing;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (!units_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
     }
     std::exception_ptr first = drain();
-    release_all();
+    release_all(keep_grads);
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
       throw InvalidArgument(where() + ": backward reported no gradient for " + missing +
@@ -627,15 +702,20 @@ class ShardedTrainer {
   /// and free every gathered unit.
   void abandon_step() noexcept {
     settle_all();
-    release_all();
+    // Gradients accumulated before a failed training step are dropped.
+    if (!evaluating_ && micro_steps_ > 0) {
+      micro_steps_ = 0;
+      std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
+    }
+    release_all(evaluating_);
     evaluating_ = false;
   }
 
-  void release_all() noexcept {
+  void release_all(bool keep_grads) noexcept {
     kept_ = no_unit;
     for (UnitState& s : units_) {
       s.request = Request();
-      std::vector<value_type>().swap(s.grad);
+      if (!keep_grads) std::vector<value_type>().swap(s.grad);
       if (sharded()) std::vector<value_type>().swap(s.full);
       s.held = false;
     }
@@ -675,6 +755,12 @@ class ShardedTrainer {
   std::size_t kept_ = no_unit;
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
+  /// accumulate() calls since the last step.
+  std::size_t micro_steps_ = 0;
+  /// This backward reduces each ready unit (false: a NoSync micro-step).
+  bool reducing_ = true;
+  /// Applied to each unit's local gradient before its reduction.
+  value_type local_scale_ = value_type(1);
   TrainerStats stats_{};
   /// HybridShard's groups; declared before worker_, which runs on the first.
   std::optional<Comm> shard_comm_, replica_comm_;
