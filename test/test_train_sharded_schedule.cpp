@@ -5,9 +5,14 @@
 
 #include <gradsync/gradsync.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <random>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/common.hpp"
@@ -83,7 +88,8 @@ TEST_CASE("accumulation: K = 4 via NoSync, K = 4 via Sharded, and one step on a 
     CHECK(worst_relative(replicated_accumulated, replicated_big) <= 1e-6);
     for (const ShardingStrategy strategy : all_strategies) {
       for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
-        INFO("strategy = " << name(strategy) << ", mode = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
+        INFO("strategy = " << std::string(name(strategy))
+                           << ", mode = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
         ShardedTrainerOptions so;
         so.strategy = strategy;
         so.shard_size = strategy == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
@@ -135,6 +141,232 @@ TEST_CASE("accumulation: K = 4 via NoSync, K = 4 via Sharded, and one step on a 
         // bitwise equal under the deterministic option (HybridShard sums by group).
         if (mode == AccumulationMode::NoSync && strategy != ShardingStrategy::HybridShard) {
           CHECK(bitwise_equal(accumulated[0], replicated_accumulated));
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+using Groups = std::vector<std::vector<std::size_t>>;
+
+Groups groups_of(const gradsync::ShardPlan& plan) {
+  Groups g;
+  for (const auto& u : plan.units) g.push_back(u.model_units);
+  return g;
+}
+
+/// Parameters of each model unit of model_for(): 25, 36, 7 and 1.
+const gradsync::WrapPolicy size_30 = gradsync::WrapPolicy::size_based(30);
+/// Ends a wrapped unit after model units 0 and 2 (by name, as a user would).
+const gradsync::WrapPolicy by_name = gradsync::WrapPolicy::custom(
+    [](const gradsync::UnitSpec& u, std::size_t, std::size_t) { return u.name == "layer0" || u.name == "layer2"; });
+
+}  // namespace
+
+TEST_CASE("wrap: each policy's grouping of consecutive model units") {
+  const std::vector<gradsync::UnitSpec> specs = model_for(0).units();
+  REQUIRE(specs.size() == 4);
+  using gradsync::WrapPolicy;
+  using Pairs = std::vector<std::pair<std::size_t, std::size_t>>;
+  CHECK(WrapPolicy::per_unit().group(specs) == Pairs{{0, 0}, {1, 1}, {2, 2}, {3, 3}});
+  // 25 < 30, 25 + 36 >= 30; then 7 + 1 never reaches 30 and forms the last unit.
+  CHECK(WrapPolicy::size_based(30).group(specs) == Pairs{{0, 1}, {2, 3}});
+  CHECK(WrapPolicy::size_based(25).group(specs) == Pairs{{0, 0}, {1, 1}, {2, 3}});
+  CHECK(WrapPolicy::size_based(0).group(specs) == Pairs{{0, 0}, {1, 1}, {2, 2}, {3, 3}});
+  CHECK(WrapPolicy::size_based(1000).group(specs) == Pairs{{0, 3}});
+  CHECK(WrapPolicy::size_based(69).group(specs) == Pairs{{0, 3}});
+  CHECK(WrapPolicy::size_based(68).group(specs) == Pairs{{0, 2}, {3, 3}});
+  CHECK(by_name.group(specs) == Pairs{{0, 0}, {1, 2}, {3, 3}});
+  // The predicate sees each unit's index and the group's parameters so far.
+  std::vector<std::pair<std::size_t, std::size_t>> seen;
+  const auto spy = WrapPolicy::custom([&](const gradsync::UnitSpec&, std::size_t i, std::size_t params) {
+    seen.emplace_back(i, params);
+    return false;
+  });
+  CHECK(spy.group(specs) == Pairs{{0, 3}});
+  CHECK(seen == Pairs{{0, 25}, {1, 61}, {2, 68}, {3, 69}});
+  CHECK(WrapPolicy::per_unit().group({}).empty());
+  // Random unit sizes: size-based groups cover every unit once, in order, and
+  // each but the last reaches the minimum while dropping its last unit does not.
+  auto rng = test::rng_for("wrap grouping");
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<gradsync::UnitSpec> random(1 + rng() % 12);
+    std::vector<std::size_t> sizes;
+    for (auto& u : random) {
+      sizes.push_back(rng() % 40);
+      u.params.push_back({"w", {sizes.back()}});
+    }
+    const std::size_t min = rng() % 100;
+    CAPTURE(min);
+    const Pairs g = WrapPolicy::size_based(min).group(random);
+    REQUIRE(!g.empty());
+    CHECK(g.front().first == 0);
+    CHECK(g.back().second == random.size() - 1);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      std::size_t sum = 0;
+      for (std::size_t m = g[i].first; m <= g[i].second; ++m) sum += sizes[m];
+      // A group ends at the first unit that brings it to the minimum.
+      CHECK((g[i].first == g[i].second || sum - sizes[g[i].second] < min));
+      if (i + 1 < g.size()) {
+        CHECK(g[i + 1].first == g[i].second + 1);
+        CHECK(sum >= min);
+      }
+    }
+  }
+}
+
+TEST_CASE("wrap: the trainer's plan follows its policy, and every rank agrees on a predicate's plan") {
+  for (int world = 1; world <= 3; ++world) {
+    CAPTURE(world);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ShardedTrainerOptions o;
+      ShardedTrainer per_unit(comm, model_for(comm.rank()), momentum_sgd(), o);
+      CHECK(groups_of(per_unit.plan()) == Groups{{0}, {1}, {2}, {3}});
+      o.wrap = size_30;
+      ShardedTrainer sized(comm, model_for(comm.rank()), momentum_sgd(), o);
+      CHECK(groups_of(sized.plan()) == Groups{{0, 1}, {2, 3}});
+      CHECK(sized.wrapped_unit_of(0) == 0);
+      CHECK(sized.wrapped_unit_of(1) == 0);
+      CHECK(sized.wrapped_unit_of(2) == 1);
+      CHECK(sized.wrapped_unit_of(3) == 1);
+      CHECK(sized.plan().units[0].name == "layer0..layer1");
+      CHECK(sized.plan().units[1].name == "layer2..aux");
+      o.wrap = by_name;
+      ShardedTrainer named(comm, model_for(comm.rank()), momentum_sgd(), o);
+      CHECK(groups_of(named.plan()) == Groups{{0}, {1, 2}, {3}});
+    });
+  }
+  // A predicate that depends on the rank: every rank throws, none hangs.
+  for (int world = 2; world <= 4; ++world) {
+    CAPTURE(world);
+    std::vector<std::string> messages(static_cast<std::size_t>(world));
+    gradsync::ThreadsOptions topt;
+    topt.timeout = std::chrono::seconds(5);
+    const auto t0 = std::chrono::steady_clock::now();
+    gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+      ShardedTrainerOptions o;
+      const int rank = comm.rank();
+      o.wrap = gradsync::WrapPolicy::custom(
+          [rank](const gradsync::UnitSpec&, std::size_t i, std::size_t) { return i == (rank == 1 ? 1u : 0u); });
+      try {
+        ShardedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+      } catch (const gradsync::InvalidArgument& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    for (const auto& m : messages) {
+      CHECK(m == messages[0]);
+      CHECK(m.find("ShardedTrainer wrapping plan") != std::string::npos);
+      CHECK(m.find("must group the units alike on every rank") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("wrap: the plan's numbers equal hand-computed sizes, an empty shard included") {
+  // Model units of 3, 2, 40 and 1 parameters; at least 5 per wrapped unit
+  // gives {3 + 2}, {40}, {1}. At N = 4: chunks of 2 (ranks own 2, 2, 1, 0:
+  // rank 3's is empty), 10, and 1 (only rank 0 owns anything).
+  const std::vector<gradsync::UnitSpec> units{{"a", {{"w", {3}}}, {}},
+                                              {"b", {{"w", {2}}}, {}},
+                                              {"c", {{"w", {8, 5}}}, {}},
+                                              {"d", {{"w", {1}}}, {}}};
+  constexpr int world = 4;
+  std::vector<std::string> printed(world);
+  std::vector<std::vector<std::size_t>> owned(world);
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ShardedTrainerOptions o;
+    o.wrap = gradsync::WrapPolicy::size_based(5);
+    ShardedTrainer trainer(comm, test_train::Declared<float>{units}, gradsync::Adam<float>(), o);
+    const gradsync::ShardPlan& plan = trainer.plan();
+    REQUIRE(plan.units.size() == 3);
+    CHECK(groups_of(plan) == Groups{{0, 1}, {2}, {3}});
+    CHECK(plan.shards == 4);
+    CHECK(plan.replicas == 1);
+    CHECK(plan.element_bytes == 4);
+    CHECK(plan.state_per_element == 2);
+    CHECK(plan.strategy == "FullShard");
+    CHECK(plan.model_units() == 4);
+    CHECK(plan.params() == 46);
+    const std::size_t params[] = {5, 40, 1}, shard[] = {2, 10, 1}, padding[] = {3, 0, 3};
+    for (std::size_t w = 0; w < 3; ++w) {
+      CAPTURE(w);
+      CHECK(plan.units[w].params == params[w]);
+      CHECK(plan.units[w].shard == shard[w]);
+      CHECK(plan.units[w].padding == padding[w]);
+      // Adam: parameter, gradient, m and v, 4 bytes each, per chunk element.
+      CHECK(plan.units[w].bytes_per_rank == 16 * shard[w]);
+      CHECK(plan.units[w].gathered_bytes == 4 * 4 * shard[w]);
+      CHECK(trainer.unit_size(w) == params[w]);
+      CHECK(trainer.chunk_size(w) == shard[w]);
+      owned[static_cast<std::size_t>(comm.rank())].push_back(trainer.owned_range(w).second);
+    }
+    CHECK(plan.bytes_per_rank() == 16 * (2 + 10 + 1));
+    CHECK(plan.bytes_per_rank() == trainer.persistent_bytes());
+    CHECK(plan.max_gathered_bytes() == 160);
+    // What Declared writes at bind, unit by unit: element i is i % 7 − 3.
+    std::vector<float> expected;
+    for (const std::size_t p : {3, 2, 40, 1})
+      for (std::size_t i = 0; i < p; ++i) expected.push_back(static_cast<float>(i % 7) - 3.0f);
+    CHECK(bitwise_equal(trainer.full_parameters(), expected));
+    std::ostringstream os;
+    os << plan;
+    printed[static_cast<std::size_t>(comm.rank())] = os.str();
+    CHECK(os.str() == gradsync::to_string(plan));
+  });
+  CHECK(owned[0] == std::vector<std::size_t>{2, 10, 1});
+  CHECK(owned[1] == std::vector<std::size_t>{2, 10, 0});
+  CHECK(owned[2] == std::vector<std::size_t>{1, 10, 0});
+  CHECK(owned[3] == std::vector<std::size_t>{0, 10, 0});
+  INFO(printed[0]);
+  for (const auto& p : printed) CHECK(p == printed[0]);
+  const std::string& p = printed[0];
+  CHECK(p.find("wrapping plan: 3 wrapped units of 4 model units, size-based (at least 5 parameters)") == 0);
+  CHECK(p.find("FullShard over 4 ranks x 1 replica, 4-byte elements, optimizer state 2 per parameter") !=
+        std::string::npos);
+  CHECK(p.find("a..b") != std::string::npos);
+  // One header, three units and a total.
+  CHECK(std::count(p.begin(), p.end(), '\n') == 2 + 1 + 3 + 1);
+}
+
+TEST_CASE("wrap: a size-wrapped run equals ReplicatedTrainer (bitwise when deterministic), every strategy") {
+  const std::uint64_t seed = test::rng_for("wrap parity")();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  const auto adam = gradsync::Adam<float>({.lr = 0.01});
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      ReplicatedTrainerOptions ro;
+      ro.sync.collective.deterministic = deterministic;
+      std::vector<float> replicated;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ReplicatedTrainer trainer(comm, model_for(comm.rank()), adam, ro);
+        for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+        if (comm.rank() == 0) replicated.assign(trainer.parameters().begin(), trainer.parameters().end());
+      });
+      for (const ShardingStrategy strategy : all_strategies) {
+        for (const bool named : {false, true}) {
+          INFO("strategy = " << std::string(name(strategy)) << ", wrap = " << (named ? "by name" : "size 30"));
+          ShardedTrainerOptions so;
+          so.strategy = strategy;
+          so.shard_size = strategy == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
+          so.collective.deterministic = deterministic;
+          so.wrap = named ? by_name : size_30;
+          std::vector<std::vector<float>> result(ranks);
+          gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+            ShardedTrainer trainer(comm, model_for(comm.rank()), adam, so);
+            for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+            result[static_cast<std::size_t>(comm.rank())] = trainer.full_parameters();
+          });
+          for (const auto& r : result) CHECK(bitwise_equal(r, result[0]));
+          CHECK(worst_relative(result[0], replicated) <= 1e-6);
+          if (deterministic && strategy != ShardingStrategy::HybridShard) CHECK(bitwise_equal(result[0], replicated));
         }
       }
     }

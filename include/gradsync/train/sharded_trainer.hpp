@@ -35,7 +35,9 @@
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/reduce_scatter_average.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
+#include "gradsync/train/shard_plan.hpp"
 #include "gradsync/train/unit_agreement.hpp"
+#include "gradsync/train/wrap_policy.hpp"
 
 namespace gradsync {
 
@@ -75,11 +77,15 @@ struct ShardedTrainerOptions {
   /// into the shard (Sharded, memory 1/N), or keep them unsharded until
   /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step).
   AccumulationMode accumulation = AccumulationMode::Sharded;
+  /// How model units group into wrapped units, each gathered and reduced
+  /// as one flat buffer (see WrapPolicy). Default: one per model unit.
+  WrapPolicy wrap = WrapPolicy::per_unit();
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
 struct ShardedTraceEvent {
   Collective collective;
+  /// The wrapped unit (ShardedTrainer::plan()), the model unit under the default per-unit wrapping.
   std::size_t unit;
 };
 
@@ -115,6 +121,15 @@ struct ShardedTraceEvent {
 /// HybridShard shards within groups of ShardedTrainerOptions::shard_size
 /// ranks (split from the communicator) and all-reduces each gradient shard
 /// across the groups.
+///
+/// Wrapping: ShardedTrainerOptions::wrap groups consecutive model units into
+/// wrapped units (WrapPolicy: per unit, the default; size-based; a
+/// predicate). A wrapped unit is the flat concatenation of its model units
+/// and is what the layout above, the gathers and the reductions are about:
+/// `ctx.params(u)` on any of its members gathers the whole wrapped unit
+/// once, which stays gathered while any member is held or still to come in
+/// this phase, and its gradient is reduced once every member is ready.
+/// plan() describes it (a ShardPlan; print it with to_string or <<).
 ///
 /// accumulate() runs a micro-step whose gradient the next step() includes
 /// (K−1 calls and a step: the mean over K micro-batches). Under
@@ -168,6 +183,17 @@ class ShardedTrainer {
                               "the same order: check what its units() depends on (configuration, rank, world size).");
     split();
     layout();
+    if (o_.wrap.is_custom()) {
+      // A predicate may look at more than the units: its grouping must agree too.
+      std::vector<std::string> groups;
+      for (const ShardPlan::Unit& u : plan_.units) {
+        groups.push_back("'" + u.name + "' (model units " + std::to_string(u.model_units.front()) + " to " +
+                         std::to_string(u.model_units.back()) + ")");
+      }
+      detail::check_units_agree(comm_, groups, "ShardedTrainer wrapping plan",
+                                "The custom WrapPolicy predicate must group the units alike on every rank: check "
+                                "what it depends on besides its arguments (rank, configuration).");
+    }
     if (total_ == 0) {
       // Every rank declared the same units, so every rank throws this.
       throw InvalidArgument("gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()) +
@@ -297,6 +323,15 @@ class ShardedTrainer {
   const ShardedTrainerOptions& options() const noexcept { return o_; }
   const std::vector<UnitSpec>& units() const noexcept { return specs_; }
 
+  /// The wrapping plan: wrapped units, their model units, sizes and bytes
+  /// per rank (print it with to_string or <<).
+  const ShardPlan& plan() const noexcept { return plan_; }
+  /// The wrapped unit that holds model unit `model_unit`.
+  std::size_t wrapped_unit_of(std::size_t model_unit) const { return member_of_.at(model_unit); }
+
+  /// Below, `u` is a wrapped unit (the model unit itself under the default
+  /// WrapPolicy::per_unit()).
+  ///
   /// This rank's shard of every unit, padded chunks one after the other.
   std::span<const value_type> shard() const noexcept { return shard_params_; }
   /// Unit u's elements (unpadded).
@@ -321,7 +356,7 @@ class ShardedTrainer {
   std::vector<value_type> full_parameters() {
     std::vector<value_type> all;
     all.reserve(total_);
-    for (std::size_t u = 0; u < specs_.size(); ++u) {
+    for (std::size_t u = 0; u < groups_.size(); ++u) {
       if (o_.strategy == ShardingStrategy::NoShard) {
         const auto s = unit_shard(u);
         all.insert(all.end(), s.begin(), s.end());
@@ -351,14 +386,21 @@ class ShardedTrainer {
   const TrainerStats& stats() const noexcept { return stats_; }
 
  private:
-  struct UnitState {
-    std::vector<value_type> full;   ///< gathered parameters, N·c (empty when resharded)
-    std::vector<value_type> grad;   ///< unsharded gradient and the reduction's output (backward only)
-    UnitView<value_type> view;      ///< what the model sees while it holds the unit
-    int asks = 0;                   ///< in this step: 1 = forward, 2 = backward
+  /// A model unit in this step.
+  struct MemberState {
+    UnitView<value_type> view;  ///< what the model sees while it holds the unit
+    int asks = 0;               ///< in this step: 1 = forward, 2 = backward
     bool held = false;
     bool ready = false;
-    Request request;                ///< the gradient's reduction
+  };
+
+  /// A wrapped unit: what is gathered and reduced as one buffer.
+  struct WrappedState {
+    std::vector<value_type> full;  ///< gathered parameters, N·c (empty when resharded)
+    std::vector<value_type> grad;  ///< unsharded gradient and the reduction's output (backward only)
+    std::size_t held = 0;          ///< members the model holds
+    std::size_t ready = 0;         ///< members reported ready in this backward
+    Request request;               ///< the gradient's reduction
   };
 
   /// Lends the model its units: gathers on demand, frees on release.
@@ -415,13 +457,30 @@ class ShardedTrainer {
 
   std::string where() const { return "gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()); }
   std::string unit_name(std::size_t u) const { return "unit " + std::to_string(u) + " ('" + specs_[u].name + "')"; }
+  std::string wrapped_name(std::size_t w) const {
+    return "wrapped unit " + std::to_string(w) + " ('" + plan_.units[w].name + "')";
+  }
 
+  /// Groups the model units into wrapped units (the policy), then lays out
+  /// each wrapped unit's chunk in the flat shard.
   void layout() {
+    groups_ = o_.wrap.group(specs_);
     const auto n = static_cast<std::size_t>(shard_comm().size());
-    std::size_t at = 0;
     for (const UnitSpec& s : specs_) {
       std::size_t p = 0;
       for (const TensorSpec& t : s.params) p += t.count();
+      model_sizes_.push_back(p);
+    }
+    member_of_.resize(specs_.size());
+    member_offset_.resize(specs_.size());
+    std::size_t at = 0;
+    for (std::size_t w = 0; w < groups_.size(); ++w) {
+      std::size_t p = 0;
+      for (std::size_t m = groups_[w].first; m <= groups_[w].second; ++m) {
+        member_of_[m] = w;
+        member_offset_[m] = p;
+        p += model_sizes_[m];
+      }
       const std::size_t c = sharded() ? (p + n - 1) / n : p;
       sizes_.push_back(p);
       chunks_.push_back(c);
@@ -431,7 +490,41 @@ class ShardedTrainer {
     }
     shard_params_.assign(at, value_type(0));
     shard_grads_.assign(at, value_type(0));
-    units_.resize(specs_.size());
+    members_.resize(specs_.size());
+    wrapped_.resize(groups_.size());
+    make_plan();
+  }
+
+  void make_plan() {
+    plan_.policy = o_.wrap.describe();
+    plan_.strategy = strategy_name(o_.strategy);
+    plan_.shards = shard_comm().size();
+    plan_.replicas = comm_.size() / shard_comm().size();
+    plan_.element_bytes = sizeof(value_type);
+    plan_.state_per_element = optimizer_state_per_element();
+    const auto n = static_cast<std::size_t>(shard_comm().size());
+    for (std::size_t w = 0; w < groups_.size(); ++w) {
+      ShardPlan::Unit u;
+      const auto [first, last] = groups_[w];
+      u.name = first == last ? specs_[first].name : specs_[first].name + ".." + specs_[last].name;
+      for (std::size_t m = first; m <= last; ++m) u.model_units.push_back(m);
+      u.params = sizes_[w];
+      u.shard = chunks_[w];
+      u.padding = sharded() ? n * chunks_[w] - sizes_[w] : 0;
+      u.bytes_per_rank = (2 + plan_.state_per_element) * sizeof(value_type) * chunks_[w];
+      u.gathered_bytes = sharded() ? n * chunks_[w] * sizeof(value_type) : 0;
+      plan_.units.push_back(std::move(u));
+    }
+  }
+
+  static const char* strategy_name(ShardingStrategy s) noexcept {
+    switch (s) {
+      case ShardingStrategy::FullShard: return "FullShard";
+      case ShardingStrategy::ShardGradOp: return "ShardGradOp";
+      case ShardingStrategy::NoShard: return "NoShard";
+      case ShardingStrategy::HybridShard: return "HybridShard";
+    }
+    return "?";
   }
 
   /// Views of unit u over `params` (P elements) and `grads` (P or none), and its buffers.
@@ -467,24 +560,28 @@ class ShardedTrainer {
     std::vector<UnitView<value_type>> views;
     std::size_t at = 0;
     for (std::size_t u = 0; u < specs_.size(); ++u) {
-      views.push_back(make_view(u, std::span<value_type>(params).subspan(at, sizes_[u]),
-                                std::span<value_type>(grads).subspan(at, sizes_[u])));
-      at += sizes_[u];
+      views.push_back(make_view(u, std::span<value_type>(params).subspan(at, model_sizes_[u]),
+                                std::span<value_type>(grads).subspan(at, model_sizes_[u])));
+      at += model_sizes_[u];
     }
     model_.bind(std::span<const UnitView<value_type>>(views));
     const Broadcast<Algo> broadcast{o_.collective};
     broadcast(comm_, std::span<value_type>(params), 0);
     if (!buffers_.empty()) broadcast(comm_, std::span<value_type>(buffers_), 0);
+    // A wrapped unit's members are consecutive, so it is one range of `params`.
     at = 0;
-    for (std::size_t u = 0; u < specs_.size(); ++u) {
-      const auto [first, count] = owned_range(u);
+    for (std::size_t w = 0; w < groups_.size(); ++w) {
+      const auto [first, count] = owned_range(w);
       std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(at + first), count,
-                  shard_params_.begin() + static_cast<std::ptrdiff_t>(offsets_[u]));
-      at += sizes_[u];
-      // NoShard: the shard is the unit, and the model sees it in place.
-      if (!sharded()) {
-        units_[u].view = make_view(u, std::span<value_type>(shard_params_).subspan(offsets_[u], sizes_[u]),
-                                   std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]));
+                  shard_params_.begin() + static_cast<std::ptrdiff_t>(offsets_[w]));
+      at += sizes_[w];
+    }
+    // NoShard: the shard is the unit, and the model sees it in place.
+    if (!sharded()) {
+      for (std::size_t u = 0; u < specs_.size(); ++u) {
+        const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
+        members_[u].view = make_view(u, std::span<value_type>(shard_params_).subspan(from, model_sizes_[u]),
+                                     std::span<value_type>(shard_grads_).subspan(from, model_sizes_[u]));
       }
     }
   }
@@ -528,23 +625,56 @@ class ShardedTrainer {
 
   void begin_step(bool evaluating) {
     evaluating_ = evaluating;
-    for (UnitState& s : units_) {
-      s.asks = 0;
-      s.held = false;
-      s.ready = false;
+    for (MemberState& m : members_) {
+      m.asks = 0;
+      m.held = false;
+      m.ready = false;
+    }
+    for (WrappedState& w : wrapped_) {
+      w.held = 0;
+      w.ready = 0;
     }
   }
 
   void check_unit(std::size_t u, const char* what) const {
-    if (u >= units_.size()) {
+    if (u >= members_.size()) {
       throw InvalidArgument(where() + ": the model " + what + " unit " + std::to_string(u) +
-                            ", which does not exist (" + std::to_string(units_.size()) + " units)");
+                            ", which does not exist (" + std::to_string(members_.size()) + " units)");
     }
   }
 
+  /// Model units [first, last] of wrapped unit w.
+  std::size_t first_member(std::size_t w) const noexcept { return groups_[w].first; }
+  std::size_t last_member(std::size_t w) const noexcept { return groups_[w].second; }
+
+  /// Every member of w has been asked for at least `asks` times in this step.
+  bool members_asked(std::size_t w, int asks) const noexcept {
+    for (std::size_t m = first_member(w); m <= last_member(w); ++m) {
+      if (members_[m].asks < asks) return false;
+    }
+    return true;
+  }
+
+  /// Frees wrapped unit w's gathered parameters.
+  void free_unit(std::size_t w) noexcept { std::vector<value_type>().swap(wrapped_[w].full); }
+
+  /// Frees the units whose forward use ended (FullShard) but were kept in
+  /// case the model came back to them, other than `except`.
+  void free_lingering(std::size_t except) noexcept {
+    std::erase_if(lingering_, [&](std::size_t w) {
+      if (w == except) return false;
+      if (wrapped_[w].held == 0) free_unit(w);
+      return true;
+    });
+  }
+
+  /// Model unit u's views; the first ask of any member of a wrapped unit
+  /// gathers the whole wrapped unit, which its other members then share.
   const UnitView<value_type>& acquire(std::size_t u) {
     check_unit(u, "asked for");
-    UnitState& s = units_[u];
+    MemberState& s = members_[u];
+    const std::size_t w = member_of_[u];
+    WrappedState& ws = wrapped_[w];
     if (s.held) {
       throw InvalidArgument(where() + ": the model asked for " + unit_name(u) +
                             " while it still holds it; ask once and keep the handle (ctx.params) while you use it");
@@ -553,77 +683,106 @@ class ShardedTrainer {
       throw InvalidArgument(where() + ": the model asked for " + unit_name(u) +
                             " a third time in one step; a step asks once in forward and once in backward");
     }
-    if (!evaluating_) ++s.asks;
+    ++s.asks;
     const bool backward = !evaluating_ && s.asks == 2;
     if (!sharded()) {
       s.held = true;
+      ++ws.held;
       return s.view;
     }
-    // The unit kept from forward goes once another is asked for.
-    if (kept_ != no_unit && kept_ != u) std::vector<value_type>().swap(units_[kept_].full);
-    kept_ = no_unit;
-    if (s.full.empty()) gather(u);
+    // A unit whose forward ended goes once another is asked for.
+    free_lingering(w);
+    if (ws.full.empty()) gather(w);
     std::span<value_type> grads;
     if (backward) {
       // Under NoSync the gradient of earlier micro-steps is still there.
-      if (s.grad.empty()) {
-        s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], shard_comm().size()), value_type(0));
+      if (ws.grad.empty()) {
+        ws.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[w], shard_comm().size()), value_type(0));
       }
-      grads = std::span<value_type>(s.grad).first(sizes_[u]);
+      grads = std::span<value_type>(ws.grad).subspan(member_offset_[u], model_sizes_[u]);
     }
-    s.view = make_view(u, std::span<value_type>(s.full).first(sizes_[u]), grads);
+    s.view = make_view(u, std::span<value_type>(ws.full).subspan(member_offset_[u], model_sizes_[u]), grads);
     s.held = true;
+    ++ws.held;
     return s.view;
   }
 
-  void gather(std::size_t u) {
-    UnitState& s = units_[u];
-    s.full.assign(chunks_[u] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
-    trace_.push_back({Collective::all_gather, u});
-    const std::span<const value_type> in = unit_shard(u);
+  void gather(std::size_t w) {
+    WrappedState& s = wrapped_[w];
+    s.full.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+    trace_.push_back({Collective::all_gather, w});
+    const std::span<const value_type> in = unit_shard(w);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
     worker_
-        ->submit("ShardedTrainer gather of " + unit_name(u),
+        ->submit("ShardedTrainer gather of " + wrapped_name(w),
                  [all_gather, in, out](Communicator<backend_type>& c) { all_gather(c, in, out); })
         .wait();
   }
 
+  /// The model let go of model unit u. Its wrapped unit is freed once no
+  /// member is held and, per strategy, its members' forward (FullShard) or
+  /// backward (every strategy) is over.
   void release(std::size_t u) noexcept {
-    if (u >= units_.size()) return;
-    UnitState& s = units_[u];
+    if (u >= members_.size()) return;
+    MemberState& s = members_[u];
+    const std::size_t w = member_of_[u];
+    WrappedState& ws = wrapped_[w];
     s.held = false;
-    if (!sharded()) return;
-    // FullShard reshards after forward and after backward; ShardGradOp
-    // keeps forward's gather for the backward.
-    const bool forward = !evaluating_ && s.asks == 1;
-    if (forward && full_shard() && o_.keep_last_forward_unit) {
-      if (kept_ != no_unit && kept_ != u && !units_[kept_].held) std::vector<value_type>().swap(units_[kept_].full);
-      kept_ = u;
+    --ws.held;
+    if (!sharded() || ws.held > 0) return;
+    if (evaluating_) {
+      if (members_asked(w, 1)) {
+        free_unit(w);
+      } else {
+        lingering_.push_back(w);
+      }
       return;
     }
-    const bool free = evaluating_ || full_shard() || s.asks == 2;
-    if (free) std::vector<value_type>().swap(s.full);
+    if (s.asks == 1) {
+      // ShardGradOp keeps forward's gather for the backward.
+      if (!full_shard()) return;
+      // FullShard reshards after forward; the unit released last in forward
+      // stays until another is asked for (keep_last_forward_unit), as does
+      // one some of whose members have not been asked for yet.
+      if (members_asked(w, 1) && !o_.keep_last_forward_unit) {
+        free_unit(w);
+      } else {
+        lingering_.push_back(w);
+      }
+      return;
+    }
+    if (members_asked(w, 2)) free_unit(w);
   }
 
+  /// Model unit u's gradient is final; once every member of its wrapped
+  /// unit is, the wrapped unit's gradient is reduced.
   void ready(std::size_t u) {
     check_unit(u, "reported ready");
-    UnitState& s = units_[u];
+    MemberState& m = members_[u];
     if (evaluating_) {
       throw InvalidArgument(where() + ": the model reported " + unit_name(u) +
                             " ready during evaluate(), which runs no backward");
     }
-    if (s.ready) {
+    if (m.ready) {
       throw InvalidArgument(where() + ": the model reported " + unit_name(u) + " ready twice in one backward");
     }
-    if (!s.held || s.asks != 2) {
+    if (!m.held || m.asks != 2) {
       throw InvalidArgument(where() + ": the model reported " + unit_name(u) +
                             " ready without holding it from a backward ask; in backward, hold `auto p = "
                             "ctx.params(u)` (its second ask of the step), add the gradient into p's grad views, "
                             "then call ctx.ready(u)");
     }
-    s.ready = true;
+    m.ready = true;
+    const std::size_t u_w = member_of_[u];
+    if (++wrapped_[u_w].ready < last_member(u_w) - first_member(u_w) + 1) return;
     if (!reducing_) return;
+    reduce(u_w);
+  }
+
+  /// Reduces wrapped unit u's gradient to its owners, on the worker.
+  void reduce(std::size_t u) {
+    WrappedState& s = wrapped_[u];
     const Options opts = o_.collective;
     // Sharded accumulation: after the first micro-step, add to the shard.
     const bool add = o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0;
@@ -634,7 +793,7 @@ class ShardedTrainer {
       if (scale != value_type(1)) {
         for (value_type& x : g) x *= scale;
       }
-      s.request = worker_->submit("ShardedTrainer all-reduce of " + unit_name(u),
+      s.request = worker_->submit("ShardedTrainer all-reduce of " + wrapped_name(u),
                                   [opts, g](Communicator<backend_type>& c) {
                                     if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
                                   });
@@ -653,7 +812,7 @@ class ShardedTrainer {
       // worker, after construction: one thread, one order.
       Comm* replicas = &*replica_comm_;
       const auto divisor = static_cast<value_type>(comm_.size());
-      s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + unit_name(u),
+      s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + wrapped_name(u),
                                   [opts, storage, count, mine, replicas, divisor, add](Communicator<backend_type>& c) {
                                     const ReduceScatterAverage<Algo> policy{opts};
                                     policy.reduce(c, storage, count, false);
@@ -670,7 +829,7 @@ class ShardedTrainer {
                                   });
       return;
     }
-    s.request = worker_->submit("ShardedTrainer reduce-scatter of " + unit_name(u),
+    s.request = worker_->submit("ShardedTrainer reduce-scatter of " + wrapped_name(u),
                                 [opts, storage, count, mine, add](Communicator<backend_type>& c) {
                                   const ReduceScatterAverage<Algo> policy{opts};
                                   policy.reduce(c, storage, count, true);
@@ -686,8 +845,8 @@ class ShardedTrainer {
   /// `keep_grads`: a NoSync micro-step, whose unsharded gradients stay.
   void finish_reductions(bool keep_grads) {
     std::string missing;
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      if (!units_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
+    for (std::size_t u = 0; u < members_.size(); ++u) {
+      if (!members_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
     }
     std::exception_ptr first = drain();
     release_all(keep_grads);
@@ -712,18 +871,19 @@ class ShardedTrainer {
   }
 
   void release_all(bool keep_grads) noexcept {
-    kept_ = no_unit;
-    for (UnitState& s : units_) {
+    lingering_.clear();
+    for (WrappedState& s : wrapped_) {
       s.request = Request();
       if (!keep_grads) std::vector<value_type>().swap(s.grad);
       if (sharded()) std::vector<value_type>().swap(s.full);
-      s.held = false;
+      s.held = 0;
     }
+    for (MemberState& m : members_) m.held = false;
   }
 
   std::exception_ptr drain() {
     std::exception_ptr first;
-    for (UnitState& s : units_) {
+    for (WrappedState& s : wrapped_) {
       try {
         s.request.wait();
       } catch (...) {
@@ -735,7 +895,7 @@ class ShardedTrainer {
   }
 
   void settle_all() noexcept {
-    for (UnitState& s : units_) detail::settle(s.request);
+    for (WrappedState& s : wrapped_) detail::settle(s.request);
   }
 
   Comm& comm_;
@@ -746,13 +906,19 @@ class ShardedTrainer {
   std::vector<std::size_t> sizes_, chunks_, offsets_, buffer_offsets_;
   std::size_t total_ = 0;
   std::vector<value_type> shard_params_, shard_grads_, buffers_;
-  std::vector<UnitState> units_;
+  /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
+  /// model unit u lies in wrapped unit member_of_[u] at member_offset_[u].
+  std::vector<std::pair<std::size_t, std::size_t>> groups_;
+  std::vector<std::size_t> member_of_, member_offset_, model_sizes_;
+  ShardPlan plan_;
+  std::vector<MemberState> members_;
+  std::vector<WrappedState> wrapped_;
   std::vector<ShardedTraceEvent> trace_;
   Provider provider_{*this};
   bool evaluating_ = false;
-  static constexpr std::size_t no_unit = static_cast<std::size_t>(-1);
-  /// FullShard's unit kept gathered after its forward (keep_last_forward_unit).
-  std::size_t kept_ = no_unit;
+  /// FullShard: wrapped units kept gathered after their forward until
+  /// another is asked for (keep_last_forward_unit, or members not yet asked).
+  std::vector<std::size_t> lingering_;
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
   /// accumulate() calls since the last step.
