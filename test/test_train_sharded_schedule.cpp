@@ -372,3 +372,87 @@ TEST_CASE("wrap: a size-wrapped run equals ReplicatedTrainer (bitwise when deter
     }
   }
 }
+
+namespace {
+
+using Trace = std::vector<gradsync::ShardedTraceEvent>;
+
+std::string describe(const Trace& t) {
+  std::string s;
+  for (const auto& e : t) {
+    s += e.collective == Collective::all_gather       ? " AG"
+         : e.collective == Collective::reduce_scatter ? " RS"
+         : e.collective == Collective::all_reduce     ? " AR"
+                                                      : " ??";
+    s += std::to_string(e.unit);
+  }
+  return s;
+}
+
+/// The collectives of one step of model_for() (forward through its units in
+/// order, backward in reverse) under `groups` wrapped units, without
+/// prefetch, as the strategies define them: FullShard gathers each unit for
+/// forward and again for backward, except the last one when kept; a unit's
+/// reduction follows its last member's ready, which is its first member's.
+Trace expected_trace(ShardingStrategy s, std::size_t groups, bool keep_last) {
+  Trace t;
+  if (s != ShardingStrategy::NoShard)
+    for (std::size_t w = 0; w < groups; ++w) t.push_back({Collective::all_gather, w});
+  for (std::size_t w = groups; w-- > 0;) {
+    switch (s) {
+      case ShardingStrategy::NoShard: t.push_back({Collective::all_reduce, w}); break;
+      case ShardingStrategy::ShardGradOp: t.push_back({Collective::reduce_scatter, w}); break;
+      case ShardingStrategy::FullShard:
+      case ShardingStrategy::HybridShard:
+        if (!(keep_last && w + 1 == groups)) t.push_back({Collective::all_gather, w});
+        t.push_back({Collective::reduce_scatter, w});
+        if (s == ShardingStrategy::HybridShard) t.push_back({Collective::all_reduce, w});
+        break;
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("trace: the collectives of one step, in order, per strategy and wrapping") {
+  const std::uint64_t seed = test::rng_for("trace")();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 2, world, 2);
+    for (const ShardingStrategy strategy : all_strategies) {
+      for (const bool keep : {true, false}) {
+        for (const bool wrapped : {false, true}) {
+          INFO("strategy = " << std::string(name(strategy)) << ", keep_last_forward_unit = " << keep
+                             << ", wrap = " << (wrapped ? "size 30" : "per unit"));
+          ShardedTrainerOptions o;
+          o.strategy = strategy;
+          o.shard_size = strategy == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
+          o.keep_last_forward_unit = keep;
+          if (wrapped) o.wrap = size_30;
+          std::vector<Trace> traces(ranks);
+          std::vector<std::uint64_t> calls(ranks);
+          gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+            const auto r = static_cast<std::size_t>(comm.rank());
+            ShardedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+            trainer.step(batches[0][r]);
+            const std::uint64_t before = comm.sequence();
+            trainer.step(batches[1][r]);
+            calls[r] = comm.sequence() - before;
+            traces[r] = trainer.trace();
+          });
+          const Trace expected = expected_trace(strategy, wrapped ? 2 : layers.size(), keep);
+          for (std::size_t r = 0; r < ranks; ++r) {
+            CAPTURE(r);
+            CHECK(describe(traces[r]) == describe(expected));
+            // Nothing else on the communicator but the buffers' broadcast
+            // (HybridShard's collectives run on its split communicators).
+            if (world > 1 && strategy != ShardingStrategy::HybridShard) CHECK(calls[r] == expected.size() + 1);
+          }
+        }
+      }
+    }
+  }
+}
