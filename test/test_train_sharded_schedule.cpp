@@ -9,7 +9,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -450,6 +453,220 @@ TEST_CASE("trace: the collectives of one step, in order, per strategy and wrappi
             // Nothing else on the communicator but the buffers' broadcast
             // (HybridShard's collectives run on its split communicators).
             if (world > 1 && strategy != ShardingStrategy::HybridShard) CHECK(calls[r] == expected.size() + 1);
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+using gradsync::BackwardPrefetch;
+
+const char* name(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::None: return "None";
+    case BackwardPrefetch::BackwardPre: return "BackwardPre";
+    case BackwardPrefetch::BackwardPost: return "BackwardPost";
+  }
+  return "?";
+}
+
+/// Index of the n-th (0-based) event `c` of `unit` in `t`, or t.size().
+std::size_t find(const Trace& t, Collective c, std::size_t unit, std::size_t n = 0) {
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (t[i].collective == c && t[i].unit == unit && n-- == 0) return i;
+  }
+  return t.size();
+}
+
+std::size_t count(const Trace& t, Collective c, std::size_t unit) {
+  std::size_t n = 0;
+  for (const auto& e : t) n += e.collective == c && e.unit == unit;
+  return n;
+}
+
+/// Passes a StepContext through, calling `before_ready(u)` before each ready.
+class Relay final : public gradsync::detail::UnitProvider<float> {
+ public:
+  Relay(const gradsync::StepContext<float>& ctx, const std::function<void(std::size_t)>& hook, std::size_t units)
+      : ctx_(ctx), hook_(hook), held_(units) {}
+  const gradsync::UnitView<float>& acquire(std::size_t u) override { return *held_.at(u).emplace(ctx_.params(u)); }
+  void release(std::size_t u) noexcept override { held_[u].reset(); }
+  void ready(std::size_t u) override {
+    if (hook_) hook_(u);
+    ctx_.ready(u);
+  }
+
+ private:
+  const gradsync::StepContext<float>& ctx_;
+  const std::function<void(std::size_t)>& hook_;
+  std::vector<std::optional<gradsync::UnitParams<float>>> held_;
+};
+
+/// model_for()'s Mlp, with a hook the test sets to look at the trainer as
+/// each unit is reported ready (after its gradient is computed).
+struct Spied {
+  using value_type = float;
+  test_train::Mlp<float> mlp;
+  std::function<void(std::size_t)> before_ready;
+
+  std::vector<gradsync::UnitSpec> units() const { return mlp.units(); }
+  void bind(std::span<const gradsync::UnitView<float>> views) { mlp.bind(views); }
+  double forward_backward(const Batch<float>& batch, const gradsync::StepContext<float>& ctx) {
+    Relay relay(ctx, before_ready, layers.size());
+    return mlp.forward_backward(batch, gradsync::StepContext<float>(relay));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("prefetch: gather(i-1) before reduce-scatter(i) under BackwardPre and BackwardPost, within the limit") {
+  const std::uint64_t seed = test::rng_for("prefetch trace")();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 2, world, 2);
+    for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard,
+                                            ShardingStrategy::ShardGradOp}) {
+      for (const bool wrapped : {false, true}) {
+        for (const BackwardPrefetch backward :
+             {BackwardPrefetch::None, BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
+          for (const bool forward : {false, true}) {
+            for (const std::size_t limit : {std::size_t{2}, std::size_t{1}, std::size_t{3}, std::size_t{0}}) {
+              INFO("strategy = " << std::string(name(strategy)) << ", wrap = " << (wrapped ? "size 30" : "per unit")
+                                 << ", backward = " << std::string(name(backward)) << ", forward = " << forward
+                                 << ", limit = " << limit);
+              ShardedTrainerOptions o;
+              o.strategy = strategy;
+              o.shard_size = strategy == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
+              if (wrapped) o.wrap = size_30;
+              o.backward_prefetch = backward;
+              o.forward_prefetch = forward;
+              o.limit_all_gathers = limit;
+              std::vector<Trace> traces(ranks);
+              gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+                const auto r = static_cast<std::size_t>(comm.rank());
+                ShardedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+                trainer.step(batches[0][r]);
+                trainer.step(batches[1][r]);
+                traces[r] = trainer.trace();
+              });
+              const Trace& t = traces[0];
+              INFO("trace:" << describe(t));
+              for (const Trace& other : traces) CHECK(describe(other) == describe(t));
+              const std::size_t units = wrapped ? 2 : layers.size();
+              // Prefetch moves gathers earlier, never adds or drops one.
+              const Trace plain = expected_trace(strategy, units, true);
+              for (std::size_t w = 0; w < units; ++w) {
+                CHECK(count(t, Collective::all_gather, w) == count(plain, Collective::all_gather, w));
+                CHECK(count(t, Collective::reduce_scatter, w) == 1);
+              }
+              if (strategy == ShardingStrategy::ShardGradOp) continue;  // nothing gathered in backward
+              // Never more gathered than the limit (nothing is held twice here).
+              for (const auto& e : t) {
+                if (e.collective == Collective::all_gather && limit != 0) CHECK(e.gathered <= limit);
+              }
+              const bool prefetches = limit == 0 || limit >= 2;
+              for (std::size_t w = 1; w < units; ++w) {
+                CAPTURE(w);
+                // Unit w−1's backward gather is its second; unit w's reduction its only one.
+                const std::size_t gather = find(t, Collective::all_gather, w - 1, 1);
+                const std::size_t reduce = find(t, Collective::reduce_scatter, w);
+                REQUIRE(gather < t.size());
+                REQUIRE(reduce < t.size());
+                if (backward != BackwardPrefetch::None && prefetches) {
+                  CHECK(gather < reduce);
+                  if (backward == BackwardPrefetch::BackwardPost) CHECK(gather + 1 == reduce);
+                } else {
+                  CHECK(gather > reduce);
+                }
+                // Forward: unit w's gather was issued with w−1 still in use.
+                CHECK(t[find(t, Collective::all_gather, w)].gathered == (forward && prefetches ? 2u : 1u));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("prefetch: BackwardPre gathers unit i-1 before unit i's gradient is computed, BackwardPost after") {
+  const std::uint64_t seed = test::rng_for("prefetch timing")();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 1, world, 2);
+    for (const BackwardPrefetch backward :
+         {BackwardPrefetch::None, BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
+      INFO("backward = " << std::string(name(backward)));
+      // gathers[r][u]: unit u−1's gathers in the trace when unit u was reported ready.
+      std::vector<std::vector<std::size_t>> gathers(ranks, std::vector<std::size_t>(layers.size()));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ShardedTrainerOptions o;
+        o.backward_prefetch = backward;
+        ShardedTrainer trainer(comm, Spied{model_for(comm.rank()), {}}, momentum_sgd(), o);
+        trainer.model().before_ready = [&](std::size_t u) {
+          if (u > 0) gathers[r][u] = count(trainer.trace(), Collective::all_gather, u - 1);
+        };
+        trainer.step(batches[0][r]);
+      });
+      for (std::size_t r = 0; r < ranks; ++r) {
+        for (std::size_t u = 1; u < layers.size(); ++u) {
+          CAPTURE(r);
+          CAPTURE(u);
+          // Forward's gather, and under BackwardPre already backward's.
+          CHECK(gathers[r][u] == (backward == BackwardPrefetch::BackwardPre ? 2u : 1u));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("prefetch: parity with ReplicatedTrainer still holds, bitwise when deterministic") {
+  const std::uint64_t seed = test::rng_for("prefetch parity")();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  const auto adam = gradsync::Adam<float>({.lr = 0.01});
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      ReplicatedTrainerOptions ro;
+      ro.sync.collective.deterministic = deterministic;
+      std::vector<float> replicated;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ReplicatedTrainer trainer(comm, model_for(comm.rank()), adam, ro);
+        for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+        if (comm.rank() == 0) replicated.assign(trainer.parameters().begin(), trainer.parameters().end());
+      });
+      for (const ShardingStrategy strategy : all_strategies) {
+        for (const BackwardPrefetch backward : {BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
+          for (const bool wrapped : {false, true}) {
+            INFO("strategy = " << std::string(name(strategy)) << ", backward = " << std::string(name(backward))
+                               << ", wrap = " << (wrapped ? "size 30" : "per unit"));
+            ShardedTrainerOptions so;
+            so.strategy = strategy;
+            so.shard_size = strategy == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
+            so.collective.deterministic = deterministic;
+            so.forward_prefetch = true;
+            so.backward_prefetch = backward;
+            if (wrapped) so.wrap = size_30;
+            std::vector<std::vector<float>> result(ranks);
+            gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+              ShardedTrainer trainer(comm, model_for(comm.rank()), adam, so);
+              for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+              result[static_cast<std::size_t>(comm.rank())] = trainer.full_parameters();
+            });
+            for (const auto& x : result) CHECK(bitwise_equal(x, result[0]));
+            CHECK(worst_relative(result[0], replicated) <= 1e-6);
+            if (deterministic && strategy != ShardingStrategy::HybridShard) CHECK(bitwise_equal(result[0], replicated));
           }
         }
       }

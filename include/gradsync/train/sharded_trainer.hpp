@@ -30,6 +30,7 @@
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
 #include "gradsync/train/accumulation_mode.hpp"
+#include "gradsync/train/backward_prefetch.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
@@ -80,6 +81,19 @@ struct ShardedTrainerOptions {
   /// How model units group into wrapped units, each gathered and reduced
   /// as one flat buffer (see WrapPolicy). Default: one per model unit.
   WrapPolicy wrap = WrapPolicy::per_unit();
+  /// Forward: when a unit is asked for, start gathering the next one in
+  /// declaration (forward) order (FSDP's forward_prefetch).
+  bool forward_prefetch = false;
+  /// Backward: when to start gathering the next unit of backward (FSDP's
+  /// backward_prefetch; its default is BackwardPre, ours None so that a step's
+  /// memory is that of no prefetch unless asked for).
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::None;
+  /// A prefetch is issued only while fewer wrapped units than this are
+  /// gathered and not yet freed (FSDP's limit_all_gathers, which allows 2);
+  /// 0: no limit. Gathers the model asks for are never held back. Under
+  /// ShardGradOp, whose forward keeps every unit gathered until its
+  /// backward, forward prefetch stops once this many are kept.
+  std::size_t limit_all_gathers = 2;
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -87,6 +101,9 @@ struct ShardedTraceEvent {
   Collective collective;
   /// The wrapped unit (ShardedTrainer::plan()), the model unit under the default per-unit wrapping.
   std::size_t unit;
+  /// Gathers: wrapped units gathered and not yet freed once this one was
+  /// issued (it included), what ShardedTrainerOptions::limit_all_gathers bounds.
+  std::size_t gathered = 0;
 };
 
 /// Trains `Model` with 1/N of every unit's parameters, gradients and
@@ -401,6 +418,7 @@ class ShardedTrainer {
     std::size_t held = 0;          ///< members the model holds
     std::size_t ready = 0;         ///< members reported ready in this backward
     Request request;               ///< the gradient's reduction
+    Request gathering;             ///< the gather into `full`, until acquire waits for it
   };
 
   /// Lends the model its units: gathers on demand, frees on release.
@@ -693,6 +711,11 @@ class ShardedTrainer {
     // A unit whose forward ended goes once another is asked for.
     free_lingering(w);
     if (ws.full.empty()) gather(w);
+    // The next unit's gather overlaps this one's use: decided from the
+    // model's asks alone, so every rank issues the same gathers in one order.
+    if (!evaluating_ && !backward && o_.forward_prefetch && w + 1 < wrapped_.size()) prefetch(w + 1);
+    if (backward && o_.backward_prefetch == BackwardPrefetch::BackwardPre && w > 0) prefetch(w - 1);
+    wait_gathered(w);
     std::span<value_type> grads;
     if (backward) {
       // Under NoSync the gradient of earlier micro-steps is still there.
@@ -707,17 +730,38 @@ class ShardedTrainer {
     return s.view;
   }
 
+  /// Starts gathering wrapped unit w on the worker, behind what is queued there.
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
     s.full.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
-    trace_.push_back({Collective::all_gather, w});
+    trace_.push_back({Collective::all_gather, w, gathered_units()});
     const std::span<const value_type> in = unit_shard(w);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
-    worker_
-        ->submit("ShardedTrainer gather of " + wrapped_name(w),
-                 [all_gather, in, out](Communicator<backend_type>& c) { all_gather(c, in, out); })
-        .wait();
+    s.gathering = worker_->submit("ShardedTrainer gather of " + wrapped_name(w),
+                                  [all_gather, in, out](Communicator<backend_type>& c) { all_gather(c, in, out); });
+  }
+
+  /// Gathers w ahead of its ask, unless it is gathered or the limit is reached.
+  void prefetch(std::size_t w) {
+    if (!wrapped_[w].full.empty()) return;
+    if (o_.limit_all_gathers != 0 && gathered_units() >= o_.limit_all_gathers) return;
+    gather(w);
+  }
+
+  void wait_gathered(std::size_t w) {
+    Request& r = wrapped_[w].gathering;
+    if (r.valid()) {
+      r.wait();
+      r = Request();
+    }
+  }
+
+  /// Wrapped units whose parameters are gathered (or being gathered) now.
+  std::size_t gathered_units() const noexcept {
+    std::size_t n = 0;
+    for (const WrappedState& s : wrapped_) n += !s.full.empty() ? 1 : 0;
+    return n;
   }
 
   /// The model let go of model unit u. Its wrapped unit is freed once no
@@ -776,6 +820,7 @@ class ShardedTrainer {
     m.ready = true;
     const std::size_t u_w = member_of_[u];
     if (++wrapped_[u_w].ready < last_member(u_w) - first_member(u_w) + 1) return;
+    if (sharded() && o_.backward_prefetch == BackwardPrefetch::BackwardPost && u_w > 0) prefetch(u_w - 1);
     if (!reducing_) return;
     reduce(u_w);
   }
@@ -874,6 +919,7 @@ class ShardedTrainer {
     lingering_.clear();
     for (WrappedState& s : wrapped_) {
       s.request = Request();
+      s.gathering = Request();
       if (!keep_grads) std::vector<value_type>().swap(s.grad);
       if (sharded()) std::vector<value_type>().swap(s.full);
       s.held = 0;
@@ -881,21 +927,28 @@ class ShardedTrainer {
     for (MemberState& m : members_) m.held = false;
   }
 
+  /// Waits for every reduction and gather (a prefetch the model never
+  /// used included); returns the first failure.
   std::exception_ptr drain() {
     std::exception_ptr first;
     for (WrappedState& s : wrapped_) {
-      try {
-        s.request.wait();
-      } catch (...) {
-        if (!first) first = std::current_exception();
+      for (Request* r : {&s.gathering, &s.request}) {
+        try {
+          if (r->valid()) r->wait();
+        } catch (...) {
+          if (!first) first = std::current_exception();
+        }
+        *r = Request();
       }
-      s.request = Request();
     }
     return first;
   }
 
   void settle_all() noexcept {
-    for (WrappedState& s : wrapped_) detail::settle(s.request);
+    for (WrappedState& s : wrapped_) {
+      detail::settle(s.gathering);
+      detail::settle(s.request);
+    }
   }
 
   Comm& comm_;
