@@ -121,9 +121,9 @@ struct ShardedTraceEvent {
 /// gradient views. `ctx.ready(u)` reduce-scatters u's gradient with a sum
 /// and divides on the owning rank (ReduceScatterAverage). Gathers and
 /// reductions all run on the communicator's ProgressWorker, in the order the
-/// model asks, which is the same on every rank; a gather is waited for,
-/// reductions overlap the rest of backward. Under NoShard nothing is
-/// gathered and each unit is all-reduced (Avg) instead.
+/// model asks, which is the same on every rank; an ask waits for its gather
+/// (started earlier under prefetch), reductions overlap the rest of backward.
+/// Under NoShard nothing is gathered and each unit is all-reduced (Avg).
 ///
 /// Construction checks that every rank declared the same units, broadcasts
 /// rank 0's parameters and buffers, then keeps only this rank's shard.
@@ -158,7 +158,15 @@ struct ShardedTraceEvent {
 /// 1/K and reduces it once: bitwise ReplicatedTrainer::accumulate under the
 /// deterministic option.
 ///
-/// Not yet: prefetch, mixed precision and offload (issue 13).
+/// Prefetch (off by default): forward_prefetch gathers the next wrapped
+/// unit when one is asked for in forward; backward_prefetch gathers the
+/// one before it in forward order when a unit is asked for in backward
+/// (BackwardPre) or when its gradient is ready (BackwardPost), while fewer
+/// than limit_all_gathers units are gathered. Gathers are asynchronous on
+/// the worker; which and when depend only on the model's asks, never on
+/// timing, so every rank queues the same collectives in the same order.
+///
+/// Not yet: mixed precision and offload (issue 13).
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
