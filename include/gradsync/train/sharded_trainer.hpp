@@ -23,12 +23,14 @@
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/collective/progress_worker.hpp"
 #include "gradsync/core/backend_traits.hpp"
+#include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/types.hpp"
 #include "gradsync/train/accumulation_mode.hpp"
 #include "gradsync/train/backward_prefetch.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
@@ -94,6 +96,17 @@ struct ShardedTrainerOptions {
   /// ShardGradOp, whose forward keeps every unit gathered until its
   /// backward, forward prefetch stops once this many are kept.
   std::size_t limit_all_gathers = 2;
+  /// The element type parameters are gathered in: the master type
+  /// (value_type; unset, the default) or DataType::bfloat16, which rounds
+  /// the master shard once per gather and halves the gather's bytes. The
+  /// model still sees value_type views (holding the rounded values) and
+  /// computes in value_type: the model protocol's views are value_type.
+  std::optional<DataType> param_dtype{};
+  /// The element type gradients are reduced in: the master type unless set
+  /// (DataType::bfloat16 halves the bytes and rounds each rank's gradient
+  /// and the reduced sums). Unlike PyTorch FSDP, it does not follow
+  /// param_dtype: reducing in low precision is never silent.
+  std::optional<DataType> reduce_dtype{};
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -104,6 +117,11 @@ struct ShardedTraceEvent {
   /// Gathers: wrapped units gathered and not yet freed once this one was
   /// issued (it included), what ShardedTrainerOptions::limit_all_gathers bounds.
   std::size_t gathered = 0;
+  /// Bytes of the collective's whole (unsharded, padded) buffer in the
+  /// element type it travels in: N·c·sizeof(param or reduce dtype) for a
+  /// gather or reduce-scatter, P·sizeof for NoShard's all-reduce, c·sizeof
+  /// for HybridShard's across replicas. A ring moves (N−1)/N of it per rank.
+  std::size_t bytes = 0;
 };
 
 /// Trains `Model` with 1/N of every unit's parameters, gradients and
@@ -206,6 +224,7 @@ class ShardedTrainer {
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ShardedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
                               "the same order: check what its units() depends on (configuration, rank, world size).");
+    precision();
     split();
     layout();
     if (o_.wrap.is_custom()) {
@@ -460,6 +479,19 @@ class ShardedTrainer {
   /// HybridShard, else the whole communicator.
   Comm& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
   const Comm& shard_comm() const noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
+
+  /// Reads param_dtype and reduce_dtype: the master type or bfloat16.
+  void precision() {
+    auto low = [&](const std::optional<DataType>& d, const char* what) {
+      if (!d || *d == data_type_v<value_type>) return false;
+      if (*d == DataType::bfloat16) return true;
+      throw InvalidArgument(where() + ": " + what + " must be the master type (" +
+                            std::string(name(data_type_v<value_type>)) + ") or bfloat16, got " +
+                            std::string(name(*d)));
+    };
+    param_bf16_ = low(o_.param_dtype, "ShardedTrainerOptions::param_dtype");
+    reduce_bf16_ = low(o_.reduce_dtype, "ShardedTrainerOptions::reduce_dtype");
+  }
 
   /// HybridShard: the shard group and the replica group of this rank, both
   /// split from the communicator (collective; every rank the same options).
@@ -742,12 +774,21 @@ class ShardedTrainer {
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
     s.full.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
-    trace_.push_back({Collective::all_gather, w, gathered_units()});
+    const bool low = param_bf16_;
+    trace_.push_back({Collective::all_gather, w, gathered_units(),
+                      s.full.size() * (low ? sizeof(bfloat16) : sizeof(value_type))});
     const std::span<const value_type> in = unit_shard(w);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
     s.gathering = worker_->submit("ShardedTrainer gather of " + wrapped_name(w),
-                                  [all_gather, in, out](Communicator<backend_type>& c) { all_gather(c, in, out); });
+                                  [all_gather, in, out, low](Communicator<backend_type>& c) {
+                                    if (!low) return all_gather(c, in, out);
+                                    // param_dtype bfloat16: rounded once, on the wire at half the bytes.
+                                    const std::vector<bfloat16> mine(in.begin(), in.end());
+                                    std::vector<bfloat16> all(out.size());
+                                    all_gather(c, std::span<const bfloat16>(mine), std::span<bfloat16>(all));
+                                    for (std::size_t i = 0; i < out.size(); ++i) out[i] = to_value(all[i]);
+                                  });
   }
 
   /// Gathers w ahead of its ask, unless it is gathered or the limit is reached.
@@ -840,59 +881,96 @@ class ShardedTrainer {
     // Sharded accumulation: after the first micro-step, add to the shard.
     const bool add = o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0;
     const value_type scale = local_scale_;
+    // One rank reduces nothing: its gradient is not rounded for a wire.
+    const bool low = reduce_bf16_ && comm_.size() > 1;
+    const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
     if (!sharded()) {
-      trace_.push_back({Collective::all_reduce, u});
+      trace_.push_back({Collective::all_reduce, u, 0, sizes_[u] * e});
       const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]);
       if (scale != value_type(1)) {
         for (value_type& x : g) x *= scale;
       }
       s.request = worker_->submit("ShardedTrainer all-reduce of " + wrapped_name(u),
-                                  [opts, g](Communicator<backend_type>& c) {
-                                    if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
+                                  [opts, g, low](Communicator<backend_type>& c) {
+                                    if (c.size() == 1) return;
+                                    if (low) {
+                                      std::vector<bfloat16> packed(g.begin(), g.end());
+                                      AllReduce<Algo>{opts}(c, std::span<bfloat16>(packed), Avg{});
+                                      for (std::size_t i = 0; i < g.size(); ++i) g[i] = to_value(packed[i]);
+                                    } else {
+                                      AllReduce<Algo>{opts}(c, g, Avg{});
+                                    }
                                   });
       return;
     }
-    trace_.push_back({Collective::reduce_scatter, u});
+    const std::size_t n = static_cast<std::size_t>(shard_comm().size());
+    trace_.push_back({Collective::reduce_scatter, u, 0, n * chunks_[u] * e});
     const std::size_t count = sizes_[u];
     const std::span<value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
     if (scale != value_type(1)) {
       for (value_type& x : storage.first(count)) x *= scale;
     }
-    if (replica_comm_) {
-      trace_.push_back({Collective::all_reduce, u});
-      // The replica communicator is used only here, on the shard group's
-      // worker, after construction: one thread, one order.
-      Comm* replicas = &*replica_comm_;
-      const auto divisor = static_cast<value_type>(comm_.size());
-      s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + wrapped_name(u),
-                                  [opts, storage, count, mine, replicas, divisor, add](Communicator<backend_type>& c) {
-                                    const ReduceScatterAverage<Algo> policy{opts};
-                                    policy.reduce(c, storage, count, false);
-                                    const ReducedPart part =
-                                        ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                    const std::span<value_type> reduced = storage.subspan(part.offset, mine.size());
-                                    std::fill(reduced.begin() + static_cast<std::ptrdiff_t>(part.count),
-                                              reduced.end(), value_type(0));
-                                    if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, reduced, Sum{});
-                                    for (std::size_t i = 0; i < mine.size(); ++i) {
-                                      const value_type x = reduced[i] / divisor;
-                                      mine[i] = add ? mine[i] + x : x;
-                                    }
-                                  });
+    // The replica communicator is used only here, on the shard group's
+    // worker, after construction: one thread, one order.
+    Comm* replicas = replica_comm_ ? &*replica_comm_ : nullptr;
+    if (replicas) trace_.push_back({Collective::all_reduce, u, 0, chunks_[u] * e});
+    const auto divisor = static_cast<value_type>(comm_.size());
+    s.request = worker_->submit(
+        std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
+                             : "ShardedTrainer reduce-scatter of ") +
+            wrapped_name(u),
+        [opts, storage, count, mine, replicas, divisor, add, low](Communicator<backend_type>& c) {
+          if (low) {
+            reduce_in<bfloat16>(c, opts, storage, count, mine, replicas, divisor, add);
+          } else {
+            reduce_in<value_type>(c, opts, storage, count, mine, replicas, divisor, add);
+          }
+        });
+  }
+
+  template <class E>
+  static value_type to_value(E x) noexcept {
+    if constexpr (std::is_same_v<E, value_type>) {
+      return x;
+    } else {
+      return static_cast<value_type>(static_cast<float>(x));
+    }
+  }
+
+  /// On the worker: reduces a unit's gradient (`storage`, `count` elements
+  /// and room for the result, ReduceScatterAverage's layout) in element type
+  /// E into this rank's gradient shard `mine`: a mean, or under HybridShard
+  /// a sum in the group, a sum across `replicas` and one division.
+  template <class E>
+  static void reduce_in(Communicator<backend_type>& c, const Options& opts, std::span<value_type> storage,
+                        std::size_t count, std::span<value_type> mine, Comm* replicas, value_type divisor, bool add) {
+    std::vector<E> packed;
+    std::span<E> buffer;
+    if constexpr (std::is_same_v<E, value_type>) {
+      buffer = storage;
+    } else {
+      packed.assign(storage.size(), E(0.0f));
+      for (std::size_t i = 0; i < count; ++i) packed[i] = E(static_cast<float>(storage[i]));
+      buffer = std::span<E>(packed);
+    }
+    const ReduceScatterAverage<Algo> policy{opts};
+    policy.reduce(c, buffer, count, replicas == nullptr);
+    const ReducedPart part = ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
+    if (!replicas) {
+      for (std::size_t i = 0; i < part.count; ++i) {
+        const value_type x = to_value(buffer[part.offset + i]);
+        mine[i] = add ? mine[i] + x : x;
+      }
       return;
     }
-    s.request = worker_->submit("ShardedTrainer reduce-scatter of " + wrapped_name(u),
-                                [opts, storage, count, mine, add](Communicator<backend_type>& c) {
-                                  const ReduceScatterAverage<Algo> policy{opts};
-                                  policy.reduce(c, storage, count, true);
-                                  const ReducedPart part =
-                                      ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                  for (std::size_t i = 0; i < part.count; ++i) {
-                                    const value_type x = storage[part.offset + i];
-                                    mine[i] = add ? mine[i] + x : x;
-                                  }
-                                });
+    const std::span<E> reduced = buffer.subspan(part.offset, mine.size());
+    std::fill(reduced.begin() + static_cast<std::ptrdiff_t>(part.count), reduced.end(), E(0.0f));
+    if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, reduced, Sum{});
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const value_type x = to_value(reduced[i]) / divisor;
+      mine[i] = add ? mine[i] + x : x;
+    }
   }
 
   /// `keep_grads`: a NoSync micro-step, whose unsharded gradients stay.
@@ -988,6 +1066,8 @@ class ShardedTrainer {
   bool reducing_ = true;
   /// Applied to each unit's local gradient before its reduction.
   value_type local_scale_ = value_type(1);
+  /// param_dtype / reduce_dtype are bfloat16 (else the master type).
+  bool param_bf16_ = false, reduce_bf16_ = false;
   TrainerStats stats_{};
   /// HybridShard's groups; declared before worker_, which runs on the first.
   std::optional<Comm> shard_comm_, replica_comm_;
