@@ -184,7 +184,13 @@ struct ShardedTraceEvent {
 /// the worker; which and when depend only on the model's asks, never on
 /// timing, so every rank queues the same collectives in the same order.
 ///
-/// Not yet: mixed precision and offload (issue 13).
+/// Mixed precision: param_dtype bfloat16 gathers the fp32 master shard
+/// rounded to bfloat16 (half the gather's bytes; the model sees value_type
+/// views of the rounded values); reduce_dtype bfloat16 reduces gradients in
+/// it. Both default to the master type. NoShard gathers nothing, so
+/// param_dtype does not apply to it.
+///
+/// Not yet: offload (issue 13).
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
