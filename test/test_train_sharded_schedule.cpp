@@ -16,6 +16,7 @@
 #include <random>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -786,6 +787,81 @@ TEST_CASE("mixed precision: a dtype other than the master type or bfloat16 throw
     });
     for (const auto& m : messages) {
       CHECK(m.find("reduce_dtype must be the master type (float) or bfloat16, got int32") != std::string::npos);
+    }
+  }
+}
+
+namespace {
+
+/// model_for()'s Mlp that throws in backward when told to.
+struct Throwing {
+  using value_type = float;
+  test_train::Mlp<float> mlp;
+  bool fail = false;
+
+  std::vector<gradsync::UnitSpec> units() const { return mlp.units(); }
+  void bind(std::span<const gradsync::UnitView<float>> views) { mlp.bind(views); }
+  double forward_backward(const Batch<float>& batch, const gradsync::StepContext<float>& ctx) {
+    const double loss = mlp.forward_backward(batch, ctx);
+    if (fail) throw std::runtime_error("the model failed");
+    return loss;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a micro-step that throws drops them") {
+  const std::uint64_t seed = test::rng_for("accumulation interrupted")();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  for (int world = 1; world <= 3; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 4, world, 3);
+    for (const ShardingStrategy strategy : all_strategies) {
+      for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
+        INFO("strategy = " << std::string(name(strategy))
+                           << ", mode = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
+        ShardedTrainerOptions o;
+        o.strategy = strategy;
+        o.shard_size = strategy == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
+        o.accumulation = mode;
+        o.backward_prefetch = BackwardPrefetch::BackwardPre;
+        // plain: micro-steps 0, 1 and the step on 2. interrupted: the same with
+        // an evaluation after 0, and a failed micro-step (then 3) before it all.
+        std::vector<std::vector<float>> plain(ranks), interrupted(ranks);
+        std::vector<std::string> errors(ranks);
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          ShardedTrainer a(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
+          a.accumulate(batches[0][r]);
+          a.accumulate(batches[1][r]);
+          a.step(batches[2][r]);
+          plain[r] = a.full_parameters();
+
+          ShardedTrainer b(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
+          b.accumulate(batches[3][r]);
+          b.model().fail = true;
+          try {
+            b.accumulate(batches[3][r]);
+          } catch (const std::runtime_error& e) {
+            errors[r] = e.what();
+          }
+          b.model().fail = false;
+          b.accumulate(batches[0][r]);
+          b.evaluate([&](const gradsync::StepContext<float>& ctx) {
+            for (std::size_t u = 0; u < layers.size(); ++u) const auto p = ctx.params(u);
+            return 0;
+          });
+          b.accumulate(batches[1][r]);
+          b.step(batches[2][r]);
+          interrupted[r] = b.full_parameters();
+        });
+        for (std::size_t r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          CHECK(errors[r] == "the model failed");
+          CHECK(bitwise_equal(interrupted[r], plain[r]));
+        }
+      }
     }
   }
 }
