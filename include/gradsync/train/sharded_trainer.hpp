@@ -823,7 +823,8 @@ class ShardedTrainer {
   /// member is held and, per strategy, its members' forward (FullShard) or
   /// backward (every strategy) is over.
   void release(std::size_t u) noexcept {
-    if (u >= members_.size()) return;
+    // A handle kept past the end of its step was already let go of.
+    if (u >= members_.size() || !members_[u].held) return;
     MemberState& s = members_[u];
     const std::size_t w = member_of_[u];
     WrappedState& ws = wrapped_[w];
