@@ -24,6 +24,7 @@
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
+#include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/unit_agreement.hpp"
@@ -45,6 +46,11 @@ struct ReplicatedTrainerOptions {
   /// the ranks that still have data, so a rank that ran out (and called
   /// join()) can keep matching the others' collectives with zeros.
   bool join = false;
+  /// Bytes per rank this trainer may hold (see ReplicatedTrainer::memory_need);
+  /// 0: no limit. A configuration that needs more is refused at
+  /// construction, before anything is allocated or broadcast. Give every
+  /// rank the same value.
+  std::size_t memory_budget = 0;
 };
 
 /// What a trainer measured, summed over its steps.
@@ -132,6 +138,9 @@ class ReplicatedTrainer {
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ReplicatedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
                               "the same order: check what its units() depends on (configuration, rank, world size).");
+    detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
+                                o_.memory_budget,
+                                "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");
     allocate();
     model_.bind(std::span<const UnitView<value_type>>(views_));
     const Broadcast<Algo> broadcast{};
@@ -303,14 +312,27 @@ class ReplicatedTrainer {
   /// GradSync's bucket staging and buffers are left out, as in
   /// ShardedTrainer::persistent_bytes.
   std::size_t persistent_bytes() const noexcept {
-    std::size_t state = 0;
-    if constexpr (requires(const Opt& o) {
-                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
-                  }) {
-      state = opt_.state_per_element();
-    }
-    return (2 + state) * sizeof(value_type) * params_.size();
+    return (2 + state_per_element()) * sizeof(value_type) * params_.size();
   }
+
+  /// What this rank needs: parameters, gradients and optimizer state on all
+  /// Ψ elements, (2 + S)·sizeof(T)·Ψ (persistent_bytes()), and GradSync's
+  /// bucket buffers, which exist only with bf16 compression (2 bytes per
+  /// element), buckets otherwise being reduced in place in the gradients.
+  MemoryNeed memory_need() const {
+    std::size_t psi = 0;
+    for (const UnitSpec& u : specs_)
+      for (const TensorSpec& t : u.params) psi += t.count();
+    MemoryNeed need;
+    need.params = sizeof(value_type) * psi;
+    need.grads = sizeof(value_type) * psi;
+    need.optimizer_state = sizeof(value_type) * state_per_element() * psi;
+    if (o_.sync.compression == Compression::bf16) need.gradient_buffers = sizeof(bfloat16) * psi;
+    return need;
+  }
+  /// The transient bytes this rank really holds: GradSync's bucket buffers,
+  /// allocated at construction and kept.
+  std::size_t peak_transient_bytes() const noexcept { return sync_->buffer_bytes(); }
 
   const TrainerStats& stats() const noexcept { return stats_; }
   void reset_stats() {
@@ -321,6 +343,16 @@ class ReplicatedTrainer {
   }
 
  private:
+  std::size_t state_per_element() const noexcept {
+    if constexpr (requires(const Opt& o) {
+                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
+                  }) {
+      return opt_.state_per_element();
+    } else {
+      return 0;
+    }
+  }
+
   void allocate() {
     std::size_t np = 0, nb = 0;
     for (const UnitSpec& u : specs_) {

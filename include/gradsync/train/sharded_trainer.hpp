@@ -30,6 +30,7 @@
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
+#include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/reduce_scatter_average.hpp"
@@ -70,6 +71,11 @@ struct ShardedTrainerOptions {
   /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group g);
   /// it must divide the world size. 0: the whole world (one replica).
   int shard_size = 0;
+  /// Bytes per rank this trainer may hold (persistent + transient, see
+  /// ShardedTrainer::memory_need); 0: no limit. A configuration that needs
+  /// more is refused at construction, before the parameters are broadcast.
+  /// Give every rank the same value.
+  std::size_t memory_budget = 0;
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -159,6 +165,7 @@ class ShardedTrainer {
                             ": the model declares no parameters (" + std::to_string(specs_.size()) +
                             " units, 0 elements); there is nothing to shard or train");
     }
+    check_budget();
     initialise();
     worker_ = ProgressWorker<backend_type>::shared(shard_comm());
   }
@@ -326,6 +333,14 @@ class ShardedTrainer {
   std::size_t persistent_bytes() const noexcept {
     return (2 + optimizer_state_per_element()) * sizeof(value_type) * shard_params_.size();
   }
+
+  /// What this rank needs, by the formula (detail::sharded_memory_need):
+  /// persistent bytes exactly, transient bytes as the most a step holds at once.
+  MemoryNeed memory_need() const { return need(o_.strategy); }
+  /// The most transient bytes (gathered units, gradient buffers) this rank
+  /// really held at once since construction or reset_peak_transient().
+  std::size_t peak_transient_bytes() const noexcept { return peak_transient_; }
+  void reset_peak_transient() noexcept { peak_transient_ = 0; }
 
   /// The collectives of the last step, in the order this rank issued them.
   const std::vector<ShardedTraceEvent>& trace() const noexcept { return trace_; }
@@ -510,7 +525,10 @@ class ShardedTrainer {
     if (s.full.empty()) gather(u);
     std::span<value_type> grads;
     if (backward) {
+      // ShardGradOp gathers nothing in backward, so nothing else waits for its reductions.
+      retire_reductions(full_shard() ? 0 : 1);
       s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], shard_comm().size()), value_type(0));
+      track_transient();
       grads = std::span<value_type>(s.grad).first(sizes_[u]);
     }
     s.view = make_view(u, std::span<value_type>(s.full).first(sizes_[u]), grads);
@@ -521,6 +539,7 @@ class ShardedTrainer {
   void gather(std::size_t u) {
     UnitState& s = units_[u];
     s.full.assign(chunks_[u] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+    track_transient();
     trace_.push_back({Collective::all_gather, u});
     const std::span<const value_type> in = unit_shard(u);
     const std::span<value_type> out(s.full);
@@ -576,6 +595,7 @@ class ShardedTrainer {
       return;
     }
     trace_.push_back({Collective::reduce_scatter, u});
+    reducing_.push_back(u);
     const std::size_t count = sizes_[u];
     const std::span<value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
@@ -633,6 +653,7 @@ class ShardedTrainer {
 
   void release_all() noexcept {
     kept_ = no_unit;
+    reducing_.clear();
     for (UnitState& s : units_) {
       s.request = Request();
       std::vector<value_type>().swap(s.grad);
@@ -652,6 +673,52 @@ class ShardedTrainer {
       s.request = Request();
     }
     return first;
+  }
+
+  MemoryNeed need(ShardingStrategy strategy) const {
+    return detail::sharded_memory_need(std::span<const std::size_t>(sizes_),
+                                       static_cast<std::size_t>(shard_comm().size()),
+                                       strategy != ShardingStrategy::NoShard, strategy == ShardingStrategy::ShardGradOp,
+                                       optimizer_state_per_element(), sizeof(value_type));
+  }
+
+  void check_budget() const {
+    if (o_.memory_budget == 0) return;
+    const MemoryNeed full = need(ShardingStrategy::FullShard);
+    std::string advice = o_.strategy == ShardingStrategy::FullShard || o_.strategy == ShardingStrategy::HybridShard
+                             ? std::string("Smaller units lower the transient part, more ranks the persistent part.")
+                             : "FullShard would need " + full.describe() + ".";
+    detail::check_memory_budget(where(), need(o_.strategy), o_.memory_budget, advice);
+  }
+
+  /// Records the high-water mark of what gathered units and gradient
+  /// buffers hold; called after each allocation, where the sum can only have grown.
+  void track_transient() noexcept {
+    std::size_t held = 0;
+    for (const UnitState& s : units_) held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type);
+    peak_transient_ = std::max(peak_transient_, held);
+  }
+
+  /// Frees the gradient buffers of finished reductions, oldest first,
+  /// first waiting until at most `in_flight` are left running. A reduction
+  /// that failed is freed too; drain() still rethrows its error.
+  void retire_reductions(std::size_t in_flight) {
+    std::size_t done = 0;
+    for (; done < reducing_.size(); ++done) {
+      UnitState& s = units_[reducing_[done]];
+      if (reducing_.size() - done > in_flight) {
+        detail::settle(s.request);
+      } else {
+        bool over = true;
+        try {
+          over = s.request.test();
+        } catch (...) {
+        }
+        if (!over) break;
+      }
+      std::vector<value_type>().swap(s.grad);
+    }
+    reducing_.erase(reducing_.begin(), reducing_.begin() + static_cast<std::ptrdiff_t>(done));
   }
 
   void settle_all() noexcept {
@@ -679,6 +746,9 @@ class ShardedTrainer {
   /// HybridShard's groups; declared before worker_, which runs on the first.
   std::optional<Comm> shard_comm_, replica_comm_;
   std::shared_ptr<ProgressWorker<backend_type>> worker_;
+  /// Units whose gradient buffer a reduction still holds, in submission order.
+  std::vector<std::size_t> reducing_;
+  std::size_t peak_transient_ = 0;
 };
 
 }  // namespace gradsync
