@@ -310,3 +310,116 @@ TEST_CASE("memory_budget: 0 is no limit, and a budget one byte short of the need
     for (const int r : refused) CHECK(r == 1);
   }
 }
+
+namespace {
+
+using RingSharded = ShardedTrainer<Squares, gradsync::Sgd<float>, Communicator<Threads>, gradsync::Ring>;
+using RingReplicated = ReplicatedTrainer<Squares, gradsync::Sgd<float>, Communicator<Threads>, gradsync::Ring>;
+
+/// Times are non-negative, the overlap is within what was communicated, and bytes are fp32 elements.
+void check_times(const gradsync::StepStats& s, std::size_t element_bytes) {
+  CHECK(s.compute_seconds >= 0);
+  CHECK(s.gather_seconds >= 0);
+  CHECK(s.reduce_seconds >= 0);
+  CHECK(s.optimizer_seconds >= 0);
+  CHECK(s.exposed_comm_seconds >= 0);
+  CHECK(s.hidden_comm_seconds() <= s.gather_seconds + s.reduce_seconds);
+  CHECK(s.sent_bytes == element_bytes * s.sent_elements);
+}
+
+}  // namespace
+
+// Per rank, c_u = ⌈P_u/N⌉ and Ψ' = N·Σc_u the padded model: Ring's
+// all-gather and reduce-scatter send N−1 of N blocks, (N−1)·c_u each, so
+// FullShard sends 3(N−1)/N·Ψ' (two gathers and a reduce-scatter per unit)
+// less (N−1)·c of the unit kept from forward to backward (gathered once);
+// ShardGradOp 2(N−1)/N·Ψ'; NoShard and DDP all-reduce Ψ, all ranks together
+// 2(N−1)·Ψ (the ring's blocks are uneven when N does not divide a bucket).
+TEST_CASE("step statistics: elements sent per step equal the formula for every strategy and DDP") {
+  auto rng = test::rng_for("step statistics");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                   << sizes[3] << ", " << sizes[4]);
+    const std::size_t chunks = padded_chunks(sizes, n), psi = sum(sizes);
+    const std::size_t kept = (sizes.back() + n - 1) / n;
+    std::vector<std::size_t> sent(n);
+    auto total = [&] {
+      std::size_t t = 0;
+      for (const std::size_t s : sent) t += s;
+      return t;
+    };
+    for (const bool keep : {true, false}) {
+      CAPTURE(keep);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                            {.strategy = ShardingStrategy::FullShard, .keep_last_forward_unit = keep});
+        for (int step = 0; step < 2; ++step) {
+          trainer.step(Scale{1.0f + static_cast<float>(comm.rank() + step)});
+          const gradsync::StepStats s = trainer.last_step();
+          CHECK(s.sent_elements == (n - 1) * (3 * chunks - (keep ? kept : 0)));
+          check_times(s, 4);
+          CHECK(s.compute_seconds > 0);
+        }
+      });
+    }
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                          {.strategy = ShardingStrategy::ShardGradOp});
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(trainer.last_step().sent_elements == 2 * (n - 1) * chunks);
+      check_times(trainer.last_step(), 4);
+    });
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                          {.strategy = ShardingStrategy::NoShard});
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(trainer.last_step().gather_seconds == 0);
+      check_times(trainer.last_step(), 4);
+      sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
+    });
+    CHECK(total() == 2 * (n - 1) * psi);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      RingReplicated trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}));
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(trainer.last_step().gather_seconds == 0);
+      check_times(trainer.last_step(), 4);
+      sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
+    });
+    CHECK(total() == 2 * (n - 1) * psi);
+  }
+}
+
+// 4 ranks as 2 replicas × 2 shards: a FullShard step within the pair
+// (c = ⌈P/2⌉, one block of two sent per collective), then each gradient
+// shard all-reduced across the 2 replicas, which on two ranks sends c.
+TEST_CASE("step statistics: HybridShard sends FullShard's within the group plus its shards across replicas") {
+  auto rng = test::rng_for("step statistics hybrid");
+  const std::vector<std::size_t> sizes = random_sizes(rng, 4);
+  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                 << sizes[3] << ", " << sizes[4]);
+  const std::size_t chunks = padded_chunks(sizes, 2), kept = (sizes.back() + 1) / 2;
+  gradsync::run_threads(4, [&](Communicator<Threads>& comm) {
+    RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                        {.strategy = ShardingStrategy::HybridShard, .shard_size = 2});
+    trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+    CHECK(trainer.last_step().sent_elements == 3 * chunks - kept + chunks);
+    check_times(trainer.last_step(), 4);
+  });
+}
+
+TEST_CASE("step statistics: bf16 compression sends DDP's elements in 2 bytes each") {
+  const std::vector<std::size_t> sizes{30, 12};
+  std::vector<std::size_t> sent(3);
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainerOptions o;
+    o.sync.compression = gradsync::Compression::bf16;
+    RingReplicated trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), o);
+    trainer.step(Scale{1.0f});
+    check_times(trainer.last_step(), 2);
+    sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
+  });
+  CHECK(sent[0] + sent[1] + sent[2] == 2 * 2 * 42);
+}

@@ -27,6 +27,7 @@
 #include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
@@ -153,6 +154,11 @@ class ReplicatedTrainer {
       names.push_back(specs_[u].name);
     }
     sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, std::move(names));
+    // Every synced step all-reduces each bucket once.
+    for (const BucketInfo& b : sync_->buckets()) {
+      step_sent_ += detail::ring_sent(Collective::all_reduce, b.count, static_cast<std::size_t>(comm_.size()),
+                                      static_cast<std::size_t>(comm_.rank()));
+    }
   }
   ReplicatedTrainer(const ReplicatedTrainer&) = delete;
   ReplicatedTrainer& operator=(const ReplicatedTrainer&) = delete;
@@ -181,6 +187,7 @@ class ReplicatedTrainer {
                   "gradsync::ReplicatedTrainer::forward_backward: the model has no `double forward_backward(const "
                   "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
     check_no_pending("forward_backward");
+    const TrainerStats before = stats_;
     int active = comm_.size();
     if (o_.join) active = count_active(1);
     if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
@@ -189,6 +196,12 @@ class ReplicatedTrainer {
                           .divisor = o_.join ? active : 0});
     const double loss = run_model(batch);
     sync_grads();
+    step_ = {};
+    step_.compute_seconds = stats_.compute_seconds - before.compute_seconds;
+    step_.reduce_seconds = stats_.comm_seconds - before.comm_seconds;
+    step_.exposed_comm_seconds = stats_.exposed_comm_seconds - before.exposed_comm_seconds;
+    step_.sent_elements = step_sent_;
+    step_.sent_bytes = step_sent_ * (o_.sync.compression == Compression::bf16 ? sizeof(bfloat16) : sizeof(value_type));
     pending_ = true;
     return loss;
   }
@@ -334,6 +347,11 @@ class ReplicatedTrainer {
   /// allocated at construction and kept.
   std::size_t peak_transient_bytes() const noexcept { return sync_->buffer_bytes(); }
 
+  /// The last forward_backward() and optimizer_step(): compute, the
+  /// buckets' all-reduces (their time, the part backward did not hide) and
+  /// the elements sent as Ring sends them (see StepStats); no gathers.
+  const StepStats& last_step() const noexcept { return step_; }
+
   const TrainerStats& stats() const noexcept { return stats_; }
   void reset_stats() {
     const std::size_t steps = stats_.steps;
@@ -411,7 +429,8 @@ class ReplicatedTrainer {
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(params_), std::span<const value_type>(grads_));
     std::fill(grads_.begin(), grads_.end(), value_type(0));
-    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
     if (o_.check_replicas_every && stats_.steps % o_.check_replicas_every == 0) check_replicas();
   }
@@ -463,6 +482,9 @@ class ReplicatedTrainer {
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
   TrainerStats stats_{};
+  StepStats step_{};
+  /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
+  std::size_t step_sent_ = 0;
 };
 
 }  // namespace gradsync

@@ -35,6 +35,7 @@
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/reduce_scatter_average.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
+#include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
@@ -200,6 +201,7 @@ class ShardedTrainer {
       throw InvalidArgument(where() + ": forward_backward after a forward_backward() whose optimizer_step() has "
                             "not run yet");
     }
+    step_ = {};
     if (o_.broadcast_buffers && !buffers_.empty()) {
       Broadcast<Algo>{o_.collective}(comm_, std::span<value_type>(buffers_), 0);
     }
@@ -214,7 +216,9 @@ class ShardedTrainer {
       abandon_step();
       throw;
     }
-    stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.compute_seconds += wall;
+    step_.compute_seconds = wall - step_.exposed_comm_seconds;
     finish_reductions();
     pending_ = true;
     return loss;
@@ -260,7 +264,8 @@ class ShardedTrainer {
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(shard_params_), std::span<const value_type>(shard_grads_));
     std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
-    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
   }
 
@@ -271,10 +276,15 @@ class ShardedTrainer {
   template <class F>
   decltype(auto) evaluate(F&& f) {
     begin_step(true);
+    // An evaluation's gathers are not the last step's.
     struct End {
       ShardedTrainer& t;
-      ~End() { t.abandon_step(); }
-    } end{*this};
+      StepStats step;
+      ~End() {
+        t.abandon_step();
+        t.step_ = step;
+      }
+    } end{*this, step_};
     const StepContext<value_type> ctx(provider_);
     return std::forward<F>(f)(ctx);
   }
@@ -341,6 +351,14 @@ class ShardedTrainer {
   /// really held at once since construction or reset_peak_transient().
   std::size_t peak_transient_bytes() const noexcept { return peak_transient_; }
   void reset_peak_transient() noexcept { peak_transient_ = 0; }
+
+  /// The last forward_backward() and optimizer_step(): time per phase, and
+  /// elements sent as Ring sends them (see StepStats).
+  StepStats last_step() const noexcept {
+    StepStats s = step_;
+    s.sent_bytes = s.sent_elements * sizeof(value_type);
+    return s;
+  }
 
   /// The collectives of the last step, in the order this rank issued them.
   const std::vector<ShardedTraceEvent>& trace() const noexcept { return trace_; }
@@ -541,12 +559,15 @@ class ShardedTrainer {
     s.full.assign(chunks_[u] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
     track_transient();
     trace_.push_back({Collective::all_gather, u});
+    step_.sent_elements += ring_sent(Collective::all_gather, s.full.size(), shard_comm());
     const std::span<const value_type> in = unit_shard(u);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
+    const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
     worker_
         ->submit("ShardedTrainer gather of " + unit_name(u),
-                 [all_gather, in, out](Communicator<backend_type>& c) { all_gather(c, in, out); })
+                 detail::timed(&step_.gather_seconds,
+                               [all_gather, in, out](Communicator<backend_type>& c) { all_gather(c, in, out); }))
         .wait();
   }
 
@@ -587,15 +608,19 @@ class ShardedTrainer {
     const Options opts = o_.collective;
     if (!sharded()) {
       trace_.push_back({Collective::all_reduce, u});
+      step_.sent_elements += ring_sent(Collective::all_reduce, sizes_[u], comm_);
       const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]);
       s.request = worker_->submit("ShardedTrainer all-reduce of " + unit_name(u),
-                                  [opts, g](Communicator<backend_type>& c) {
+                                  detail::timed(&step_.reduce_seconds, [opts, g](Communicator<backend_type>& c) {
                                     if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
-                                  });
+                                  }));
       return;
     }
     trace_.push_back({Collective::reduce_scatter, u});
     reducing_.push_back(u);
+    step_.sent_elements += ring_sent(Collective::reduce_scatter, chunks_[u] * static_cast<std::size_t>(shard_comm().size()),
+                                     shard_comm());
+    if (replica_comm_) step_.sent_elements += ring_sent(Collective::all_reduce, chunks_[u], *replica_comm_);
     const std::size_t count = sizes_[u];
     const std::span<value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
@@ -606,7 +631,8 @@ class ShardedTrainer {
       Comm* replicas = &*replica_comm_;
       const auto divisor = static_cast<value_type>(comm_.size());
       s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + unit_name(u),
-                                  [opts, storage, count, mine, replicas, divisor](Communicator<backend_type>& c) {
+                                  detail::timed(&step_.reduce_seconds, [opts, storage, count, mine, replicas,
+                                                                        divisor](Communicator<backend_type>& c) {
                                     const ReduceScatterAverage<Algo> policy{opts};
                                     policy.reduce(c, storage, count, false);
                                     const ReducedPart part =
@@ -615,18 +641,19 @@ class ShardedTrainer {
                                                 part.count, mine.begin());
                                     if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, mine, Sum{});
                                     for (value_type& x : mine) x /= divisor;
-                                  });
+                                  }));
       return;
     }
     s.request = worker_->submit("ShardedTrainer reduce-scatter of " + unit_name(u),
-                                [opts, storage, count, mine](Communicator<backend_type>& c) {
+                                detail::timed(&step_.reduce_seconds, [opts, storage, count,
+                                                                      mine](Communicator<backend_type>& c) {
                                   const ReduceScatterAverage<Algo> policy{opts};
                                   policy.reduce(c, storage, count, true);
                                   const ReducedPart part =
                                       ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
                                   std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset), part.count,
                                               mine.begin());
-                                });
+                                }));
   }
 
   void finish_reductions() {
@@ -634,7 +661,11 @@ class ShardedTrainer {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (!units_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
     }
-    std::exception_ptr first = drain();
+    std::exception_ptr first;
+    {
+      const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
+      first = drain();
+    }
     release_all();
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
@@ -707,6 +738,7 @@ class ShardedTrainer {
     for (; done < reducing_.size(); ++done) {
       UnitState& s = units_[reducing_[done]];
       if (reducing_.size() - done > in_flight) {
+        const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
         detail::settle(s.request);
       } else {
         bool over = true;
@@ -719,6 +751,11 @@ class ShardedTrainer {
       std::vector<value_type>().swap(s.grad);
     }
     reducing_.erase(reducing_.begin(), reducing_.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  /// Elements this rank sends in a Ring `collective` of `count` elements on `c`.
+  static std::size_t ring_sent(Collective collective, std::size_t count, const Comm& c) noexcept {
+    return detail::ring_sent(collective, count, static_cast<std::size_t>(c.size()), static_cast<std::size_t>(c.rank()));
   }
 
   void settle_all() noexcept {
@@ -749,6 +786,8 @@ class ShardedTrainer {
   /// Units whose gradient buffer a reduction still holds, in submission order.
   std::vector<std::size_t> reducing_;
   std::size_t peak_transient_ = 0;
+  /// This step's figures; the worker's jobs add their times to it.
+  StepStats step_{};
 };
 
 }  // namespace gradsync
