@@ -103,11 +103,10 @@ std::size_t sum(const std::vector<std::size_t>& sizes) {
   return s;
 }
 
-/// Per rank, with c_u = ⌈P_u/N⌉: a gathered unit is N·c_u elements, its
-/// gradient buffer N·c_u + c_u (the reduce-scatter's output beside the
-/// padded input), P_u at N = 1.
+/// Per rank, with c_u = ⌈P_u/N⌉: a gathered unit is N·c_u elements, and so
+/// is its gradient buffer (the reduce-scatter writes into the shard).
 std::size_t gathered(std::size_t p, std::size_t n) { return n * ((p + n - 1) / n); }
-std::size_t gradient_buffer(std::size_t p, std::size_t n) { return n == 1 ? p : (n + 1) * ((p + n - 1) / n); }
+std::size_t gradient_buffer(std::size_t p, std::size_t n) { return gathered(p, n); }
 
 template <class Opt>
 void check_persistent_and_peak(const char* opt_name, Opt opt, std::size_t state) {
@@ -204,8 +203,8 @@ TEST_CASE("memory: bf16 compression's bucket buffers are DDP's transient bytes, 
 
 // FSDP.md's case: eight 2048×2048 + bias units (U = 4,196,352, Ψ = 33.6M),
 // Adam, N = 4, 256 MiB per rank. DDP needs 16Ψ = 512 MiB, ShardGradOp
-// 16·Σ⌈U/4⌉ + 4·N·Σ⌈U/4⌉ + 2 gradient buffers = 296 MiB; FullShard 164 MiB
-// (the formula of FSDP.md, 16·Σ⌈U/N⌉ + 4U + 4U, says 160).
+// 16·Σ⌈U/4⌉ + 4·N·Σ⌈U/4⌉ + 2 gradient buffers = 288 MiB; FullShard
+// 16·Σ⌈U/4⌉ + 4U + 4U = 160 MiB (U is a multiple of 4: no padding).
 TEST_CASE("memory_budget: at 256 MiB per rank DDP and ShardGradOp are refused, FullShard trains within its need") {
   constexpr std::size_t unit = 2048 * 2048 + 2048;
   const std::vector<std::size_t> sizes(8, unit);
@@ -242,9 +241,10 @@ TEST_CASE("memory_budget: at 256 MiB per rank DDP and ShardGradOp are refused, F
   CHECK(refused[0].find("needs " + MemoryNeed::mib(16 * 8 * unit)) != std::string::npos);
   // ShardGradOp: its shards, every unit gathered, two gradient buffers; and what FullShard would need.
   const std::size_t c = (unit + world - 1) / world;
-  CHECK(refused[world].find("needs " + MemoryNeed::mib(16 * chunks + 4 * world * chunks + 2 * 4 * (world + 1) * c)) !=
+  CHECK(refused[world].find("needs " + MemoryNeed::mib(16 * chunks + 4 * world * chunks + 2 * 4 * world * c)) !=
         std::string::npos);
-  const std::size_t full_shard = 16 * chunks + 4 * world * c + 4 * (world + 1) * c;
+  const std::size_t full_shard = 16 * chunks + 4 * world * c + 4 * world * c;
+  CHECK(full_shard == formula);
   CHECK(refused[world].find("FullShard would need " + MemoryNeed::mib(full_shard)) != std::string::npos);
 
   std::vector<std::size_t> peak(world), need(world);

@@ -51,9 +51,9 @@ namespace detail {
 /// What ShardedTrainer holds per rank, from its units' sizes P_u, the
 /// ranks a unit is sharded over (n), the optimizer's state elements per
 /// parameter (s) and the element size (e). With c_u = ⌈P_u/n⌉ (padding
-/// included): persistent (2 + s)·e·Σc_u. A gathered unit is n·c_u elements;
-/// its gradient buffer the padded unit plus the reduce-scatter's output,
-/// (n + 1)·c_u (P_u when n = 1).
+/// included): persistent (2 + s)·e·Σc_u. A gathered unit is n·c_u elements
+/// (G_u), and so is its gradient buffer (R_u, the padded unit, which the
+/// reduce-scatter reads; its output is the gradient shard).
 /// - FullShard, HybridShard: one unit gathered at a time, and one gradient
 ///   buffer, since a unit's backward gather waits behind the previous
 ///   unit's reduce-scatter on the progress worker: max G + max R.
@@ -73,7 +73,7 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
     if (!sharded) continue;
     gathered_max = std::max(gathered_max, n * c);
     gathered_sum += n * c;
-    buffer_max = std::max(buffer_max, n == 1 ? p : (n + 1) * c);
+    buffer_max = std::max(buffer_max, n * c);
   }
   need.params = element_bytes * chunks;
   need.grads = element_bytes * chunks;

@@ -22,6 +22,7 @@
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/collective/progress_worker.hpp"
+#include "gradsync/collective/reduce_scatter.hpp"
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
@@ -33,7 +34,6 @@
 #include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
-#include "gradsync/train/reduce_scatter_average.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
 #include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
@@ -98,7 +98,7 @@ struct ShardedTraceEvent {
 /// in a step is u's forward and gathers it (AllGather), the second is its
 /// backward, which gathers it again unless the strategy kept it, and gives
 /// gradient views. `ctx.ready(u)` reduce-scatters u's gradient with a sum
-/// and divides on the owning rank (ReduceScatterAverage). Gathers and
+/// and divides on the owning rank (as ReduceScatterAverage). Gathers and
 /// reductions all run on the communicator's ProgressWorker, in the order the
 /// model asks, which is the same on every rank; a gather is waited for,
 /// reductions overlap the rest of backward. Under NoShard nothing is
@@ -545,7 +545,8 @@ class ShardedTrainer {
     if (backward) {
       // ShardGradOp gathers nothing in backward, so nothing else waits for its reductions.
       retire_reductions(full_shard() ? 0 : 1);
-      s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], shard_comm().size()), value_type(0));
+      // The padded unit only: the reduce-scatter writes straight into this rank's gradient shard.
+      s.grad.assign(chunks_[u] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
       track_transient();
       grads = std::span<value_type>(s.grad).first(sizes_[u]);
     }
@@ -621,8 +622,7 @@ class ShardedTrainer {
     step_.sent_elements += ring_sent(Collective::reduce_scatter, chunks_[u] * static_cast<std::size_t>(shard_comm().size()),
                                      shard_comm());
     if (replica_comm_) step_.sent_elements += ring_sent(Collective::all_reduce, chunks_[u], *replica_comm_);
-    const std::size_t count = sizes_[u];
-    const std::span<value_type> storage(s.grad);
+    const std::span<const value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
     if (replica_comm_) {
       trace_.push_back({Collective::all_reduce, u});
@@ -631,29 +631,33 @@ class ShardedTrainer {
       Comm* replicas = &*replica_comm_;
       const auto divisor = static_cast<value_type>(comm_.size());
       s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + unit_name(u),
-                                  detail::timed(&step_.reduce_seconds, [opts, storage, count, mine, replicas,
+                                  detail::timed(&step_.reduce_seconds, [opts, storage, mine, replicas,
                                                                         divisor](Communicator<backend_type>& c) {
-                                    const ReduceScatterAverage<Algo> policy{opts};
-                                    policy.reduce(c, storage, count, false);
-                                    const ReducedPart part =
-                                        ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                    std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset),
-                                                part.count, mine.begin());
+                                    reduce_scatter(c, opts, storage, mine, false);
                                     if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, mine, Sum{});
                                     for (value_type& x : mine) x /= divisor;
                                   }));
       return;
     }
     s.request = worker_->submit("ShardedTrainer reduce-scatter of " + unit_name(u),
-                                detail::timed(&step_.reduce_seconds, [opts, storage, count,
-                                                                      mine](Communicator<backend_type>& c) {
-                                  const ReduceScatterAverage<Algo> policy{opts};
-                                  policy.reduce(c, storage, count, true);
-                                  const ReducedPart part =
-                                      ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                  std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset), part.count,
-                                              mine.begin());
-                                }));
+                                detail::timed(&step_.reduce_seconds,
+                                              [opts, storage, mine](Communicator<backend_type>& c) {
+                                                reduce_scatter(c, opts, storage, mine, true);
+                                              }));
+  }
+
+  /// ReduceScatterAverage's reduction (sum, or the mean: sum, then divide
+  /// on the owner) of the padded unit `in` (N·c), straight into this rank's
+  /// chunk `mine` (c; its padding gets the sum of zeros).
+  static void reduce_scatter(Communicator<backend_type>& c, const Options& opts, std::span<const value_type> in,
+                             std::span<value_type> mine, bool mean) {
+    if (c.size() == 1) {
+      std::copy(in.begin(), in.end(), mine.begin());
+    } else if (mean) {
+      ReduceScatter<Algo>{opts}(c, in, mine, Avg{});
+    } else {
+      ReduceScatter<Algo>{opts}(c, in, mine, Sum{});
+    }
   }
 
   void finish_reductions() {
