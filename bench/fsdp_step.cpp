@@ -277,7 +277,9 @@ int main(int argc, char** argv) {
           "with meson option -Dmpi=enabled");
   }
 #endif
-  if (backend == "mpi" && ranks_given) usage("--ranks is for threads; under --backend mpi the world size is mpirun's -np");
+  if (backend == "mpi" && ranks_given) {
+    usage("--ranks is for threads; under --backend mpi the world size is mpirun's -np");
+  }
 
   std::vector<std::vector<int>> models;
   if (!sizes.empty()) {

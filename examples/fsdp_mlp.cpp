@@ -165,7 +165,9 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     const std::size_t p = trainer.unit_size(u), c = trainer.chunk_size(u);
     largest = std::max(largest, p);
     chunks += c;
-    if (rank == 0) std::printf("  %-5s %9zu  %10zu  %8zu  %11zu\n", trainer.units()[u].name.c_str(), p, c, n * c - p, 16 * c);
+    if (rank == 0) {
+      std::printf("  %-5s %9zu  %10zu  %8zu  %11zu\n", trainer.units()[u].name.c_str(), p, c, n * c - p, 16 * c);
+    }
   }
   // FSDP.md: 16 bytes per shard element (Adam, fp32) + one gathered unit + its gradient.
   const double formula = 16.0 * double(chunks) + 8.0 * double(largest);
@@ -212,7 +214,8 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
     accuracy = sums[2] / double(test.size());
     if (rank == 0) {
-      std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %7.0f samples/s  comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
+      std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %7.0f samples/s  "
+                  "comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
                   epoch + 1, sums[0] / sums[1], 100 * accuracy, double(idx.size()) * double(n) / seconds,
                   sums[3] / double(n), sums[4] / double(n), seconds);
       std::fflush(stdout);

@@ -183,7 +183,7 @@ void check_persistent_and_peak(const char* opt_name, Opt opt, std::size_t state)
 
 }  // namespace
 
-TEST_CASE("memory: persistent bytes equal (2 + S)·4·Σ⌈P/N⌉ (Ψ under NoShard, DDP); transient peak vs prediction") {
+TEST_CASE("memory: persistent bytes are (2 + S)·4·Σ⌈P/N⌉ (Ψ: NoShard, DDP); transient peak vs prediction") {
   SUBCASE("SGD") { check_persistent_and_peak("SGD", gradsync::Sgd<float>({.lr = 0.01}), 0); }
   SUBCASE("momentum") { check_persistent_and_peak("momentum", gradsync::Sgd<float>({.lr = 0.01, .momentum = 0.9}), 1); }
   SUBCASE("Adam") { check_persistent_and_peak("Adam", gradsync::Adam<float>({.lr = 0.01}), 2); }

@@ -91,8 +91,8 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
 inline void check_memory_budget(const std::string& where, const MemoryNeed& need, std::size_t budget,
                                 const std::string& advice) {
   if (budget == 0 || need.total() <= budget) return;
-  throw InvalidArgument(where + ": this configuration needs " + need.describe() + " per rank, over the memory_budget of " +
-                        MemoryNeed::mib(budget) + ". " + advice);
+  throw InvalidArgument(where + ": this configuration needs " + need.describe() +
+                        " per rank, over the memory_budget of " + MemoryNeed::mib(budget) + ". " + advice);
 }
 
 }  // namespace detail

@@ -619,8 +619,8 @@ class ShardedTrainer {
     }
     trace_.push_back({Collective::reduce_scatter, u});
     reducing_.push_back(u);
-    step_.sent_elements += ring_sent(Collective::reduce_scatter, chunks_[u] * static_cast<std::size_t>(shard_comm().size()),
-                                     shard_comm());
+    const std::size_t padded = chunks_[u] * static_cast<std::size_t>(shard_comm().size());
+    step_.sent_elements += ring_sent(Collective::reduce_scatter, padded, shard_comm());
     if (replica_comm_) step_.sent_elements += ring_sent(Collective::all_reduce, chunks_[u], *replica_comm_);
     const std::span<const value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
@@ -720,9 +720,9 @@ class ShardedTrainer {
   void check_budget() const {
     if (o_.memory_budget == 0) return;
     const MemoryNeed full = need(ShardingStrategy::FullShard);
-    std::string advice = o_.strategy == ShardingStrategy::FullShard || o_.strategy == ShardingStrategy::HybridShard
-                             ? std::string("Smaller units lower the transient part, more ranks the persistent part.")
-                             : "FullShard would need " + full.describe() + ".";
+    const bool least = o_.strategy == ShardingStrategy::FullShard || o_.strategy == ShardingStrategy::HybridShard;
+    const std::string advice = least ? "Smaller units lower the transient part, more ranks the persistent part."
+                                     : "FullShard would need " + full.describe() + ".";
     detail::check_memory_budget(where(), need(o_.strategy), o_.memory_budget, advice);
   }
 
