@@ -22,6 +22,7 @@
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/collective/progress_worker.hpp"
+#include "gradsync/collective/reduce_scatter.hpp"
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/collective.hpp"
@@ -34,11 +35,12 @@
 #include "gradsync/train/accumulation_mode.hpp"
 #include "gradsync/train/backward_prefetch.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
+#include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
-#include "gradsync/train/reduce_scatter_average.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
 #include "gradsync/train/shard_plan.hpp"
+#include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 #include "gradsync/train/wrap_policy.hpp"
 
@@ -107,6 +109,11 @@ struct ShardedTrainerOptions {
   /// and the reduced sums). Unlike PyTorch FSDP, it does not follow
   /// param_dtype: reducing in low precision is never silent.
   std::optional<DataType> reduce_dtype{};
+  /// Bytes per rank this trainer may hold (persistent + transient, see
+  /// ShardedTrainer::memory_need); 0: no limit. A configuration that needs
+  /// more is refused at construction, before the parameters are broadcast.
+  /// Give every rank the same value.
+  std::size_t memory_budget = 0;
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -137,7 +144,7 @@ struct ShardedTraceEvent {
 /// in a step is u's forward and gathers it (AllGather), the second is its
 /// backward, which gathers it again unless the strategy kept it, and gives
 /// gradient views. `ctx.ready(u)` reduce-scatters u's gradient with a sum
-/// and divides on the owning rank (ReduceScatterAverage). Gathers and
+/// and divides on the owning rank (as ReduceScatterAverage). Gathers and
 /// reductions all run on the communicator's ProgressWorker, in the order the
 /// model asks, which is the same on every rank; an ask waits for its gather
 /// (started earlier under prefetch), reductions overlap the rest of backward.
@@ -189,6 +196,11 @@ struct ShardedTraceEvent {
 /// views of the rounded values); reduce_dtype bfloat16 reduces gradients in
 /// it. Both default to the master type. NoShard gathers nothing, so
 /// param_dtype does not apply to it.
+///
+/// Memory: memory_need() is the formula (persistent bytes exactly, the
+/// transient peak as a bound), peak_transient_bytes() what was really held,
+/// and memory_budget refuses at construction a configuration whose need
+/// exceeds it. last_step() times each phase and counts elements sent.
 ///
 /// Not yet: offload (issue 13).
 ///
@@ -250,6 +262,7 @@ class ShardedTrainer {
                             ": the model declares no parameters (" + std::to_string(specs_.size()) +
                             " units, 0 elements); there is nothing to shard or train");
     }
+    check_budget();
     initialise();
     worker_ = ProgressWorker<backend_type>::shared(shard_comm());
   }
@@ -347,7 +360,8 @@ class ShardedTrainer {
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(shard_params_), std::span<const value_type>(shard_grads_));
     std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
-    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
   }
 
@@ -358,10 +372,15 @@ class ShardedTrainer {
   template <class F>
   decltype(auto) evaluate(F&& f) {
     begin_step(true);
+    // An evaluation's gathers are not the last step's.
     struct End {
       ShardedTrainer& t;
-      ~End() { t.abandon_step(); }
-    } end{*this};
+      StepStats step;
+      ~End() {
+        t.abandon_step();
+        t.step_ = step;
+      }
+    } end{*this, step_};
     const StepContext<value_type> ctx(provider_);
     return std::forward<F>(f)(ctx);
   }
@@ -430,6 +449,21 @@ class ShardedTrainer {
     return (2 + optimizer_state_per_element()) * sizeof(value_type) * shard_params_.size();
   }
 
+  /// What this rank needs, by the formula (detail::sharded_memory_need):
+  /// persistent bytes exactly, transient bytes as the most a step holds at
+  /// once (an upper bound; exact for FullShard without prefetch).
+  MemoryNeed memory_need() const { return need(o_.strategy); }
+  /// The most transient bytes (gathered wrapped units, gradient buffers)
+  /// this rank really held at once since construction or reset_peak_transient().
+  std::size_t peak_transient_bytes() const noexcept { return peak_transient_; }
+  void reset_peak_transient() noexcept { peak_transient_ = 0; }
+
+  /// The last step (forward_backward() or its micro-steps, and
+  /// optimizer_step()): time per phase, and elements and bytes sent as Ring
+  /// sends them (see StepStats). With param_dtype or reduce_dtype bfloat16
+  /// the bytes are 2 per element of those collectives, the elements unchanged.
+  const StepStats& last_step() const noexcept { return step_; }
+
   /// The collectives of the last step, in the order this rank issued them.
   const std::vector<ShardedTraceEvent>& trace() const noexcept { return trace_; }
 
@@ -447,7 +481,7 @@ class ShardedTrainer {
   /// A wrapped unit: what is gathered and reduced as one buffer.
   struct WrappedState {
     std::vector<value_type> full;  ///< gathered parameters, N·c (empty when resharded)
-    std::vector<value_type> grad;  ///< unsharded gradient and the reduction's output (backward only)
+    std::vector<value_type> grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
     std::size_t held = 0;          ///< members the model holds
     std::size_t ready = 0;         ///< members reported ready in this backward
     Request request;               ///< the gradient's reduction
@@ -662,6 +696,8 @@ class ShardedTrainer {
   template <class Batch>
   double run_model(const Batch& batch, bool sync) {
     trace_.clear();
+    // A step's figures cover all its micro-steps.
+    if (micro_steps_ == 0) step_ = {};
     begin_step(false);
     reducing_ = sync || o_.accumulation == AccumulationMode::Sharded;
     // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer.
@@ -669,6 +705,7 @@ class ShardedTrainer {
                        ? static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1))
                        : value_type(1);
     const auto t0 = std::chrono::steady_clock::now();
+    const double exposed_before = step_.exposed_comm_seconds;
     double loss = 0;
     try {
       const StepContext<value_type> ctx(provider_);
@@ -677,7 +714,9 @@ class ShardedTrainer {
       abandon_step();
       throw;
     }
-    stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.compute_seconds += wall;
+    step_.compute_seconds += wall - (step_.exposed_comm_seconds - exposed_before);
     finish_reductions(!reducing_);
     // Sharded accumulation summed K means into the shard: their mean.
     if (sync && o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0) {
@@ -766,7 +805,13 @@ class ShardedTrainer {
     if (backward) {
       // Under NoSync the gradient of earlier micro-steps is still there.
       if (ws.grad.empty()) {
-        ws.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[w], shard_comm().size()), value_type(0));
+        // FullShard: one gradient buffer at a time (the previous unit's
+        // reduction is waited for); ShardGradOp gathers nothing in backward,
+        // so one reduction may run while the next gradient is filled.
+        retire_reductions(full_shard() ? 0 : 1);
+        // The padded unit only: the reduce-scatter writes straight into this rank's gradient shard.
+        ws.grad.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+        track_transient();
       }
       grads = std::span<value_type>(ws.grad).subspan(member_offset_[u], model_sizes_[u]);
     }
@@ -780,21 +825,26 @@ class ShardedTrainer {
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
     s.full.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+    track_transient();
     const bool low = param_bf16_;
-    trace_.push_back({Collective::all_gather, w, gathered_units(),
-                      s.full.size() * (low ? sizeof(bfloat16) : sizeof(value_type))});
+    const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
+    trace_.push_back({Collective::all_gather, w, gathered_units(), s.full.size() * e});
+    count_sent(Collective::all_gather, s.full.size(), shard_comm(), e);
     const std::span<const value_type> in = unit_shard(w);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
+    // The worker's time in the gather is gather_seconds; the caller's wait for it (wait_gathered) is exposed.
     s.gathering = worker_->submit("ShardedTrainer gather of " + wrapped_name(w),
-                                  [all_gather, in, out, low](Communicator<backend_type>& c) {
-                                    if (!low) return all_gather(c, in, out);
-                                    // param_dtype bfloat16: rounded once, on the wire at half the bytes.
-                                    const std::vector<bfloat16> mine(in.begin(), in.end());
-                                    std::vector<bfloat16> all(out.size());
-                                    all_gather(c, std::span<const bfloat16>(mine), std::span<bfloat16>(all));
-                                    for (std::size_t i = 0; i < out.size(); ++i) out[i] = to_value(all[i]);
-                                  });
+                                  detail::timed(&step_.gather_seconds,
+                                                [all_gather, in, out, low](Communicator<backend_type>& c) {
+                                                  if (!low) return all_gather(c, in, out);
+                                                  // param_dtype bfloat16: rounded once, on the wire at half the bytes.
+                                                  const std::vector<bfloat16> mine(in.begin(), in.end());
+                                                  std::vector<bfloat16> all(out.size());
+                                                  all_gather(c, std::span<const bfloat16>(mine),
+                                                             std::span<bfloat16>(all));
+                                                  for (std::size_t i = 0; i < out.size(); ++i) out[i] = to_value(all[i]);
+                                                }));
   }
 
   /// Gathers w ahead of its ask, unless it is gathered or the limit is reached.
@@ -807,6 +857,7 @@ class ShardedTrainer {
   void wait_gathered(std::size_t w) {
     Request& r = wrapped_[w].gathering;
     if (r.valid()) {
+      const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
       r.wait();
       r = Request();
     }
@@ -893,12 +944,13 @@ class ShardedTrainer {
     const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
     if (!sharded()) {
       trace_.push_back({Collective::all_reduce, u, 0, sizes_[u] * e});
+      count_sent(Collective::all_reduce, sizes_[u], comm_, e);
       const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]);
       if (scale != value_type(1)) {
         for (value_type& x : g) x *= scale;
       }
       s.request = worker_->submit("ShardedTrainer all-reduce of " + wrapped_name(u),
-                                  [opts, g, low](Communicator<backend_type>& c) {
+                                  detail::timed(&step_.reduce_seconds, [opts, g, low](Communicator<backend_type>& c) {
                                     if (c.size() == 1) return;
                                     if (low) {
                                       std::vector<bfloat16> packed(g.begin(), g.end());
@@ -907,11 +959,14 @@ class ShardedTrainer {
                                     } else {
                                       AllReduce<Algo>{opts}(c, g, Avg{});
                                     }
-                                  });
+                                  }));
       return;
     }
     const std::size_t n = static_cast<std::size_t>(shard_comm().size());
     trace_.push_back({Collective::reduce_scatter, u, 0, n * chunks_[u] * e});
+    count_sent(Collective::reduce_scatter, n * chunks_[u], shard_comm(), e);
+    // Its gradient buffer is freed once this reduction is over (retire_reductions).
+    in_reduction_.push_back(u);
     const std::size_t count = sizes_[u];
     const std::span<value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
@@ -921,19 +976,23 @@ class ShardedTrainer {
     // The replica communicator is used only here, on the shard group's
     // worker, after construction: one thread, one order.
     Comm* replicas = replica_comm_ ? &*replica_comm_ : nullptr;
-    if (replicas) trace_.push_back({Collective::all_reduce, u, 0, chunks_[u] * e});
+    if (replicas) {
+      trace_.push_back({Collective::all_reduce, u, 0, chunks_[u] * e});
+      count_sent(Collective::all_reduce, chunks_[u], *replicas, e);
+    }
     const auto divisor = static_cast<value_type>(comm_.size());
     s.request = worker_->submit(
         std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
                              : "ShardedTrainer reduce-scatter of ") +
             wrapped_name(u),
-        [opts, storage, count, mine, replicas, divisor, add, low](Communicator<backend_type>& c) {
-          if (low) {
-            reduce_in<bfloat16>(c, opts, storage, count, mine, replicas, divisor, add);
-          } else {
-            reduce_in<value_type>(c, opts, storage, count, mine, replicas, divisor, add);
-          }
-        });
+        detail::timed(&step_.reduce_seconds,
+                      [opts, storage, count, mine, replicas, divisor, add, low](Communicator<backend_type>& c) {
+                        if (low) {
+                          reduce_in<bfloat16>(c, opts, storage, count, mine, replicas, divisor, add);
+                        } else {
+                          reduce_in<value_type>(c, opts, storage, count, mine, replicas, divisor, add);
+                        }
+                      }));
   }
 
   template <class E>
@@ -945,37 +1004,48 @@ class ShardedTrainer {
     }
   }
 
-  /// On the worker: reduces a unit's gradient (`storage`, `count` elements
-  /// and room for the result, ReduceScatterAverage's layout) in element type
-  /// E into this rank's gradient shard `mine`: a mean, or under HybridShard
-  /// a sum in the group, a sum across `replicas` and one division.
+  /// On the worker: reduces a unit's gradient (`storage`, the padded unit
+  /// N·c, `count` elements and zeros) in element type E into this rank's
+  /// gradient shard `mine` (c): a mean, or under HybridShard a sum in the
+  /// group, a sum across `replicas` and one division. In the master type and
+  /// not adding, the reduce-scatter writes straight into `mine` (its padding
+  /// gets the sum of zeros); adding (sharded accumulation) it writes into a
+  /// c-element sum first, and in bfloat16 into the packed copy's tail.
   template <class E>
   static void reduce_in(Communicator<backend_type>& c, const Options& opts, std::span<value_type> storage,
                         std::size_t count, std::span<value_type> mine, Comm* replicas, value_type divisor, bool add) {
+    const std::size_t chunk = mine.size();
     std::vector<E> packed;
-    std::span<E> buffer;
+    std::vector<value_type> sum;
+    std::span<const E> in;
+    std::span<E> out;
     if constexpr (std::is_same_v<E, value_type>) {
-      buffer = storage;
-    } else {
-      packed.assign(storage.size(), E(0.0f));
-      for (std::size_t i = 0; i < count; ++i) packed[i] = E(static_cast<float>(storage[i]));
-      buffer = std::span<E>(packed);
-    }
-    const ReduceScatterAverage<Algo> policy{opts};
-    policy.reduce(c, buffer, count, replicas == nullptr);
-    const ReducedPart part = ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-    if (!replicas) {
-      for (std::size_t i = 0; i < part.count; ++i) {
-        const value_type x = to_value(buffer[part.offset + i]);
-        mine[i] = add ? mine[i] + x : x;
+      in = storage;
+      if (add) {
+        sum.assign(chunk, value_type(0));
+        out = std::span<E>(sum);
+      } else {
+        out = mine;
       }
-      return;
+    } else {
+      packed.assign(storage.size() + chunk, E(0.0f));
+      for (std::size_t i = 0; i < count; ++i) packed[i] = E(static_cast<float>(storage[i]));
+      in = std::span<const E>(packed).first(storage.size());
+      out = std::span<E>(packed).subspan(storage.size(), chunk);
     }
-    const std::span<E> reduced = buffer.subspan(part.offset, mine.size());
-    std::fill(reduced.begin() + static_cast<std::ptrdiff_t>(part.count), reduced.end(), E(0.0f));
-    if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, reduced, Sum{});
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const value_type x = to_value(reduced[i]) / divisor;
+    if (c.size() == 1) {
+      std::copy(in.begin(), in.end(), out.begin());
+    } else if (replicas == nullptr) {
+      ReduceScatter<Algo>{opts}(c, in, out, Avg{});
+    } else {
+      ReduceScatter<Algo>{opts}(c, in, out, Sum{});
+    }
+    if (replicas && replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, out, Sum{});
+    if constexpr (std::is_same_v<E, value_type>) {
+      if (!add && !replicas) return;
+    }
+    for (std::size_t i = 0; i < chunk; ++i) {
+      const value_type x = replicas ? to_value(out[i]) / divisor : to_value(out[i]);
       mine[i] = add ? mine[i] + x : x;
     }
   }
@@ -986,7 +1056,11 @@ class ShardedTrainer {
     for (std::size_t u = 0; u < members_.size(); ++u) {
       if (!members_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
     }
-    std::exception_ptr first = drain();
+    std::exception_ptr first;
+    {
+      const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
+      first = drain();
+    }
     release_all(keep_grads);
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
@@ -1010,6 +1084,7 @@ class ShardedTrainer {
 
   void release_all(bool keep_grads) noexcept {
     lingering_.clear();
+    in_reduction_.clear();
     for (WrappedState& s : wrapped_) {
       s.request = Request();
       s.gathering = Request();
@@ -1035,6 +1110,70 @@ class ShardedTrainer {
       }
     }
     return first;
+  }
+
+  MemoryNeed need(ShardingStrategy strategy) const {
+    const bool full = strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridShard;
+    // A prefetch adds a second gathered unit unless the limit allows only one.
+    const bool prefetch = (o_.forward_prefetch || o_.backward_prefetch != BackwardPrefetch::None) &&
+                          o_.limit_all_gathers != 1;
+    return detail::sharded_memory_need(
+        std::span<const std::size_t>(sizes_), static_cast<std::size_t>(shard_comm().size()),
+        {.sharded = strategy != ShardingStrategy::NoShard,
+         .keeps_forward_gathers = !full,
+         .prefetch = full && prefetch,
+         .keeps_unsharded_grads = o_.accumulation == AccumulationMode::NoSync,
+         .state_per_element = optimizer_state_per_element(),
+         .element_bytes = sizeof(value_type)});
+  }
+
+  void check_budget() const {
+    if (o_.memory_budget == 0) return;
+    const MemoryNeed full = need(ShardingStrategy::FullShard);
+    const std::string advice =
+        full_shard() ? "Smaller (wrapped) units lower the transient part, more ranks the persistent part."
+                     : "FullShard would need " + full.describe() + ".";
+    detail::check_memory_budget(where(), need(o_.strategy), o_.memory_budget, advice);
+  }
+
+  /// Records the high-water mark of what gathered units and gradient
+  /// buffers hold; called after each allocation, where the sum can only have grown.
+  void track_transient() noexcept {
+    std::size_t held = 0;
+    for (const WrappedState& s : wrapped_) held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type);
+    peak_transient_ = std::max(peak_transient_, held);
+  }
+
+  /// Frees the gradient buffers of finished reductions, oldest first,
+  /// first waiting until at most `in_flight` are left running. A reduction
+  /// that failed is freed too; drain() still rethrows its error.
+  void retire_reductions(std::size_t in_flight) {
+    std::size_t done = 0;
+    for (; done < in_reduction_.size(); ++done) {
+      WrappedState& s = wrapped_[in_reduction_[done]];
+      if (in_reduction_.size() - done > in_flight) {
+        const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
+        detail::settle(s.request);
+      } else {
+        bool over = true;
+        try {
+          over = s.request.test();
+        } catch (...) {
+        }
+        if (!over) break;
+      }
+      std::vector<value_type>().swap(s.grad);
+    }
+    in_reduction_.erase(in_reduction_.begin(), in_reduction_.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  /// Adds what this rank sends in a Ring `collective` of `count` elements
+  /// of `element_bytes` each on `c` to the step's figures.
+  void count_sent(Collective collective, std::size_t count, const Comm& c, std::size_t element_bytes) noexcept {
+    const std::size_t sent =
+        detail::ring_sent(collective, count, static_cast<std::size_t>(c.size()), static_cast<std::size_t>(c.rank()));
+    step_.sent_elements += sent;
+    step_.sent_bytes += sent * element_bytes;
   }
 
   void settle_all() noexcept {
@@ -1079,6 +1218,11 @@ class ShardedTrainer {
   /// HybridShard's groups; declared before worker_, which runs on the first.
   std::optional<Comm> shard_comm_, replica_comm_;
   std::shared_ptr<ProgressWorker<backend_type>> worker_;
+  /// Wrapped units whose gradient buffer a reduction still holds, in submission order.
+  std::vector<std::size_t> in_reduction_;
+  std::size_t peak_transient_ = 0;
+  /// This step's figures; the worker's jobs add their times to it.
+  StepStats step_{};
 };
 
 }  // namespace gradsync
