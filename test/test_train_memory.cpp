@@ -429,3 +429,225 @@ TEST_CASE("step statistics: bf16 compression sends DDP's elements in 2 bytes eac
   });
   CHECK(sent[0] + sent[1] + sent[2] == 2 * 2 * 42);
 }
+
+namespace {
+
+using gradsync::AccumulationMode;
+using gradsync::BackwardPrefetch;
+
+/// A prefetch under FullShard: the next unit's gather beside the one in use.
+struct PrefetchCase {
+  const char* name;
+  bool forward;
+  BackwardPrefetch backward;
+};
+
+constexpr PrefetchCase prefetch_cases[] = {{"BackwardPre", false, BackwardPrefetch::BackwardPre},
+                                           {"BackwardPost", false, BackwardPrefetch::BackwardPost},
+                                           {"forward_prefetch", true, BackwardPrefetch::None},
+                                           {"forward and BackwardPre", true, BackwardPrefetch::BackwardPre}};
+
+}  // namespace
+
+// FSDP.md's 4(1+d)·U_max + 4·U_max: a prefetched unit adds one gathered unit
+// (d = 1), and since a unit's gradient buffer waits for the previous unit's
+// reduce-scatter, there is still one buffer. Units of one size make the
+// backward's peak (units i and i−1 gathered, i's buffer) the formula exactly.
+TEST_CASE("memory: prefetch adds one gathered unit to FullShard's transient need, and the peak reaches it") {
+  auto rng = test::rng_for("memory prefetch");
+  std::uniform_int_distribution<std::size_t> d(1, 60);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::size_t p = d(rng);
+    const std::vector<std::size_t> equal(4, p);
+    const std::vector<std::size_t> mixed = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", equal units of " << p << ", mixed = " << mixed[0] << ", " << mixed[1]
+                   << ", " << mixed[2] << ", " << mixed[3] << ", " << mixed[4]);
+    std::size_t g_max = 0;
+    for (const std::size_t q : mixed) g_max = std::max(g_max, gathered(q, n));
+    for (const PrefetchCase& c : prefetch_cases) {
+      INFO("prefetch = " << c.name);
+      for (const ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard}) {
+        INFO("strategy = " << name(s));
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const ShardedTrainerOptions o{
+              .strategy = s, .forward_prefetch = c.forward, .backward_prefetch = c.backward};
+          ShardedTrainer trainer(comm, Squares{equal, 3}, gradsync::Adam<float>(), o);
+          trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+          trainer.step(Scale{0.5f});
+          const MemoryNeed need = trainer.memory_need();
+          CHECK(need.gathered == 4 * 2 * gathered(p, n));
+          CHECK(need.gradient_buffers == 4 * gradient_buffer(p, n));
+          CHECK(trainer.peak_transient_bytes() <= need.transient());
+          if (c.backward != BackwardPrefetch::None) {
+            CHECK(trainer.peak_transient_bytes() == need.transient());
+          } else {
+            // Forward holds two gathered units; backward one and its buffer.
+            CHECK(trainer.peak_transient_bytes() == 4 * 2 * gathered(p, n));
+          }
+          // The limit of one gathered unit lets no prefetch through: FullShard's need without it, exactly.
+          ShardedTrainerOptions one = o;
+          one.limit_all_gathers = 1;
+          ShardedTrainer limited(comm, Squares{equal, 3}, gradsync::Adam<float>(), one);
+          limited.step(Scale{1.0f});
+          CHECK(limited.memory_need().gathered == 4 * gathered(p, n));
+          CHECK(limited.peak_transient_bytes() == limited.memory_need().transient());
+          // Units of different sizes: a bound.
+          ShardedTrainer uneven(comm, Squares{mixed, 3}, gradsync::Adam<float>(), o);
+          uneven.step(Scale{1.0f});
+          CHECK(uneven.memory_need().gathered == 4 * 2 * g_max);
+          CHECK(uneven.peak_transient_bytes() <= uneven.memory_need().transient());
+        });
+      }
+      // ShardGradOp keeps every unit gathered anyway: prefetch changes nothing.
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const ShardedTrainerOptions o{.strategy = ShardingStrategy::ShardGradOp,
+                                      .forward_prefetch = c.forward,
+                                      .backward_prefetch = c.backward};
+        ShardedTrainer trainer(comm, Squares{mixed, 3}, gradsync::Sgd<float>(), o);
+        trainer.step(Scale{1.0f});
+        ShardedTrainer plain(comm, Squares{mixed, 3}, gradsync::Sgd<float>(),
+                             {.strategy = ShardingStrategy::ShardGradOp});
+        CHECK(trainer.memory_need().transient() == plain.memory_need().transient());
+        CHECK(trainer.peak_transient_bytes() <= trainer.memory_need().transient());
+      });
+    }
+  }
+}
+
+// NoSync keeps every wrapped unit's gradient buffer (the padded unit) from
+// the first micro-step's backward to the step's reduction: Σ R in place of
+// one buffer. The last unit of backward (unit 0) sees them all.
+TEST_CASE("memory: NoSync accumulation holds every gradient buffer; Sharded accumulation one, as a step") {
+  auto rng = test::rng_for("memory accumulation");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                   << sizes[3] << ", " << sizes[4]);
+    std::size_t g_max = 0, r_sum = 0, r_max = 0;
+    for (const std::size_t p : sizes) {
+      g_max = std::max(g_max, gathered(p, n));
+      r_sum += gradient_buffer(p, n);
+      r_max = std::max(r_max, gradient_buffer(p, n));
+    }
+    for (const BackwardPrefetch b : {BackwardPrefetch::None, BackwardPrefetch::BackwardPre}) {
+      CAPTURE(static_cast<int>(b));
+      const std::size_t g = (b == BackwardPrefetch::None ? 1 : 2) * g_max;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const float f = 1.0f + static_cast<float>(comm.rank());
+        ShardedTrainer no_sync(comm, Squares{sizes, 3}, gradsync::Sgd<float>(),
+                               {.accumulation = AccumulationMode::NoSync, .backward_prefetch = b});
+        CHECK(no_sync.memory_need().gathered == 4 * g);
+        CHECK(no_sync.memory_need().gradient_buffers == 4 * r_sum);
+        for (int k = 0; k < 3; ++k) no_sync.accumulate(Scale{f});
+        no_sync.step(Scale{f});
+        CHECK(no_sync.peak_transient_bytes() <= no_sync.memory_need().transient());
+        CHECK(no_sync.peak_transient_bytes() >= 4 * (r_sum + gathered(sizes.front(), n)));
+
+        ShardedTrainer sharded(comm, Squares{sizes, 3}, gradsync::Sgd<float>(), {.backward_prefetch = b});
+        CHECK(sharded.memory_need().gathered == 4 * g);
+        CHECK(sharded.memory_need().gradient_buffers == 4 * r_max);
+        for (int k = 0; k < 3; ++k) sharded.accumulate(Scale{f});
+        sharded.step(Scale{f});
+        CHECK(sharded.peak_transient_bytes() <= sharded.memory_need().transient());
+        if (b == BackwardPrefetch::None) CHECK(sharded.peak_transient_bytes() == sharded.memory_need().transient());
+      });
+    }
+  }
+}
+
+TEST_CASE("memory: the formula is over wrapped units, and a NoSync budget counts its unsharded gradients") {
+  auto rng = test::rng_for("memory wrapped");
+  // At least 120 elements: size_based(60) makes two wrapped units or more.
+  std::uniform_int_distribution<std::size_t> d(20, 50);
+  const std::vector<std::size_t> sizes{d(rng), d(rng), d(rng), d(rng), d(rng), d(rng)};
+  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                 << sizes[3] << ", " << sizes[4] << ", " << sizes[5]);
+  constexpr int world = 3;
+  std::vector<int> refused(world, 0);
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ShardedTrainerOptions o{.wrap = gradsync::WrapPolicy::size_based(60)};
+    ShardedTrainer trainer(comm, Squares{sizes, 2}, gradsync::Adam<float>(), o);
+    std::size_t g_max = 0, chunks = 0;
+    for (const auto& u : trainer.plan().units) {
+      g_max = std::max(g_max, u.gathered_bytes);
+      chunks += u.shard;
+    }
+    const MemoryNeed need = trainer.memory_need();
+    CHECK(need.persistent() == 16 * chunks);
+    CHECK(need.gathered == g_max);
+    CHECK(need.gradient_buffers == g_max);
+    trainer.step(Scale{1.0f});
+    CHECK(trainer.peak_transient_bytes() == need.transient());
+
+    o.accumulation = AccumulationMode::NoSync;
+    ShardedTrainer no_sync(comm, Squares{sizes, 2}, gradsync::Adam<float>(), o);
+    CHECK(no_sync.memory_need().gradient_buffers == 4 * world * chunks);
+    // Sharded accumulation's need fits this budget, NoSync's does not.
+    o.memory_budget = need.total();
+    try {
+      ShardedTrainer over(comm, Squares{sizes, 2}, gradsync::Adam<float>(), o);
+    } catch (const gradsync::InvalidArgument& e) {
+      refused[static_cast<std::size_t>(comm.rank())] = std::string(e.what()).find("memory_budget") != std::string::npos;
+    }
+  });
+  for (const int r : refused) CHECK(r == 1);
+}
+
+// Elements are what the formula says whatever the wire type; bytes are 2
+// per element of a bfloat16 collective. A step's figures cover its
+// micro-steps: K of them under Sharded accumulation send K steps' worth.
+TEST_CASE("step statistics: prefetch, mixed precision and accumulation keep the element formula") {
+  auto rng = test::rng_for("step statistics merged");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                   << sizes[3] << ", " << sizes[4]);
+    const std::size_t chunks = padded_chunks(sizes, n);
+    const std::size_t kept = (sizes.back() + n - 1) / n;
+    // FullShard: two gathers and a reduce-scatter per unit, the kept unit gathered once.
+    const std::size_t gathers = (n - 1) * (2 * chunks - kept), reductions = (n - 1) * chunks;
+    for (const PrefetchCase& c : prefetch_cases) {
+      INFO("prefetch = " << c.name);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                            {.forward_prefetch = c.forward, .backward_prefetch = c.backward});
+        trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+        CHECK(trainer.last_step().sent_elements == gathers + reductions);
+        check_times(trainer.last_step(), 4);
+      });
+    }
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ShardedTrainerOptions o;
+      o.param_dtype = gradsync::DataType::bfloat16;
+      RingSharded gathers_low(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      gathers_low.step(Scale{1.0f});
+      CHECK(gathers_low.last_step().sent_elements == gathers + reductions);
+      CHECK(gathers_low.last_step().sent_bytes == 2 * gathers + 4 * reductions);
+      o.reduce_dtype = gradsync::DataType::bfloat16;
+      RingSharded both_low(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      both_low.step(Scale{1.0f});
+      CHECK(both_low.last_step().sent_elements == gathers + reductions);
+      check_times(both_low.last_step(), 2);
+    });
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      constexpr std::size_t k = 3;
+      RingSharded sharded(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), {});
+      for (std::size_t i = 0; i + 1 < k; ++i) sharded.accumulate(Scale{1.0f});
+      sharded.step(Scale{1.0f});
+      CHECK(sharded.last_step().sent_elements == k * (gathers + reductions));
+      // NoSync: K micro-steps' gathers, one reduction.
+      RingSharded no_sync(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                          {.accumulation = AccumulationMode::NoSync});
+      for (std::size_t i = 0; i + 1 < k; ++i) no_sync.accumulate(Scale{1.0f});
+      no_sync.step(Scale{1.0f});
+      CHECK(no_sync.last_step().sent_elements == k * gathers + reductions);
+      check_times(no_sync.last_step(), 4);
+    });
+  }
+}
