@@ -838,12 +838,14 @@ class ShardedTrainer {
                                   detail::timed(&step_.gather_seconds,
                                                 [all_gather, in, out, low](Communicator<backend_type>& c) {
                                                   if (!low) return all_gather(c, in, out);
-                                                  // param_dtype bfloat16: rounded once, on the wire at half the bytes.
+                                                  // param_dtype bfloat16: rounded once, half the bytes.
                                                   const std::vector<bfloat16> mine(in.begin(), in.end());
                                                   std::vector<bfloat16> all(out.size());
                                                   all_gather(c, std::span<const bfloat16>(mine),
                                                              std::span<bfloat16>(all));
-                                                  for (std::size_t i = 0; i < out.size(); ++i) out[i] = to_value(all[i]);
+                                                  for (std::size_t i = 0; i < out.size(); ++i) {
+                                                    out[i] = to_value(all[i]);
+                                                  }
                                                 }));
   }
 
