@@ -178,7 +178,7 @@ struct ShardedTraceEvent {
 /// AccumulationMode::Sharded each micro-step reduce-scatters and adds the
 /// averaged shard into the gradient shard (memory stays 1/N); under NoSync
 /// (FSDP's no_sync) micro-steps communicate no gradient and every unit keeps
-/// its unsharded gradient, N·c + c elements per unit (≈ +Ψ per rank), from
+/// its unsharded gradient, the padded unit, N·c elements (≈ +Ψ per rank), from
 /// the first micro-step's backward to step()'s, which scales the local sum by
 /// 1/K and reduces it once: bitwise ReplicatedTrainer::accumulate under the
 /// deterministic option.
