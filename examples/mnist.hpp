@@ -4,7 +4,7 @@
 // a big-endian 32-bit integer. Needs only the standard library, so that its
 // test builds without Eigen.
 //
-// Shared by examples/ddp_mlp.cpp and test/examples/test_mnist_reader.cpp.
+// Shared by examples/dataset.hpp and test/examples/test_mnist_reader.cpp.
 
 #include <cstddef>
 #include <cstdint>

@@ -72,6 +72,8 @@ class AdamImpl {
   const AdamOptions& options() const noexcept { return o_; }
   /// State elements kept per parameter: the two moments.
   static constexpr std::size_t state_per_element() noexcept { return 2; }
+  /// State elements held now (none before the first step).
+  std::size_t state_elements() const noexcept { return m_.size() + v_.size(); }
 
   /// Forgets the moments and the step count.
   void reset() noexcept {

@@ -263,6 +263,13 @@ class GradSync {
   bool idle() const { return worker_->in_flight() == 0; }
 
   const GradSyncStats& stats() const noexcept { return stats_; }
+  /// Bytes of the buckets' own buffers (staging, bf16 packing); buckets
+  /// reduced in place in the gradients hold none.
+  std::size_t buffer_bytes() const noexcept {
+    std::size_t bytes = 0;
+    for (const Bucket& b : buckets_) bytes += b.staging.capacity() * sizeof(T) + b.packed.capacity() * sizeof(bfloat16);
+    return bytes;
+  }
   void reset_stats() {
     stats_ = {};
     worker_seconds_.store(0, std::memory_order_relaxed);

@@ -25,8 +25,10 @@
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
+#include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
@@ -46,6 +48,11 @@ struct ReplicatedTrainerOptions {
   /// the ranks that still have data, so a rank that ran out (and called
   /// join()) can keep matching the others' collectives with zeros.
   bool join = false;
+  /// Bytes per rank this trainer may hold (see ReplicatedTrainer::memory_need);
+  /// 0: no limit. A configuration that needs more is refused at
+  /// construction, before anything is allocated or broadcast. Give every
+  /// rank the same value.
+  std::size_t memory_budget = 0;
 };
 
 /// What a trainer measured, summed over its steps.
@@ -133,6 +140,9 @@ class ReplicatedTrainer {
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ReplicatedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
                               "the same order: check what its units() depends on (configuration, rank, world size).");
+    detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
+                                o_.memory_budget,
+                                "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");
     allocate();
     model_.bind(std::span<const UnitView<value_type>>(views_));
     const Broadcast<Algo> broadcast{};
@@ -145,6 +155,11 @@ class ReplicatedTrainer {
       names.push_back(specs_[u].name);
     }
     sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, std::move(names));
+    // Every synced step all-reduces each bucket once.
+    for (const BucketInfo& b : sync_->buckets()) {
+      step_sent_ += detail::ring_sent(Collective::all_reduce, b.count, static_cast<std::size_t>(comm_.size()),
+                                      static_cast<std::size_t>(comm_.rank()));
+    }
   }
   ReplicatedTrainer(const ReplicatedTrainer&) = delete;
   ReplicatedTrainer& operator=(const ReplicatedTrainer&) = delete;
@@ -173,6 +188,7 @@ class ReplicatedTrainer {
                   "gradsync::ReplicatedTrainer::forward_backward: the model has no `double forward_backward(const "
                   "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
     check_no_pending("forward_backward");
+    const TrainerStats before = stats_;
     int active = comm_.size();
     if (o_.join) active = count_active(1);
     if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
@@ -181,6 +197,12 @@ class ReplicatedTrainer {
                           .divisor = o_.join ? active : 0});
     const double loss = run_model(batch);
     sync_grads();
+    step_ = {};
+    step_.compute_seconds = stats_.compute_seconds - before.compute_seconds;
+    step_.reduce_seconds = stats_.comm_seconds - before.comm_seconds;
+    step_.exposed_comm_seconds = stats_.exposed_comm_seconds - before.exposed_comm_seconds;
+    step_.sent_elements = step_sent_;
+    step_.sent_bytes = step_sent_ * (o_.sync.compression == Compression::bf16 ? sizeof(bfloat16) : sizeof(value_type));
     pending_ = true;
     return loss;
   }
@@ -304,13 +326,7 @@ class ReplicatedTrainer {
   /// GradSync's bucket staging and buffers are left out, as in
   /// ShardedTrainer::persistent_bytes.
   std::size_t persistent_bytes() const noexcept {
-    std::size_t state = 0;
-    if constexpr (requires(const Opt& o) {
-                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
-                  }) {
-      state = opt_.state_per_element();
-    }
-    return (2 + state) * sizeof(value_type) * params_.size();
+    return (2 + state_per_element()) * sizeof(value_type) * params_.size();
   }
 
   /// Optimizer steps taken (what a checkpoint saves as `trainer.step`).
@@ -322,6 +338,30 @@ class ReplicatedTrainer {
   /// since gradients are not saved.
   bool between_steps() const noexcept { return !pending_ && micro_steps_ == 0; }
 
+  /// What this rank needs: parameters, gradients and optimizer state on all
+  /// Ψ elements, (2 + S)·sizeof(T)·Ψ (persistent_bytes()), and GradSync's
+  /// bucket buffers, which exist only with bf16 compression (2 bytes per
+  /// element), buckets otherwise being reduced in place in the gradients.
+  MemoryNeed memory_need() const {
+    std::size_t psi = 0;
+    for (const UnitSpec& u : specs_)
+      for (const TensorSpec& t : u.params) psi += t.count();
+    MemoryNeed need;
+    need.params = sizeof(value_type) * psi;
+    need.grads = sizeof(value_type) * psi;
+    need.optimizer_state = sizeof(value_type) * state_per_element() * psi;
+    if (o_.sync.compression == Compression::bf16) need.gradient_buffers = sizeof(bfloat16) * psi;
+    return need;
+  }
+  /// The transient bytes this rank really holds: GradSync's bucket buffers,
+  /// allocated at construction and kept.
+  std::size_t peak_transient_bytes() const noexcept { return sync_->buffer_bytes(); }
+
+  /// The last forward_backward() and optimizer_step(): compute, the
+  /// buckets' all-reduces (their time, the part backward did not hide) and
+  /// the elements sent as Ring sends them (see StepStats); no gathers.
+  const StepStats& last_step() const noexcept { return step_; }
+
   const TrainerStats& stats() const noexcept { return stats_; }
   void reset_stats() {
     const std::size_t steps = stats_.steps;
@@ -331,6 +371,16 @@ class ReplicatedTrainer {
   }
 
  private:
+  std::size_t state_per_element() const noexcept {
+    if constexpr (requires(const Opt& o) {
+                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
+                  }) {
+      return opt_.state_per_element();
+    } else {
+      return 0;
+    }
+  }
+
   void allocate() {
     std::size_t np = 0, nb = 0;
     for (const UnitSpec& u : specs_) {
@@ -389,7 +439,8 @@ class ReplicatedTrainer {
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(params_), std::span<const value_type>(grads_));
     std::fill(grads_.begin(), grads_.end(), value_type(0));
-    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
     if (o_.check_replicas_every && stats_.steps % o_.check_replicas_every == 0) check_replicas();
   }
@@ -443,6 +494,9 @@ class ReplicatedTrainer {
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
   TrainerStats stats_{};
+  StepStats step_{};
+  /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
+  std::size_t step_sent_ = 0;
 };
 
 }  // namespace gradsync

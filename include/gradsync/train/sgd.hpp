@@ -38,6 +38,8 @@ class Sgd {
   const SgdOptions& options() const noexcept { return o_; }
   /// State elements kept per parameter: the velocity, with momentum.
   std::size_t state_per_element() const noexcept { return o_.momentum == 0 ? 0 : 1; }
+  /// State elements held now (none before the first step).
+  std::size_t state_elements() const noexcept { return velocity_.size(); }
 
   /// Forgets the momentum, so the next step may be on a span of any size.
   void reset() noexcept {

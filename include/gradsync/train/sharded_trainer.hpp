@@ -22,19 +22,27 @@
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/collective/progress_worker.hpp"
+#include "gradsync/collective/reduce_scatter.hpp"
 #include "gradsync/core/backend_traits.hpp"
+#include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/types.hpp"
+#include "gradsync/train/accumulation_mode.hpp"
+#include "gradsync/train/backward_prefetch.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
+#include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
-#include "gradsync/train/reduce_scatter_average.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
+#include "gradsync/train/shard_plan.hpp"
+#include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
+#include "gradsync/train/wrap_policy.hpp"
 
 namespace gradsync {
 
@@ -70,12 +78,57 @@ struct ShardedTrainerOptions {
   /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group g);
   /// it must divide the world size. 0: the whole world (one replica).
   int shard_size = 0;
+  /// How accumulate() keeps micro-steps' gradients: reduce-scatter each
+  /// into the shard (Sharded, memory 1/N), or keep them unsharded until
+  /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step).
+  AccumulationMode accumulation = AccumulationMode::Sharded;
+  /// How model units group into wrapped units, each gathered and reduced
+  /// as one flat buffer (see WrapPolicy). Default: one per model unit.
+  WrapPolicy wrap = WrapPolicy::per_unit();
+  /// Forward: when a unit is asked for, start gathering the next one in
+  /// declaration (forward) order (FSDP's forward_prefetch).
+  bool forward_prefetch = false;
+  /// Backward: when to start gathering the next unit of backward (FSDP's
+  /// backward_prefetch; its default is BackwardPre, ours None so that a step's
+  /// memory is that of no prefetch unless asked for).
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::None;
+  /// A prefetch is issued only while fewer wrapped units than this are
+  /// gathered and not yet freed (FSDP's limit_all_gathers, which allows 2);
+  /// 0: no limit. Gathers the model asks for are never held back. Under
+  /// ShardGradOp, whose forward keeps every unit gathered until its
+  /// backward, forward prefetch stops once this many are kept.
+  std::size_t limit_all_gathers = 2;
+  /// The element type parameters are gathered in: the master type
+  /// (value_type; unset, the default) or DataType::bfloat16, which rounds
+  /// the master shard once per gather and halves the gather's bytes. The
+  /// model still sees value_type views (holding the rounded values) and
+  /// computes in value_type: the model protocol's views are value_type.
+  std::optional<DataType> param_dtype{};
+  /// The element type gradients are reduced in: the master type unless set
+  /// (DataType::bfloat16 halves the bytes and rounds each rank's gradient
+  /// and the reduced sums). Unlike PyTorch FSDP, it does not follow
+  /// param_dtype: reducing in low precision is never silent.
+  std::optional<DataType> reduce_dtype{};
+  /// Bytes per rank this trainer may hold (persistent + transient, see
+  /// ShardedTrainer::memory_need); 0: no limit. A configuration that needs
+  /// more is refused at construction, before the parameters are broadcast.
+  /// Give every rank the same value.
+  std::size_t memory_budget = 0;
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
 struct ShardedTraceEvent {
   Collective collective;
+  /// The wrapped unit (ShardedTrainer::plan()), the model unit under the default per-unit wrapping.
   std::size_t unit;
+  /// Gathers: wrapped units gathered and not yet freed once this one was
+  /// issued (it included), what ShardedTrainerOptions::limit_all_gathers bounds.
+  std::size_t gathered = 0;
+  /// Bytes of the collective's whole (unsharded, padded) buffer in the
+  /// element type it travels in: N·c·sizeof(param or reduce dtype) for a
+  /// gather or reduce-scatter, P·sizeof for NoShard's all-reduce, c·sizeof
+  /// for HybridShard's across replicas. A ring moves (N−1)/N of it per rank.
+  std::size_t bytes = 0;
 };
 
 /// Trains `Model` with 1/N of every unit's parameters, gradients and
@@ -91,11 +144,11 @@ struct ShardedTraceEvent {
 /// in a step is u's forward and gathers it (AllGather), the second is its
 /// backward, which gathers it again unless the strategy kept it, and gives
 /// gradient views. `ctx.ready(u)` reduce-scatters u's gradient with a sum
-/// and divides on the owning rank (ReduceScatterAverage). Gathers and
+/// and divides on the owning rank (as ReduceScatterAverage). Gathers and
 /// reductions all run on the communicator's ProgressWorker, in the order the
-/// model asks, which is the same on every rank; a gather is waited for,
-/// reductions overlap the rest of backward. Under NoShard nothing is
-/// gathered and each unit is all-reduced (Avg) instead.
+/// model asks, which is the same on every rank; an ask waits for its gather
+/// (started earlier under prefetch), reductions overlap the rest of backward.
+/// Under NoShard nothing is gathered and each unit is all-reduced (Avg).
 ///
 /// Construction checks that every rank declared the same units, broadcasts
 /// rank 0's parameters and buffers, then keeps only this rank's shard.
@@ -111,7 +164,45 @@ struct ShardedTraceEvent {
 /// ranks (split from the communicator) and all-reduces each gradient shard
 /// across the groups.
 ///
-/// Not yet: prefetch, accumulation, mixed precision and offload (issue 13).
+/// Wrapping: ShardedTrainerOptions::wrap groups consecutive model units into
+/// wrapped units (WrapPolicy: per unit, the default; size-based; a
+/// predicate). A wrapped unit is the flat concatenation of its model units
+/// and is what the layout above, the gathers and the reductions are about:
+/// `ctx.params(u)` on any of its members gathers the whole wrapped unit
+/// once, which stays gathered while any member is held or still to come in
+/// this phase, and its gradient is reduced once every member is ready.
+/// plan() describes it (a ShardPlan; print it with to_string or <<).
+///
+/// accumulate() runs a micro-step whose gradient the next step() includes
+/// (K−1 calls and a step: the mean over K micro-batches). Under
+/// AccumulationMode::Sharded each micro-step reduce-scatters and adds the
+/// averaged shard into the gradient shard (memory stays 1/N); under NoSync
+/// (FSDP's no_sync) micro-steps communicate no gradient and every unit keeps
+/// its unsharded gradient, the padded unit, N·c elements (≈ +Ψ per rank), from
+/// the first micro-step's backward to step()'s, which scales the local sum by
+/// 1/K and reduces it once: bitwise ReplicatedTrainer::accumulate under the
+/// deterministic option.
+///
+/// Prefetch (off by default): forward_prefetch gathers the next wrapped
+/// unit when one is asked for in forward; backward_prefetch gathers the
+/// one before it in forward order when a unit is asked for in backward
+/// (BackwardPre) or when its gradient is ready (BackwardPost), while fewer
+/// than limit_all_gathers units are gathered. Gathers are asynchronous on
+/// the worker; which and when depend only on the model's asks, never on
+/// timing, so every rank queues the same collectives in the same order.
+///
+/// Mixed precision: param_dtype bfloat16 gathers the fp32 master shard
+/// rounded to bfloat16 (half the gather's bytes; the model sees value_type
+/// views of the rounded values); reduce_dtype bfloat16 reduces gradients in
+/// it. Both default to the master type. NoShard gathers nothing, so
+/// param_dtype does not apply to it.
+///
+/// Memory: memory_need() is the formula (persistent bytes exactly, the
+/// transient peak as a bound), peak_transient_bytes() what was really held,
+/// and memory_budget refuses at construction a configuration whose need
+/// exceeds it. last_step() times each phase and counts elements sent.
+///
+/// Not yet: offload (issue 13).
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -151,14 +242,27 @@ class ShardedTrainer {
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ShardedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
                               "the same order: check what its units() depends on (configuration, rank, world size).");
+    precision();
     split();
     layout();
+    if (o_.wrap.is_custom()) {
+      // A predicate may look at more than the units: its grouping must agree too.
+      std::vector<std::string> groups;
+      for (const ShardPlan::Unit& u : plan_.units) {
+        groups.push_back("'" + u.name + "' (model units " + std::to_string(u.model_units.front()) + " to " +
+                         std::to_string(u.model_units.back()) + ")");
+      }
+      detail::check_units_agree(comm_, groups, "ShardedTrainer wrapping plan",
+                                "The custom WrapPolicy predicate must group the units alike on every rank: check "
+                                "what it depends on besides its arguments (rank, configuration).");
+    }
     if (total_ == 0) {
       // Every rank declared the same units, so every rank throws this.
       throw InvalidArgument("gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()) +
                             ": the model declares no parameters (" + std::to_string(specs_.size()) +
                             " units, 0 elements); there is nothing to shard or train");
     }
+    check_budget();
     initialise();
     worker_ = ProgressWorker<backend_type>::shared(shard_comm());
   }
@@ -189,27 +293,29 @@ class ShardedTrainer {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync::ShardedTrainer::forward_backward: the model has no `double forward_backward(const "
                   "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
-    if (pending_) {
-      throw InvalidArgument(where() + ": forward_backward after a forward_backward() whose optimizer_step() has "
-                            "not run yet");
-    }
+    check_no_pending("forward_backward");
     if (o_.broadcast_buffers && !buffers_.empty()) {
       Broadcast<Algo>{o_.collective}(comm_, std::span<value_type>(buffers_), 0);
     }
-    trace_.clear();
-    begin_step(false);
-    const auto t0 = std::chrono::steady_clock::now();
-    double loss = 0;
-    try {
-      const StepContext<value_type> ctx(provider_);
-      loss = static_cast<double>(model_.forward_backward(batch, ctx));
-    } catch (...) {
-      abandon_step();
-      throw;
-    }
-    stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    finish_reductions();
+    const double loss = run_model(batch, true);
     pending_ = true;
+    return loss;
+  }
+
+  /// A micro-step: forward and backward on `batch`, its gradient kept for
+  /// the next step() (ShardedTrainerOptions::accumulation says how). K−1
+  /// calls of accumulate() and one step() equal one step on K times the
+  /// samples with the loss scaled by 1/K: the mean over micro-batches, which
+  /// is the mean over their samples when micro-batches are of equal size.
+  /// A micro-step that throws drops what was accumulated.
+  template <class Batch>
+  double accumulate(const Batch& batch) {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync::ShardedTrainer::accumulate: the model has no `double forward_backward(const "
+                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    check_no_pending("accumulate");
+    const double loss = run_model(batch, false);
+    ++micro_steps_;
     return loss;
   }
 
@@ -250,10 +356,12 @@ class ShardedTrainer {
       throw InvalidArgument(where() + ": optimizer_step without a forward_backward() before it");
     }
     pending_ = false;
+    micro_steps_ = 0;
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(std::span<value_type>(shard_params_), std::span<const value_type>(shard_grads_));
     std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
-    stats_.optimizer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
   }
 
@@ -264,10 +372,15 @@ class ShardedTrainer {
   template <class F>
   decltype(auto) evaluate(F&& f) {
     begin_step(true);
+    // An evaluation's gathers are not the last step's.
     struct End {
       ShardedTrainer& t;
-      ~End() { t.abandon_step(); }
-    } end{*this};
+      StepStats step;
+      ~End() {
+        t.abandon_step();
+        t.step_ = step;
+      }
+    } end{*this, step_};
     const StepContext<value_type> ctx(provider_);
     return std::forward<F>(f)(ctx);
   }
@@ -279,6 +392,15 @@ class ShardedTrainer {
   const ShardedTrainerOptions& options() const noexcept { return o_; }
   const std::vector<UnitSpec>& units() const noexcept { return specs_; }
 
+  /// The wrapping plan: wrapped units, their model units, sizes and bytes
+  /// per rank (print it with to_string or <<).
+  const ShardPlan& plan() const noexcept { return plan_; }
+  /// The wrapped unit that holds model unit `model_unit`.
+  std::size_t wrapped_unit_of(std::size_t model_unit) const { return member_of_.at(model_unit); }
+
+  /// Below, `u` is a wrapped unit (the model unit itself under the default
+  /// WrapPolicy::per_unit()).
+  ///
   /// This rank's shard of every unit, padded chunks one after the other.
   std::span<const value_type> shard() const noexcept { return shard_params_; }
   /// Unit u's elements (unpadded).
@@ -303,7 +425,7 @@ class ShardedTrainer {
   std::vector<value_type> full_parameters() {
     std::vector<value_type> all;
     all.reserve(total_);
-    for (std::size_t u = 0; u < specs_.size(); ++u) {
+    for (std::size_t u = 0; u < groups_.size(); ++u) {
       if (o_.strategy == ShardingStrategy::NoShard) {
         const auto s = unit_shard(u);
         all.insert(all.end(), s.begin(), s.end());
@@ -327,20 +449,43 @@ class ShardedTrainer {
     return (2 + optimizer_state_per_element()) * sizeof(value_type) * shard_params_.size();
   }
 
+  /// What this rank needs, by the formula (detail::sharded_memory_need):
+  /// persistent bytes exactly, transient bytes as the most a step holds at
+  /// once (an upper bound; exact for FullShard without prefetch).
+  MemoryNeed memory_need() const { return need(o_.strategy); }
+  /// The most transient bytes (gathered wrapped units, gradient buffers)
+  /// this rank really held at once since construction or reset_peak_transient().
+  std::size_t peak_transient_bytes() const noexcept { return peak_transient_; }
+  void reset_peak_transient() noexcept { peak_transient_ = 0; }
+
+  /// The last step (forward_backward() or its micro-steps, and
+  /// optimizer_step()): time per phase, and elements and bytes sent as Ring
+  /// sends them (see StepStats). With param_dtype or reduce_dtype bfloat16
+  /// the bytes are 2 per element of those collectives, the elements unchanged.
+  const StepStats& last_step() const noexcept { return step_; }
+
   /// The collectives of the last step, in the order this rank issued them.
   const std::vector<ShardedTraceEvent>& trace() const noexcept { return trace_; }
 
   const TrainerStats& stats() const noexcept { return stats_; }
 
  private:
-  struct UnitState {
-    std::vector<value_type> full;   ///< gathered parameters, N·c (empty when resharded)
-    std::vector<value_type> grad;   ///< unsharded gradient and the reduction's output (backward only)
-    UnitView<value_type> view;      ///< what the model sees while it holds the unit
-    int asks = 0;                   ///< in this step: 1 = forward, 2 = backward
+  /// A model unit in this step.
+  struct MemberState {
+    UnitView<value_type> view;  ///< what the model sees while it holds the unit
+    int asks = 0;               ///< in this step: 1 = forward, 2 = backward
     bool held = false;
     bool ready = false;
-    Request request;                ///< the gradient's reduction
+  };
+
+  /// A wrapped unit: what is gathered and reduced as one buffer.
+  struct WrappedState {
+    std::vector<value_type> full;  ///< gathered parameters, N·c (empty when resharded)
+    std::vector<value_type> grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
+    std::size_t held = 0;          ///< members the model holds
+    std::size_t ready = 0;         ///< members reported ready in this backward
+    Request request;               ///< the gradient's reduction
+    Request gathering;             ///< the gather into `full`, until acquire waits for it
   };
 
   /// Lends the model its units: gathers on demand, frees on release.
@@ -375,6 +520,19 @@ class ShardedTrainer {
   Comm& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
   const Comm& shard_comm() const noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
 
+  /// Reads param_dtype and reduce_dtype: the master type or bfloat16.
+  void precision() {
+    auto low = [&](const std::optional<DataType>& d, const char* what) {
+      if (!d || *d == data_type_v<value_type>) return false;
+      if (*d == DataType::bfloat16) return true;
+      throw InvalidArgument(where() + ": " + what + " must be the master type (" +
+                            std::string(name(data_type_v<value_type>)) + ") or bfloat16, got " +
+                            std::string(name(*d)));
+    };
+    param_bf16_ = low(o_.param_dtype, "ShardedTrainerOptions::param_dtype");
+    reduce_bf16_ = low(o_.reduce_dtype, "ShardedTrainerOptions::reduce_dtype");
+  }
+
   /// HybridShard: the shard group and the replica group of this rank, both
   /// split from the communicator (collective; every rank the same options).
   void split() {
@@ -397,13 +555,30 @@ class ShardedTrainer {
 
   std::string where() const { return "gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()); }
   std::string unit_name(std::size_t u) const { return "unit " + std::to_string(u) + " ('" + specs_[u].name + "')"; }
+  std::string wrapped_name(std::size_t w) const {
+    return "wrapped unit " + std::to_string(w) + " ('" + plan_.units[w].name + "')";
+  }
 
+  /// Groups the model units into wrapped units (the policy), then lays out
+  /// each wrapped unit's chunk in the flat shard.
   void layout() {
+    groups_ = o_.wrap.group(specs_);
     const auto n = static_cast<std::size_t>(shard_comm().size());
-    std::size_t at = 0;
     for (const UnitSpec& s : specs_) {
       std::size_t p = 0;
       for (const TensorSpec& t : s.params) p += t.count();
+      model_sizes_.push_back(p);
+    }
+    member_of_.resize(specs_.size());
+    member_offset_.resize(specs_.size());
+    std::size_t at = 0;
+    for (std::size_t w = 0; w < groups_.size(); ++w) {
+      std::size_t p = 0;
+      for (std::size_t m = groups_[w].first; m <= groups_[w].second; ++m) {
+        member_of_[m] = w;
+        member_offset_[m] = p;
+        p += model_sizes_[m];
+      }
       const std::size_t c = sharded() ? (p + n - 1) / n : p;
       sizes_.push_back(p);
       chunks_.push_back(c);
@@ -413,7 +588,41 @@ class ShardedTrainer {
     }
     shard_params_.assign(at, value_type(0));
     shard_grads_.assign(at, value_type(0));
-    units_.resize(specs_.size());
+    members_.resize(specs_.size());
+    wrapped_.resize(groups_.size());
+    make_plan();
+  }
+
+  void make_plan() {
+    plan_.policy = o_.wrap.describe();
+    plan_.strategy = strategy_name(o_.strategy);
+    plan_.shards = shard_comm().size();
+    plan_.replicas = comm_.size() / shard_comm().size();
+    plan_.element_bytes = sizeof(value_type);
+    plan_.state_per_element = optimizer_state_per_element();
+    const auto n = static_cast<std::size_t>(shard_comm().size());
+    for (std::size_t w = 0; w < groups_.size(); ++w) {
+      ShardPlan::Unit u;
+      const auto [first, last] = groups_[w];
+      u.name = first == last ? specs_[first].name : specs_[first].name + ".." + specs_[last].name;
+      for (std::size_t m = first; m <= last; ++m) u.model_units.push_back(m);
+      u.params = sizes_[w];
+      u.shard = chunks_[w];
+      u.padding = sharded() ? n * chunks_[w] - sizes_[w] : 0;
+      u.bytes_per_rank = (2 + plan_.state_per_element) * sizeof(value_type) * chunks_[w];
+      u.gathered_bytes = sharded() ? n * chunks_[w] * sizeof(value_type) : 0;
+      plan_.units.push_back(std::move(u));
+    }
+  }
+
+  static const char* strategy_name(ShardingStrategy s) noexcept {
+    switch (s) {
+      case ShardingStrategy::FullShard: return "FullShard";
+      case ShardingStrategy::ShardGradOp: return "ShardGradOp";
+      case ShardingStrategy::NoShard: return "NoShard";
+      case ShardingStrategy::HybridShard: return "HybridShard";
+    }
+    return "?";
   }
 
   /// Views of unit u over `params` (P elements) and `grads` (P or none), and its buffers.
@@ -449,47 +658,126 @@ class ShardedTrainer {
     std::vector<UnitView<value_type>> views;
     std::size_t at = 0;
     for (std::size_t u = 0; u < specs_.size(); ++u) {
-      views.push_back(make_view(u, std::span<value_type>(params).subspan(at, sizes_[u]),
-                                std::span<value_type>(grads).subspan(at, sizes_[u])));
-      at += sizes_[u];
+      views.push_back(make_view(u, std::span<value_type>(params).subspan(at, model_sizes_[u]),
+                                std::span<value_type>(grads).subspan(at, model_sizes_[u])));
+      at += model_sizes_[u];
     }
     model_.bind(std::span<const UnitView<value_type>>(views));
     const Broadcast<Algo> broadcast{o_.collective};
     broadcast(comm_, std::span<value_type>(params), 0);
     if (!buffers_.empty()) broadcast(comm_, std::span<value_type>(buffers_), 0);
+    // A wrapped unit's members are consecutive, so it is one range of `params`.
     at = 0;
-    for (std::size_t u = 0; u < specs_.size(); ++u) {
-      const auto [first, count] = owned_range(u);
+    for (std::size_t w = 0; w < groups_.size(); ++w) {
+      const auto [first, count] = owned_range(w);
       std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(at + first), count,
-                  shard_params_.begin() + static_cast<std::ptrdiff_t>(offsets_[u]));
-      at += sizes_[u];
-      // NoShard: the shard is the unit, and the model sees it in place.
-      if (!sharded()) {
-        units_[u].view = make_view(u, std::span<value_type>(shard_params_).subspan(offsets_[u], sizes_[u]),
-                                   std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]));
+                  shard_params_.begin() + static_cast<std::ptrdiff_t>(offsets_[w]));
+      at += sizes_[w];
+    }
+    // NoShard: the shard is the unit, and the model sees it in place.
+    if (!sharded()) {
+      for (std::size_t u = 0; u < specs_.size(); ++u) {
+        const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
+        members_[u].view = make_view(u, std::span<value_type>(shard_params_).subspan(from, model_sizes_[u]),
+                                     std::span<value_type>(shard_grads_).subspan(from, model_sizes_[u]));
       }
     }
   }
 
+  void check_no_pending(const char* what) const {
+    if (pending_) {
+      throw InvalidArgument(where() + ": " + what +
+                            " after a forward_backward() whose optimizer_step() has not run yet");
+    }
+  }
+
+  /// Forward and backward; `sync`: the step that reduces (forward_backward),
+  /// else a micro-step of accumulate().
+  template <class Batch>
+  double run_model(const Batch& batch, bool sync) {
+    trace_.clear();
+    // A step's figures cover all its micro-steps.
+    if (micro_steps_ == 0) step_ = {};
+    begin_step(false);
+    reducing_ = sync || o_.accumulation == AccumulationMode::Sharded;
+    // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer.
+    local_scale_ = sync && o_.accumulation == AccumulationMode::NoSync
+                       ? static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1))
+                       : value_type(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double exposed_before = step_.exposed_comm_seconds;
+    double loss = 0;
+    try {
+      const StepContext<value_type> ctx(provider_);
+      loss = static_cast<double>(model_.forward_backward(batch, ctx));
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.compute_seconds += wall;
+    step_.compute_seconds += wall - (step_.exposed_comm_seconds - exposed_before);
+    finish_reductions(!reducing_);
+    // Sharded accumulation summed K means into the shard: their mean.
+    if (sync && o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0) {
+      const auto k = static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1));
+      for (value_type& x : shard_grads_) x *= k;
+    }
+    return loss;
+  }
+
   void begin_step(bool evaluating) {
     evaluating_ = evaluating;
-    for (UnitState& s : units_) {
-      s.asks = 0;
-      s.held = false;
-      s.ready = false;
+    for (MemberState& m : members_) {
+      m.asks = 0;
+      m.held = false;
+      m.ready = false;
+    }
+    for (WrappedState& w : wrapped_) {
+      w.held = 0;
+      w.ready = 0;
     }
   }
 
   void check_unit(std::size_t u, const char* what) const {
-    if (u >= units_.size()) {
+    if (u >= members_.size()) {
       throw InvalidArgument(where() + ": the model " + what + " unit " + std::to_string(u) +
-                            ", which does not exist (" + std::to_string(units_.size()) + " units)");
+                            ", which does not exist (" + std::to_string(members_.size()) + " units)");
     }
   }
 
+  /// Model units [first, last] of wrapped unit w.
+  std::size_t first_member(std::size_t w) const noexcept { return groups_[w].first; }
+  std::size_t last_member(std::size_t w) const noexcept { return groups_[w].second; }
+
+  /// Every member of w has been asked for at least `asks` times in this step.
+  bool members_asked(std::size_t w, int asks) const noexcept {
+    for (std::size_t m = first_member(w); m <= last_member(w); ++m) {
+      if (members_[m].asks < asks) return false;
+    }
+    return true;
+  }
+
+  /// Frees wrapped unit w's gathered parameters.
+  void free_unit(std::size_t w) noexcept { std::vector<value_type>().swap(wrapped_[w].full); }
+
+  /// Frees the units whose forward use ended (FullShard) but were kept in
+  /// case the model came back to them, other than `except`.
+  void free_lingering(std::size_t except) noexcept {
+    std::erase_if(lingering_, [&](std::size_t w) {
+      if (w == except) return false;
+      if (wrapped_[w].held == 0) free_unit(w);
+      return true;
+    });
+  }
+
+  /// Model unit u's views; the first ask of any member of a wrapped unit
+  /// gathers the whole wrapped unit, which its other members then share.
   const UnitView<value_type>& acquire(std::size_t u) {
     check_unit(u, "asked for");
-    UnitState& s = units_[u];
+    MemberState& s = members_[u];
+    const std::size_t w = member_of_[u];
+    WrappedState& ws = wrapped_[w];
     if (s.held) {
       throw InvalidArgument(where() + ": the model asked for " + unit_name(u) +
                             " while it still holds it; ask once and keep the handle (ctx.params) while you use it");
@@ -498,124 +786,284 @@ class ShardedTrainer {
       throw InvalidArgument(where() + ": the model asked for " + unit_name(u) +
                             " a third time in one step; a step asks once in forward and once in backward");
     }
-    if (!evaluating_) ++s.asks;
+    ++s.asks;
     const bool backward = !evaluating_ && s.asks == 2;
     if (!sharded()) {
       s.held = true;
+      ++ws.held;
       return s.view;
     }
-    // The unit kept from forward goes once another is asked for.
-    if (kept_ != no_unit && kept_ != u) std::vector<value_type>().swap(units_[kept_].full);
-    kept_ = no_unit;
-    if (s.full.empty()) gather(u);
+    // A unit whose forward ended goes once another is asked for.
+    free_lingering(w);
+    if (ws.full.empty()) gather(w);
+    // The next unit's gather overlaps this one's use: decided from the
+    // model's asks alone, so every rank issues the same gathers in one order.
+    if (!evaluating_ && !backward && o_.forward_prefetch && w + 1 < wrapped_.size()) prefetch(w + 1);
+    if (backward && o_.backward_prefetch == BackwardPrefetch::BackwardPre && w > 0) prefetch(w - 1);
+    wait_gathered(w);
     std::span<value_type> grads;
     if (backward) {
-      s.grad.assign(ReduceScatterAverage<Algo>::storage(sizes_[u], shard_comm().size()), value_type(0));
-      grads = std::span<value_type>(s.grad).first(sizes_[u]);
+      // Under NoSync the gradient of earlier micro-steps is still there.
+      if (ws.grad.empty()) {
+        // FullShard: one gradient buffer at a time (the previous unit's
+        // reduction is waited for); ShardGradOp gathers nothing in backward,
+        // so one reduction may run while the next gradient is filled.
+        retire_reductions(full_shard() ? 0 : 1);
+        // The padded unit only: the reduce-scatter writes straight into this rank's gradient shard.
+        ws.grad.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+        track_transient();
+      }
+      grads = std::span<value_type>(ws.grad).subspan(member_offset_[u], model_sizes_[u]);
     }
-    s.view = make_view(u, std::span<value_type>(s.full).first(sizes_[u]), grads);
+    s.view = make_view(u, std::span<value_type>(ws.full).subspan(member_offset_[u], model_sizes_[u]), grads);
     s.held = true;
+    ++ws.held;
     return s.view;
   }
 
-  void gather(std::size_t u) {
-    UnitState& s = units_[u];
-    s.full.assign(chunks_[u] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
-    trace_.push_back({Collective::all_gather, u});
-    const std::span<const value_type> in = unit_shard(u);
+  /// Starts gathering wrapped unit w on the worker, behind what is queued there.
+  void gather(std::size_t w) {
+    WrappedState& s = wrapped_[w];
+    s.full.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+    track_transient();
+    const bool low = param_bf16_;
+    const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
+    trace_.push_back({Collective::all_gather, w, gathered_units(), s.full.size() * e});
+    count_sent(Collective::all_gather, s.full.size(), shard_comm(), e);
+    const std::span<const value_type> in = unit_shard(w);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
-    worker_
-        ->submit("ShardedTrainer gather of " + unit_name(u),
-                 [all_gather, in, out](Communicator<backend_type>& c) { all_gather(c, in, out); })
-        .wait();
+    // The worker's time in the gather is gather_seconds; the caller's wait for it (wait_gathered) is exposed.
+    s.gathering = worker_->submit("ShardedTrainer gather of " + wrapped_name(w),
+                                  detail::timed(&step_.gather_seconds,
+                                                [all_gather, in, out, low](Communicator<backend_type>& c) {
+                                                  if (!low) return all_gather(c, in, out);
+                                                  // param_dtype bfloat16: rounded once, half the bytes.
+                                                  const std::vector<bfloat16> mine(in.begin(), in.end());
+                                                  std::vector<bfloat16> all(out.size());
+                                                  all_gather(c, std::span<const bfloat16>(mine),
+                                                             std::span<bfloat16>(all));
+                                                  for (std::size_t i = 0; i < out.size(); ++i) {
+                                                    out[i] = to_value(all[i]);
+                                                  }
+                                                }));
   }
 
+  /// Gathers w ahead of its ask, unless it is gathered or the limit is reached.
+  void prefetch(std::size_t w) {
+    if (!wrapped_[w].full.empty()) return;
+    if (o_.limit_all_gathers != 0 && gathered_units() >= o_.limit_all_gathers) return;
+    gather(w);
+  }
+
+  void wait_gathered(std::size_t w) {
+    Request& r = wrapped_[w].gathering;
+    if (r.valid()) {
+      const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
+      r.wait();
+      r = Request();
+    }
+  }
+
+  /// Wrapped units whose parameters are gathered (or being gathered) now.
+  std::size_t gathered_units() const noexcept {
+    std::size_t n = 0;
+    for (const WrappedState& s : wrapped_) n += !s.full.empty() ? 1 : 0;
+    return n;
+  }
+
+  /// The model let go of model unit u. Its wrapped unit is freed once no
+  /// member is held and, per strategy, its members' forward (FullShard) or
+  /// backward (every strategy) is over.
   void release(std::size_t u) noexcept {
-    if (u >= units_.size()) return;
-    UnitState& s = units_[u];
+    // A handle kept past the end of its step was already let go of.
+    if (u >= members_.size() || !members_[u].held) return;
+    MemberState& s = members_[u];
+    const std::size_t w = member_of_[u];
+    WrappedState& ws = wrapped_[w];
     s.held = false;
-    if (!sharded()) return;
-    // FullShard reshards after forward and after backward; ShardGradOp
-    // keeps forward's gather for the backward.
-    const bool forward = !evaluating_ && s.asks == 1;
-    if (forward && full_shard() && o_.keep_last_forward_unit) {
-      if (kept_ != no_unit && kept_ != u && !units_[kept_].held) std::vector<value_type>().swap(units_[kept_].full);
-      kept_ = u;
+    --ws.held;
+    if (!sharded() || ws.held > 0) return;
+    if (evaluating_) {
+      if (members_asked(w, 1)) {
+        free_unit(w);
+      } else {
+        lingering_.push_back(w);
+      }
       return;
     }
-    const bool free = evaluating_ || full_shard() || s.asks == 2;
-    if (free) std::vector<value_type>().swap(s.full);
+    if (s.asks == 1) {
+      // ShardGradOp keeps forward's gather for the backward.
+      if (!full_shard()) return;
+      // FullShard reshards after forward; the unit released last in forward
+      // stays until another is asked for (keep_last_forward_unit), as does
+      // one some of whose members have not been asked for yet.
+      if (members_asked(w, 1) && !o_.keep_last_forward_unit) {
+        free_unit(w);
+      } else {
+        lingering_.push_back(w);
+      }
+      return;
+    }
+    if (members_asked(w, 2)) free_unit(w);
   }
 
+  /// Model unit u's gradient is final; once every member of its wrapped
+  /// unit is, the wrapped unit's gradient is reduced.
   void ready(std::size_t u) {
     check_unit(u, "reported ready");
-    UnitState& s = units_[u];
+    MemberState& m = members_[u];
     if (evaluating_) {
       throw InvalidArgument(where() + ": the model reported " + unit_name(u) +
                             " ready during evaluate(), which runs no backward");
     }
-    if (s.ready) {
+    if (m.ready) {
       throw InvalidArgument(where() + ": the model reported " + unit_name(u) + " ready twice in one backward");
     }
-    if (!s.held || s.asks != 2) {
+    if (!m.held || m.asks != 2) {
       throw InvalidArgument(where() + ": the model reported " + unit_name(u) +
                             " ready without holding it from a backward ask; in backward, hold `auto p = "
                             "ctx.params(u)` (its second ask of the step), add the gradient into p's grad views, "
                             "then call ctx.ready(u)");
     }
-    s.ready = true;
+    m.ready = true;
+    const std::size_t u_w = member_of_[u];
+    if (++wrapped_[u_w].ready < last_member(u_w) - first_member(u_w) + 1) return;
+    if (sharded() && o_.backward_prefetch == BackwardPrefetch::BackwardPost && u_w > 0) prefetch(u_w - 1);
+    if (!reducing_) return;
+    reduce(u_w);
+  }
+
+  /// Reduces wrapped unit u's gradient to its owners, on the worker.
+  void reduce(std::size_t u) {
+    WrappedState& s = wrapped_[u];
     const Options opts = o_.collective;
+    // Sharded accumulation: after the first micro-step, add to the shard.
+    const bool add = o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0;
+    const value_type scale = local_scale_;
+    // One rank reduces nothing: its gradient is not rounded for a wire.
+    const bool low = reduce_bf16_ && comm_.size() > 1;
+    const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
     if (!sharded()) {
-      trace_.push_back({Collective::all_reduce, u});
+      trace_.push_back({Collective::all_reduce, u, 0, sizes_[u] * e});
+      count_sent(Collective::all_reduce, sizes_[u], comm_, e);
       const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]);
-      s.request = worker_->submit("ShardedTrainer all-reduce of " + unit_name(u),
-                                  [opts, g](Communicator<backend_type>& c) {
-                                    if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
-                                  });
+      if (scale != value_type(1)) {
+        for (value_type& x : g) x *= scale;
+      }
+      s.request = worker_->submit("ShardedTrainer all-reduce of " + wrapped_name(u),
+                                  detail::timed(&step_.reduce_seconds, [opts, g, low](Communicator<backend_type>& c) {
+                                    if (c.size() == 1) return;
+                                    if (low) {
+                                      std::vector<bfloat16> packed(g.begin(), g.end());
+                                      AllReduce<Algo>{opts}(c, std::span<bfloat16>(packed), Avg{});
+                                      for (std::size_t i = 0; i < g.size(); ++i) g[i] = to_value(packed[i]);
+                                    } else {
+                                      AllReduce<Algo>{opts}(c, g, Avg{});
+                                    }
+                                  }));
       return;
     }
-    trace_.push_back({Collective::reduce_scatter, u});
+    const std::size_t n = static_cast<std::size_t>(shard_comm().size());
+    trace_.push_back({Collective::reduce_scatter, u, 0, n * chunks_[u] * e});
+    count_sent(Collective::reduce_scatter, n * chunks_[u], shard_comm(), e);
+    // Its gradient buffer is freed once this reduction is over (retire_reductions).
+    in_reduction_.push_back(u);
     const std::size_t count = sizes_[u];
     const std::span<value_type> storage(s.grad);
     const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
-    if (replica_comm_) {
-      trace_.push_back({Collective::all_reduce, u});
-      // The replica communicator is used only here, on the shard group's
-      // worker, after construction: one thread, one order.
-      Comm* replicas = &*replica_comm_;
-      const auto divisor = static_cast<value_type>(comm_.size());
-      s.request = worker_->submit("ShardedTrainer reduce-scatter and replica all-reduce of " + unit_name(u),
-                                  [opts, storage, count, mine, replicas, divisor](Communicator<backend_type>& c) {
-                                    const ReduceScatterAverage<Algo> policy{opts};
-                                    policy.reduce(c, storage, count, false);
-                                    const ReducedPart part =
-                                        ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                    std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset),
-                                                part.count, mine.begin());
-                                    if (replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, mine, Sum{});
-                                    for (value_type& x : mine) x /= divisor;
-                                  });
-      return;
+    if (scale != value_type(1)) {
+      for (value_type& x : storage.first(count)) x *= scale;
     }
-    s.request = worker_->submit("ShardedTrainer reduce-scatter of " + unit_name(u),
-                                [opts, storage, count, mine](Communicator<backend_type>& c) {
-                                  const ReduceScatterAverage<Algo> policy{opts};
-                                  policy.reduce(c, storage, count, true);
-                                  const ReducedPart part =
-                                      ReduceScatterAverage<Algo>::result(count, c.size(), c.rank());
-                                  std::copy_n(storage.begin() + static_cast<std::ptrdiff_t>(part.offset), part.count,
-                                              mine.begin());
-                                });
+    // The replica communicator is used only here, on the shard group's
+    // worker, after construction: one thread, one order.
+    Comm* replicas = replica_comm_ ? &*replica_comm_ : nullptr;
+    if (replicas) {
+      trace_.push_back({Collective::all_reduce, u, 0, chunks_[u] * e});
+      count_sent(Collective::all_reduce, chunks_[u], *replicas, e);
+    }
+    const auto divisor = static_cast<value_type>(comm_.size());
+    s.request = worker_->submit(
+        std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
+                             : "ShardedTrainer reduce-scatter of ") +
+            wrapped_name(u),
+        detail::timed(&step_.reduce_seconds,
+                      [opts, storage, count, mine, replicas, divisor, add, low](Communicator<backend_type>& c) {
+                        if (low) {
+                          reduce_in<bfloat16>(c, opts, storage, count, mine, replicas, divisor, add);
+                        } else {
+                          reduce_in<value_type>(c, opts, storage, count, mine, replicas, divisor, add);
+                        }
+                      }));
   }
 
-  void finish_reductions() {
-    std::string missing;
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      if (!units_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
+  template <class E>
+  static value_type to_value(E x) noexcept {
+    if constexpr (std::is_same_v<E, value_type>) {
+      return x;
+    } else {
+      return static_cast<value_type>(static_cast<float>(x));
     }
-    std::exception_ptr first = drain();
-    release_all();
+  }
+
+  /// On the worker: reduces a unit's gradient (`storage`, the padded unit
+  /// N·c, `count` elements and zeros) in element type E into this rank's
+  /// gradient shard `mine` (c): a mean, or under HybridShard a sum in the
+  /// group, a sum across `replicas` and one division. In the master type and
+  /// not adding, the reduce-scatter writes straight into `mine` (its padding
+  /// gets the sum of zeros); adding (sharded accumulation) it writes into a
+  /// c-element sum first, and in bfloat16 into the packed copy's tail.
+  template <class E>
+  static void reduce_in(Communicator<backend_type>& c, const Options& opts, std::span<value_type> storage,
+                        std::size_t count, std::span<value_type> mine, Comm* replicas, value_type divisor, bool add) {
+    const std::size_t chunk = mine.size();
+    std::vector<E> packed;
+    std::vector<value_type> sum;
+    std::span<const E> in;
+    std::span<E> out;
+    if constexpr (std::is_same_v<E, value_type>) {
+      in = storage;
+      if (add) {
+        sum.assign(chunk, value_type(0));
+        out = std::span<E>(sum);
+      } else {
+        out = mine;
+      }
+    } else {
+      packed.assign(storage.size() + chunk, E(0.0f));
+      for (std::size_t i = 0; i < count; ++i) packed[i] = E(static_cast<float>(storage[i]));
+      in = std::span<const E>(packed).first(storage.size());
+      out = std::span<E>(packed).subspan(storage.size(), chunk);
+    }
+    if (c.size() == 1) {
+      std::copy(in.begin(), in.end(), out.begin());
+    } else if (replicas == nullptr) {
+      ReduceScatter<Algo>{opts}(c, in, out, Avg{});
+    } else {
+      ReduceScatter<Algo>{opts}(c, in, out, Sum{});
+    }
+    if (replicas && replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, out, Sum{});
+    if constexpr (std::is_same_v<E, value_type>) {
+      if (!add && !replicas) return;
+    }
+    for (std::size_t i = 0; i < chunk; ++i) {
+      const value_type x = replicas ? to_value(out[i]) / divisor : to_value(out[i]);
+      mine[i] = add ? mine[i] + x : x;
+    }
+  }
+
+  /// `keep_grads`: a NoSync micro-step, whose unsharded gradients stay.
+  void finish_reductions(bool keep_grads) {
+    std::string missing;
+    for (std::size_t u = 0; u < members_.size(); ++u) {
+      if (!members_[u].ready) missing += (missing.empty() ? "" : ", ") + unit_name(u);
+    }
+    std::exception_ptr first;
+    {
+      const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
+      first = drain();
+    }
+    release_all(keep_grads);
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
       throw InvalidArgument(where() + ": backward reported no gradient for " + missing +
@@ -627,35 +1075,114 @@ class ShardedTrainer {
   /// and free every gathered unit.
   void abandon_step() noexcept {
     settle_all();
-    release_all();
+    // Gradients accumulated before a failed training step are dropped.
+    if (!evaluating_ && micro_steps_ > 0) {
+      micro_steps_ = 0;
+      std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
+    }
+    release_all(evaluating_);
     evaluating_ = false;
   }
 
-  void release_all() noexcept {
-    kept_ = no_unit;
-    for (UnitState& s : units_) {
+  void release_all(bool keep_grads) noexcept {
+    lingering_.clear();
+    in_reduction_.clear();
+    for (WrappedState& s : wrapped_) {
       s.request = Request();
-      std::vector<value_type>().swap(s.grad);
+      s.gathering = Request();
+      if (!keep_grads) std::vector<value_type>().swap(s.grad);
       if (sharded()) std::vector<value_type>().swap(s.full);
-      s.held = false;
+      s.held = 0;
     }
+    for (MemberState& m : members_) m.held = false;
   }
 
+  /// Waits for every reduction and gather (a prefetch the model never
+  /// used included); returns the first failure.
   std::exception_ptr drain() {
     std::exception_ptr first;
-    for (UnitState& s : units_) {
-      try {
-        s.request.wait();
-      } catch (...) {
-        if (!first) first = std::current_exception();
+    for (WrappedState& s : wrapped_) {
+      for (Request* r : {&s.gathering, &s.request}) {
+        try {
+          if (r->valid()) r->wait();
+        } catch (...) {
+          if (!first) first = std::current_exception();
+        }
+        *r = Request();
       }
-      s.request = Request();
     }
     return first;
   }
 
+  MemoryNeed need(ShardingStrategy strategy) const {
+    const bool full = strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridShard;
+    // A prefetch adds a second gathered unit unless the limit allows only one.
+    const bool prefetch = (o_.forward_prefetch || o_.backward_prefetch != BackwardPrefetch::None) &&
+                          o_.limit_all_gathers != 1;
+    return detail::sharded_memory_need(
+        std::span<const std::size_t>(sizes_), static_cast<std::size_t>(shard_comm().size()),
+        {.sharded = strategy != ShardingStrategy::NoShard,
+         .keeps_forward_gathers = !full,
+         .prefetch = full && prefetch,
+         .keeps_unsharded_grads = o_.accumulation == AccumulationMode::NoSync,
+         .state_per_element = optimizer_state_per_element(),
+         .element_bytes = sizeof(value_type)});
+  }
+
+  void check_budget() const {
+    if (o_.memory_budget == 0) return;
+    const MemoryNeed full = need(ShardingStrategy::FullShard);
+    const std::string advice =
+        full_shard() ? "Smaller (wrapped) units lower the transient part, more ranks the persistent part."
+                     : "FullShard would need " + full.describe() + ".";
+    detail::check_memory_budget(where(), need(o_.strategy), o_.memory_budget, advice);
+  }
+
+  /// Records the high-water mark of what gathered units and gradient
+  /// buffers hold; called after each allocation, where the sum can only have grown.
+  void track_transient() noexcept {
+    std::size_t held = 0;
+    for (const WrappedState& s : wrapped_) held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type);
+    peak_transient_ = std::max(peak_transient_, held);
+  }
+
+  /// Frees the gradient buffers of finished reductions, oldest first,
+  /// first waiting until at most `in_flight` are left running. A reduction
+  /// that failed is freed too; drain() still rethrows its error.
+  void retire_reductions(std::size_t in_flight) {
+    std::size_t done = 0;
+    for (; done < in_reduction_.size(); ++done) {
+      WrappedState& s = wrapped_[in_reduction_[done]];
+      if (in_reduction_.size() - done > in_flight) {
+        const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
+        detail::settle(s.request);
+      } else {
+        bool over = true;
+        try {
+          over = s.request.test();
+        } catch (...) {
+        }
+        if (!over) break;
+      }
+      std::vector<value_type>().swap(s.grad);
+    }
+    in_reduction_.erase(in_reduction_.begin(), in_reduction_.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  /// Adds what this rank sends in a Ring `collective` of `count` elements
+  /// of `element_bytes` each on `c` to the step's figures.
+  void count_sent(Collective collective, std::size_t count, const Comm& c, std::size_t element_bytes) noexcept {
+    const std::size_t sent =
+        detail::ring_sent(collective, count, static_cast<std::size_t>(c.size()), static_cast<std::size_t>(c.rank()));
+    step_.sent_elements += sent;
+    step_.sent_bytes += sent * element_bytes;
+  }
+
   void settle_all() noexcept {
-    for (UnitState& s : units_) detail::settle(s.request);
+    for (WrappedState& s : wrapped_) {
+      detail::settle(s.gathering);
+      detail::settle(s.request);
+    }
   }
 
   Comm& comm_;
@@ -666,19 +1193,38 @@ class ShardedTrainer {
   std::vector<std::size_t> sizes_, chunks_, offsets_, buffer_offsets_;
   std::size_t total_ = 0;
   std::vector<value_type> shard_params_, shard_grads_, buffers_;
-  std::vector<UnitState> units_;
+  /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
+  /// model unit u lies in wrapped unit member_of_[u] at member_offset_[u].
+  std::vector<std::pair<std::size_t, std::size_t>> groups_;
+  std::vector<std::size_t> member_of_, member_offset_, model_sizes_;
+  ShardPlan plan_;
+  std::vector<MemberState> members_;
+  std::vector<WrappedState> wrapped_;
   std::vector<ShardedTraceEvent> trace_;
   Provider provider_{*this};
   bool evaluating_ = false;
-  static constexpr std::size_t no_unit = static_cast<std::size_t>(-1);
-  /// FullShard's unit kept gathered after its forward (keep_last_forward_unit).
-  std::size_t kept_ = no_unit;
+  /// FullShard: wrapped units kept gathered after their forward until
+  /// another is asked for (keep_last_forward_unit, or members not yet asked).
+  std::vector<std::size_t> lingering_;
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
+  /// accumulate() calls since the last step.
+  std::size_t micro_steps_ = 0;
+  /// This backward reduces each ready unit (false: a NoSync micro-step).
+  bool reducing_ = true;
+  /// Applied to each unit's local gradient before its reduction.
+  value_type local_scale_ = value_type(1);
+  /// param_dtype / reduce_dtype are bfloat16 (else the master type).
+  bool param_bf16_ = false, reduce_bf16_ = false;
   TrainerStats stats_{};
   /// HybridShard's groups; declared before worker_, which runs on the first.
   std::optional<Comm> shard_comm_, replica_comm_;
   std::shared_ptr<ProgressWorker<backend_type>> worker_;
+  /// Wrapped units whose gradient buffer a reduction still holds, in submission order.
+  std::vector<std::size_t> in_reduction_;
+  std::size_t peak_transient_ = 0;
+  /// This step's figures; the worker's jobs add their times to it.
+  StepStats step_{};
 };
 
 }  // namespace gradsync

@@ -1,0 +1,334 @@
+// fsdp_step: a step of every ShardedTrainer strategy against ReplicatedTrainer
+// on the same model, in one run: where the time goes, what each rank sends,
+// and what it holds against the memory formula. N = 1, 2, 4 ranks on the
+// Threads backend, or the mpirun world with --backend mpi.
+//
+//   fsdp_step [--steps S] [--ranks 1,2,4] [--large-only|--small-only] [--sizes 784,1024,1024,10]
+//   mpirun -np 4 fsdp_step --backend mpi [...]     (built with MPI)
+//
+// Models: the MLP 784-1024-1024-10 (1.86M parameters) and 784-2048-2048-2048-10
+// (10.0M), or the one --sizes gives; per-rank batch 64, Adam; every
+// collective is Ring, so "sent" is exactly what Ring sends.
+// Columns (rank 0, mean over S steps after 2 warm-up steps; ms):
+//   step      wall time of trainer.step();  xDDP: over ReplicatedTrainer's at this N
+//   gather    the progress worker's time in unit all-gathers
+//   compute   forward + backward, less the time spent waiting for collectives
+//   reduce    the worker's time in gradient reduce-scatters / all-reduces
+//   optim     the optimizer step
+//   exposed   the rank's thread waiting for collectives; hidden: (gather + reduce) - exposed
+//   sent      MB sent per rank per step (all ranks' mean), and the formula's figure:
+//             FullShard (N-1)(3Σc - c_root), ShardGradOp 2(N-1)Σc, DDP and NoShard
+//             2(N-1)/N·Ψ elements of 4 bytes, c = ⌈P/N⌉ per unit (padding counted)
+//   peak      MiB per rank: persistent + the most transient bytes held at once (rank 0),
+//             against FSDP.md's formula: DDP (8+S)Ψ, FullShard (8+S)Σc + 4U + 4U,
+//             ShardGradOp (8+S)Σc + 4Ψ + 4U (S = 8 for Adam, U the largest unit)
+// Exits 1 if any run's bytes differ from the formula (timings are never checked).
+
+// First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
+#include "../examples/eigen_mlp.hpp"
+
+#include <gradsync/gradsync.hpp>
+#ifdef GRADSYNC_HAVE_MPI
+#include <gradsync/backend/mpi.hpp>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using gradsync::ShardingStrategy;
+
+enum class Kind { ddp, no_shard, shard_grad_op, full_shard, hybrid_shard };
+
+const char* name(Kind k) {
+  switch (k) {
+    case Kind::ddp: return "DDP";
+    case Kind::no_shard: return "NoShard";
+    case Kind::shard_grad_op: return "ShardGradOp";
+    case Kind::full_shard: return "FullShard";
+    case Kind::hybrid_shard: return "Hybrid2x";
+  }
+  return "?";
+}
+
+struct Row {
+  double step = 0, gather = 0, compute = 0, reduce = 0, optimizer = 0, exposed = 0;
+  double sent_all = 0;  ///< elements, all ranks, per step
+  std::size_t peak = 0;
+};
+
+/// Unit sizes of the MLP: out·in + out per layer.
+std::vector<std::size_t> unit_sizes(const std::vector<int>& sizes) {
+  std::vector<std::size_t> u;
+  for (std::size_t l = 0; l + 1 < sizes.size(); ++l) u.push_back(std::size_t(sizes[l + 1]) * std::size_t(sizes[l] + 1));
+  return u;
+}
+
+/// Elements all ranks send per step by the formula (Ring's schedule).
+double sent_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n) {
+  std::size_t psi = 0;
+  for (const std::size_t p : units) psi += p;
+  auto chunks = [&](std::size_t ranks) {
+    std::size_t c = 0;
+    for (const std::size_t p : units) c += (p + ranks - 1) / ranks;
+    return c;
+  };
+  auto root = [&](std::size_t ranks) { return (units.back() + ranks - 1) / ranks; };
+  switch (k) {
+    case Kind::ddp:
+    case Kind::no_shard: return 2.0 * double(n - 1) * double(psi);
+    case Kind::shard_grad_op: return double(n) * 2.0 * double(n - 1) * double(chunks(n));
+    case Kind::full_shard: return double(n) * double(n - 1) * double(3 * chunks(n) - root(n));
+    case Kind::hybrid_shard: {
+      // Groups of 2: FullShard in the pair, then each shard all-reduced across n/2 replicas.
+      const std::size_t r = n / 2;
+      return double(n) * double(3 * chunks(2) - root(2)) + 2.0 * 2.0 * double(r - 1) * double(chunks(2));
+    }
+  }
+  return 0;
+}
+
+/// FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest unit.
+double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n) {
+  std::size_t psi = 0, u_max = 0, c = 0;
+  const std::size_t s = k == Kind::hybrid_shard ? 2 : n;
+  for (const std::size_t p : units) {
+    psi += p;
+    u_max = std::max(u_max, p);
+    c += (p + s - 1) / s;
+  }
+  switch (k) {
+    case Kind::ddp:
+    case Kind::no_shard: return 16.0 * double(psi);
+    case Kind::shard_grad_op: return 16.0 * double(c) + 4.0 * double(psi) + 4.0 * double(u_max);
+    case Kind::full_shard:
+    case Kind::hybrid_shard: return 16.0 * double(c) + 8.0 * double(u_max);
+  }
+  return 0;
+}
+
+template <class Comm, class Trainer>
+Row run(Comm& comm, Trainer& trainer, const example::Batch& b, int steps) {
+  for (int i = 0; i < 2; ++i) trainer.step(b);
+  if constexpr (requires { trainer.reset_peak_transient(); }) trainer.reset_peak_transient();
+  comm.barrier();
+  Row row;
+  double sent = 0;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    trainer.step(b);
+    row.step += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const gradsync::StepStats s = trainer.last_step();
+    row.gather += s.gather_seconds;
+    row.compute += s.compute_seconds;
+    row.reduce += s.reduce_seconds;
+    row.optimizer += s.optimizer_seconds;
+    row.exposed += s.exposed_comm_seconds;
+    sent += double(s.sent_elements);
+  }
+  for (double* x : {&row.step, &row.gather, &row.compute, &row.reduce, &row.optimizer, &row.exposed}) *x /= steps;
+  sent /= steps;
+  gradsync::AllReduce<gradsync::Ring>{}(comm, std::span<double>(&sent, 1), gradsync::Sum{});
+  row.sent_all = sent;
+  row.peak = trainer.persistent_bytes() + trainer.peak_transient_bytes();
+  return row;
+}
+
+/// One kind on `comm`'s ranks; the row is rank 0's.
+template <class Comm>
+Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps) {
+  const gradsync::FlushDenormals flush(true);
+  constexpr int batch = 64;
+  std::mt19937 rng(5 + comm.rank());
+  std::normal_distribution<float> normal;
+  std::vector<float> x(std::size_t(batch) * sizes[0]);
+  std::vector<int> y(batch);
+  for (float& v : x) v = normal(rng);
+  for (int& v : y) v = static_cast<int>(rng() % static_cast<unsigned>(sizes.back()));
+  const example::Batch b{x.data(), y.data(), batch};
+  const gradsync::Adam<float> adam({.lr = 1e-3});
+  if (kind == Kind::ddp) {
+    gradsync::ReplicatedTrainer<example::EigenMlp, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(
+        comm, example::EigenMlp(sizes, 1), adam);
+    return run(comm, trainer, b, steps);
+  }
+  gradsync::ShardedTrainerOptions o;
+  o.strategy = kind == Kind::no_shard        ? ShardingStrategy::NoShard
+               : kind == Kind::shard_grad_op ? ShardingStrategy::ShardGradOp
+               : kind == Kind::full_shard    ? ShardingStrategy::FullShard
+                                             : ShardingStrategy::HybridShard;
+  if (kind == Kind::hybrid_shard) o.shard_size = 2;
+  gradsync::ShardedTrainer<example::EigenMlp, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(
+      comm, example::EigenMlp(sizes, 1), adam, o);
+  return run(comm, trainer, b, steps);
+}
+
+std::string describe(const std::vector<int>& sizes) {
+  std::string name = "MLP ";
+  std::size_t params = 0;
+  for (std::size_t l = 0; l < sizes.size(); ++l) {
+    name += (l ? "-" : "") + std::to_string(sizes[l]);
+    if (l + 1 < sizes.size()) params += std::size_t(sizes[l] + 1) * std::size_t(sizes[l + 1]);
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, " (%.2fM params)", static_cast<double>(params) / 1e6);
+  return name + buf;
+}
+
+/// Prints a row; returns false if its bytes differ from the formula.
+bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units) {
+  const auto ranks = static_cast<std::size_t>(n);
+  const double formula = sent_formula(kind, units, ranks);
+  const bool exact = r.sent_all == formula;
+  const double mem = memory_formula(kind, units, ranks);
+  const double mb = 4.0 / double(n) / 1e6;
+  std::printf("%3d  %-11s %8.2f %5.2f %8.2f %8.2f %8.2f %7.2f %8.2f %8.2f %8.2f %8.2f%s %8.1f %8.1f %5.3f\n", n,
+              name(kind), 1e3 * r.step, ddp_step > 0 ? r.step / ddp_step : 1.0, 1e3 * r.gather, 1e3 * r.compute,
+              1e3 * r.reduce, 1e3 * r.optimizer, 1e3 * r.exposed,
+              1e3 * std::max(0.0, r.gather + r.reduce - r.exposed), r.sent_all * mb, formula * mb, exact ? " " : "!",
+              double(r.peak) / 1048576.0, mem / 1048576.0, double(r.peak) / mem);
+  std::fflush(stdout);
+  return exact;
+}
+
+std::vector<int> parse_list(const std::string& text, const char* option) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  for (std::string t; std::getline(ss, t, ',');) {
+    std::size_t used = 0;
+    const int v = std::stoi(t, &used);
+    if (used != t.size() || v < 1) throw std::invalid_argument(t);
+    out.push_back(v);
+  }
+  if (out.empty()) throw std::invalid_argument(option);
+  return out;
+}
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "fsdp_step: %s\n"
+               "usage: fsdp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
+               "                 [--sizes 784,1024,1024,10]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+std::vector<Kind> kinds_for(int n) {
+  std::vector<Kind> k{Kind::ddp, Kind::no_shard, Kind::shard_grad_op, Kind::full_shard};
+  if (n >= 4 && n % 2 == 0) k.push_back(Kind::hybrid_shard);
+  return k;
+}
+
+void header(const std::vector<int>& m, const char* backend, int steps) {
+  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, %d steps; ms per step (rank 0)\n", describe(m).c_str(),
+              backend, steps);
+  std::printf("#  N trainer         step   xDDP   gather  compute   reduce   optim  exposed   hidden  sent MB  "
+              "formula  peakMiB  formula  ratio\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Eigen::setNbThreads(1);
+  int steps = 10;
+  std::vector<int> ranks{1, 2, 4}, sizes;
+  bool small = true, large = true, ranks_given = false;
+  std::string backend = "threads";
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    const bool has_value = i + 1 < argc;
+    try {
+      if (k == "--steps" && has_value) {
+        steps = parse_list(argv[++i], "--steps").at(0);
+      } else if (k == "--ranks" && has_value) {
+        ranks = parse_list(argv[++i], "--ranks");
+        ranks_given = true;
+      } else if (k == "--sizes" && has_value) {
+        sizes = parse_list(argv[++i], "--sizes");
+        if (sizes.size() < 2) usage("--sizes needs at least an input and an output width");
+      } else if (k == "--backend" && has_value) {
+        backend = argv[++i];
+      } else if (k == "--large-only") {
+        small = false;
+      } else if (k == "--small-only") {
+        large = false;
+      } else {
+        const bool takes_value = k == "--steps" || k == "--ranks" || k == "--sizes" || k == "--backend";
+        usage(takes_value ? k + " needs a value" : "unknown option " + k);
+      }
+    } catch (const std::logic_error&) {
+      usage("bad value for " + k + ": '" + argv[i] + "' (positive integers, comma-separated)");
+    }
+  }
+  if (backend != "threads" && backend != "mpi") usage("unknown backend '" + backend + "' (threads or mpi)");
+#ifndef GRADSYNC_HAVE_MPI
+  if (backend == "mpi") {
+    usage("--backend mpi: this fsdp_step was built without MPI; install it (e.g. libopenmpi-dev) and reconfigure "
+          "with meson option -Dmpi=enabled");
+  }
+#endif
+  if (backend == "mpi" && ranks_given) {
+    usage("--ranks is for threads; under --backend mpi the world size is mpirun's -np");
+  }
+
+  std::vector<std::vector<int>> models;
+  if (!sizes.empty()) {
+    models.push_back(sizes);
+  } else {
+    if (small) models.push_back({784, 1024, 1024, 10});
+    if (large) models.push_back({784, 2048, 2048, 2048, 10});
+  }
+  // The large model is measured over fewer steps: each is ~5x the small one's.
+  auto steps_for = [&](const std::vector<int>& m) { return m.size() > 4 ? std::max(3, steps / 3) : steps; };
+  bool all_exact = true;
+
+  if (backend == "threads") {
+    for (const auto& m : models) {
+      const int s = steps_for(m);
+      header(m, "Threads", s);
+      for (const int n : ranks) {
+        double ddp = 0;
+        for (const Kind kind : kinds_for(n)) {
+          Row row;
+          gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+            const Row r = measure(comm, kind, m, s);
+            if (comm.rank() == 0) row = r;
+          });
+          if (kind == Kind::ddp) ddp = row.step;
+          all_exact = print_row(n, kind, row, ddp, unit_sizes(m)) && all_exact;
+        }
+      }
+    }
+  } else {
+#ifdef GRADSYNC_HAVE_MPI
+    gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
+    for (const auto& m : models) {
+      const int s = steps_for(m);
+      if (comm.rank() == 0) header(m, "Mpi", s);
+      double ddp = 0;
+      for (const Kind kind : kinds_for(comm.size())) {
+        const Row row = measure(comm, kind, m, s);
+        if (kind == Kind::ddp) ddp = row.step;
+        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m)) && all_exact;
+      }
+    }
+    int bad = all_exact ? 0 : 1;
+    gradsync::AllReduce<>{}(comm, std::span<int>(&bad, 1), gradsync::Max{});
+    all_exact = bad == 0;
+#endif
+  }
+  if (!all_exact) {
+    std::fprintf(stderr, "fsdp_step: bytes sent differ from the formula where marked '!'\n");
+    return 1;
+  }
+}

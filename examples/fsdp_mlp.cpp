@@ -1,0 +1,281 @@
+// Sharded training (FSDP / ZeRO-3) of an MLP classifier with
+// gradsync::ShardedTrainer, in a memory budget a full replica does not fit.
+//
+//   fsdp_mlp                          4 ranks (threads), built-in synthetic data, 8 MiB per rank
+//   fsdp_mlp --memory-budget 12 --hidden 768 --depth 3
+//   fsdp_mlp --mnist DIR              MNIST from DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte
+//   mpirun -np 4 fsdp_mlp --backend mpi     one rank per process (built with MPI)
+//
+// The model is 784 - hidden x depth - 10 (default 784-512-512-512-10, 0.93M
+// parameters) trained with Adam: a replica holds parameters, gradients and
+// two moments, 16 bytes per parameter (14.2 MiB), over the default budget
+// of 8 MiB per rank. The run first shows ReplicatedTrainer (DDP) and
+// ShardGradOp refusing that budget, then trains with FullShard, which keeps
+// 1/N of everything and gathers one unit at a time: it prints the plan
+// (units, sizes, shards, bytes per rank), what each rank needs against
+// FSDP.md's formula, a line per epoch, and what each rank really held.
+// The default run (4 epochs of 24,000 samples) takes about 10 s on 2 cores
+// and ends at about 82% test accuracy (target 75%).
+
+// First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
+#include "eigen_mlp.hpp"
+
+#include <gradsync/gradsync.hpp>
+#ifdef GRADSYNC_HAVE_MPI
+#include <gradsync/backend/mpi.hpp>
+#endif
+
+#include "dataset.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using example::Dataset;
+
+struct Args {
+  int ranks = 4, epochs = 4, batch = 64, hidden = 512, depth = 3;
+  bool ranks_given = false;
+  double lr = 1e-3;
+  double target = 0.75;
+  double budget_mib = 8;
+  std::size_t train_samples = 24000, test_samples = 4000;
+  std::uint64_t seed = 2024;
+  std::string mnist, backend = "threads";
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(k + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&]() -> double {
+      const std::string v = next();
+      std::size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(v, &used);
+      } catch (const std::logic_error&) {
+        used = 0;
+      }
+      if (used == 0 || used != v.size() || x < 0) throw std::runtime_error("bad value for " + k + ": '" + v + "'");
+      return x;
+    };
+    auto whole = [&]() {
+      const double x = number();
+      if (x != std::floor(x) || x > 1e9) throw std::runtime_error(k + " takes a whole number");
+      return static_cast<std::size_t>(x);
+    };
+    if (k == "--ranks") a.ranks = static_cast<int>(whole()), a.ranks_given = true;
+    else if (k == "--epochs") a.epochs = static_cast<int>(whole());
+    else if (k == "--batch") a.batch = static_cast<int>(whole());
+    else if (k == "--hidden") a.hidden = static_cast<int>(whole());
+    else if (k == "--depth") a.depth = static_cast<int>(whole());
+    else if (k == "--lr") a.lr = number();
+    else if (k == "--target") a.target = number();
+    else if (k == "--memory-budget") a.budget_mib = number();
+    else if (k == "--train-samples") a.train_samples = whole();
+    else if (k == "--test-samples") a.test_samples = whole();
+    else if (k == "--seed") a.seed = whole();
+    else if (k == "--mnist") a.mnist = next();
+    else if (k == "--backend") a.backend = next();
+    else throw std::runtime_error("unknown option " + k +
+                                  " (expected --backend --ranks --epochs --batch --hidden --depth --lr --target"
+                                  " --memory-budget --train-samples --test-samples --seed --mnist)");
+  }
+  if (a.ranks < 1 || a.epochs < 1 || a.batch < 1 || a.hidden < 1 || a.depth < 1) {
+    throw std::runtime_error("--ranks, --epochs, --batch, --hidden and --depth must be at least 1");
+  }
+  if (a.backend != "threads" && a.backend != "mpi") {
+    throw std::runtime_error("unknown backend '" + a.backend + "' (expected threads or mpi)");
+  }
+  if (a.backend == "mpi" && a.ranks_given) {
+    throw std::runtime_error("--ranks is for the threads backend; under --backend mpi the world size is mpirun's -np");
+  }
+  return a;
+}
+
+double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+/// Tries a trainer that must not fit: prints why it was refused (rank 0).
+template <class Make>
+void show_refusal(int rank, const char* what, Make make) {
+  try {
+    make();
+    if (rank == 0) std::printf("%s: fits the budget\n", what);
+  } catch (const gradsync::InvalidArgument& e) {
+    if (rank == 0) std::printf("%s: refused.\n  %s\n", what, e.what());
+  }
+}
+
+/// Trains on `comm`'s ranks and returns the final test accuracy (the same on every rank).
+template <class Comm>
+double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Args& args) {
+  const gradsync::FlushDenormals flush(true);
+  const int rank = comm.rank();
+  const auto n = static_cast<std::size_t>(comm.size());
+  const auto budget = static_cast<std::size_t>(args.budget_mib * 1024 * 1024);
+  std::vector<int> sizes{train.dim};
+  for (int l = 0; l < args.depth; ++l) sizes.push_back(args.hidden);
+  sizes.push_back(train.classes);
+  auto model = [&] { return example::EigenMlp(sizes, 100 + std::uint64_t(rank)); };
+  const gradsync::Adam<float> adam({.lr = args.lr});
+  if (rank == 0) {
+    std::string shape;
+    for (const int s : sizes) shape += (shape.empty() ? "" : "-") + std::to_string(s);
+    std::printf("MLP %s (%zu parameters) on %s (%zu train / %zu test), %s backend, %zu ranks x batch %d, Adam lr %g, "
+                "memory budget %g MiB per rank\n\n",
+                shape.c_str(), model().parameter_count(), args.mnist.empty() ? "synthetic data" : "MNIST",
+                train.size(), test.size(), args.backend.c_str(), n, args.batch, args.lr, args.budget_mib);
+    std::fflush(stdout);
+  }
+
+  // Both are refused before they allocate the model or broadcast it.
+  show_refusal(rank, "ReplicatedTrainer (DDP)", [&] {
+    gradsync::ReplicatedTrainer ddp(comm, model(), adam, {.memory_budget = budget});
+  });
+  show_refusal(rank, "ShardedTrainer ShardGradOp", [&] {
+    gradsync::ShardedTrainer sgo(comm, model(), adam,
+                                 {.strategy = gradsync::ShardingStrategy::ShardGradOp, .memory_budget = budget});
+  });
+  gradsync::ShardedTrainer trainer(comm, model(), adam,
+                                   {.strategy = gradsync::ShardingStrategy::FullShard, .memory_budget = budget});
+
+  // The plan: each unit padded to N·c and cut into N chunks of c.
+  const gradsync::MemoryNeed need = trainer.memory_need();
+  std::size_t largest = 0, chunks = 0;
+  if (rank == 0) {
+    std::printf("\nShardedTrainer FullShard plan, %zu ranks:\n", n);
+    std::printf("  unit   elements     shard c   padding   bytes/rank (params, grads, Adam m and v)\n");
+  }
+  for (std::size_t u = 0; u < trainer.units().size(); ++u) {
+    const std::size_t p = trainer.unit_size(u), c = trainer.chunk_size(u);
+    largest = std::max(largest, p);
+    chunks += c;
+    if (rank == 0) {
+      std::printf("  %-5s %9zu  %10zu  %8zu  %11zu\n", trainer.units()[u].name.c_str(), p, c, n * c - p, 16 * c);
+    }
+  }
+  // FSDP.md: 16 bytes per shard element (Adam, fp32) + one gathered unit + its gradient.
+  const double formula = 16.0 * double(chunks) + 8.0 * double(largest);
+  if (rank == 0) {
+    std::printf("  needs per rank %s\n  FSDP.md's formula 16·Σ⌈U/N⌉ + 4·U_max + 4·U_max = %.2f MiB; a replica "
+                "(DDP) would need 16·Ψ = %.2f MiB\n\n",
+                need.describe().c_str(), mib(formula), mib(16.0 * double(model().parameter_count())));
+    std::fflush(stdout);
+  }
+
+  gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = 7});
+  std::vector<float> xb(std::size_t(args.batch) * train.dim);
+  std::vector<int> yb(args.batch);
+  const std::size_t test_begin = test.size() * std::size_t(rank) / n;
+  const std::size_t test_end = test.size() * std::size_t(rank + 1) / n;
+  double accuracy = 0;
+  for (int epoch = 0; epoch < args.epochs; ++epoch) {
+    sampler.set_epoch(epoch);
+    trainer.optimizer().set_lr(args.lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
+    const auto idx = sampler.indices();
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0, comm_seconds = 0, exposed = 0;
+    std::int64_t steps = 0;
+    for (std::size_t at = 0; at < idx.size(); at += args.batch) {
+      const int b = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
+      for (int i = 0; i < b; ++i) {
+        std::copy_n(&train.x[idx[at + i] * train.dim], train.dim, &xb[std::size_t(i) * train.dim]);
+        yb[i] = train.y[idx[at + i]];
+      }
+      loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), b});
+      const gradsync::StepStats s = trainer.last_step();
+      comm_seconds += s.gather_seconds + s.reduce_seconds;
+      exposed += s.exposed_comm_seconds;
+      ++steps;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::int64_t correct = 0;
+    for (std::size_t i = test_begin; i < test_end; i += 256) {
+      const int b = static_cast<int>(std::min<std::size_t>(256, test_end - i));
+      const example::Batch batch{&test.x[i * test.dim], &test.y[i], b};
+      correct += trainer.evaluate([&](const auto& ctx) { return trainer.model().correct(batch, ctx); });
+    }
+    std::vector<double> sums{loss_sum, double(steps), double(correct), comm_seconds, exposed};
+    gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
+    accuracy = sums[2] / double(test.size());
+    if (rank == 0) {
+      std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %7.0f samples/s  "
+                  "comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
+                  epoch + 1, sums[0] / sums[1], 100 * accuracy, double(idx.size()) * double(n) / seconds,
+                  sums[3] / double(n), sums[4] / double(n), seconds);
+      std::fflush(stdout);
+    }
+  }
+  // What every rank really held at its peak, against the need and the formula.
+  std::vector<double> held{double(trainer.persistent_bytes() + trainer.peak_transient_bytes())};
+  gradsync::AllReduce<>{}(comm, std::span<double>(held), gradsync::Max{});
+  if (rank == 0) {
+    std::printf("\nper rank at most %.2f MiB held (persistent %.2f + peak transient %.2f on rank 0): %.3f of the "
+                "need, %.3f of the formula, %.3f of the budget\n",
+                mib(held[0]), mib(double(trainer.persistent_bytes())), mib(double(trainer.peak_transient_bytes())),
+                held[0] / double(need.total()), held[0] / formula, held[0] / double(budget));
+  }
+  return accuracy;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Eigen::setNbThreads(1);
+  const Args args = parse(argc, argv);
+#ifndef GRADSYNC_HAVE_MPI
+  if (args.backend == "mpi") {
+    throw std::runtime_error("--backend mpi: this fsdp_mlp was built without MPI; install it (e.g. libopenmpi-dev) "
+                             "and reconfigure with meson option -Dmpi=enabled");
+  }
+#endif
+  Dataset train, test;
+  if (args.mnist.empty()) {
+    example::synthetic(train, test, args.train_samples, args.test_samples, args.seed);
+  } else {
+    train = example::from_mnist(args.mnist + "/train-images-idx3-ubyte", args.mnist + "/train-labels-idx1-ubyte");
+    test = example::from_mnist(args.mnist + "/t10k-images-idx3-ubyte", args.mnist + "/t10k-labels-idx1-ubyte");
+    example::truncate(train, args.train_samples);
+    example::truncate(test, args.test_samples);
+  }
+  if (train.size() == 0 || test.size() == 0) throw std::runtime_error("the training or the test set is empty");
+
+  double accuracy = 0;
+  bool printer = true;
+  if (args.backend == "threads") {
+    gradsync::run_threads(args.ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+      const double a = train_mlp(comm, train, test, args);
+      if (comm.rank() == 0) accuracy = a;
+    });
+  } else {
+#ifdef GRADSYNC_HAVE_MPI
+    gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
+    printer = comm.rank() == 0;
+    accuracy = train_mlp(comm, train, test, args);
+#endif
+  }
+  const bool ok = accuracy >= args.target;
+  if (printer) {
+    std::printf("%s: test accuracy %.2f%% (target %.0f%%)\n", ok ? "reached" : "MISSED", 100 * accuracy,
+                100 * args.target);
+  }
+  return ok ? 0 : 1;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "fsdp_mlp: %s\n", e.what());
+  return 2;
+}

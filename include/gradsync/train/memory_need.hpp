@@ -1,0 +1,122 @@
+#pragma once
+/// \file MemoryNeed: what a trainer holds per rank, persistent and transient, and the memory_budget check.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <span>
+#include <string>
+
+#include "gradsync/core/error.hpp"
+
+namespace gradsync {
+
+/// Bytes one rank of a trainer holds, broken down. Persistent: kept between
+/// steps (parameter and gradient shards, optimizer state). Transient: the
+/// most held at once inside a step (gathered units, unsharded gradient
+/// buffers while they are filled and reduced). Communication scratch inside
+/// the algorithms, buffers (running statistics) and the model's own
+/// activations are left out.
+struct MemoryNeed {
+  std::size_t params = 0;
+  std::size_t grads = 0;
+  std::size_t optimizer_state = 0;
+  /// Gathered units held at once.
+  std::size_t gathered = 0;
+  /// Unsharded gradient buffers held at once (being filled, or in a
+  /// reduction still in flight), or GradSync's bucket staging.
+  std::size_t gradient_buffers = 0;
+
+  std::size_t persistent() const noexcept { return params + grads + optimizer_state; }
+  std::size_t transient() const noexcept { return gathered + gradient_buffers; }
+  std::size_t total() const noexcept { return persistent() + transient(); }
+
+  /// "272.0 MiB (persistent 128.0 MiB: ..., transient 144.0 MiB: ...)".
+  std::string describe() const {
+    return mib(total()) + " (persistent " + mib(persistent()) + ": parameters " + mib(params) + ", gradients " +
+           mib(grads) + ", optimizer state " + mib(optimizer_state) + "; transient " + mib(transient()) +
+           ": gathered units " + mib(gathered) + ", gradient buffers " + mib(gradient_buffers) + ")";
+  }
+
+  /// `bytes` in MiB with one decimal, and exactly.
+  static std::string mib(std::size_t bytes) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.1f MiB = %zu B", static_cast<double>(bytes) / (1024.0 * 1024.0), bytes);
+    return text;
+  }
+};
+
+namespace detail {
+
+/// What decides ShardedTrainer's transient bytes, besides its units' sizes.
+struct ShardedMemoryShape {
+  /// Not NoShard.
+  bool sharded = true;
+  /// ShardGradOp: forward's gathers are kept until the unit's backward.
+  bool keeps_forward_gathers = false;
+  /// FullShard or HybridShard with a forward or backward prefetch that the
+  /// gather limit lets through: a second unit gathered beside the one in use.
+  bool prefetch = false;
+  /// AccumulationMode::NoSync: every unit's gradient buffer lives from the
+  /// first micro-step's backward to the reducing step's.
+  bool keeps_unsharded_grads = false;
+  std::size_t state_per_element = 0;
+  std::size_t element_bytes = 4;
+};
+
+/// What ShardedTrainer holds per rank, from its wrapped units' sizes P_u,
+/// the ranks a unit is sharded over (n) and `shape`. With c_u = ⌈P_u/n⌉
+/// (padding included): persistent (2 + s)·e·Σc_u. A gathered unit is n·c_u
+/// elements (G_u), and so is its gradient buffer (R_u, the padded unit, which
+/// the reduce-scatter reads; its output is the gradient shard).
+/// - FullShard, HybridShard: one unit gathered at a time, two with prefetch
+///   (d = 1: the next unit's gather beside the one in use), and one
+///   gradient buffer, since a unit's buffer is allocated only once the
+///   previous unit's reduce-scatter has ended: (1 + d)·max G + max R.
+/// - ShardGradOp: every unit stays gathered from its forward to its
+///   backward, and one reduction may be in flight while the next unit's
+///   gradient is filled: Σ G + 2·max R.
+/// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
+///   place of the above's gradient buffers.
+/// - NoShard: the unit is its own chunk, reduced in place: nothing.
+/// A model that holds one unit at a time is assumed. Left out, as
+/// communication scratch: sharded accumulation's c-element sum per
+/// reduction and bfloat16 mixed precision's packed copies (worker side).
+inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, std::size_t n,
+                                      const ShardedMemoryShape& shape) {
+  MemoryNeed need;
+  std::size_t chunks = 0, gathered_max = 0, gathered_sum = 0;
+  for (const std::size_t p : unit_sizes) {
+    const std::size_t c = shape.sharded ? (p + n - 1) / n : p;
+    chunks += c;
+    if (!shape.sharded) continue;
+    gathered_max = std::max(gathered_max, n * c);
+    gathered_sum += n * c;
+  }
+  // A gradient buffer is the padded unit, as a gathered one is.
+  const std::size_t buffer_max = gathered_max, buffer_sum = gathered_sum;
+  const std::size_t e = shape.element_bytes;
+  need.params = e * chunks;
+  need.grads = e * chunks;
+  need.optimizer_state = e * shape.state_per_element * chunks;
+  if (shape.sharded) {
+    need.gathered = e * (shape.keeps_forward_gathers ? gathered_sum : (shape.prefetch ? 2 : 1) * gathered_max);
+    need.gradient_buffers =
+        e * (shape.keeps_unsharded_grads ? buffer_sum : (shape.keeps_forward_gathers ? 2 : 1) * buffer_max);
+  }
+  return need;
+}
+
+/// Throws InvalidArgument when `need` exceeds `budget` bytes (0: no budget).
+/// Every rank computes the same need from the units they agreed on, so
+/// every rank throws alike, before it allocates or communicates more.
+inline void check_memory_budget(const std::string& where, const MemoryNeed& need, std::size_t budget,
+                                const std::string& advice) {
+  if (budget == 0 || need.total() <= budget) return;
+  throw InvalidArgument(where + ": this configuration needs " + need.describe() +
+                        " per rank, over the memory_budget of " + MemoryNeed::mib(budget) + ". " + advice);
+}
+
+}  // namespace detail
+
+}  // namespace gradsync

@@ -1,0 +1,653 @@
+// What the trainers hold per rank: persistent bytes against the formula,
+// the measured peak of transient bytes against its prediction, and the
+// memory_budget that refuses a configuration before it starts (issue 13).
+#include <doctest/doctest.h>
+
+#include <gradsync/gradsync.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "support/common.hpp"
+
+using gradsync::Communicator;
+using gradsync::MemoryNeed;
+using gradsync::ReplicatedTrainer;
+using gradsync::ReplicatedTrainerOptions;
+using gradsync::ShardedTrainer;
+using gradsync::ShardedTrainerOptions;
+using gradsync::ShardingStrategy;
+using gradsync::Threads;
+
+namespace {
+
+/// One rank's batch: the factor its loss is scaled by.
+struct Scale {
+  float factor = 1;
+};
+
+/// Loss ½·factor·Σp² over units of the given sizes: forward reads every
+/// unit in order, backward asks again in reverse, adds factor·p and reports
+/// it ready. Costs O(Ψ), so large units train fast.
+struct Squares {
+  using value_type = float;
+
+  std::vector<std::size_t> sizes;
+  std::uint64_t seed = 1;
+
+  std::vector<gradsync::UnitSpec> units() const {
+    std::vector<gradsync::UnitSpec> u;
+    for (std::size_t i = 0; i < sizes.size(); ++i) u.push_back({"u" + std::to_string(i), {{"w", {sizes[i]}}}, {}});
+    return u;
+  }
+
+  void bind(std::span<const gradsync::UnitView<float>> views) const {
+    std::mt19937 rng(static_cast<std::uint32_t>(seed));
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (const auto& v : views)
+      for (float& x : v.flat_params) x = d(rng);
+  }
+
+  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
+    double loss = 0;
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      const auto p = ctx.params(u);
+      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
+    }
+    for (std::size_t u = sizes.size(); u-- > 0;) {
+      const auto p = ctx.params(u);
+      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
+      ctx.ready(u);
+    }
+    return loss;
+  }
+};
+
+constexpr ShardingStrategy all_strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                               ShardingStrategy::NoShard, ShardingStrategy::HybridShard};
+
+const char* name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FullShard: return "FullShard";
+    case ShardingStrategy::ShardGradOp: return "ShardGradOp";
+    case ShardingStrategy::NoShard: return "NoShard";
+    case ShardingStrategy::HybridShard: return "HybridShard";
+  }
+  return "?";
+}
+
+/// Four units of 1..40 elements, and one of fewer elements than N (some
+/// ranks' chunks then hold only padding).
+std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world) {
+  std::uniform_int_distribution<std::size_t> d(1, 40);
+  std::vector<std::size_t> s{d(rng), d(rng), d(rng), d(rng)};
+  s.push_back(world > 1 ? static_cast<std::size_t>(world) - 1 : 1);
+  return s;
+}
+
+/// Σ⌈P/N⌉ over the units: the elements of one rank's shard, padding included.
+std::size_t padded_chunks(const std::vector<std::size_t>& sizes, std::size_t n) {
+  std::size_t c = 0;
+  for (const std::size_t p : sizes) c += (p + n - 1) / n;
+  return c;
+}
+
+std::size_t sum(const std::vector<std::size_t>& sizes) {
+  std::size_t s = 0;
+  for (const std::size_t p : sizes) s += p;
+  return s;
+}
+
+/// Per rank, with c_u = ⌈P_u/N⌉: a gathered unit is N·c_u elements, and so
+/// is its gradient buffer (the reduce-scatter writes into the shard).
+std::size_t gathered(std::size_t p, std::size_t n) { return n * ((p + n - 1) / n); }
+std::size_t gradient_buffer(std::size_t p, std::size_t n) { return gathered(p, n); }
+
+template <class Opt>
+void check_persistent_and_peak(const char* opt_name, Opt opt, std::size_t state) {
+  INFO("seed = " << test::test_seed() << ", optimizer = " << std::string(opt_name));
+  auto rng = test::rng_for(std::string("memory persistent ") + opt_name);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    CAPTURE(sizes.size());
+    INFO("sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", " << sizes[3] << ", " << sizes[4]);
+    const std::size_t psi = sum(sizes), chunks = padded_chunks(sizes, n);
+    std::size_t g_max = 0, g_sum = 0, r_max = 0;
+    for (const std::size_t p : sizes) {
+      g_max = std::max(g_max, gathered(p, n));
+      g_sum += gathered(p, n);
+      r_max = std::max(r_max, gradient_buffer(p, n));
+    }
+    for (const ShardingStrategy s : all_strategies) {
+      INFO("strategy = " << name(s));
+      const bool sharded = s != ShardingStrategy::NoShard;
+      // Padding included: every rank holds ⌈P/N⌉ per unit, whatever it owns.
+      const std::size_t elements = sharded ? chunks : psi;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const ShardedTrainerOptions o{.strategy = s};
+        ShardedTrainer trainer(comm, Squares{sizes, 7}, opt, o);
+        trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+        trainer.step(Scale{0.5f});
+        // What the trainer really holds, against the formula.
+        CHECK(trainer.shard().size() == elements);
+        CHECK(trainer.optimizer().state_elements() == state * elements);
+        CHECK(trainer.persistent_bytes() == (2 + state) * 4 * elements);
+        const MemoryNeed need = trainer.memory_need();
+        CHECK(need.params == 4 * elements);
+        CHECK(need.grads == 4 * elements);
+        CHECK(need.optimizer_state == 4 * state * elements);
+        CHECK(need.persistent() == trainer.persistent_bytes());
+        switch (s) {
+          case ShardingStrategy::NoShard:
+            CHECK(need.transient() == 0);
+            CHECK(trainer.peak_transient_bytes() == 0);
+            break;
+          case ShardingStrategy::ShardGradOp:
+            CHECK(need.gathered == 4 * g_sum);
+            CHECK(need.gradient_buffers == 4 * 2 * r_max);
+            // Every unit is gathered at the end of forward, when the first
+            // backward unit (the last) gets its buffer.
+            CHECK(trainer.peak_transient_bytes() >= 4 * (g_sum + gradient_buffer(sizes.back(), n)));
+            CHECK(trainer.peak_transient_bytes() <= need.transient());
+            break;
+          case ShardingStrategy::FullShard:
+          case ShardingStrategy::HybridShard:
+            // The largest unit's backward holds it gathered and its buffer: exact.
+            CHECK(need.gathered == 4 * g_max);
+            CHECK(need.gradient_buffers == 4 * r_max);
+            CHECK(trainer.peak_transient_bytes() == need.transient());
+            break;
+        }
+      });
+    }
+    // DDP: everything on every rank; buckets are reduced in place, so no buffers.
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, Squares{sizes, 7}, opt);
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(trainer.parameters().size() == psi);
+      CHECK(trainer.optimizer().state_elements() == state * psi);
+      CHECK(trainer.persistent_bytes() == (2 + state) * 4 * psi);
+      CHECK(trainer.memory_need().persistent() == trainer.persistent_bytes());
+      CHECK(trainer.memory_need().transient() == 0);
+      CHECK(trainer.peak_transient_bytes() == 0);
+    });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("memory: persistent bytes are (2 + S)·4·Σ⌈P/N⌉ (Ψ: NoShard, DDP); transient peak vs prediction") {
+  SUBCASE("SGD") { check_persistent_and_peak("SGD", gradsync::Sgd<float>({.lr = 0.01}), 0); }
+  SUBCASE("momentum") { check_persistent_and_peak("momentum", gradsync::Sgd<float>({.lr = 0.01, .momentum = 0.9}), 1); }
+  SUBCASE("Adam") { check_persistent_and_peak("Adam", gradsync::Adam<float>({.lr = 0.01}), 2); }
+  SUBCASE("AdamW") { check_persistent_and_peak("AdamW", gradsync::AdamW<float>({.lr = 0.01}), 2); }
+}
+
+TEST_CASE("memory: bf16 compression's bucket buffers are DDP's transient bytes, 2·Ψ") {
+  const std::vector<std::size_t> sizes{25, 36, 7};
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainerOptions o;
+    o.sync.compression = gradsync::Compression::bf16;
+    ReplicatedTrainer trainer(comm, Squares{sizes, 7}, gradsync::Sgd<float>(), o);
+    CHECK(trainer.memory_need().gradient_buffers == 2 * sum(sizes));
+    CHECK(trainer.peak_transient_bytes() == trainer.memory_need().transient());
+  });
+}
+
+// FSDP.md's case: eight 2048×2048 + bias units (U = 4,196,352, Ψ = 33.6M),
+// Adam, N = 4, 256 MiB per rank. DDP needs 16Ψ = 512 MiB, ShardGradOp
+// 16·Σ⌈U/4⌉ + 4·N·Σ⌈U/4⌉ + 2 gradient buffers = 288 MiB; FullShard
+// 16·Σ⌈U/4⌉ + 4U + 4U = 160 MiB (U is a multiple of 4: no padding).
+TEST_CASE("memory_budget: at 256 MiB per rank DDP and ShardGradOp are refused, FullShard trains within its need") {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  // The same case 64 times smaller (8.0, 4.5 and 2.5 MiB against 4 MiB):
+  // instrumented, the full size's passes over 33.6M elements per rank take minutes.
+  constexpr std::size_t side = 256, budget = std::size_t{4} << 20;
+#else
+  constexpr std::size_t side = 2048, budget = std::size_t{256} << 20;
+#endif
+  constexpr std::size_t unit = side * side + side;
+  const std::vector<std::size_t> sizes(8, unit);
+  constexpr int world = 4;
+  const std::size_t chunks = padded_chunks(sizes, world);
+  const std::size_t formula = 16 * chunks + 4 * unit + 4 * unit;
+
+  std::vector<std::string> refused(2 * world);
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    ReplicatedTrainerOptions ddp;
+    ddp.memory_budget = budget;
+    try {
+      ReplicatedTrainer trainer(comm, Squares{sizes, 3}, gradsync::Adam<float>(), ddp);
+    } catch (const gradsync::InvalidArgument& e) {
+      refused[r] = e.what();
+    }
+    try {
+      ShardedTrainer trainer(comm, Squares{sizes, 3}, gradsync::Adam<float>(),
+                             {.strategy = ShardingStrategy::ShardGradOp, .memory_budget = budget});
+    } catch (const gradsync::InvalidArgument& e) {
+      refused[world + r] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < refused.size(); ++r) {
+    CAPTURE(r);
+    INFO(refused[r]);
+    CHECK(refused[r].find("over the memory_budget of " + MemoryNeed::mib(budget)) != std::string::npos);
+    CHECK(refused[r].find("persistent") != std::string::npos);
+    CHECK(refused[r].find("transient") != std::string::npos);
+  }
+  // DDP's need, exactly: parameters, gradients, Adam's two moments on Ψ.
+  CHECK(refused[0].find("needs " + MemoryNeed::mib(16 * 8 * unit)) != std::string::npos);
+  // ShardGradOp: its shards, every unit gathered, two gradient buffers; and what FullShard would need.
+  const std::size_t c = (unit + world - 1) / world;
+  CHECK(refused[world].find("needs " + MemoryNeed::mib(16 * chunks + 4 * world * chunks + 2 * 4 * world * c)) !=
+        std::string::npos);
+  const std::size_t full_shard = 16 * chunks + 4 * world * c + 4 * world * c;
+  CHECK(full_shard == formula);
+  CHECK(refused[world].find("FullShard would need " + MemoryNeed::mib(full_shard)) != std::string::npos);
+
+  std::vector<std::size_t> peak(world), need(world);
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ShardedTrainer trainer(comm, Squares{sizes, 3}, gradsync::Adam<float>(),
+                           {.strategy = ShardingStrategy::FullShard, .memory_budget = budget});
+    trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+    trainer.step(Scale{1.0f});
+    CHECK(trainer.optimizer().state_elements() == 2 * chunks);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    peak[r] = trainer.persistent_bytes() + trainer.peak_transient_bytes();
+    need[r] = trainer.memory_need().total();
+    CHECK(need[r] == full_shard);
+  });
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(peak[i] <= need[i]);
+    CHECK(peak[i] <= budget);
+    CHECK(static_cast<double>(peak[i]) <= 1.05 * static_cast<double>(formula));
+  }
+}
+
+TEST_CASE("memory_budget: 0 is no limit, and a budget one byte short of the need is refused on every rank") {
+  auto rng = test::rng_for("memory budget edge");
+  std::uniform_int_distribution<std::size_t> d(1, 300);
+  const std::vector<std::size_t> sizes{d(rng), d(rng), d(rng)};
+  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2]);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    for (const ShardingStrategy s : all_strategies) {
+      INFO("strategy = " << name(s));
+      std::vector<int> refused(static_cast<std::size_t>(world), 0);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ShardedTrainer unlimited(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {.strategy = s});
+        const std::size_t exact = unlimited.memory_need().total();
+        ShardedTrainer fits(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {.strategy = s, .memory_budget = exact});
+        fits.step(Scale{1.0f});
+        CHECK(fits.persistent_bytes() + fits.peak_transient_bytes() <= exact);
+        try {
+          ShardedTrainer short_by_one(comm, Squares{sizes, 1}, gradsync::Sgd<float>(),
+                                      {.strategy = s, .memory_budget = exact - 1});
+        } catch (const gradsync::InvalidArgument&) {
+          refused[static_cast<std::size_t>(comm.rank())] = 1;
+        }
+      });
+      for (const int r : refused) CHECK(r == 1);
+    }
+    std::vector<int> refused(static_cast<std::size_t>(world), 0);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      const std::size_t exact = 8 * sum(sizes);
+      ReplicatedTrainerOptions o;
+      o.memory_budget = exact;
+      ReplicatedTrainer fits(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), o);
+      fits.step(Scale{1.0f});
+      o.memory_budget = exact - 1;
+      try {
+        ReplicatedTrainer short_by_one(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), o);
+      } catch (const gradsync::InvalidArgument&) {
+        refused[static_cast<std::size_t>(comm.rank())] = 1;
+      }
+    });
+    for (const int r : refused) CHECK(r == 1);
+  }
+}
+
+namespace {
+
+using RingSharded = ShardedTrainer<Squares, gradsync::Sgd<float>, Communicator<Threads>, gradsync::Ring>;
+using RingReplicated = ReplicatedTrainer<Squares, gradsync::Sgd<float>, Communicator<Threads>, gradsync::Ring>;
+
+/// Times are non-negative, the overlap is within what was communicated, and bytes are fp32 elements.
+void check_times(const gradsync::StepStats& s, std::size_t element_bytes) {
+  CHECK(s.compute_seconds >= 0);
+  CHECK(s.gather_seconds >= 0);
+  CHECK(s.reduce_seconds >= 0);
+  CHECK(s.optimizer_seconds >= 0);
+  CHECK(s.exposed_comm_seconds >= 0);
+  CHECK(s.hidden_comm_seconds() <= s.gather_seconds + s.reduce_seconds);
+  CHECK(s.sent_bytes == element_bytes * s.sent_elements);
+}
+
+}  // namespace
+
+// Per rank, c_u = ⌈P_u/N⌉ and Ψ' = N·Σc_u the padded model: Ring's
+// all-gather and reduce-scatter send N−1 of N blocks, (N−1)·c_u each, so
+// FullShard sends 3(N−1)/N·Ψ' (two gathers and a reduce-scatter per unit)
+// less (N−1)·c of the unit kept from forward to backward (gathered once);
+// ShardGradOp 2(N−1)/N·Ψ'; NoShard and DDP all-reduce Ψ, all ranks together
+// 2(N−1)·Ψ (the ring's blocks are uneven when N does not divide a bucket).
+TEST_CASE("step statistics: elements sent per step equal the formula for every strategy and DDP") {
+  auto rng = test::rng_for("step statistics");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                   << sizes[3] << ", " << sizes[4]);
+    const std::size_t chunks = padded_chunks(sizes, n), psi = sum(sizes);
+    const std::size_t kept = (sizes.back() + n - 1) / n;
+    std::vector<std::size_t> sent(n);
+    auto total = [&] {
+      std::size_t t = 0;
+      for (const std::size_t s : sent) t += s;
+      return t;
+    };
+    for (const bool keep : {true, false}) {
+      CAPTURE(keep);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                            {.strategy = ShardingStrategy::FullShard, .keep_last_forward_unit = keep});
+        for (int step = 0; step < 2; ++step) {
+          trainer.step(Scale{1.0f + static_cast<float>(comm.rank() + step)});
+          const gradsync::StepStats s = trainer.last_step();
+          CHECK(s.sent_elements == (n - 1) * (3 * chunks - (keep ? kept : 0)));
+          check_times(s, 4);
+          CHECK(s.compute_seconds > 0);
+        }
+      });
+    }
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                          {.strategy = ShardingStrategy::ShardGradOp});
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(trainer.last_step().sent_elements == 2 * (n - 1) * chunks);
+      check_times(trainer.last_step(), 4);
+    });
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                          {.strategy = ShardingStrategy::NoShard});
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(trainer.last_step().gather_seconds == 0);
+      check_times(trainer.last_step(), 4);
+      sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
+    });
+    CHECK(total() == 2 * (n - 1) * psi);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      RingReplicated trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}));
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(trainer.last_step().gather_seconds == 0);
+      check_times(trainer.last_step(), 4);
+      sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
+    });
+    CHECK(total() == 2 * (n - 1) * psi);
+  }
+}
+
+// 4 ranks as 2 replicas × 2 shards: a FullShard step within the pair
+// (c = ⌈P/2⌉, one block of two sent per collective), then each gradient
+// shard all-reduced across the 2 replicas, which on two ranks sends c.
+TEST_CASE("step statistics: HybridShard sends FullShard's within the group plus its shards across replicas") {
+  auto rng = test::rng_for("step statistics hybrid");
+  const std::vector<std::size_t> sizes = random_sizes(rng, 4);
+  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                 << sizes[3] << ", " << sizes[4]);
+  const std::size_t chunks = padded_chunks(sizes, 2), kept = (sizes.back() + 1) / 2;
+  gradsync::run_threads(4, [&](Communicator<Threads>& comm) {
+    RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                        {.strategy = ShardingStrategy::HybridShard, .shard_size = 2});
+    trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+    CHECK(trainer.last_step().sent_elements == 3 * chunks - kept + chunks);
+    check_times(trainer.last_step(), 4);
+  });
+}
+
+TEST_CASE("step statistics: bf16 compression sends DDP's elements in 2 bytes each") {
+  const std::vector<std::size_t> sizes{30, 12};
+  std::vector<std::size_t> sent(3);
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainerOptions o;
+    o.sync.compression = gradsync::Compression::bf16;
+    RingReplicated trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), o);
+    trainer.step(Scale{1.0f});
+    check_times(trainer.last_step(), 2);
+    sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
+  });
+  CHECK(sent[0] + sent[1] + sent[2] == 2 * 2 * 42);
+}
+
+namespace {
+
+using gradsync::AccumulationMode;
+using gradsync::BackwardPrefetch;
+
+/// A prefetch under FullShard: the next unit's gather beside the one in use.
+struct PrefetchCase {
+  const char* name;
+  bool forward;
+  BackwardPrefetch backward;
+};
+
+constexpr PrefetchCase prefetch_cases[] = {{"BackwardPre", false, BackwardPrefetch::BackwardPre},
+                                           {"BackwardPost", false, BackwardPrefetch::BackwardPost},
+                                           {"forward_prefetch", true, BackwardPrefetch::None},
+                                           {"forward and BackwardPre", true, BackwardPrefetch::BackwardPre}};
+
+}  // namespace
+
+// FSDP.md's 4(1+d)·U_max + 4·U_max: a prefetched unit adds one gathered unit
+// (d = 1), and since a unit's gradient buffer waits for the previous unit's
+// reduce-scatter, there is still one buffer. Units of one size make the
+// backward's peak (units i and i−1 gathered, i's buffer) the formula exactly.
+TEST_CASE("memory: prefetch adds one gathered unit to FullShard's transient need, and the peak reaches it") {
+  auto rng = test::rng_for("memory prefetch");
+  std::uniform_int_distribution<std::size_t> d(1, 60);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::size_t p = d(rng);
+    const std::vector<std::size_t> equal(4, p);
+    const std::vector<std::size_t> mixed = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", equal units of " << p << ", mixed = " << mixed[0] << ", " << mixed[1]
+                   << ", " << mixed[2] << ", " << mixed[3] << ", " << mixed[4]);
+    std::size_t g_max = 0;
+    for (const std::size_t q : mixed) g_max = std::max(g_max, gathered(q, n));
+    for (const PrefetchCase& c : prefetch_cases) {
+      INFO("prefetch = " << c.name);
+      for (const ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard}) {
+        INFO("strategy = " << name(s));
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const ShardedTrainerOptions o{
+              .strategy = s, .forward_prefetch = c.forward, .backward_prefetch = c.backward};
+          ShardedTrainer trainer(comm, Squares{equal, 3}, gradsync::Adam<float>(), o);
+          trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+          trainer.step(Scale{0.5f});
+          const MemoryNeed need = trainer.memory_need();
+          CHECK(need.gathered == 4 * 2 * gathered(p, n));
+          CHECK(need.gradient_buffers == 4 * gradient_buffer(p, n));
+          CHECK(trainer.peak_transient_bytes() <= need.transient());
+          if (c.backward != BackwardPrefetch::None) {
+            CHECK(trainer.peak_transient_bytes() == need.transient());
+          } else {
+            // Forward holds two gathered units; backward one and its buffer.
+            CHECK(trainer.peak_transient_bytes() == 4 * 2 * gathered(p, n));
+          }
+          // The limit of one gathered unit lets no prefetch through: FullShard's need without it, exactly.
+          ShardedTrainerOptions one = o;
+          one.limit_all_gathers = 1;
+          ShardedTrainer limited(comm, Squares{equal, 3}, gradsync::Adam<float>(), one);
+          limited.step(Scale{1.0f});
+          CHECK(limited.memory_need().gathered == 4 * gathered(p, n));
+          CHECK(limited.peak_transient_bytes() == limited.memory_need().transient());
+          // Units of different sizes: a bound.
+          ShardedTrainer uneven(comm, Squares{mixed, 3}, gradsync::Adam<float>(), o);
+          uneven.step(Scale{1.0f});
+          CHECK(uneven.memory_need().gathered == 4 * 2 * g_max);
+          CHECK(uneven.peak_transient_bytes() <= uneven.memory_need().transient());
+        });
+      }
+      // ShardGradOp keeps every unit gathered anyway: prefetch changes nothing.
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const ShardedTrainerOptions o{.strategy = ShardingStrategy::ShardGradOp,
+                                      .forward_prefetch = c.forward,
+                                      .backward_prefetch = c.backward};
+        ShardedTrainer trainer(comm, Squares{mixed, 3}, gradsync::Sgd<float>(), o);
+        trainer.step(Scale{1.0f});
+        ShardedTrainer plain(comm, Squares{mixed, 3}, gradsync::Sgd<float>(),
+                             {.strategy = ShardingStrategy::ShardGradOp});
+        CHECK(trainer.memory_need().transient() == plain.memory_need().transient());
+        CHECK(trainer.peak_transient_bytes() <= trainer.memory_need().transient());
+      });
+    }
+  }
+}
+
+// NoSync keeps every wrapped unit's gradient buffer (the padded unit) from
+// the first micro-step's backward to the step's reduction: Σ R in place of
+// one buffer. The last unit of backward (unit 0) sees them all.
+TEST_CASE("memory: NoSync accumulation holds every gradient buffer; Sharded accumulation one, as a step") {
+  auto rng = test::rng_for("memory accumulation");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                   << sizes[3] << ", " << sizes[4]);
+    std::size_t g_max = 0, r_sum = 0, r_max = 0;
+    for (const std::size_t p : sizes) {
+      g_max = std::max(g_max, gathered(p, n));
+      r_sum += gradient_buffer(p, n);
+      r_max = std::max(r_max, gradient_buffer(p, n));
+    }
+    for (const BackwardPrefetch b : {BackwardPrefetch::None, BackwardPrefetch::BackwardPre}) {
+      CAPTURE(static_cast<int>(b));
+      const std::size_t g = (b == BackwardPrefetch::None ? 1 : 2) * g_max;
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const float f = 1.0f + static_cast<float>(comm.rank());
+        ShardedTrainer no_sync(comm, Squares{sizes, 3}, gradsync::Sgd<float>(),
+                               {.accumulation = AccumulationMode::NoSync, .backward_prefetch = b});
+        CHECK(no_sync.memory_need().gathered == 4 * g);
+        CHECK(no_sync.memory_need().gradient_buffers == 4 * r_sum);
+        for (int k = 0; k < 3; ++k) no_sync.accumulate(Scale{f});
+        no_sync.step(Scale{f});
+        CHECK(no_sync.peak_transient_bytes() <= no_sync.memory_need().transient());
+        CHECK(no_sync.peak_transient_bytes() >= 4 * (r_sum + gathered(sizes.front(), n)));
+
+        ShardedTrainer sharded(comm, Squares{sizes, 3}, gradsync::Sgd<float>(), {.backward_prefetch = b});
+        CHECK(sharded.memory_need().gathered == 4 * g);
+        CHECK(sharded.memory_need().gradient_buffers == 4 * r_max);
+        for (int k = 0; k < 3; ++k) sharded.accumulate(Scale{f});
+        sharded.step(Scale{f});
+        CHECK(sharded.peak_transient_bytes() <= sharded.memory_need().transient());
+        if (b == BackwardPrefetch::None) CHECK(sharded.peak_transient_bytes() == sharded.memory_need().transient());
+      });
+    }
+  }
+}
+
+TEST_CASE("memory: the formula is over wrapped units, and a NoSync budget counts its unsharded gradients") {
+  auto rng = test::rng_for("memory wrapped");
+  // At least 120 elements: size_based(60) makes two wrapped units or more.
+  std::uniform_int_distribution<std::size_t> d(20, 50);
+  const std::vector<std::size_t> sizes{d(rng), d(rng), d(rng), d(rng), d(rng), d(rng)};
+  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                 << sizes[3] << ", " << sizes[4] << ", " << sizes[5]);
+  constexpr int world = 3;
+  std::vector<int> refused(world, 0);
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ShardedTrainerOptions o{.wrap = gradsync::WrapPolicy::size_based(60)};
+    ShardedTrainer trainer(comm, Squares{sizes, 2}, gradsync::Adam<float>(), o);
+    std::size_t g_max = 0, chunks = 0;
+    for (const auto& u : trainer.plan().units) {
+      g_max = std::max(g_max, u.gathered_bytes);
+      chunks += u.shard;
+    }
+    const MemoryNeed need = trainer.memory_need();
+    CHECK(need.persistent() == 16 * chunks);
+    CHECK(need.gathered == g_max);
+    CHECK(need.gradient_buffers == g_max);
+    trainer.step(Scale{1.0f});
+    CHECK(trainer.peak_transient_bytes() == need.transient());
+
+    o.accumulation = AccumulationMode::NoSync;
+    ShardedTrainer no_sync(comm, Squares{sizes, 2}, gradsync::Adam<float>(), o);
+    CHECK(no_sync.memory_need().gradient_buffers == 4 * world * chunks);
+    // Sharded accumulation's need fits this budget, NoSync's does not.
+    o.memory_budget = need.total();
+    try {
+      ShardedTrainer over(comm, Squares{sizes, 2}, gradsync::Adam<float>(), o);
+    } catch (const gradsync::InvalidArgument& e) {
+      refused[static_cast<std::size_t>(comm.rank())] = std::string(e.what()).find("memory_budget") != std::string::npos;
+    }
+  });
+  for (const int r : refused) CHECK(r == 1);
+}
+
+// Elements are what the formula says whatever the wire type; bytes are 2
+// per element of a bfloat16 collective. A step's figures cover its
+// micro-steps: K of them under Sharded accumulation send K steps' worth.
+TEST_CASE("step statistics: prefetch, mixed precision and accumulation keep the element formula") {
+  auto rng = test::rng_for("step statistics merged");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
+                   << sizes[3] << ", " << sizes[4]);
+    const std::size_t chunks = padded_chunks(sizes, n);
+    const std::size_t kept = (sizes.back() + n - 1) / n;
+    // FullShard: two gathers and a reduce-scatter per unit, the kept unit gathered once.
+    const std::size_t gathers = (n - 1) * (2 * chunks - kept), reductions = (n - 1) * chunks;
+    for (const PrefetchCase& c : prefetch_cases) {
+      INFO("prefetch = " << c.name);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                            {.forward_prefetch = c.forward, .backward_prefetch = c.backward});
+        trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+        CHECK(trainer.last_step().sent_elements == gathers + reductions);
+        check_times(trainer.last_step(), 4);
+      });
+    }
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ShardedTrainerOptions o;
+      o.param_dtype = gradsync::DataType::bfloat16;
+      RingSharded gathers_low(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      gathers_low.step(Scale{1.0f});
+      CHECK(gathers_low.last_step().sent_elements == gathers + reductions);
+      CHECK(gathers_low.last_step().sent_bytes == 2 * gathers + 4 * reductions);
+      o.reduce_dtype = gradsync::DataType::bfloat16;
+      RingSharded both_low(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      both_low.step(Scale{1.0f});
+      CHECK(both_low.last_step().sent_elements == gathers + reductions);
+      check_times(both_low.last_step(), 2);
+    });
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      constexpr std::size_t k = 3;
+      RingSharded sharded(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}), {});
+      for (std::size_t i = 0; i + 1 < k; ++i) sharded.accumulate(Scale{1.0f});
+      sharded.step(Scale{1.0f});
+      CHECK(sharded.last_step().sent_elements == k * (gathers + reductions));
+      // NoSync: K micro-steps' gathers, one reduction.
+      RingSharded no_sync(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
+                          {.accumulation = AccumulationMode::NoSync});
+      for (std::size_t i = 0; i + 1 < k; ++i) no_sync.accumulate(Scale{1.0f});
+      no_sync.step(Scale{1.0f});
+      CHECK(no_sync.last_step().sent_elements == k * gathers + reductions);
+      check_times(no_sync.last_step(), 4);
+    });
+  }
+}
