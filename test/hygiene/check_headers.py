@@ -5,6 +5,7 @@ usage: check_headers.py MODE SOURCE_ROOT -- CXX [CXX_ARGS...]
 
   alone     every public header except the MPI/NCCL backends compiles alone
   mpi       the MPI backend headers compile alone (skipped without MPI)
+  torch     the LibTorch integration headers compile alone (skipped without libtorch-dev)
   umbrella  gradsync.hpp includes no MPI, NCCL or CUDA header, even indirectly
 
 Exit 0 pass, 1 fail, 77 skip (meson's convention).
@@ -22,7 +23,10 @@ import sys
 SKIP = 77
 WARNINGS = ["-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Wpedantic", "-Werror"]
 # A path in the umbrella's include tree that names one of these is a leak.
-BACKEND_HEADER = re.compile(r"(^|/)(mpi\.h|mpi\.hpp|mpicxx\.h|nccl\.h|nccl_net\.h)$|cuda", re.IGNORECASE)
+BACKEND_HEADER = re.compile(r"(^|/)(mpi\.h|mpi\.hpp|mpicxx\.h|nccl\.h|nccl_net\.h)$|cuda|(^|/)torch/torch\.h$",
+                            re.IGNORECASE)
+# Debian's libtorch-dev: the C++ frontend's headers live below this, the rest under /usr/include.
+TORCH_API_INCLUDE = pathlib.Path("/usr/include/torch/csrc/api/include")
 
 
 def public_headers(include_dir):
@@ -31,6 +35,8 @@ def public_headers(include_dir):
 
 
 def is_backend(header, name):
+    if name == "torch":
+        return header.startswith("gradsync/integration/torch")
     return header.startswith(f"gradsync/backend/{name}")
 
 
@@ -92,11 +98,12 @@ def mode_alone(cxx, include_dir):
         print("SKIP: no headers under include/gradsync yet")
         return SKIP
     for name, why in (("mpi", "checked by headers_alone_mpi"),
-                      ("nccl", "need CUDA and NCCL; checked on a GPU machine")):
+                      ("nccl", "need CUDA and NCCL; checked on a GPU machine"),
+                      ("torch", "checked by headers_alone_torch")):
         skipped = [h for h in headers if is_backend(h, name)]
         if skipped:
-            print(f"not here: {len(skipped)} backend/{name} headers ({why})")
-    headers = [h for h in headers if not is_backend(h, "mpi") and not is_backend(h, "nccl")]
+            print(f"not here: {len(skipped)} {name} headers ({why})")
+    headers = [h for h in headers if not any(is_backend(h, n) for n in ("mpi", "nccl", "torch"))]
     return run_alone(cxx, include_dir, headers)
 
 
@@ -111,6 +118,17 @@ def mode_mpi(cxx, include_dir):
               "install libopenmpi-dev to check the MPI backend headers")
         return SKIP
     return run_alone(cxx, include_dir, headers, flags)
+
+
+def mode_torch(cxx, include_dir):
+    headers = [h for h in public_headers(include_dir) if is_backend(h, "torch")]
+    if not headers:
+        print("SKIP: no gradsync/integration/torch* headers yet")
+        return SKIP
+    if not (TORCH_API_INCLUDE / "torch" / "torch.h").is_file():
+        print(f"SKIP: no {TORCH_API_INCLUDE}/torch/torch.h; install libtorch-dev to check the LibTorch headers")
+        return SKIP
+    return run_alone(cxx, include_dir, headers, ["-isystem", str(TORCH_API_INCLUDE)])
 
 
 def mode_umbrella(cxx, include_dir):
@@ -142,7 +160,7 @@ def main(argv):
         return 2
     mode, source_root, cxx = argv[1], pathlib.Path(argv[2]), argv[4:]
     include_dir = (source_root / "include").resolve()
-    modes = {"alone": mode_alone, "mpi": mode_mpi, "umbrella": mode_umbrella}
+    modes = {"alone": mode_alone, "mpi": mode_mpi, "torch": mode_torch, "umbrella": mode_umbrella}
     if mode not in modes:
         print(f"unknown mode {mode!r}; expected one of {', '.join(modes)}")
         return 2

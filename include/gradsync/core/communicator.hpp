@@ -211,4 +211,15 @@ class Communicator {
   std::atomic<bool> busy_{false};
 };
 
+namespace detail {
+/// Whether C is a Communicator, and over which backend: what the trainers
+/// and integrations templated on a communicator type check first.
+template <class C>
+struct CommunicatorTraits : std::false_type {};
+template <class B>
+struct CommunicatorTraits<Communicator<B>> : std::true_type {
+  using backend = B;
+};
+}  // namespace detail
+
 }  // namespace gradsync

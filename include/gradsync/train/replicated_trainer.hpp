@@ -68,13 +68,6 @@ struct TrainerStats {
 };
 
 namespace detail {
-template <class C>
-struct CommunicatorTraits : std::false_type {};
-template <class B>
-struct CommunicatorTraits<Communicator<B>> : std::true_type {
-  using backend = B;
-};
-
 /// Whether a communicator's buffers live in host memory. What is not a
 /// communicator passes here: its own static_assert says what is wrong.
 template <class C>
