@@ -1,6 +1,7 @@
 #pragma once
 /// \file DistributedDataParallel: PyTorch's DDP for a LibTorch torch::nn::Module, on any host gradsync communicator.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -134,8 +135,9 @@ class DistributedDataParallel {
   template <class... Args>
   auto operator()(Args&&... args) {
     check_parameters();
-    // A backward that failed never ran its final callback.
+    // A backward that failed never ran its final callback: start clean.
     finish_queued_ = false;
+    std::fill(got_.begin(), got_.end(), 0);
     if (o_.broadcast_buffers && comm_.size() > 1) {
       torch::NoGradGuard no_grad;
       for (auto& b : base().named_buffers(true)) broadcast(b.value());
