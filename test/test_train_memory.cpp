@@ -71,16 +71,6 @@ struct Squares {
 constexpr ShardingStrategy all_strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                                ShardingStrategy::NoShard, ShardingStrategy::HybridShard};
 
-const char* name(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FullShard: return "FullShard";
-    case ShardingStrategy::ShardGradOp: return "ShardGradOp";
-    case ShardingStrategy::NoShard: return "NoShard";
-    case ShardingStrategy::HybridShard: return "HybridShard";
-  }
-  return "?";
-}
-
 /// Four units of 1..40 elements, and one of fewer elements than N (some
 /// ranks' chunks then hold only padding).
 std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world) {

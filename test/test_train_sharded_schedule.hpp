@@ -28,16 +28,6 @@ inline const std::vector<std::size_t> unit_sizes{25, 36, 7, 1};
 
 inline Mlp<float> model_for(int rank) { return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 3, true}; }
 
-inline const char* name(gradsync::ShardingStrategy s) {
-  switch (s) {
-    case gradsync::ShardingStrategy::FullShard: return "FullShard";
-    case gradsync::ShardingStrategy::ShardGradOp: return "ShardGradOp";
-    case gradsync::ShardingStrategy::NoShard: return "NoShard";
-    case gradsync::ShardingStrategy::HybridShard: return "HybridShard";
-  }
-  return "?";
-}
-
 /// One batch of `b` samples of normal random numbers.
 inline Batch<float> random_batch(std::mt19937_64& rng, std::size_t b) {
   std::normal_distribution<float> d(0.0f, 1.0f);

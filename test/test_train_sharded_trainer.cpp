@@ -39,16 +39,6 @@ const std::vector<std::size_t> layers{in, 5, 6, out};
 constexpr ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                            ShardingStrategy::NoShard};
 
-const char* name(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FullShard: return "FullShard";
-    case ShardingStrategy::ShardGradOp: return "ShardGradOp";
-    case ShardingStrategy::NoShard: return "NoShard";
-    case ShardingStrategy::HybridShard: return "HybridShard";
-  }
-  return "?";
-}
-
 Mlp<float> model_for(int rank) { return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 3, true}; }
 
 std::uint64_t fresh_seed() { return (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}(); }

@@ -61,6 +61,17 @@ enum class ShardingStrategy : std::uint8_t {
   HybridShard,
 };
 
+/// The strategy's name as PyTorch users know it ("FullShard", ...).
+constexpr const char* name(ShardingStrategy s) noexcept {
+  switch (s) {
+    case ShardingStrategy::FullShard: return "FullShard";
+    case ShardingStrategy::ShardGradOp: return "ShardGradOp";
+    case ShardingStrategy::NoShard: return "NoShard";
+    case ShardingStrategy::HybridShard: return "HybridShard";
+  }
+  return "?";
+}
+
 /// Options of ShardedTrainer.
 struct ShardedTrainerOptions {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
@@ -595,7 +606,7 @@ class ShardedTrainer {
 
   void make_plan() {
     plan_.policy = o_.wrap.describe();
-    plan_.strategy = strategy_name(o_.strategy);
+    plan_.strategy = name(o_.strategy);
     plan_.shards = shard_comm().size();
     plan_.replicas = comm_.size() / shard_comm().size();
     plan_.element_bytes = sizeof(value_type);
@@ -613,16 +624,6 @@ class ShardedTrainer {
       u.gathered_bytes = sharded() ? n * chunks_[w] * sizeof(value_type) : 0;
       plan_.units.push_back(std::move(u));
     }
-  }
-
-  static const char* strategy_name(ShardingStrategy s) noexcept {
-    switch (s) {
-      case ShardingStrategy::FullShard: return "FullShard";
-      case ShardingStrategy::ShardGradOp: return "ShardGradOp";
-      case ShardingStrategy::NoShard: return "NoShard";
-      case ShardingStrategy::HybridShard: return "HybridShard";
-    }
-    return "?";
   }
 
   /// Views of unit u over `params` (P elements) and `grads` (P or none), and its buffers.
