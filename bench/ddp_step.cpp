@@ -31,7 +31,7 @@
 // ddp_mlp does, unless --no-flush-denormals.
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
-#include "../examples/eigen_mlp.hpp"
+#include "step_bench.hpp"
 
 #include <gradsync/gradsync.hpp>
 #ifdef GRADSYNC_HAVE_MPI
@@ -60,17 +60,11 @@ template <class Comm>
 Row measure(Comm& comm, const std::vector<int>& sizes, int steps, bool overlap, bool flush_denormals) {
   // Before the trainer: its progress worker thread starts with this state.
   const gradsync::FlushDenormals flush(flush_denormals);
-  constexpr int batch = 64;
-  std::mt19937 rng(5 + comm.rank());
-  std::normal_distribution<float> normal;
-  std::vector<float> x(std::size_t(batch) * sizes[0]);
-  std::vector<int> y(batch);
-  for (float& v : x) v = normal(rng);
-  for (int& v : y) v = static_cast<int>(rng() % static_cast<unsigned>(sizes.back()));
+  const bench::RandomBatch data(sizes, comm.rank());
   gradsync::ReplicatedTrainerOptions o;
   o.sync.overlap = overlap;
   gradsync::ReplicatedTrainer trainer(comm, example::EigenMlp(sizes, 1), gradsync::Sgd<float>({.lr = 0.01}), o);
-  const example::Batch b{x.data(), y.data(), batch};
+  const example::Batch b = data.batch();
   for (int i = 0; i < 3; ++i) trainer.step(b);
   comm.barrier();
   trainer.reset_stats();
@@ -134,104 +128,35 @@ void print_row(int n, bool overlap, const Row& r, double base) {
   std::fflush(stdout);
 }
 
-std::string describe(const std::vector<int>& sizes) {
-  std::string name = "MLP ";
-  std::size_t params = 0;
-  for (std::size_t l = 0; l < sizes.size(); ++l) {
-    name += (l ? "-" : "") + std::to_string(sizes[l]);
-    if (l + 1 < sizes.size()) params += std::size_t(sizes[l] + 1) * std::size_t(sizes[l + 1]);
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, " (%.2fM params)", static_cast<double>(params) / 1e6);
-  return name + buf;
-}
-
-std::vector<int> parse_list(const std::string& text, const char* option) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string t; std::getline(ss, t, ',');) {
-    std::size_t used = 0;
-    const int v = std::stoi(t, &used);
-    if (used != t.size() || v < 1) throw std::invalid_argument(t);
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument(option);
-  return out;
-}
-
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "ddp_step: %s\n"
-               "usage: ddp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
-               "                [--sizes 784,1024,1024,10] [--overlap on|off|both] [--no-flush-denormals]\n",
-               why.c_str());
-  std::exit(2);
-}
+constexpr const char* usage_text =
+    "usage: ddp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
+    "                [--sizes 784,1024,1024,10] [--overlap on|off|both] [--no-flush-denormals]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Eigen::setNbThreads(1);
-  int steps = 20;
-  std::vector<int> ranks{1, 2, 4}, sizes;
-  bool small = true, large = true, ranks_given = false, flush_denormals = true;
+  bool flush_denormals = true;
   std::vector<bool> overlaps{true, false};
-  std::string backend = "threads";
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const bool has_value = i + 1 < argc;
-    try {
-      if (k == "--steps" && has_value) {
-        steps = parse_list(argv[++i], "--steps").at(0);
-      } else if (k == "--ranks" && has_value) {
-        ranks = parse_list(argv[++i], "--ranks");
-        ranks_given = true;
-      } else if (k == "--sizes" && has_value) {
-        sizes = parse_list(argv[++i], "--sizes");
-        if (sizes.size() < 2) usage("--sizes needs at least an input and an output width");
-      } else if (k == "--overlap" && has_value) {
-        const std::string v = argv[++i];
+  const bench::StepOptions opt = bench::parse_step_options(
+      argc, argv, "ddp_step", usage_text, 20, [&](const std::string& k, const char* value, bool& consumed) {
+        if (k == "--no-flush-denormals") return (flush_denormals = false, true);
+        if (k != "--overlap") return false;
+        if (value == nullptr) bench::usage("ddp_step", usage_text, "--overlap needs a value");
+        const std::string v = value;
         if (v == "on") overlaps = {true};
         else if (v == "off") overlaps = {false};
         else if (v == "both") overlaps = {true, false};
-        else usage("--overlap takes on, off or both, not '" + v + "'");
-      } else if (k == "--backend" && has_value) {
-        backend = argv[++i];
-      } else if (k == "--large-only") {
-        small = false;
-      } else if (k == "--small-only") {
-        large = false;
-      } else if (k == "--no-flush-denormals") {
-        flush_denormals = false;
-      } else {
-        const bool takes_value = k == "--steps" || k == "--ranks" || k == "--sizes" || k == "--overlap" ||
-                                 k == "--backend";
-        usage(takes_value ? k + " needs a value" : "unknown option " + k);
-      }
-    } catch (const std::logic_error&) {
-      usage("bad value for " + k + ": '" + argv[i] + "' (positive integers, comma-separated)");
-    }
-  }
-  if (backend != "threads" && backend != "mpi") usage("unknown backend '" + backend + "' (threads or mpi)");
-#ifndef GRADSYNC_HAVE_MPI
-  if (backend == "mpi") {
-    usage("--backend mpi: this ddp_step was built without MPI; install it (e.g. libopenmpi-dev) and reconfigure "
-          "with meson option -Dmpi=enabled");
-  }
-#endif
-  if (backend == "mpi" && ranks_given) {
-    usage("--ranks is for threads; under --backend mpi the world size is mpirun's -np");
-  }
-
-  std::vector<std::vector<int>> models;
-  if (!sizes.empty()) {
-    models.push_back(sizes);
-  } else {
-    if (small) models.push_back({784, 1024, 1024, 10});
-    if (large) models.push_back({784, 2048, 2048, 2048, 10});
-  }
+        else bench::usage("ddp_step", usage_text, "--overlap takes on, off or both, not '" + v + "'");
+        consumed = true;
+        return true;
+      });
+  const int steps = opt.steps;
+  const std::string& backend = opt.backend;
+  const std::vector<int>& ranks = opt.ranks;
+  const std::vector<std::vector<int>> models = opt.models();
   auto header = [&](const std::vector<int>& m, int s) {
-    std::printf("# %s, per-rank batch 64, SGD, %s, %d steps; ms per step (rank 0)\n", describe(m).c_str(),
+    std::printf("# %s, per-rank batch 64, SGD, %s, %d steps; ms per step (rank 0)\n", bench::describe(m).c_str(),
                 backend == "mpi" ? "Mpi" : "Threads", s);
     std::printf("#  N  overlap     step  compute     comm  exposed   hidden     skew     flat flat cold  samples/s\n");
   };

@@ -25,7 +25,7 @@
 // Exits 1 if any run's bytes differ from the formula (timings are never checked).
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
-#include "../examples/eigen_mlp.hpp"
+#include "step_bench.hpp"
 
 #include <gradsync/gradsync.hpp>
 #ifdef GRADSYNC_HAVE_MPI
@@ -148,14 +148,8 @@ Row run(Comm& comm, Trainer& trainer, const example::Batch& b, int steps) {
 template <class Comm>
 Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps) {
   const gradsync::FlushDenormals flush(true);
-  constexpr int batch = 64;
-  std::mt19937 rng(5 + comm.rank());
-  std::normal_distribution<float> normal;
-  std::vector<float> x(std::size_t(batch) * sizes[0]);
-  std::vector<int> y(batch);
-  for (float& v : x) v = normal(rng);
-  for (int& v : y) v = static_cast<int>(rng() % static_cast<unsigned>(sizes.back()));
-  const example::Batch b{x.data(), y.data(), batch};
+  const bench::RandomBatch data(sizes, comm.rank());
+  const example::Batch b = data.batch();
   const gradsync::Adam<float> adam({.lr = 1e-3});
   if (kind == Kind::ddp) {
     gradsync::ReplicatedTrainer<example::EigenMlp, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(
@@ -171,18 +165,6 @@ Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps) {
   gradsync::ShardedTrainer<example::EigenMlp, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(
       comm, example::EigenMlp(sizes, 1), adam, o);
   return run(comm, trainer, b, steps);
-}
-
-std::string describe(const std::vector<int>& sizes) {
-  std::string name = "MLP ";
-  std::size_t params = 0;
-  for (std::size_t l = 0; l < sizes.size(); ++l) {
-    name += (l ? "-" : "") + std::to_string(sizes[l]);
-    if (l + 1 < sizes.size()) params += std::size_t(sizes[l] + 1) * std::size_t(sizes[l + 1]);
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, " (%.2fM params)", static_cast<double>(params) / 1e6);
-  return name + buf;
 }
 
 /// Prints a row; returns false if its bytes differ from the formula.
@@ -201,27 +183,9 @@ bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vecto
   return exact;
 }
 
-std::vector<int> parse_list(const std::string& text, const char* option) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string t; std::getline(ss, t, ',');) {
-    std::size_t used = 0;
-    const int v = std::stoi(t, &used);
-    if (used != t.size() || v < 1) throw std::invalid_argument(t);
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument(option);
-  return out;
-}
-
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "fsdp_step: %s\n"
-               "usage: fsdp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
-               "                 [--sizes 784,1024,1024,10]\n",
-               why.c_str());
-  std::exit(2);
-}
+constexpr const char* usage_text =
+    "usage: fsdp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
+    "                 [--sizes 784,1024,1024,10]\n";
 
 std::vector<Kind> kinds_for(int n) {
   std::vector<Kind> k{Kind::ddp, Kind::no_shard, Kind::shard_grad_op, Kind::full_shard};
@@ -230,7 +194,7 @@ std::vector<Kind> kinds_for(int n) {
 }
 
 void header(const std::vector<int>& m, const char* backend, int steps) {
-  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, %d steps; ms per step (rank 0)\n", describe(m).c_str(),
+  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, %d steps; ms per step (rank 0)\n", bench::describe(m).c_str(),
               backend, steps);
   std::printf("#  N trainer         step   xDDP   gather  compute   reduce   optim  exposed   hidden  sent MB  "
               "formula  peakMiB  formula  ratio\n");
@@ -240,54 +204,11 @@ void header(const std::vector<int>& m, const char* backend, int steps) {
 
 int main(int argc, char** argv) {
   Eigen::setNbThreads(1);
-  int steps = 10;
-  std::vector<int> ranks{1, 2, 4}, sizes;
-  bool small = true, large = true, ranks_given = false;
-  std::string backend = "threads";
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const bool has_value = i + 1 < argc;
-    try {
-      if (k == "--steps" && has_value) {
-        steps = parse_list(argv[++i], "--steps").at(0);
-      } else if (k == "--ranks" && has_value) {
-        ranks = parse_list(argv[++i], "--ranks");
-        ranks_given = true;
-      } else if (k == "--sizes" && has_value) {
-        sizes = parse_list(argv[++i], "--sizes");
-        if (sizes.size() < 2) usage("--sizes needs at least an input and an output width");
-      } else if (k == "--backend" && has_value) {
-        backend = argv[++i];
-      } else if (k == "--large-only") {
-        small = false;
-      } else if (k == "--small-only") {
-        large = false;
-      } else {
-        const bool takes_value = k == "--steps" || k == "--ranks" || k == "--sizes" || k == "--backend";
-        usage(takes_value ? k + " needs a value" : "unknown option " + k);
-      }
-    } catch (const std::logic_error&) {
-      usage("bad value for " + k + ": '" + argv[i] + "' (positive integers, comma-separated)");
-    }
-  }
-  if (backend != "threads" && backend != "mpi") usage("unknown backend '" + backend + "' (threads or mpi)");
-#ifndef GRADSYNC_HAVE_MPI
-  if (backend == "mpi") {
-    usage("--backend mpi: this fsdp_step was built without MPI; install it (e.g. libopenmpi-dev) and reconfigure "
-          "with meson option -Dmpi=enabled");
-  }
-#endif
-  if (backend == "mpi" && ranks_given) {
-    usage("--ranks is for threads; under --backend mpi the world size is mpirun's -np");
-  }
-
-  std::vector<std::vector<int>> models;
-  if (!sizes.empty()) {
-    models.push_back(sizes);
-  } else {
-    if (small) models.push_back({784, 1024, 1024, 10});
-    if (large) models.push_back({784, 2048, 2048, 2048, 10});
-  }
+  const bench::StepOptions opt = bench::parse_step_options(argc, argv, "fsdp_step", usage_text, 10,
+                                                           [](const std::string&, const char*, bool&) { return false; });
+  const int steps = opt.steps;
+  const std::string& backend = opt.backend;
+  const std::vector<std::vector<int>> models = opt.models();
   // The large model is measured over fewer steps: each is ~5x the small one's.
   auto steps_for = [&](const std::vector<int>& m) { return m.size() > 4 ? std::max(3, steps / 3) : steps; };
   bool all_exact = true;
@@ -296,7 +217,7 @@ int main(int argc, char** argv) {
     for (const auto& m : models) {
       const int s = steps_for(m);
       header(m, "Threads", s);
-      for (const int n : ranks) {
+      for (const int n : opt.ranks) {
         double ddp = 0;
         for (const Kind kind : kinds_for(n)) {
           Row row;

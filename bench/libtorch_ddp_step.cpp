@@ -14,6 +14,8 @@
 #include <gradsync/gradsync.hpp>
 #include <gradsync/integration/torch.hpp>
 
+#include "../examples/torch_mlp.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -62,16 +64,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int hidden)
-      : fc1(register_module("fc1", torch::nn::Linear(784, hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
-        fc3(register_module("fc3", torch::nn::Linear(hidden, 10))) {}
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Net);
-
 /// Median ms per step on rank 0, and the early-bucket fraction.
 struct Result {
   double ms = 0;
@@ -84,7 +76,7 @@ Result run(int n, const Args& a) {
   gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
     torch::set_num_threads(1);
     torch::manual_seed(static_cast<std::uint64_t>(comm.rank()) + 1);
-    Net net(a.hidden);
+    example::Net net(a.hidden);
     gradsync::DistributedDataParallel ddp(comm, net);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01));
     const torch::Tensor x = torch::randn({a.batch, 784});

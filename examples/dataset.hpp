@@ -1,14 +1,18 @@
 #pragma once
 // The examples' data: a built-in synthetic classification set (784 features,
-// 10 classes, nonlinear boundaries) and MNIST from its IDX files. Shared by
-// examples/ddp_mlp.cpp and examples/fsdp_mlp.cpp.
+// 10 classes, nonlinear boundaries) and MNIST from its IDX files, and the
+// batch and test loops over them. Shared by examples/ddp_mlp.cpp and
+// examples/fsdp_mlp.cpp.
 
 #include "eigen_dense.hpp"
+#include "eigen_mlp.hpp"
 #include "mnist.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -131,6 +135,43 @@ inline void truncate(Dataset& d, std::size_t n) {
   if (n == 0 || n >= d.size()) return;
   d.x.resize(n * std::size_t(d.dim));
   d.y.resize(n);
+}
+
+/// The built-in data (`train_samples` and `test_samples`, 0: 48,000 and
+/// 8,000) or MNIST from `mnist_dir` (its first so many samples, 0: all).
+inline void load(Dataset& train, Dataset& test, const std::string& mnist_dir, std::size_t train_samples,
+                 std::size_t test_samples, std::uint64_t seed) {
+  if (mnist_dir.empty()) {
+    synthetic(train, test, train_samples ? train_samples : 48000, test_samples ? test_samples : 8000, seed);
+  } else {
+    train = from_mnist(mnist_dir + "/train-images-idx3-ubyte", mnist_dir + "/train-labels-idx1-ubyte");
+    test = from_mnist(mnist_dir + "/t10k-images-idx3-ubyte", mnist_dir + "/t10k-labels-idx1-ubyte");
+    truncate(train, train_samples);
+    truncate(test, test_samples);
+  }
+  if (train.size() == 0 || test.size() == 0) throw std::runtime_error("the training or the test set is empty");
+}
+
+/// Copies samples idx[at], ..., idx[at + n - 1] into one contiguous batch.
+inline void fill_batch(const Dataset& d, const std::vector<std::size_t>& idx, std::size_t at, int n, float* x,
+                       int* y) {
+  for (int i = 0; i < n; ++i) {
+    std::copy_n(&d.x[idx[at + std::size_t(i)] * std::size_t(d.dim)], d.dim, x + std::size_t(i) * std::size_t(d.dim));
+    y[i] = d.y[idx[at + std::size_t(i)]];
+  }
+}
+
+/// How many of test samples [begin, end) `trainer`'s model classifies right,
+/// 256 at a time, forward only.
+template <class Trainer>
+std::int64_t count_correct(Trainer& trainer, const Dataset& test, std::size_t begin, std::size_t end) {
+  std::int64_t correct = 0;
+  for (std::size_t i = begin; i < end; i += 256) {
+    const int n = static_cast<int>(std::min<std::size_t>(256, end - i));
+    const Batch batch{&test.x[i * std::size_t(test.dim)], &test.y[i], n};
+    correct += trainer.evaluate([&](const auto& ctx) { return trainer.model().correct(batch, ctx); });
+  }
+  return correct;
 }
 
 }  // namespace example

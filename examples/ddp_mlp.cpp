@@ -21,10 +21,8 @@
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/train/replicated_checkpoint.hpp>
-#ifdef GRADSYNC_HAVE_MPI
-#include <gradsync/backend/mpi.hpp>
-#endif
 
+#include "cli.hpp"
 #include "dataset.hpp"
 
 #include <algorithm>
@@ -42,19 +40,12 @@
 namespace {
 
 using example::Dataset;
-using example::from_mnist;
-using example::synthetic;
-using example::truncate;
 
-struct Args {
-  int ranks = 4, epochs = 6, batch = 64, hidden = 256;
-  bool ranks_given = false;
-  double base_lr = 0.05;  // at batch 64
+// --lr is the rate at batch 64; --train-samples and --test-samples 0: the dataset's own.
+struct Args : example::RunArgs {
   // The default run ends at 83-85% on the synthetic data (seeds 1-3 and 2024).
-  double target = 0.80;
-  std::size_t train_samples = 0, test_samples = 0;  // 0: the dataset's own
-  std::uint64_t seed = 2024;
-  std::string mnist, backend = "threads";
+  Args() : RunArgs{.epochs = 6, .hidden = 256, .lr = 0.05, .target = 0.80, .seed = 2024} {}
+  std::string mnist;
   // Checkpoints: where to save (after every epoch and at --max-steps) and what to resume from.
   std::string save, resume;
   std::uint64_t max_steps = 0;  // 0: no limit
@@ -65,74 +56,20 @@ struct Args {
   bool flush_denormals = true;
 };
 
-constexpr std::size_t synthetic_train = 48000, synthetic_test = 8000;
-
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(k + " needs a value");
-      return argv[++i];
-    };
-    // A whole non-negative integer, or an error naming the option.
-    auto count = [&]() -> std::uint64_t {
-      const std::string v = next();
-      std::size_t used = 0;
-      std::uint64_t n = 0;
-      try {
-        n = std::stoull(v, &used);
-      } catch (const std::logic_error&) {
-        used = 0;
-      }
-      if (used == 0 || used != v.size() || v[0] == '-') {
-        throw std::runtime_error("bad value for " + k + ": '" + v + "'");
-      }
-      return n;
-    };
-    auto real = [&]() -> double {
-      const std::string v = next();
-      std::size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(v, &used);
-      } catch (const std::logic_error&) {
-        used = 0;
-      }
-      if (used == 0 || used != v.size()) throw std::runtime_error("bad value for " + k + ": '" + v + "'");
-      return x;
-    };
-    auto small = [&]() { return static_cast<int>(std::min<std::uint64_t>(count(), 1u << 20)); };
-    if (k == "--ranks") a.ranks = small(), a.ranks_given = true;
-    else if (k == "--epochs") a.epochs = small();
-    else if (k == "--batch") a.batch = small();
-    else if (k == "--hidden") a.hidden = small();
-    else if (k == "--lr") a.base_lr = real();
-    else if (k == "--target") a.target = real();
-    else if (k == "--train-samples") a.train_samples = count();
-    else if (k == "--test-samples") a.test_samples = count();
-    else if (k == "--seed") a.seed = count();
-    else if (k == "--mnist") a.mnist = next();
-    else if (k == "--backend") a.backend = next();
-    else if (k == "--no-flush-denormals") a.flush_denormals = false;
-    else if (k == "--save") a.save = next();
-    else if (k == "--resume") a.resume = next();
-    else if (k == "--max-steps") a.max_steps = count();
-    else if (k == "--deterministic") a.deterministic = true;
-    else throw std::runtime_error("unknown option " + k +
-                                  " (expected --backend --ranks --epochs --batch --hidden --lr --target"
-                                  " --train-samples --test-samples --seed --mnist --no-flush-denormals --save"
-                                  " --resume --max-steps --deterministic)");
-  }
-  if (a.ranks < 1 || a.epochs < 1 || a.batch < 1 || a.hidden < 1) {
-    throw std::runtime_error("--ranks, --epochs, --batch and --hidden must be at least 1");
-  }
-  if (a.backend != "threads" && a.backend != "mpi") {
-    throw std::runtime_error("unknown backend '" + a.backend + "' (expected threads or mpi)");
-  }
-  if (a.backend == "mpi" && a.ranks_given) {
-    throw std::runtime_error("--ranks is for the threads backend; under --backend mpi the world size is mpirun's -np");
-  }
+  a.parse(argc, argv, "ddp_mlp", " --mnist --no-flush-denormals --save --resume --max-steps --deterministic",
+          [&](example::ArgReader& r) {
+            const std::string& k = r.key();
+            if (k == "--mnist") a.mnist = r.value();
+            else if (k == "--no-flush-denormals") a.flush_denormals = false;
+            else if (k == "--save") a.save = r.value();
+            else if (k == "--resume") a.resume = r.value();
+            else if (k == "--max-steps") a.max_steps = r.count();
+            else if (k == "--deterministic") a.deterministic = true;
+            else return false;
+            return true;
+          });
   return a;
 }
 
@@ -144,12 +81,12 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
   // trainer starts its progress worker, which inherits it.
   const gradsync::FlushDenormals flush(args.flush_denormals);
   const std::size_t effective = std::size_t(args.batch) * std::size_t(comm.size());
-  const double lr = gradsync::linear_scaled_lr(args.base_lr, 64, effective);
+  const double lr = gradsync::linear_scaled_lr(args.lr, 64, effective);
   if (comm.rank() == 0) {
     std::printf("MLP %d-%d-%d-%d on %s (%zu train / %zu test), %s backend, %d ranks x batch %d = %zu, "
                 "lr %.3g (%.3g at 64)\n",
                 train.dim, args.hidden, args.hidden, train.classes, args.mnist.empty() ? "synthetic data" : "MNIST",
-                train.size(), test.size(), args.backend.c_str(), comm.size(), args.batch, effective, lr, args.base_lr);
+                train.size(), test.size(), args.backend.c_str(), comm.size(), args.batch, effective, lr, args.lr);
     if (test.ceiling > 0) std::printf("best possible test accuracy about %.1f%%\n", 100 * test.ceiling);
     std::printf("subnormal floats %s\n", !args.flush_denormals ? "kept (--no-flush-denormals)"
                                           : flush.supported()   ? "flushed to zero on every rank"
@@ -214,10 +151,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     const std::size_t first_sample = sampler.position();
     for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
       const int n = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
-      for (int i = 0; i < n; ++i) {
-        std::copy_n(&train.x[idx[at + i] * train.dim], train.dim, &xb[std::size_t(i) * train.dim]);
-        yb[i] = train.y[idx[at + i]];
-      }
+      example::fill_batch(train, idx, at, n, xb.data(), yb.data());
       loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), n});
       sampler.advance(std::size_t(n));
       ++steps;
@@ -227,22 +161,14 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
       }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::int64_t correct = 0;
-    for (std::size_t i = test_begin; i < test_end; i += 256) {
-      const int n = static_cast<int>(std::min<std::size_t>(256, test_end - i));
-      const example::Batch batch{&test.x[i * test.dim], &test.y[i], n};
-      correct += trainer.evaluate([&](const auto& ctx) { return trainer.model().correct(batch, ctx); });
-    }
+    const std::int64_t correct = example::count_correct(trainer, test, test_begin, test_end);
     std::vector<double> sums{loss_sum, double(steps), double(correct), trainer.stats().exposed_comm_seconds,
                              trainer.stats().comm_seconds};
     gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
     accuracy = sums[2] / double(test.size());
     if (comm.rank() == 0) {
-      std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %8.0f samples/s  "
-                  "comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
-                  epoch + 1, sums[0] / sums[1], 100 * accuracy, double(sampler.position() - first_sample) * comm.size() / seconds,
-                  sums[4] / comm.size(), sums[3] / comm.size(), seconds);
-      std::fflush(stdout);
+      example::print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(sampler.position() - first_sample) * comm.size(),
+                           seconds, sums[4] / comm.size(), sums[3] / comm.size());
     }
     save();
   }
@@ -254,47 +180,15 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
 int main(int argc, char** argv) try {
   Eigen::setNbThreads(1);
   const Args args = parse(argc, argv);
-#ifndef GRADSYNC_HAVE_MPI
-  if (args.backend == "mpi") {
-    throw std::runtime_error("--backend mpi: this ddp_mlp was built without MPI; install it (e.g. libopenmpi-dev) "
-                             "and reconfigure with meson option -Dmpi=enabled");
-  }
-#endif
   const auto t0 = std::chrono::steady_clock::now();
   Dataset train, test;
-  if (args.mnist.empty()) {
-    synthetic(train, test, args.train_samples ? args.train_samples : synthetic_train,
-              args.test_samples ? args.test_samples : synthetic_test, args.seed);
-  } else {
-    train = from_mnist(args.mnist + "/train-images-idx3-ubyte", args.mnist + "/train-labels-idx1-ubyte");
-    test = from_mnist(args.mnist + "/t10k-images-idx3-ubyte", args.mnist + "/t10k-labels-idx1-ubyte");
-    truncate(train, args.train_samples);
-    truncate(test, args.test_samples);
-  }
-  if (train.size() == 0 || test.size() == 0) throw std::runtime_error("the training or the test set is empty");
+  example::load(train, test, args.mnist, args.train_samples, args.test_samples, args.seed);
   const double data_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  double accuracy = 0;
-  bool printer = true;
-  if (args.backend == "threads") {
-    gradsync::run_threads(args.ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-      const double a = train_mlp(comm, train, test, args);
-      if (comm.rank() == 0) accuracy = a;
-    });
-  } else {
-#ifdef GRADSYNC_HAVE_MPI
-    // MPI starts here, only for this backend: the threads run needs no mpirun.
-    gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
-    printer = comm.rank() == 0;
-    accuracy = train_mlp(comm, train, test, args);
-#endif
-  }
-  const bool ok = accuracy >= args.target;
-  if (printer) {
-    std::printf("%s: test accuracy %.2f%% (target %.0f%%); data ready in %.2f s\n", ok ? "reached" : "MISSED",
-                100 * accuracy, 100 * args.target, data_seconds);
-  }
-  return ok ? 0 : 1;
+  const example::Outcome outcome =
+      example::run_on_backend(args.backend, args.ranks, [&](auto& comm) { return train_mlp(comm, train, test, args); });
+  char tail[64];
+  std::snprintf(tail, sizeof tail, "; data ready in %.2f s", data_seconds);
+  return example::finish(outcome, args.target, tail);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "ddp_mlp: %s\n", e.what());
   return 2;

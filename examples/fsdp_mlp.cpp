@@ -21,10 +21,8 @@
 #include "eigen_mlp.hpp"
 
 #include <gradsync/gradsync.hpp>
-#ifdef GRADSYNC_HAVE_MPI
-#include <gradsync/backend/mpi.hpp>
-#endif
 
+#include "cli.hpp"
 #include "dataset.hpp"
 
 #include <algorithm>
@@ -43,68 +41,26 @@ namespace {
 
 using example::Dataset;
 
-struct Args {
-  int ranks = 4, epochs = 4, batch = 64, hidden = 512, depth = 3;
-  bool ranks_given = false;
-  double lr = 1e-3;
-  double target = 0.75;
+struct Args : example::RunArgs {
+  Args()
+      : RunArgs{.epochs = 4, .hidden = 512, .lr = 1e-3, .target = 0.75, .train_samples = 24000, .test_samples = 4000,
+                .seed = 2024} {}
+  int depth = 3;
   double budget_mib = 8;
-  std::size_t train_samples = 24000, test_samples = 4000;
-  std::uint64_t seed = 2024;
-  std::string mnist, backend = "threads";
+  std::string mnist;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(k + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&]() -> double {
-      const std::string v = next();
-      std::size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(v, &used);
-      } catch (const std::logic_error&) {
-        used = 0;
-      }
-      if (used == 0 || used != v.size() || x < 0) throw std::runtime_error("bad value for " + k + ": '" + v + "'");
-      return x;
-    };
-    auto whole = [&]() {
-      const double x = number();
-      if (x != std::floor(x) || x > 1e9) throw std::runtime_error(k + " takes a whole number");
-      return static_cast<std::size_t>(x);
-    };
-    if (k == "--ranks") a.ranks = static_cast<int>(whole()), a.ranks_given = true;
-    else if (k == "--epochs") a.epochs = static_cast<int>(whole());
-    else if (k == "--batch") a.batch = static_cast<int>(whole());
-    else if (k == "--hidden") a.hidden = static_cast<int>(whole());
-    else if (k == "--depth") a.depth = static_cast<int>(whole());
-    else if (k == "--lr") a.lr = number();
-    else if (k == "--target") a.target = number();
-    else if (k == "--memory-budget") a.budget_mib = number();
-    else if (k == "--train-samples") a.train_samples = whole();
-    else if (k == "--test-samples") a.test_samples = whole();
-    else if (k == "--seed") a.seed = whole();
-    else if (k == "--mnist") a.mnist = next();
-    else if (k == "--backend") a.backend = next();
-    else throw std::runtime_error("unknown option " + k +
-                                  " (expected --backend --ranks --epochs --batch --hidden --depth --lr --target"
-                                  " --memory-budget --train-samples --test-samples --seed --mnist)");
-  }
-  if (a.ranks < 1 || a.epochs < 1 || a.batch < 1 || a.hidden < 1 || a.depth < 1) {
-    throw std::runtime_error("--ranks, --epochs, --batch, --hidden and --depth must be at least 1");
-  }
-  if (a.backend != "threads" && a.backend != "mpi") {
-    throw std::runtime_error("unknown backend '" + a.backend + "' (expected threads or mpi)");
-  }
-  if (a.backend == "mpi" && a.ranks_given) {
-    throw std::runtime_error("--ranks is for the threads backend; under --backend mpi the world size is mpirun's -np");
-  }
+  a.parse(argc, argv, "fsdp_mlp", " --depth --memory-budget --mnist", [&](example::ArgReader& r) {
+    const std::string& k = r.key();
+    if (k == "--depth") a.depth = r.small();
+    else if (k == "--memory-budget") a.budget_mib = r.non_negative();
+    else if (k == "--mnist") a.mnist = r.value();
+    else return false;
+    return true;
+  });
+  if (a.depth < 1) throw std::runtime_error("--depth must be at least 1");
   return a;
 }
 
@@ -193,10 +149,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     std::int64_t steps = 0;
     for (std::size_t at = 0; at < idx.size(); at += args.batch) {
       const int b = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
-      for (int i = 0; i < b; ++i) {
-        std::copy_n(&train.x[idx[at + i] * train.dim], train.dim, &xb[std::size_t(i) * train.dim]);
-        yb[i] = train.y[idx[at + i]];
-      }
+      example::fill_batch(train, idx, at, b, xb.data(), yb.data());
       loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), b});
       const gradsync::StepStats s = trainer.last_step();
       comm_seconds += s.gather_seconds + s.reduce_seconds;
@@ -204,21 +157,13 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
       ++steps;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::int64_t correct = 0;
-    for (std::size_t i = test_begin; i < test_end; i += 256) {
-      const int b = static_cast<int>(std::min<std::size_t>(256, test_end - i));
-      const example::Batch batch{&test.x[i * test.dim], &test.y[i], b};
-      correct += trainer.evaluate([&](const auto& ctx) { return trainer.model().correct(batch, ctx); });
-    }
+    const std::int64_t correct = example::count_correct(trainer, test, test_begin, test_end);
     std::vector<double> sums{loss_sum, double(steps), double(correct), comm_seconds, exposed};
     gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
     accuracy = sums[2] / double(test.size());
     if (rank == 0) {
-      std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %7.0f samples/s  "
-                  "comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
-                  epoch + 1, sums[0] / sums[1], 100 * accuracy, double(idx.size()) * double(n) / seconds,
-                  sums[3] / double(n), sums[4] / double(n), seconds);
-      std::fflush(stdout);
+      example::print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(idx.size()) * double(n), seconds,
+                           sums[3] / double(n), sums[4] / double(n));
     }
   }
   // What every rank really held at its peak, against the need and the formula.
@@ -238,43 +183,11 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
 int main(int argc, char** argv) try {
   Eigen::setNbThreads(1);
   const Args args = parse(argc, argv);
-#ifndef GRADSYNC_HAVE_MPI
-  if (args.backend == "mpi") {
-    throw std::runtime_error("--backend mpi: this fsdp_mlp was built without MPI; install it (e.g. libopenmpi-dev) "
-                             "and reconfigure with meson option -Dmpi=enabled");
-  }
-#endif
   Dataset train, test;
-  if (args.mnist.empty()) {
-    example::synthetic(train, test, args.train_samples, args.test_samples, args.seed);
-  } else {
-    train = example::from_mnist(args.mnist + "/train-images-idx3-ubyte", args.mnist + "/train-labels-idx1-ubyte");
-    test = example::from_mnist(args.mnist + "/t10k-images-idx3-ubyte", args.mnist + "/t10k-labels-idx1-ubyte");
-    example::truncate(train, args.train_samples);
-    example::truncate(test, args.test_samples);
-  }
-  if (train.size() == 0 || test.size() == 0) throw std::runtime_error("the training or the test set is empty");
-
-  double accuracy = 0;
-  bool printer = true;
-  if (args.backend == "threads") {
-    gradsync::run_threads(args.ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-      const double a = train_mlp(comm, train, test, args);
-      if (comm.rank() == 0) accuracy = a;
-    });
-  } else {
-#ifdef GRADSYNC_HAVE_MPI
-    gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
-    printer = comm.rank() == 0;
-    accuracy = train_mlp(comm, train, test, args);
-#endif
-  }
-  const bool ok = accuracy >= args.target;
-  if (printer) {
-    std::printf("%s: test accuracy %.2f%% (target %.0f%%)\n", ok ? "reached" : "MISSED", 100 * accuracy,
-                100 * args.target);
-  }
-  return ok ? 0 : 1;
+  example::load(train, test, args.mnist, args.train_samples, args.test_samples, args.seed);
+  const example::Outcome outcome =
+      example::run_on_backend(args.backend, args.ranks, [&](auto& comm) { return train_mlp(comm, train, test, args); });
+  return example::finish(outcome, args.target);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "fsdp_mlp: %s\n", e.what());
   return 2;

@@ -15,9 +15,9 @@
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/integration/torch.hpp>
-#ifdef GRADSYNC_HAVE_MPI
-#include <gradsync/backend/mpi.hpp>
-#endif
+
+#include "cli.hpp"
+#include "torch_mlp.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -28,48 +28,14 @@
 
 namespace {
 
-struct Args {
-  std::string backend = "threads";
-  int ranks = 4;
-  bool ranks_given = false;
-  int epochs = 3, batch = 64, hidden = 128;
-  double lr = 0.05;
-  double target = 0.60;
-  std::int64_t train_samples = 8192, test_samples = 4096;
-  std::uint64_t seed = 1;
+struct Args : example::RunArgs {
+  Args() : RunArgs{.epochs = 3, .hidden = 128, .lr = 0.05, .target = 0.60, .train_samples = 8192, .test_samples = 4096} {}
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(k + " expects a value");
-      return argv[++i];
-    };
-    if (k == "--backend") a.backend = next();
-    else if (k == "--ranks") a.ranks = std::stoi(next()), a.ranks_given = true;
-    else if (k == "--epochs") a.epochs = std::stoi(next());
-    else if (k == "--batch") a.batch = std::stoi(next());
-    else if (k == "--hidden") a.hidden = std::stoi(next());
-    else if (k == "--lr") a.lr = std::stod(next());
-    else if (k == "--target") a.target = std::stod(next());
-    else if (k == "--train-samples") a.train_samples = std::stoll(next());
-    else if (k == "--test-samples") a.test_samples = std::stoll(next());
-    else if (k == "--seed") a.seed = std::stoull(next());
-    else throw std::runtime_error("unknown option " + k +
-                                  " (expected --backend --ranks --epochs --batch --hidden --lr --target "
-                                  "--train-samples --test-samples --seed)");
-  }
-  if (a.backend != "threads" && a.backend != "mpi") {
-    throw std::runtime_error("unknown backend '" + a.backend + "' (expected threads or mpi)");
-  }
-  if (a.backend == "mpi" && a.ranks_given) {
-    throw std::runtime_error("--ranks is for the threads backend; under --backend mpi the world size is mpirun's -np");
-  }
-  if (a.ranks < 1 || a.epochs < 1 || a.batch < 1 || a.hidden < 1 || a.train_samples < 1 || a.test_samples < 1) {
-    throw std::runtime_error("--ranks, --epochs, --batch, --hidden and the sample counts must be positive");
-  }
+  a.parse(argc, argv, "libtorch_ddp", "", [](example::ArgReader&) { return false; });
+  if (a.train_samples < 1 || a.test_samples < 1) throw std::runtime_error("the sample counts must be positive");
   return a;
 }
 
@@ -97,21 +63,11 @@ struct Synthetic : torch::data::datasets::Dataset<Synthetic> {
   torch::optional<std::size_t> size() const override { return static_cast<std::size_t>(x.size(0)); }
 };
 
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int hidden)
-      : fc1(register_module("fc1", torch::nn::Linear(784, hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
-        fc3(register_module("fc3", torch::nn::Linear(hidden, 10))) {}
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Net);
-
 template <class Comm>
 double train(Comm& comm, const Synthetic& train_set, const Synthetic& test_set, const Args& a) {
   torch::set_num_threads(1);
   torch::manual_seed(a.seed + static_cast<std::uint64_t>(comm.rank()));  // different inits: DDP makes them rank 0's
-  Net net(a.hidden);
+  example::Net net(a.hidden);
   gradsync::DistributedDataParallel ddp(comm, net);
   // The linear scaling rule: N ranks of batch b take steps of an N·b batch.
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(a.lr * comm.size()).momentum(0.9));
@@ -172,30 +128,11 @@ double train(Comm& comm, const Synthetic& train_set, const Synthetic& test_set, 
 
 int main(int argc, char** argv) try {
   const Args args = parse(argc, argv);
-#ifndef GRADSYNC_HAVE_MPI
-  if (args.backend == "mpi") {
-    throw std::runtime_error("--backend mpi: this libtorch_ddp was built without MPI; install it (e.g. "
-                             "libopenmpi-dev) and reconfigure with meson option -Dmpi=enabled");
-  }
-#endif
-  const Synthetic train_set(args.train_samples, args.seed), test_set(args.test_samples, args.seed + 1);
-  double accuracy = 0;
-  bool printer = true;
-  if (args.backend == "threads") {
-    gradsync::run_threads(args.ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-      const double acc = train(comm, train_set, test_set, args);
-      if (comm.rank() == 0) accuracy = acc;
-    });
-  } else {
-#ifdef GRADSYNC_HAVE_MPI
-    gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
-    printer = comm.rank() == 0;
-    accuracy = train(comm, train_set, test_set, args);
-#endif
-  }
-  const bool ok = accuracy >= args.target;
-  if (printer) std::printf("%s: test accuracy %.2f%% (target %.0f%%)\n", ok ? "reached" : "MISSED", 100 * accuracy, 100 * args.target);
-  return ok ? 0 : 1;
+  const Synthetic train_set(static_cast<std::int64_t>(args.train_samples), args.seed),
+      test_set(static_cast<std::int64_t>(args.test_samples), args.seed + 1);
+  const example::Outcome outcome = example::run_on_backend(
+      args.backend, args.ranks, [&](auto& comm) { return train(comm, train_set, test_set, args); });
+  return example::finish(outcome, args.target);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "libtorch_ddp: %s\n", e.what());
   return 2;

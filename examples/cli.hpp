@@ -1,0 +1,191 @@
+#pragma once
+// What the example programs (and bench/'s step tools) share around their
+// training code: reading options, the threads-or-mpirun choice and the
+// program's last line. Built with GRADSYNC_HAVE_MPI, it reaches the Mpi
+// backend too; otherwise --backend mpi is refused with how to get it.
+
+#include <gradsync/gradsync.hpp>
+#ifdef GRADSYNC_HAVE_MPI
+#include <gradsync/backend/mpi.hpp>
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace example {
+
+/// Walks argv one option at a time; every bad value throws, naming its option.
+class ArgReader {
+ public:
+  ArgReader(int argc, char** argv) : argc_(argc), argv_(argv) {}
+
+  /// Moves to the next option; false past the last.
+  bool next() {
+    if (++i_ >= argc_) return false;
+    key_ = argv_[i_];
+    return true;
+  }
+  const std::string& key() const { return key_; }
+
+  std::string value() {
+    if (i_ + 1 >= argc_) throw std::runtime_error(key_ + " needs a value");
+    return argv_[++i_];
+  }
+  /// A whole non-negative number.
+  std::uint64_t count() {
+    const std::string v = value();
+    std::size_t used = 0;
+    std::uint64_t n = 0;
+    try {
+      n = std::stoull(v, &used);
+    } catch (const std::logic_error&) {
+      used = 0;
+    }
+    if (used == 0 || used != v.size() || v[0] == '-') bad(v);
+    return n;
+  }
+  /// A count small enough for an int (capped at 2^20).
+  int small() { return static_cast<int>(std::min<std::uint64_t>(count(), 1u << 20)); }
+  double real() {
+    const std::string v = value();
+    std::size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(v, &used);
+    } catch (const std::logic_error&) {
+      used = 0;
+    }
+    if (used == 0 || used != v.size()) bad(v);
+    return x;
+  }
+  double non_negative() {
+    const double x = real();
+    if (x < 0) throw std::runtime_error(key_ + " must not be negative");
+    return x;
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& v) const {
+    throw std::runtime_error("bad value for " + key_ + ": '" + v + "'");
+  }
+
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string key_;
+};
+
+/// The options every example takes; each program sets its own defaults.
+struct RunArgs {
+  std::string backend = "threads";
+  int ranks = 4, epochs = 1, batch = 64, hidden = 128;
+  bool ranks_given = false;
+  double lr = 0.05, target = 0;
+  std::size_t train_samples = 0, test_samples = 0;
+  std::uint64_t seed = 1;
+
+  static constexpr const char* names =
+      "--backend --ranks --epochs --batch --hidden --lr --target --train-samples --test-samples --seed";
+
+  /// Takes `r`'s current option if it is one of `names`.
+  bool read(ArgReader& r) {
+    const std::string& k = r.key();
+    if (k == "--backend") backend = r.value();
+    else if (k == "--ranks") ranks = r.small(), ranks_given = true;
+    else if (k == "--epochs") epochs = r.small();
+    else if (k == "--batch") batch = r.small();
+    else if (k == "--hidden") hidden = r.small();
+    else if (k == "--lr") lr = r.non_negative();
+    else if (k == "--target") target = r.non_negative();
+    else if (k == "--train-samples") train_samples = r.count();
+    else if (k == "--test-samples") test_samples = r.count();
+    else if (k == "--seed") seed = r.count();
+    else return false;
+    return true;
+  }
+
+  /// Reads every option: these, then `extra(r)` for the program's own
+  /// (false: not one of `extra_names`); then checks them.
+  template <class Extra>
+  void parse(int argc, char** argv, const char* program, const std::string& extra_names, Extra extra) {
+    for (ArgReader r(argc, argv); r.next();) {
+      if (read(r) || extra(r)) continue;
+      throw std::runtime_error("unknown option " + r.key() + " (expected " + names + extra_names + ")");
+    }
+    check(program);
+  }
+
+  /// Positive sizes, and --backend threads (--ranks of them) or mpi (one rank
+  /// per mpirun process), checked before any data is built.
+  void check(const char* program) const {
+    if (ranks < 1 || epochs < 1 || batch < 1 || hidden < 1) {
+      throw std::runtime_error("--ranks, --epochs, --batch and --hidden must be at least 1");
+    }
+    if (backend != "threads" && backend != "mpi") {
+      throw std::runtime_error("unknown backend '" + backend + "' (expected threads or mpi)");
+    }
+    if (backend == "mpi" && ranks_given) {
+      throw std::runtime_error("--ranks is for the threads backend; under --backend mpi the world size is mpirun's -np");
+    }
+#ifndef GRADSYNC_HAVE_MPI
+    if (backend == "mpi") {
+      throw std::runtime_error(std::string("--backend mpi: this ") + program +
+                               " was built without MPI; install it (e.g. libopenmpi-dev) and reconfigure with meson "
+                               "option -Dmpi=enabled");
+    }
+#else
+    (void)program;
+#endif
+  }
+};
+
+/// What a training run ends with: rank 0's accuracy, and whether this process prints.
+struct Outcome {
+  double accuracy = 0;
+  bool printer = true;
+};
+
+/// Runs `train(comm)` (returning the test accuracy) on `ranks` threads, or on
+/// the mpirun world under --backend mpi; MPI starts only then, so a threads
+/// run needs no mpirun.
+template <class Train>
+Outcome run_on_backend(const std::string& backend, int ranks, Train train) {
+  Outcome out;
+  if (backend == "threads") {
+    gradsync::run_threads(ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+      const double a = train(comm);
+      if (comm.rank() == 0) out.accuracy = a;
+    });
+  } else {
+#ifdef GRADSYNC_HAVE_MPI
+    gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
+    out.printer = comm.rank() == 0;
+    out.accuracy = train(comm);
+#endif
+  }
+  return out;
+}
+
+/// The last line, and the exit code: 0 when the target was reached.
+inline int finish(const Outcome& o, double target, const std::string& tail = "") {
+  const bool ok = o.accuracy >= target;
+  if (o.printer) {
+    std::printf("%s: test accuracy %.2f%% (target %.0f%%)%s\n", ok ? "reached" : "MISSED", 100 * o.accuracy,
+                100 * target, tail.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
+/// An epoch's progress line, printed by rank 0 (the figures are over all ranks).
+inline void print_epoch(int epoch, double loss_per_step, double accuracy, double samples, double seconds,
+                        double comm_per_rank, double exposed_per_rank) {
+  std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %8.0f samples/s  comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
+              epoch, loss_per_step, 100 * accuracy, samples / seconds, comm_per_rank, exposed_per_rank, seconds);
+  std::fflush(stdout);
+}
+
+}  // namespace example
