@@ -21,9 +21,12 @@
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/backend_traits.hpp"
+#include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/float16.hpp"
 #include "gradsync/core/options.hpp"
+#include "gradsync/core/types.hpp"
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/train/grad_sync.hpp"
@@ -74,8 +77,16 @@ struct DistributedDataParallelOptions {
 /// buffers (names, shapes, dtypes, in the same order), else InvalidArgument
 /// on every rank naming the first difference; then rank 0's parameters and
 /// buffers are broadcast. Parameters must be contiguous CPU tensors of one
-/// floating dtype (float or double); a parameter that breaks this, or that
-/// changes shape later, is named in the error.
+/// floating dtype (float, double, bfloat16 or half): the flat gradient has
+/// that dtype, and a model that mixes dtypes is refused, naming the first
+/// parameter that differs. A parameter that breaks this, or that changes
+/// shape later, is named in the error.
+///
+/// bfloat16 and half gradients are reduced as they are, with no float copy:
+/// each addition of the all-reduce widens to float and rounds back to 16
+/// bits (N − 1 roundings per element), then the division by N rounds once.
+/// So they match a single process on the N·b batch only to the 16-bit
+/// type's precision, not bitwise; every rank still gets the same bits.
 ///
 /// Backward runs on the calling thread for CPU tensors, which is where the
 /// hooks and the final callback run: one DistributedDataParallel belongs to
@@ -233,6 +244,11 @@ class DistributedDataParallel {
     }
   }
 
+  static bool is_floating(c10::ScalarType t) noexcept {
+    return t == c10::ScalarType::Float || t == c10::ScalarType::Double || t == c10::ScalarType::BFloat16 ||
+           t == c10::ScalarType::Half;
+  }
+
   std::string where() const { return "gradsync: DistributedDataParallel on rank " + std::to_string(comm_.rank()); }
 
   void collect() {
@@ -242,15 +258,16 @@ class DistributedDataParallel {
       if (std::string why = detail::unusable_reason(t); !why.empty()) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' cannot be synchronised: " + why);
       }
-      if (t.scalar_type() != c10::ScalarType::Float && t.scalar_type() != c10::ScalarType::Double) {
+      if (!is_floating(t.scalar_type())) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' is " + c10::toString(t.scalar_type()) +
-                              "; gradients are averaged in float or double (keep master weights in float)");
+                              "; gradients are averaged in float, double, bfloat16 or half");
       }
       if (!params_.empty() && t.scalar_type() != params_.front().tensor.scalar_type()) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' is " + c10::toString(t.scalar_type()) +
                               " but '" + params_.front().name + "' is " +
                               c10::toString(params_.front().tensor.scalar_type()) +
-                              "; all parameters must share one dtype");
+                              "; all parameters must share one dtype, the flat gradient's (cast the module with "
+                              "module->to(dtype), or keep the parameters of other dtypes frozen)");
       }
       Param p;
       p.name = np.key();
@@ -324,10 +341,11 @@ class DistributedDataParallel {
       for (const Param& p : params_) units.push_back(tensor_span<T>(p.grad_view, p.name));
       sync_ = std::make_unique<GradSync<Backend_, T, Algo>>(comm_, std::move(units), g, std::move(names));
     };
-    if (flat_grad_.scalar_type() == c10::ScalarType::Double) {
-      build(double{});
-    } else {
-      build(float{});
+    switch (flat_grad_.scalar_type()) {
+      case c10::ScalarType::Double: build(double{}); break;
+      case c10::ScalarType::BFloat16: build(bfloat16{}); break;
+      case c10::ScalarType::Half: build(float16{}); break;
+      default: build(float{}); break;
     }
   }
 
@@ -464,7 +482,8 @@ class DistributedDataParallel {
   std::shared_ptr<HookState> state_;
   std::vector<Param> params_;
   torch::Tensor flat_grad_;
-  std::variant<std::unique_ptr<GradSync<Backend_, float, Algo>>, std::unique_ptr<GradSync<Backend_, double, Algo>>>
+  std::variant<std::unique_ptr<GradSync<Backend_, float, Algo>>, std::unique_ptr<GradSync<Backend_, double, Algo>>,
+               std::unique_ptr<GradSync<Backend_, bfloat16, Algo>>, std::unique_ptr<GradSync<Backend_, float16, Algo>>>
       sync_;
   bool finish_queued_ = false;
   std::vector<unsigned char> got_;      ///< got a gradient in this backward
