@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -131,18 +132,27 @@ class NcclDeviceCommunicator final : public DeviceCommunicator {
     const std::size_t n = x.size();
     for (std::size_t i = 0; i < n; ++i) x.push_back(~x[i]);
     detail::nccl::DeviceGuard guard(device());
-    void* d = nullptr;
-    detail::nccl::check_cuda(cudaMalloc(&d, x.size() * sizeof(std::int64_t)), "cudaMalloc (module agreement)");
-    struct Free {
-      void* p;
-      ~Free() { cudaFree(p); }
-    } free_on_exit{d};
-    const cudaStream_t s = detail::endpoint_of(comm_).stream();
     const std::size_t bytes = x.size() * sizeof(std::int64_t);
-    detail::nccl::check_cuda(cudaMemcpyAsync(d, x.data(), bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-    AllReduce<Auto>{}(comm_, std::span<std::int64_t>(static_cast<std::int64_t*>(d), x.size()), Max{});
-    detail::nccl::check_cuda(cudaMemcpyAsync(x.data(), d, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+    // Pinned host memory: a copy from or to pageable memory may block the
+    // host on the stream's earlier work, a wait without the deadline.
+    struct Buffers {
+      void* device = nullptr;
+      void* host = nullptr;
+      ~Buffers() {
+        if (device) cudaFree(device);
+        if (host) cudaFreeHost(host);
+      }
+    } buf;
+    detail::nccl::check_cuda(cudaMalloc(&buf.device, bytes), "cudaMalloc (module agreement)");
+    detail::nccl::check_cuda(cudaMallocHost(&buf.host, bytes), "cudaMallocHost (module agreement)");
+    auto* host = static_cast<std::int64_t*>(buf.host);
+    std::copy(x.begin(), x.end(), host);
+    const cudaStream_t s = detail::endpoint_of(comm_).stream();
+    detail::nccl::check_cuda(cudaMemcpyAsync(buf.device, host, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+    AllReduce<Auto>{}(comm_, std::span<std::int64_t>(static_cast<std::int64_t*>(buf.device), x.size()), Max{});
+    detail::nccl::check_cuda(cudaMemcpyAsync(host, buf.device, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
     synchronize(comm_);
+    std::copy(host, host + x.size(), x.begin());
     for (std::size_t i = 0; i < n; ++i) x[n + i] = ~x[n + i];
     return x;
   }
