@@ -34,9 +34,16 @@ def public_headers(include_dir):
     return sorted(p.relative_to(include_dir).as_posix() for p in root.rglob("*.hpp"))
 
 
+# The LibTorch integration's one CUDA header: it includes the Nccl backend
+# and no torch, so it is checked with the NCCL headers, not the torch ones.
+TORCH_NCCL_HEADER = "gradsync/integration/torch/nccl_device_communicator.hpp"
+
+
 def is_backend(header, name):
     if name == "torch":
-        return header.startswith("gradsync/integration/torch")
+        return header.startswith("gradsync/integration/torch") and header != TORCH_NCCL_HEADER
+    if name == "nccl" and header == TORCH_NCCL_HEADER:
+        return True
     return header.startswith(f"gradsync/backend/{name}")
 
 

@@ -22,7 +22,9 @@
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/float16.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/types.hpp"
 #include "gradsync/train/all_reduce_average.hpp"
 #include "gradsync/train/bucket_plan.hpp"
 #include "gradsync/train/grad_sync_options.hpp"
@@ -76,13 +78,16 @@ namespace gradsync {
 /// backend (Nccl) is refused at compile time.
 ///
 /// \tparam B          the backend of the communicator.
-/// \tparam T          the gradient element type (float or double).
+/// \tparam T          the gradient element type: float, double, or bfloat16/float16
+///                    (16-bit gradients are scaled in float and rounded back once;
+///                    AllReduce's Avg sums them, rounding after each addition, and
+///                    rounds the division by N once).
 /// \tparam Algo       the algorithm of every bucket's collective.
 /// \tparam Reduction  the reduction policy (AllReduceAverage, ReduceScatterAverage).
 template <Backend B, class T, class Algo = Auto, ReductionPolicy Reduction = AllReduceAverage<Algo>>
 class GradSync {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "gradsync::GradSync: gradients must be float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || detail::is_half_storage_v<T>,
+                "gradsync::GradSync: gradients must be float, double, bfloat16 or float16");
   static_assert(backend_traits<B>::host_memory,
                 "gradsync::GradSync needs a backend whose memory space is host memory: it scales, packs and "
                 "zeroes gradients with host loops, which would read device pointers on the host. On a "
@@ -93,6 +98,9 @@ class GradSync {
   using backend_type = B;
   using algorithm = Algo;
   using reduction_type = Reduction;
+  /// What a gradient is multiplied by before the reduction: float for 16-bit
+  /// gradients, which have no arithmetic of their own.
+  using scale_type = std::conditional_t<detail::is_half_storage_v<T>, float, T>;
 
   /// `units[i]` is unit i's gradient; `names[i]` (optional) names it in errors.
   GradSync(Communicator<B>& comm, std::vector<std::span<T>> units, GradSyncOptions options = {},
@@ -326,7 +334,7 @@ class GradSync {
     // Dividing by the world size is the policy's mean (Avg's last step);
     // any other divisor is folded into the local scale before a sum.
     const bool mean = divisor == world;
-    const T scale = static_cast<T>(mean ? avg_.local_scale : avg_.local_scale / divisor);
+    const scale_type scale = static_cast<scale_type>(mean ? avg_.local_scale : avg_.local_scale / divisor);
     if (here) return reduce_bucket(comm_, k, mean, scale);
     std::string label = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(plan_[k].count) + " elements)";
     buckets_[k].request = worker_->submit(std::move(label), [this, k, mean, scale](Communicator<B>& c) {
@@ -345,14 +353,14 @@ class GradSync {
   }
 
   /// Runs on the progress worker, or on the owner's thread from finish().
-  void reduce_bucket(Communicator<B>& c, std::size_t k, bool mean, T scale) {
+  void reduce_bucket(Communicator<B>& c, std::size_t k, bool mean, scale_type scale) {
     const BucketInfo& info = plan_[k];
     Bucket& b = buckets_[k];
     const ReducedPart part = Reduction::result(info.count, c.size(), c.rank());
     if (o_.compression == Compression::bf16) {
       std::size_t at = 0;
       for_each_unit(info, [&](std::span<T> g) {
-        for (std::size_t i = 0; i < g.size(); ++i) b.packed[at + i] = bfloat16(static_cast<float>(g[i] * scale));
+        for (std::size_t i = 0; i < g.size(); ++i) b.packed[at + i] = bfloat16(static_cast<float>(scaled(g[i], scale)));
         at += g.size();
       });
       reduction_.reduce(c, std::span<bfloat16>(b.packed), info.count, mean);
@@ -364,7 +372,7 @@ class GradSync {
     if (!info.in_place) {
       std::size_t at = 0;
       for_each_unit(info, [&](std::span<T> g) {
-        for (std::size_t i = 0; i < g.size(); ++i) b.staging[at + i] = g[i] * scale;
+        for (std::size_t i = 0; i < g.size(); ++i) b.staging[at + i] = scaled(g[i], scale);
         at += g.size();
       });
       reduction_.reduce(c, std::span<T>(b.staging), info.count, mean);
@@ -374,10 +382,19 @@ class GradSync {
       });
       return;
     }
-    if (scale != T(1)) {
-      for (T& x : b.region) x *= scale;
+    if (scale != scale_type(1)) {
+      for (T& x : b.region) x = scaled(x, scale);
     }
     reduction_.reduce(c, b.region, info.count, mean);
+  }
+
+  /// x·s in T; a 16-bit x is widened to float and the product rounded once.
+  static T scaled(T x, scale_type s) noexcept {
+    if constexpr (detail::is_half_storage_v<T>) {
+      return T(static_cast<float>(x) * s);
+    } else {
+      return x * s;
+    }
   }
 
   template <class F>

@@ -21,10 +21,15 @@
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/backend_traits.hpp"
+#include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/float16.hpp"
 #include "gradsync/core/options.hpp"
+#include "gradsync/core/types.hpp"
 #include "gradsync/core/visit.hpp"
+#include "gradsync/integration/torch/device_communicator.hpp"
+#include "gradsync/integration/torch/device_grad_sync.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/grad_sync_options.hpp"
@@ -47,7 +52,40 @@ struct DistributedDataParallelOptions {
   bool broadcast_buffers = true;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};
+  /// CUDA tensors only: the cudaStream_t LibTorch computes on, which the
+  /// reductions are ordered against. nullptr is the legacy default stream,
+  /// LibTorch's own default; pass `at::cuda::getCurrentCUDAStream().stream()`
+  /// if the program runs its model on another stream.
+  void* cuda_stream = nullptr;
 };
+
+namespace detail {
+
+/// The gradient synchronisers DistributedDataParallel may hold: one
+/// GradSync per floating dtype on a host communicator, a DeviceGradSync on
+/// a DeviceCommunicator.
+template <class Comm, class Algo>
+struct TorchGradSyncs;
+template <class B, class Algo>
+struct TorchGradSyncs<Communicator<B>, Algo> {
+  using type = std::variant<std::unique_ptr<GradSync<B, float, Algo>>, std::unique_ptr<GradSync<B, double, Algo>>,
+                            std::unique_ptr<GradSync<B, bfloat16, Algo>>, std::unique_ptr<GradSync<B, float16, Algo>>>;
+};
+template <class Algo>
+struct TorchGradSyncs<DeviceCommunicator, Algo> {
+  using type = std::variant<std::unique_ptr<DeviceGradSync>>;
+};
+
+template <class Comm>
+consteval bool host_communicator() {
+  if constexpr (CommunicatorTraits<Comm>::value) {
+    return backend_traits<typename CommunicatorTraits<Comm>::backend>::host_memory;
+  } else {
+    return false;
+  }
+}
+
+}  // namespace detail
 
 /// Data parallelism for a LibTorch module: what torch.nn.parallel.
 /// DistributedDataParallel does in Python, which LibTorch's C++ frontend
@@ -74,25 +112,51 @@ struct DistributedDataParallelOptions {
 /// buffers (names, shapes, dtypes, in the same order), else InvalidArgument
 /// on every rank naming the first difference; then rank 0's parameters and
 /// buffers are broadcast. Parameters must be contiguous CPU tensors of one
-/// floating dtype (float or double); a parameter that breaks this, or that
-/// changes shape later, is named in the error.
+/// floating dtype (float, double, bfloat16 or half): the flat gradient has
+/// that dtype, and a model that mixes dtypes is refused, naming the first
+/// parameter that differs. A parameter that breaks this, or that changes
+/// shape later, is named in the error.
+///
+/// bfloat16 and half gradients are reduced as they are, with no float copy:
+/// each addition of the all-reduce widens to float and rounds back to 16
+/// bits (N − 1 roundings per element), then the division by N rounds once.
+/// So they match a single process on the N·b batch only to the 16-bit
+/// type's precision, not bitwise; every rank still gets the same bits.
 ///
 /// Backward runs on the calling thread for CPU tensors, which is where the
 /// hooks and the final callback run: one DistributedDataParallel belongs to
 /// one thread (one rank), as its communicator does.
 ///
+/// CUDA tensors: pass a DeviceCommunicator (a Communicator<Nccl> wrapped by
+/// torch_device_communicator in a CUDA translation unit; see
+/// device_communicator.hpp for why the two are apart). Every parameter and
+/// buffer must be on that communicator's device; the flat gradient is there
+/// too. The hooks then run on the autograd engine's thread for that device
+/// (the caller is blocked in backward() meanwhile); each bucket is enqueued
+/// on the communicator's stream after an event recorded on the gradient
+/// stream (DistributedDataParallelOptions::cuda_stream), and finish makes the
+/// gradient stream wait for the reductions and waits for them on the host
+/// within the deadline, so backward() returns with the averaged gradients
+/// ordered before whatever the program enqueues next. Broadcasts of
+/// buffers in a forward wait the same way.
+///
 /// \tparam Module  a module holder (`torch::nn::Linear`, a TORCH_MODULE type)
 ///                 or a `std::shared_ptr` to a torch::nn::Module subclass.
-/// \tparam Comm    gradsync::Communicator<Backend> over host memory (Threads, Mpi).
-/// \tparam Algo    the algorithm of every collective.
+/// \tparam Comm    gradsync::Communicator<Backend> over host memory (Threads, Mpi),
+///                 or gradsync::DeviceCommunicator (CUDA tensors, on Nccl).
+/// \tparam Algo    the algorithm of every collective (on a DeviceCommunicator,
+///                 the one it was made with: torch_device_communicator<Algo>).
 template <class Module, class Comm, class Algo = Auto>
 class DistributedDataParallel {
-  static_assert(detail::CommunicatorTraits<Comm>::value,
-                "gradsync::DistributedDataParallel: the second parameter must be gradsync::Communicator<Backend>");
-  using Backend_ = typename detail::CommunicatorTraits<Comm>::backend;
-  static_assert(backend_traits<Backend_>::host_memory,
-                "gradsync::DistributedDataParallel reduces CPU tensors: its backend must work on host memory "
-                "(Threads, Mpi). CUDA tensors on Nccl need a CUDA build of LibTorch.");
+  static constexpr bool on_device = std::is_same_v<Comm, DeviceCommunicator>;
+  static_assert(on_device || detail::CommunicatorTraits<Comm>::value,
+                "gradsync::DistributedDataParallel: the second parameter must be gradsync::Communicator<Backend> "
+                "or gradsync::DeviceCommunicator");
+  static_assert(on_device || !detail::CommunicatorTraits<Comm>::value || detail::host_communicator<Comm>(),
+                "gradsync::DistributedDataParallel takes a Communicator<Backend> over host memory (Threads, Mpi) "
+                "for CPU tensors. For CUDA tensors on Nccl, wrap the Communicator<Nccl> with "
+                "gradsync::torch_device_communicator (gradsync/integration/torch/nccl_device_communicator.hpp, "
+                "in a CUDA translation unit) and pass that DeviceCommunicator.");
 
  public:
   using module_type = Module;
@@ -107,8 +171,10 @@ class DistributedDataParallel {
     make_sync();
     {
       torch::NoGradGuard no_grad;
-      for (const Param& p : params_) broadcast(p.tensor);
-      for (auto& b : base().named_buffers(true)) broadcast(b.value());
+      std::vector<torch::Tensor> all;
+      for (const Param& p : params_) all.push_back(p.tensor);
+      for (auto& b : base().named_buffers(true)) all.push_back(b.value());
+      broadcast(all);
     }
     register_hooks();
   }
@@ -121,6 +187,15 @@ class DistributedDataParallel {
     state_->owner = nullptr;
     for (Param& p : params_) {
       if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+    }
+    if constexpr (on_device) {
+      // A backward that failed half-way may have left buckets on the
+      // communicator's stream, reading the flat gradient freed below.
+      try {
+        comm_.join(o_.cuda_stream);
+      } catch (...) {
+        // Its error is the communicator's, and resurfaces at its next use.
+      }
     }
   }
 
@@ -140,7 +215,9 @@ class DistributedDataParallel {
     std::fill(got_.begin(), got_.end(), 0);
     if (o_.broadcast_buffers && comm_.size() > 1) {
       torch::NoGradGuard no_grad;
-      for (auto& b : base().named_buffers(true)) broadcast(b.value());
+      std::vector<torch::Tensor> buffers;
+      for (auto& b : base().named_buffers(true)) buffers.push_back(b.value());
+      broadcast(buffers);
     }
     auto out = module_->forward(std::forward<Args>(args)...);
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
@@ -233,24 +310,30 @@ class DistributedDataParallel {
     }
   }
 
+  static bool is_floating(c10::ScalarType t) noexcept {
+    return t == c10::ScalarType::Float || t == c10::ScalarType::Double || t == c10::ScalarType::BFloat16 ||
+           t == c10::ScalarType::Half;
+  }
+
   std::string where() const { return "gradsync: DistributedDataParallel on rank " + std::to_string(comm_.rank()); }
 
   void collect() {
     for (auto& np : base().named_parameters(true)) {
       const torch::Tensor& t = np.value();
       if (!t.requires_grad()) continue;  // frozen: neither reduced nor hooked, as in PyTorch DDP
-      if (std::string why = detail::unusable_reason(t); !why.empty()) {
+      if (std::string why = unusable_reason(t); !why.empty()) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' cannot be synchronised: " + why);
       }
-      if (t.scalar_type() != c10::ScalarType::Float && t.scalar_type() != c10::ScalarType::Double) {
+      if (!is_floating(t.scalar_type())) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' is " + c10::toString(t.scalar_type()) +
-                              "; gradients are averaged in float or double (keep master weights in float)");
+                              "; gradients are averaged in float, double, bfloat16 or half");
       }
       if (!params_.empty() && t.scalar_type() != params_.front().tensor.scalar_type()) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' is " + c10::toString(t.scalar_type()) +
                               " but '" + params_.front().name + "' is " +
                               c10::toString(params_.front().tensor.scalar_type()) +
-                              "; all parameters must share one dtype");
+                              "; all parameters must share one dtype, the flat gradient's (cast the module with "
+                              "module->to(dtype), or keep the parameters of other dtypes frozen)");
       }
       Param p;
       p.name = np.key();
@@ -275,14 +358,19 @@ class DistributedDataParallel {
     };
     for (const Param& p : params_) declared.push_back(describe("parameter", p.name, p.tensor));
     for (auto& b : base().named_buffers(true)) {
-      if (std::string why = detail::unusable_reason(b.value()); !why.empty()) {
+      if (std::string why = unusable_reason(b.value()); !why.empty()) {
         throw InvalidArgument(where() + ": buffer '" + b.key() + "' cannot be broadcast: " + why);
       }
       declared.push_back(describe("buffer", b.key(), b.value()));
     }
-    detail::check_units_agree(comm_, declared, "DistributedDataParallel",
-                              "Every rank must wrap the same module: the same parameters and buffers, with the same "
-                              "names, dtypes and shapes, in the same order.");
+    constexpr std::string_view fix =
+        "Every rank must wrap the same module: the same parameters and buffers, with the same names, dtypes and "
+        "shapes, in the same order.";
+    if constexpr (on_device) {
+      comm_.check_agree(declared, "DistributedDataParallel", fix);
+    } else {
+      detail::check_units_agree(comm_, declared, "DistributedDataParallel", fix);
+    }
   }
 
   /// One flat gradient buffer in registration order; each parameter's .grad
@@ -309,7 +397,33 @@ class DistributedDataParallel {
   }
 
   c10::TensorOptions p_options() const {
-    return torch::TensorOptions().dtype(params_.front().tensor.scalar_type()).device(torch::kCPU);
+    return torch::TensorOptions().dtype(params_.front().tensor.scalar_type()).device(device());
+  }
+
+  /// Where this rank's tensors must be: the CPU, or the communicator's GPU.
+  torch::Device device() const {
+    if constexpr (on_device) {
+      return {torch::kCUDA, static_cast<c10::DeviceIndex>(comm_.device())};
+    } else {
+      return torch::kCPU;
+    }
+  }
+
+  /// Why `t` cannot take part (as a parameter or buffer), or empty.
+  std::string unusable_reason(const torch::Tensor& t) const {
+    if constexpr (on_device) {
+      if (!t.defined()) return "it is undefined";
+      if (t.device() != device()) {
+        return "it is on " + t.device().str() + ", and this rank's communicator works on " + device().str() +
+               (t.device().is_cuda() ? "" : " (move the module there with module->to(device))");
+      }
+      if (!t.is_contiguous()) return "it is not contiguous (call .contiguous() on it, or make the module's tensors contiguous)";
+      if (!data_type_of(t.scalar_type())) return std::string("its dtype ") + c10::toString(t.scalar_type()) +
+                                                 " has no gradsync element type (float, double, int32, int64, bfloat16, half)";
+      return {};
+    } else {
+      return detail::unusable_reason(t);
+    }
   }
 
   void make_sync() {
@@ -318,25 +432,58 @@ class DistributedDataParallel {
     g.first_bucket_cap_bytes = o_.first_bucket_cap_bytes;
     g.find_unused_parameters = o_.find_unused_parameters;
     g.collective = o_.collective;
+    if constexpr (on_device) {
+      std::vector<std::size_t> counts;
+      for (const Param& p : params_) counts.push_back(static_cast<std::size_t>(p.tensor.numel()));
+      // Runs on the autograd thread inside finish(): the zeros go on the
+      // gradient stream (the current one), before the final launches wait for it.
+      auto zero = [this](std::size_t i) {
+        torch::NoGradGuard no_grad;
+        params_[i].grad_view.zero_();
+      };
+      sync_ = std::make_unique<detail::DeviceGradSync>(comm_, *data_type_of(flat_grad_.scalar_type()),
+                                                       flat_grad_.data_ptr(), counts, g, zero, o_.cuda_stream);
+      return;
+    } else {
+      make_host_sync(g);
+    }
+  }
+
+  void make_host_sync(const GradSyncOptions& g) {
     std::vector<std::string> names = parameter_names();
     auto build = [&]<class T>(T) {
       std::vector<std::span<T>> units;
       for (const Param& p : params_) units.push_back(tensor_span<T>(p.grad_view, p.name));
-      sync_ = std::make_unique<GradSync<Backend_, T, Algo>>(comm_, std::move(units), g, std::move(names));
+      using B = typename detail::CommunicatorTraits<Comm>::backend;
+      sync_ = std::make_unique<GradSync<B, T, Algo>>(comm_, std::move(units), g, std::move(names));
     };
-    if (flat_grad_.scalar_type() == c10::ScalarType::Double) {
-      build(double{});
-    } else {
-      build(float{});
+    switch (flat_grad_.scalar_type()) {
+      case c10::ScalarType::Double: build(double{}); break;
+      case c10::ScalarType::BFloat16: build(bfloat16{}); break;
+      case c10::ScalarType::Half: build(float16{}); break;
+      default: build(float{}); break;
     }
   }
 
-  /// Rank 0's values of `t` everywhere; `t` passed detail::unusable_reason at construction.
-  void broadcast(const torch::Tensor& t) {
-    if (comm_.size() == 1 || t.numel() == 0) return;
-    visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
-      Broadcast<Algo>{o_.collective}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
-    });
+  /// Rank 0's values of `ts` everywhere; each passed unusable_reason at construction.
+  void broadcast(const std::vector<torch::Tensor>& ts) {
+    if (comm_.size() == 1) return;
+    if constexpr (on_device) {
+      comm_.wait_for(o_.cuda_stream);
+      for (const torch::Tensor& t : ts) {
+        if (t.numel() != 0) {
+          comm_.broadcast(t.data_ptr(), static_cast<std::size_t>(t.numel()), *data_type_of(t.scalar_type()), 0);
+        }
+      }
+      comm_.join(o_.cuda_stream);
+    } else {
+      for (const torch::Tensor& t : ts) {
+        if (t.numel() == 0) continue;
+        visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
+          Broadcast<Algo>{o_.collective}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
+        });
+      }
+    }
   }
 
   void register_hooks() {
@@ -464,8 +611,7 @@ class DistributedDataParallel {
   std::shared_ptr<HookState> state_;
   std::vector<Param> params_;
   torch::Tensor flat_grad_;
-  std::variant<std::unique_ptr<GradSync<Backend_, float, Algo>>, std::unique_ptr<GradSync<Backend_, double, Algo>>>
-      sync_;
+  typename detail::TorchGradSyncs<Comm, Algo>::type sync_;
   bool finish_queued_ = false;
   std::vector<unsigned char> got_;      ///< got a gradient in this backward
   std::vector<unsigned char> touched_;  ///< got one since the last synced backward

@@ -1,0 +1,202 @@
+// DistributedDataParallel with bfloat16 and half parameters (issue 15): the
+// flat gradient keeps the parameters' 16-bit dtype and is all-reduced as it
+// is, so N ranks match one process on the N·b batch only to the type's
+// precision, and must still be bitwise alike across ranks.
+//
+// Tolerance: the ranks' gradients differ from the single process's by
+// rounding only (each rank rounds its own gradient, the all-reduce rounds
+// after each of its N − 1 additions and once after dividing by N). Each
+// optimizer step can then round a parameter one unit differently, so after
+// `steps` steps ‖ddp − reference‖ / ‖reference‖ ≤ steps · u, with u the
+// type's unit of least precision at 1.0 (bfloat16 2^-8, half 2^-11 of the
+// 8 resp. 11 significand bits). The parameters must move by much more than
+// that, or the check could not see a wrong average (a sum, or a mean over
+// the wrong N, is off by a whole update).
+
+// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK...
+// macros would otherwise stand in for doctest's.
+#include <gradsync/gradsync.hpp>
+#include <gradsync/integration/torch.hpp>
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../support/common.hpp"
+
+namespace {
+
+using Comm = gradsync::Communicator<gradsync::Threads>;
+
+/// A 12-24-5 MLP whose parameters are stored in `dtype`. LibTorch 1.13 has
+/// no half matmul on the CPU ("addmm_impl_cpu_ not implemented for 'Half'"),
+/// so layers compute in `compute` (bfloat16 itself, or float for half): the
+/// gradients reaching the parameters are still of the parameters' dtype.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(torch::Dtype dtype, torch::Dtype compute)
+      : fc1(register_module("fc1", torch::nn::Linear(12, 24))),
+        fc2(register_module("fc2", torch::nn::Linear(24, 5))),
+        compute_(compute) {
+    to(dtype);
+  }
+  torch::Tensor layer(const torch::nn::Linear& l, const torch::Tensor& x) {
+    return torch::linear(x, l->weight.to(compute_), l->bias.to(compute_));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return layer(fc2, torch::tanh(layer(fc1, x.to(compute_)))).to(torch::kFloat);
+  }
+  torch::nn::Linear fc1, fc2;
+  torch::Dtype compute_;
+};
+TORCH_MODULE(Mlp);
+
+struct Case {
+  const char* name;
+  torch::Dtype dtype, compute;
+  double unit;  ///< one unit of least precision at 1.0
+};
+
+struct Data {
+  torch::Tensor x, y;
+};
+Data make_data(std::int64_t rows, std::string_view salt) {
+  auto rng = test::rng_for(salt);
+  std::normal_distribution<float> normal;
+  std::vector<float> xs(static_cast<std::size_t>(rows * 12));
+  for (float& v : xs) v = normal(rng);
+  std::vector<std::int64_t> ys(static_cast<std::size_t>(rows));
+  for (auto& v : ys) v = static_cast<std::int64_t>(rng() % 5);
+  return {torch::from_blob(xs.data(), {rows, 12}).clone(), torch::from_blob(ys.data(), {rows}, torch::kInt64).clone()};
+}
+
+std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  auto params = m.parameters();
+  REQUIRE(params.size() == values.size());
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
+}
+
+/// ‖a − b‖ / ‖b‖ over all tensors together, in double.
+double relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).pow(2).sum().item<double>();
+    ref += b[i].to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / ref);
+}
+
+bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+torch::optim::SGD make_sgd(torch::nn::Module& m) {
+  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.2).momentum(0.9));
+}
+
+}  // namespace
+
+TEST_CASE("DistributedDataParallel: bfloat16 and half parameters match one process within the type's precision") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 7;  // per rank; odd on purpose
+  const int steps = 5;
+  for (const Case c : {Case{"bfloat16", torch::kBFloat16, torch::kBFloat16, 0x1p-8},
+                       Case{"half", torch::kHalf, torch::kFloat, 0x1p-11}}) {
+    const std::string type_name = c.name;
+    CAPTURE(type_name);
+    auto rng = test::rng_for(std::string("ddp half init ") + c.name);
+    torch::manual_seed(rng());
+    const auto init = snapshot(*Mlp(c.dtype, c.compute));
+    for (int n : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      const Data d = make_data(n * b, std::string("ddp half data ") + c.name);
+      Mlp ref(c.dtype, c.compute);
+      load(*ref, init);
+      auto ref_opt = make_sgd(*ref);
+      for (int s = 0; s < steps; ++s) {
+        ref_opt.zero_grad();
+        torch::nn::functional::cross_entropy(ref->forward(d.x), d.y).backward();
+        ref_opt.step();
+      }
+      const auto expected = snapshot(*ref);
+
+      std::vector<std::vector<torch::Tensor>> got(static_cast<std::size_t>(n));
+      std::vector<std::string> errors(static_cast<std::size_t>(n));
+      std::vector<std::string> grad_dtype(static_cast<std::size_t>(n));
+      gradsync::run_threads(n, [&](Comm& comm) {
+        torch::set_num_threads(1);
+        const auto r = static_cast<std::size_t>(comm.rank());
+        try {
+          Mlp m(c.dtype, c.compute);
+          // Only rank 0 starts from the reference weights: construction broadcasts them.
+          if (comm.rank() == 0) load(*m, init);
+          gradsync::DistributedDataParallel ddp(comm, m);
+          auto opt = make_sgd(*m);
+          const auto x = d.x.narrow(0, comm.rank() * b, b), y = d.y.narrow(0, comm.rank() * b, b);
+          for (int s = 0; s < steps; ++s) {
+            opt.zero_grad();
+            torch::nn::functional::cross_entropy(ddp(x), y).backward();
+            opt.step();
+          }
+          grad_dtype[r] = c10::toString(m->fc1->weight.grad().scalar_type());
+          got[r] = snapshot(*m);
+        } catch (const gradsync::InvalidArgument& e) {
+          errors[r] = e.what();
+        }
+      });
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        REQUIRE(errors[static_cast<std::size_t>(r)] == "");
+        CHECK(grad_dtype[static_cast<std::size_t>(r)] == c10::toString(c.dtype));
+        CHECK(bitwise_equal(got[static_cast<std::size_t>(r)], got[0]));
+      }
+      const double tolerance = steps * c.unit;
+      const double moved = relative(expected, init), error = relative(got[0], expected);
+      CAPTURE(moved);
+      CAPTURE(error);
+      CHECK(moved >= 4 * tolerance);
+      CHECK(error <= tolerance);
+    }
+  }
+}
+
+TEST_CASE("DistributedDataParallel: a module that mixes 16-bit and float parameters is refused, naming the parameter") {
+  CAPTURE(test::test_seed());
+  const int n = 2;
+  std::vector<std::string> errors(n);
+  gradsync::run_threads(n, [&](Comm& comm) {
+    try {
+      Mlp m(torch::kBFloat16, torch::kBFloat16);
+      m->fc2->to(torch::kFloat);
+      gradsync::DistributedDataParallel ddp(comm, m);
+    } catch (const gradsync::InvalidArgument& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("parameter 'fc2.weight' is Float but 'fc1.weight' is BFloat16") != std::string::npos);
+  }
+}

@@ -1,0 +1,152 @@
+// DistributedDataParallel over Mpi, one process per rank (mpirun -np 2, 4),
+// with float, bfloat16 and half parameters: N ranks of batch b against one
+// LibTorch process on the N·b batch (each rank computes that reference
+// itself), bitwise alike across ranks. The 16-bit tolerance is the one
+// test_torch_ddp_half states: steps · one unit of least precision at 1.0.
+
+// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK...
+// macros would otherwise stand in for doctest's.
+#include <gradsync/backend/mpi.hpp>
+#include <gradsync/gradsync.hpp>
+#include <gradsync/integration/torch.hpp>
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../support/common.hpp"
+
+namespace {
+
+/// A 12-24-5 MLP stored in `dtype`, computing in `compute` (LibTorch 1.13
+/// has no half matmul on the CPU, so half parameters compute in float).
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(torch::Dtype dtype, torch::Dtype compute)
+      : fc1(register_module("fc1", torch::nn::Linear(12, 24))),
+        fc2(register_module("fc2", torch::nn::Linear(24, 5))),
+        compute_(compute) {
+    to(dtype);
+  }
+  torch::Tensor layer(const torch::nn::Linear& l, const torch::Tensor& x) {
+    return torch::linear(x, l->weight.to(compute_), l->bias.to(compute_));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return layer(fc2, torch::tanh(layer(fc1, x.to(compute_)))).to(torch::kFloat);
+  }
+  torch::nn::Linear fc1, fc2;
+  torch::Dtype compute_;
+};
+TORCH_MODULE(Mlp);
+
+std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  auto params = m.parameters();
+  REQUIRE(params.size() == values.size());
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
+}
+
+double relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).pow(2).sum().item<double>();
+    ref += b[i].to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / ref);
+}
+
+/// FNV-1a over the parameters' bytes: equal on every rank iff bitwise equal (but for collisions).
+std::int64_t fingerprint(const std::vector<torch::Tensor>& ps) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const auto& p : ps) {
+    const auto* bytes = static_cast<const unsigned char*>(p.data_ptr());
+    for (std::int64_t i = 0; i < p.numel() * static_cast<std::int64_t>(p.element_size()); ++i) {
+      h = (h ^ bytes[i]) * 0x100000001b3ull;
+    }
+  }
+  return static_cast<std::int64_t>(h);
+}
+
+torch::optim::SGD make_sgd(torch::nn::Module& m) {
+  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.2).momentum(0.9));
+}
+
+}  // namespace
+
+TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters match one process on the N·b batch") {
+  CAPTURE(test::test_seed());
+  torch::set_num_threads(1);
+  gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
+  const int n = comm.size();
+  const std::int64_t b = 7;
+  const int steps = 5;
+  struct Case {
+    const char* name;
+    torch::Dtype dtype, compute;
+    double tolerance;
+  };
+  for (const Case c : {Case{"float", torch::kFloat, torch::kFloat, 1e-6},
+                       Case{"bfloat16", torch::kBFloat16, torch::kBFloat16, steps * 0x1p-8},
+                       Case{"half", torch::kHalf, torch::kFloat, steps * 0x1p-11}}) {
+    const std::string type_name = c.name;
+    CAPTURE(type_name);
+    // The seed is the job's (support/main.cpp broadcasts it): the same init and data everywhere.
+    auto rng = test::rng_for("ddp mpi " + type_name);
+    torch::manual_seed(rng());
+    const auto init = snapshot(*Mlp(c.dtype, c.compute));
+    const auto x = torch::randn({n * b, 12});
+    const auto y = torch::randint(0, 5, {n * b}, torch::kInt64);
+
+    Mlp ref(c.dtype, c.compute);
+    load(*ref, init);
+    auto ref_opt = make_sgd(*ref);
+    for (int s = 0; s < steps; ++s) {
+      ref_opt.zero_grad();
+      torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
+      ref_opt.step();
+    }
+    const auto expected = snapshot(*ref);
+
+    // Other ranks start from their own weights: construction must broadcast rank 0's.
+    torch::manual_seed(rng() + static_cast<std::uint64_t>(comm.rank()));
+    Mlp m(c.dtype, c.compute);
+    if (comm.rank() == 0) load(*m, init);
+    gradsync::DistributedDataParallel ddp(comm, m);
+    auto opt = make_sgd(*m);
+    const auto mx = x.narrow(0, comm.rank() * b, b), my = y.narrow(0, comm.rank() * b, b);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(ddp(mx), my).backward();
+      opt.step();
+    }
+    const auto got = snapshot(*m);
+    CHECK(std::string(c10::toString(m->fc1->weight.grad().scalar_type())) == c10::toString(c.dtype));
+
+    const std::int64_t mine = fingerprint(got);
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+    gradsync::AllGather<gradsync::Auto>{}(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+    for (std::int64_t f : all) CHECK(f == all[0]);
+
+    const double error = relative(got, expected), moved = relative(expected, init);
+    CAPTURE(error);
+    CAPTURE(moved);
+    CHECK(moved >= 4 * c.tolerance);
+    CHECK(error <= c.tolerance);
+  }
+}
