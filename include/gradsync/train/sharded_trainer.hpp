@@ -292,6 +292,8 @@ class ShardedTrainer {
                             " units, 0 elements); there is nothing to shard or train");
     }
     check_budget();
+    spare_limit_ = memory_need().transient();
+    spares_.reserve(2 * wrapped_.size());
     initialise();
     worker_ = ProgressWorker<backend_type>::shared(shard_comm());
   }
@@ -843,7 +845,51 @@ class ShardedTrainer {
   }
 
   /// Frees wrapped unit w's gathered parameters.
-  void free_unit(std::size_t w) noexcept { std::vector<value_type>().swap(wrapped_[w].full); }
+  void free_unit(std::size_t w) noexcept { give(wrapped_[w].full); }
+
+  /// Storage for a gathered unit or a gradient buffer of n elements: a
+  /// spare of exactly that capacity if one was kept, else a new one. Fresh
+  /// pages would be faulted in (and zeroed) inside the step, on the rank's
+  /// thread, for every unit of every step. `zero`: a gradient buffer, which
+  /// the model adds into; a gather overwrites all of its buffer.
+  std::vector<value_type> take(std::size_t n, bool zero) {
+    std::vector<value_type> v;
+    const auto fit = std::ranges::find_if(spares_, [n](const auto& x) { return x.capacity() == n; });
+    if (fit != spares_.end()) {
+      v = std::move(*fit);
+      spares_.erase(fit);
+      if (zero) {
+        v.assign(n, value_type(0));
+      } else {
+        v.resize(n);
+      }
+      return v;
+    }
+    trim_spares(n * sizeof(value_type));
+    v.assign(n, value_type(0));
+    return v;
+  }
+
+  /// Keeps `v`'s storage as a spare (then empties it), within the bound below.
+  void give(std::vector<value_type>& v) noexcept {
+    if (v.capacity() == 0) return;
+    // Reserved at construction for every buffer the trainer can hold, so this does not allocate.
+    if (spares_.size() < spares_.capacity()) spares_.push_back(std::move(v));
+    std::vector<value_type>().swap(v);
+    trim_spares(0);
+  }
+
+  /// Frees spares, oldest first, until what is held in use and spare, plus
+  /// `more` bytes, is within the transient need (memory_need()): spares
+  /// never take the trainer past the need that the budget was checked against.
+  void trim_spares(std::size_t more) noexcept {
+    std::size_t held = more;
+    for (const WrappedState& s : wrapped_) held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type);
+    for (const auto& x : spares_) held += x.capacity() * sizeof(value_type);
+    std::size_t drop = 0;
+    for (; drop < spares_.size() && held > spare_limit_; ++drop) held -= spares_[drop].capacity() * sizeof(value_type);
+    spares_.erase(spares_.begin(), spares_.begin() + static_cast<std::ptrdiff_t>(drop));
+  }
 
   /// Frees the units whose forward use ended (FullShard) but were kept in
   /// case the model came back to them, other than `except`.
@@ -896,7 +942,7 @@ class ShardedTrainer {
         // The padded unit only: the reduce-scatter writes straight into this
         // rank's gradient shard; offloaded, into c more, copied out from there.
         const std::size_t n = static_cast<std::size_t>(shard_comm().size()) + (offloaded() ? 1 : 0);
-        ws.grad.assign(chunks_[w] * n, value_type(0));
+        ws.grad = take(chunks_[w] * n, true);
         track_transient();
       }
       grads = std::span<value_type>(ws.grad).subspan(member_offset_[u], model_sizes_[u]);
@@ -910,7 +956,7 @@ class ShardedTrainer {
   /// Starts gathering wrapped unit w on the worker, behind what is queued there.
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
-    s.full.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+    s.full = take(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), false);
     track_transient();
     const bool low = param_bf16_;
     const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
@@ -1197,8 +1243,8 @@ class ShardedTrainer {
     for (WrappedState& s : wrapped_) {
       s.request = Request();
       s.gathering = Request();
-      if (!keep_grads) std::vector<value_type>().swap(s.grad);
-      if (sharded()) std::vector<value_type>().swap(s.full);
+      if (!keep_grads) give(s.grad);
+      if (sharded()) give(s.full);
       s.held = 0;
     }
     for (MemberState& m : members_) m.held = false;
@@ -1272,7 +1318,7 @@ class ShardedTrainer {
         }
         if (!over) break;
       }
-      std::vector<value_type>().swap(s.grad);
+      give(s.grad);
     }
     in_reduction_.erase(in_reduction_.begin(), in_reduction_.begin() + static_cast<std::ptrdiff_t>(done));
   }
@@ -1333,6 +1379,11 @@ class ShardedTrainer {
   /// Wrapped units whose gradient buffer a reduction still holds, in submission order.
   std::vector<std::size_t> in_reduction_;
   std::size_t peak_transient_ = 0;
+  /// Storage of freed gathered units and gradient buffers, kept for the
+  /// next of the same size (take, give); with what is in use, at most
+  /// spare_limit_ bytes, the transient need.
+  std::vector<std::vector<value_type>> spares_;
+  std::size_t spare_limit_ = 0;
   /// This step's figures; the worker's jobs add their times to it.
   StepStats step_{};
 };
