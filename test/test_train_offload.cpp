@@ -12,9 +12,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/common.hpp"
@@ -302,6 +304,97 @@ TEST_CASE("offload: a budget that fits only the compute side is refused without 
         CHECK(trained[r] == 1);
         CHECK(refused[r].find("over the memory_budget") != std::string::npos);
       }
+    }
+  }
+}
+
+TEST_CASE("offload: with bfloat16 gathers and reductions too, bitwise as without offload") {
+  const std::uint64_t seed = test::test_seed();
+  INFO("seed = " << seed);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto batches = test_schedule::random_batches(seed + 17 + static_cast<std::uint64_t>(world), 4, world, 3);
+    for (const ShardingStrategy s : offloadable) {
+      INFO("strategy = " << name(s));
+      ShardedTrainerOptions o;
+      o.strategy = s;
+      o.shard_size = shard_size_for(world);
+      o.collective.deterministic = true;
+      o.param_dtype = gradsync::DataType::bfloat16;
+      o.reduce_dtype = gradsync::DataType::bfloat16;
+      const auto adam = gradsync::Adam<float>({.lr = 0.01});
+      const std::vector<Outcome> plain = train(batches, world, adam, o, false);
+      const std::vector<Outcome> offloaded = train(batches, world, adam, o, true);
+      for (std::size_t r = 0; r < plain.size(); ++r) {
+        CAPTURE(r);
+        CHECK(test_schedule::bitwise_equal(offloaded[r].shard, plain[r].shard));
+      }
+    }
+  }
+}
+
+namespace {
+
+/// An offload space that notes which thread each copy ran on.
+class ThreadNotingSpace final : public gradsync::OffloadSpace {
+ public:
+  const char* name() const noexcept override { return "thread-noting"; }
+  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept override { inner_.deallocate(p, bytes); }
+  void copy_in(void* compute, const void* offloaded, std::size_t bytes) override {
+    note();
+    inner_.copy_in(compute, offloaded, bytes);
+  }
+  void copy_out(void* offloaded, const void* compute, std::size_t bytes) override {
+    note();
+    inner_.copy_out(offloaded, compute, bytes);
+  }
+  void wait() override {}
+  std::vector<std::thread::id> threads() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return threads_;
+  }
+
+ private:
+  void note() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    threads_.push_back(std::this_thread::get_id());
+  }
+  HostOffloadSpace inner_;
+  mutable std::mutex mutex_;
+  std::vector<std::thread::id> threads_;
+};
+
+}  // namespace
+
+// The copies are part of the worker's gather and reduction jobs, which is
+// what lets them overlap the rank's compute (prefetch: the next unit's).
+TEST_CASE("offload: every copy of a step runs on the progress worker, not on the rank's thread") {
+  auto rng = test::rng_for("offload threads");
+  for (int world = 1; world <= 3; ++world) {
+    CAPTURE(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    std::vector<std::size_t> copies(static_cast<std::size_t>(world)), on_rank_thread(copies);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      const auto space = std::make_shared<ThreadNotingSpace>();
+      ShardedTrainerOptions o;
+      o.offload = space;
+      o.forward_prefetch = true;
+      o.backward_prefetch = gradsync::BackwardPrefetch::BackwardPre;
+      ShardedTrainer trainer(comm, Squares{sizes, 2}, gradsync::Sgd<float>(), o);
+      trainer.step(Scale{1.0f});
+      trainer.step(Scale{2.0f});
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const std::vector<std::thread::id> threads = space->threads();
+      copies[r] = threads.size();
+      on_rank_thread[r] = static_cast<std::size_t>(std::ranges::count(threads, std::this_thread::get_id()));
+    });
+    for (std::size_t r = 0; r < copies.size(); ++r) {
+      CAPTURE(r);
+      // Two steps of 2·5 − 1 gathers and 5 reductions.
+      CHECK(copies[r] == 2 * (2 * sizes.size() - 1 + sizes.size()));
+      CHECK(on_rank_thread[r] == 0);
     }
   }
 }
