@@ -16,7 +16,9 @@ namespace gradsync {
 /// most held at once inside a step (gathered units, unsharded gradient
 /// buffers while they are filled and reduced). Communication scratch inside
 /// the algorithms, buffers (running statistics) and the model's own
-/// activations are left out.
+/// activations are left out. With offload (ShardedTrainerOptions::offload)
+/// the shards and optimizer state are `offloaded`, outside the persistent
+/// and transient parts, and the budget covers the compute side only.
 struct MemoryNeed {
   std::size_t params = 0;
   std::size_t grads = 0;
@@ -26,16 +28,23 @@ struct MemoryNeed {
   /// Unsharded gradient buffers held at once (being filled, or in a
   /// reduction still in flight), or GradSync's bucket staging.
   std::size_t gradient_buffers = 0;
+  /// Held in the offload space rather than on the compute side: parameter
+  /// and gradient shards and the optimizer state (not in total()).
+  std::size_t offloaded = 0;
 
   std::size_t persistent() const noexcept { return params + grads + optimizer_state; }
   std::size_t transient() const noexcept { return gathered + gradient_buffers; }
   std::size_t total() const noexcept { return persistent() + transient(); }
 
-  /// "272.0 MiB (persistent 128.0 MiB: ..., transient 144.0 MiB: ...)".
+  /// "272.0 MiB (persistent 128.0 MiB: ..., transient 144.0 MiB: ...)",
+  /// and what is offloaded besides, if anything.
   std::string describe() const {
-    return mib(total()) + " (persistent " + mib(persistent()) + ": parameters " + mib(params) + ", gradients " +
-           mib(grads) + ", optimizer state " + mib(optimizer_state) + "; transient " + mib(transient()) +
-           ": gathered units " + mib(gathered) + ", gradient buffers " + mib(gradient_buffers) + ")";
+    std::string s = mib(total()) + " (persistent " + mib(persistent()) + ": parameters " + mib(params) +
+                    ", gradients " + mib(grads) + ", optimizer state " + mib(optimizer_state) + "; transient " +
+                    mib(transient()) + ": gathered units " + mib(gathered) + ", gradient buffers " +
+                    mib(gradient_buffers) + ")";
+    if (offloaded != 0) s += " on the compute side, and " + mib(offloaded) + " offloaded";
+    return s;
   }
 
   /// `bytes` in MiB with one decimal, and exactly.
@@ -60,6 +69,9 @@ struct ShardedMemoryShape {
   /// AccumulationMode::NoSync: every unit's gradient buffer lives from the
   /// first micro-step's backward to the reducing step's.
   bool keeps_unsharded_grads = false;
+  /// Shards and optimizer state in an offload space; each gradient buffer
+  /// holds c more elements, the reduce-scatter's output before it is copied out.
+  bool offload = false;
   std::size_t state_per_element = 0;
   std::size_t element_bytes = 4;
 };
@@ -79,6 +91,11 @@ struct ShardedMemoryShape {
 /// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
 ///   place of the above's gradient buffers.
 /// - NoShard: the unit is its own chunk, reduced in place: nothing.
+/// - Offload: the persistent part, (2 + s)·e·Σc_u, is `offloaded` instead,
+///   and a gradient buffer is (n + 1)·c_u (R_u above): the reduce-scatter
+///   cannot write into its own input, and the shard it would write into is
+///   offloaded. A gather copies its chunk into its own block of the
+///   gathered unit and gathers in place, so it needs nothing more.
 /// A model that holds one unit at a time is assumed. Left out, as
 /// communication scratch: sharded accumulation's c-element sum per
 /// reduction and bfloat16 mixed precision's packed copies (worker side).
@@ -94,11 +111,17 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
     gathered_sum += n * c;
   }
   // A gradient buffer is the padded unit, as a gathered one is.
-  const std::size_t buffer_max = gathered_max, buffer_sum = gathered_sum;
+  std::size_t buffer_max = gathered_max, buffer_sum = gathered_sum;
   const std::size_t e = shape.element_bytes;
-  need.params = e * chunks;
-  need.grads = e * chunks;
-  need.optimizer_state = e * shape.state_per_element * chunks;
+  if (shape.offload && shape.sharded) {
+    buffer_max = gathered_max + gathered_max / n;
+    buffer_sum = gathered_sum + chunks;
+    need.offloaded = e * (2 + shape.state_per_element) * chunks;
+  } else {
+    need.params = e * chunks;
+    need.grads = e * chunks;
+    need.optimizer_state = e * shape.state_per_element * chunks;
+  }
   if (shape.sharded) {
     need.gathered = e * (shape.keeps_forward_gathers ? gathered_sum : (shape.prefetch ? 2 : 1) * gathered_max);
     need.gradient_buffers =

@@ -50,8 +50,8 @@ struct ReplicatedTrainerOptions {
   bool join = false;
   /// Bytes per rank this trainer may hold (see ReplicatedTrainer::memory_need);
   /// 0: no limit. A configuration that needs more is refused at
-  /// construction, before anything is allocated or broadcast. Give every
-  /// rank the same value.
+  /// construction, before anything is allocated or broadcast. Ranks given
+  /// different values all throw at construction.
   std::size_t memory_budget = 0;
 };
 
@@ -130,9 +130,12 @@ class ReplicatedTrainer {
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
     // Before anything is allocated or broadcast: the same total split into
     // other units or shapes would otherwise train on unrelated gradients.
+    const detail::AgreedValue budget{"ReplicatedTrainerOptions::memory_budget (bytes)", o_.memory_budget,
+                                     "Give every rank the same memory_budget, so that all accept or refuse alike."};
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ReplicatedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
-                              "the same order: check what its units() depends on (configuration, rank, world size).");
+                              "the same order: check what its units() depends on (configuration, rank, world size).",
+                              &budget);
     detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
                                 o_.memory_budget,
                                 "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");

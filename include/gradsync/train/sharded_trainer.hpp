@@ -28,6 +28,7 @@
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/offload_space.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
@@ -123,8 +124,15 @@ struct ShardedTrainerOptions {
   /// Bytes per rank this trainer may hold (persistent + transient, see
   /// ShardedTrainer::memory_need); 0: no limit. A configuration that needs
   /// more is refused at construction, before the parameters are broadcast.
-  /// Give every rank the same value.
+  /// Ranks given different values all throw at construction.
   std::size_t memory_budget = 0;
+  /// Where the master parameter shard, the gradient shard and the optimizer
+  /// state live (FSDP's CPU offload): null, the compute side with the rest;
+  /// else this space (HostOffloadSpace on a host backend). A gather copies
+  /// the unit's chunk in from it, a reduction copies the reduced shard out
+  /// to it, both on the progress worker, and the optimizer steps there. Not
+  /// with NoShard, nor with accumulate() under AccumulationMode::Sharded.
+  std::shared_ptr<OffloadSpace> offload{};
 };
 
 /// One collective a ShardedTrainer issued in a step, in issue order.
@@ -213,7 +221,12 @@ struct ShardedTraceEvent {
 /// and memory_budget refuses at construction a configuration whose need
 /// exceeds it. last_step() times each phase and counts elements sent.
 ///
-/// Not yet: offload (issue 13).
+/// Offload (ShardedTrainerOptions::offload): the master and gradient
+/// shards live in an OffloadSpace and the optimizer steps them there; each
+/// gather copies its chunk in, each reduction copies its result out, on the
+/// worker, so with a prefetch the next unit's copy overlaps this unit's
+/// compute. last_step() counts the bytes copied, memory_need() splits the
+/// offloaded bytes from the compute side's, which the budget covers.
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -250,10 +263,15 @@ class ShardedTrainer {
 
   ShardedTrainer(Comm& comm, M model, Opt optimizer, ShardedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
+    // The budget is checked on each rank from agreed units: it must agree too.
+    const detail::AgreedValue budget{"ShardedTrainerOptions::memory_budget (bytes)", o_.memory_budget,
+                                     "Give every rank the same memory_budget, so that all accept or refuse alike."};
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ShardedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
-                              "the same order: check what its units() depends on (configuration, rank, world size).");
+                              "the same order: check what its units() depends on (configuration, rank, world size).",
+                              &budget);
     precision();
+    check_offload();
     split();
     layout();
     if (o_.wrap.is_custom()) {
@@ -274,6 +292,8 @@ class ShardedTrainer {
                             " units, 0 elements); there is nothing to shard or train");
     }
     check_budget();
+    spare_limit_ = memory_need().transient();
+    spares_.reserve(2 * wrapped_.size());
     initialise();
     worker_ = ProgressWorker<backend_type>::shared(shard_comm());
   }
@@ -325,6 +345,12 @@ class ShardedTrainer {
                   "gradsync::ShardedTrainer::accumulate: the model has no `double forward_backward(const "
                   "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
     check_no_pending("accumulate");
+    if (offloaded() && o_.accumulation == AccumulationMode::Sharded) {
+      throw InvalidArgument(where() +
+                            ": accumulate() with ShardedTrainerOptions::offload needs AccumulationMode::NoSync; "
+                            "sharded accumulation would add every micro-step's reduced shard into the offloaded "
+                            "gradient shard, which only copies reach (PyTorch FSDP refuses it with CPU offload too)");
+    }
     const double loss = run_model(batch, false);
     ++micro_steps_;
     return loss;
@@ -345,7 +371,7 @@ class ShardedTrainer {
                             ": clip_grad_norm needs the reduced gradient: call it between forward_backward() and "
                             "optimizer_step()");
     }
-    double partial = detail::norm_partial(std::span<const value_type>(shard_grads_), p);
+    double partial = detail::norm_partial(std::span<const value_type>(grad_shard()), p);
     // Replicas hold the same shards: the shard group's partials are the whole.
     if (sharded() && shard_comm().size() > 1) {
       const AllReduce<Algo> all_reduce{o_.collective};
@@ -356,7 +382,7 @@ class ShardedTrainer {
       }
     }
     const double total = detail::norm_total(partial, p);
-    detail::clip_to(std::span<value_type>(shard_grads_), total, max_norm);
+    detail::clip_to(grad_shard(), total, max_norm);
     return total;
   }
 
@@ -369,8 +395,9 @@ class ShardedTrainer {
     pending_ = false;
     micro_steps_ = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    opt_.step(std::span<value_type>(shard_params_), std::span<const value_type>(shard_grads_));
-    std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
+    // Offloaded, both shards are in the offload space: the optimizer steps there.
+    opt_.step(master(), std::span<const value_type>(grad_shard()));
+    std::ranges::fill(grad_shard(), value_type(0));
     step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
@@ -413,7 +440,7 @@ class ShardedTrainer {
   /// WrapPolicy::per_unit()).
   ///
   /// This rank's shard of every unit, padded chunks one after the other.
-  std::span<const value_type> shard() const noexcept { return shard_params_; }
+  std::span<const value_type> shard() const noexcept { return master(); }
   /// Unit u's elements (unpadded).
   std::size_t unit_size(std::size_t u) const { return sizes_.at(u); }
   /// Elements of each rank's chunk of unit u (padding included): ⌈P/N⌉, or P under NoShard.
@@ -428,7 +455,7 @@ class ShardedTrainer {
   }
   /// This rank's chunk of unit u, padding included.
   std::span<const value_type> unit_shard(std::size_t u) const {
-    return std::span<const value_type>(shard_params_).subspan(offsets_.at(u), chunks_.at(u));
+    return master().subspan(offsets_.at(u), chunks_.at(u));
   }
 
   /// Gathers every unit's parameters, unpadded, units in declaration order
@@ -443,7 +470,16 @@ class ShardedTrainer {
         continue;
       }
       std::vector<value_type> full(chunks_[u] * static_cast<std::size_t>(shard_comm().size()));
-      AllGather<Algo>{o_.collective}(shard_comm(), unit_shard(u), std::span<value_type>(full));
+      std::span<const value_type> in = unit_shard(u);
+      if (offloaded()) {
+        // The offloaded chunk crosses by copy, into its own block: gathered in place.
+        const std::span<value_type> own =
+            std::span<value_type>(full).subspan(static_cast<std::size_t>(shard_comm().rank()) * chunks_[u], chunks_[u]);
+        o_.offload->copy_in(own.data(), in.data(), own.size_bytes());
+        o_.offload->wait();
+        in = own;
+      }
+      AllGather<Algo>{o_.collective}(shard_comm(), in, std::span<value_type>(full));
       all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(sizes_[u]));
     }
     return all;
@@ -456,7 +492,9 @@ class ShardedTrainer {
   /// the optimizer's state elements per parameter (0 for SGD, 1 with
   /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say,
   /// through `state_per_element()`). Buffers are replicated and left out.
+  /// With offload these are in the offload space, and this is 0.
   std::size_t persistent_bytes() const noexcept {
+    if (offloaded()) return 0;
     return (2 + optimizer_state_per_element()) * sizeof(value_type) * shard_params_.size();
   }
 
@@ -487,6 +525,30 @@ class ShardedTrainer {
     int asks = 0;               ///< in this step: 1 = forward, 2 = backward
     bool held = false;
     bool ready = false;
+  };
+
+  /// Elements of an offload space, returned to it when this goes.
+  class Offloaded {
+   public:
+    Offloaded() = default;
+    Offloaded(std::shared_ptr<OffloadSpace> space, std::size_t n)
+        : space_(std::move(space)), data_(static_cast<value_type*>(space_->allocate(n * sizeof(value_type)))), n_(n) {}
+    Offloaded(const Offloaded&) = delete;
+    Offloaded& operator=(Offloaded&& o) noexcept {
+      std::swap(space_, o.space_);
+      std::swap(data_, o.data_);
+      std::swap(n_, o.n_);
+      return *this;
+    }
+    ~Offloaded() {
+      if (data_ != nullptr) space_->deallocate(data_, n_ * sizeof(value_type));
+    }
+    std::span<value_type> span() const noexcept { return {data_, n_}; }
+
+   private:
+    std::shared_ptr<OffloadSpace> space_;
+    value_type* data_ = nullptr;
+    std::size_t n_ = 0;
   };
 
   /// A wrapped unit: what is gathered and reduced as one buffer.
@@ -524,6 +586,24 @@ class ShardedTrainer {
   bool sharded() const noexcept { return o_.strategy != ShardingStrategy::NoShard; }
   bool full_shard() const noexcept {
     return o_.strategy == ShardingStrategy::FullShard || o_.strategy == ShardingStrategy::HybridShard;
+  }
+
+  bool offloaded() const noexcept { return o_.offload != nullptr; }
+  /// The master parameter shard and the gradient shard, wherever they live
+  /// (the offload space, or the compute side's vectors).
+  std::span<value_type> master() noexcept { return offloaded() ? off_params_.span() : std::span(shard_params_); }
+  std::span<const value_type> master() const noexcept {
+    return offloaded() ? off_params_.span() : std::span<const value_type>(shard_params_);
+  }
+  std::span<value_type> grad_shard() noexcept { return offloaded() ? off_grads_.span() : std::span(shard_grads_); }
+
+  /// Offload applies to the sharded strategies only (every rank has the same options).
+  void check_offload() const {
+    if (offloaded() && o_.strategy == ShardingStrategy::NoShard) {
+      throw InvalidArgument(where() +
+                            ": ShardedTrainerOptions::offload needs a sharded strategy (FullShard, ShardGradOp or "
+                            "HybridShard); NoShard keeps every unit whole where the model uses it in place");
+    }
   }
 
   /// Where units are sharded and gathered: the shard group under
@@ -597,8 +677,13 @@ class ShardedTrainer {
       at += c;
       total_ += p;
     }
-    shard_params_.assign(at, value_type(0));
-    shard_grads_.assign(at, value_type(0));
+    if (offloaded()) {
+      off_params_ = Offloaded(o_.offload, at);
+      off_grads_ = Offloaded(o_.offload, at);
+    } else {
+      shard_params_.assign(at, value_type(0));
+      shard_grads_.assign(at, value_type(0));
+    }
     members_.resize(specs_.size());
     wrapped_.resize(groups_.size());
     make_plan();
@@ -672,7 +757,7 @@ class ShardedTrainer {
     for (std::size_t w = 0; w < groups_.size(); ++w) {
       const auto [first, count] = owned_range(w);
       std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(at + first), count,
-                  shard_params_.begin() + static_cast<std::ptrdiff_t>(offsets_[w]));
+                  master().begin() + static_cast<std::ptrdiff_t>(offsets_[w]));
       at += sizes_[w];
     }
     // NoShard: the shard is the unit, and the model sees it in place.
@@ -722,7 +807,7 @@ class ShardedTrainer {
     // Sharded accumulation summed K means into the shard: their mean.
     if (sync && o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0) {
       const auto k = static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1));
-      for (value_type& x : shard_grads_) x *= k;
+      for (value_type& x : grad_shard()) x *= k;
     }
     return loss;
   }
@@ -760,7 +845,51 @@ class ShardedTrainer {
   }
 
   /// Frees wrapped unit w's gathered parameters.
-  void free_unit(std::size_t w) noexcept { std::vector<value_type>().swap(wrapped_[w].full); }
+  void free_unit(std::size_t w) noexcept { give(wrapped_[w].full); }
+
+  /// Storage for a gathered unit or a gradient buffer of n elements: a
+  /// spare of exactly that capacity if one was kept, else a new one. Fresh
+  /// pages would be faulted in (and zeroed) inside the step, on the rank's
+  /// thread, for every unit of every step. `zero`: a gradient buffer, which
+  /// the model adds into; a gather overwrites all of its buffer.
+  std::vector<value_type> take(std::size_t n, bool zero) {
+    std::vector<value_type> v;
+    const auto fit = std::ranges::find_if(spares_, [n](const auto& x) { return x.capacity() == n; });
+    if (fit != spares_.end()) {
+      v = std::move(*fit);
+      spares_.erase(fit);
+      if (zero) {
+        v.assign(n, value_type(0));
+      } else {
+        v.resize(n);
+      }
+      return v;
+    }
+    trim_spares(n * sizeof(value_type));
+    v.assign(n, value_type(0));
+    return v;
+  }
+
+  /// Keeps `v`'s storage as a spare (then empties it), within the bound below.
+  void give(std::vector<value_type>& v) noexcept {
+    if (v.capacity() == 0) return;
+    // Reserved at construction for every buffer the trainer can hold, so this does not allocate.
+    if (spares_.size() < spares_.capacity()) spares_.push_back(std::move(v));
+    std::vector<value_type>().swap(v);
+    trim_spares(0);
+  }
+
+  /// Frees spares, oldest first, until what is held in use and spare, plus
+  /// `more` bytes, is within the transient need (memory_need()): spares
+  /// never take the trainer past the need that the budget was checked against.
+  void trim_spares(std::size_t more) noexcept {
+    std::size_t held = more;
+    for (const WrappedState& s : wrapped_) held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type);
+    for (const auto& x : spares_) held += x.capacity() * sizeof(value_type);
+    std::size_t drop = 0;
+    for (; drop < spares_.size() && held > spare_limit_; ++drop) held -= spares_[drop].capacity() * sizeof(value_type);
+    spares_.erase(spares_.begin(), spares_.begin() + static_cast<std::ptrdiff_t>(drop));
+  }
 
   /// Frees the units whose forward use ended (FullShard) but were kept in
   /// case the model came back to them, other than `except`.
@@ -810,8 +939,10 @@ class ShardedTrainer {
         // reduction is waited for); ShardGradOp gathers nothing in backward,
         // so one reduction may run while the next gradient is filled.
         retire_reductions(full_shard() ? 0 : 1);
-        // The padded unit only: the reduce-scatter writes straight into this rank's gradient shard.
-        ws.grad.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+        // The padded unit only: the reduce-scatter writes straight into this
+        // rank's gradient shard; offloaded, into c more, copied out from there.
+        const std::size_t n = static_cast<std::size_t>(shard_comm().size()) + (offloaded() ? 1 : 0);
+        ws.grad = take(chunks_[w] * n, true);
         track_transient();
       }
       grads = std::span<value_type>(ws.grad).subspan(member_offset_[u], model_sizes_[u]);
@@ -825,19 +956,32 @@ class ShardedTrainer {
   /// Starts gathering wrapped unit w on the worker, behind what is queued there.
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
-    s.full.assign(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), value_type(0));
+    s.full = take(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), false);
     track_transient();
     const bool low = param_bf16_;
     const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
     trace_.push_back({Collective::all_gather, w, gathered_units(), s.full.size() * e});
     count_sent(Collective::all_gather, s.full.size(), shard_comm(), e);
-    const std::span<const value_type> in = unit_shard(w);
+    const std::span<const value_type> home = unit_shard(w);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
+    // Offloaded, the chunk is copied in on the worker (behind, and so
+    // overlapping, what the rank's thread does meanwhile).
+    OffloadSpace* const space = o_.offload.get();
+    if (space) step_.offload_in_bytes += home.size_bytes();
     // The worker's time in the gather is gather_seconds; the caller's wait for it (wait_gathered) is exposed.
     s.gathering = worker_->submit("ShardedTrainer gather of " + wrapped_name(w),
                                   detail::timed(&step_.gather_seconds,
-                                                [all_gather, in, out, low](Communicator<backend_type>& c) {
+                                                [all_gather, home, out, low, space](Communicator<backend_type>& c) {
+                                                  std::span<const value_type> in = home;
+                                                  if (space) {
+                                                    // Into its own block of the unit, gathered in place.
+                                                    const std::span<value_type> own = out.subspan(
+                                                        static_cast<std::size_t>(c.rank()) * home.size(), home.size());
+                                                    space->copy_in(own.data(), home.data(), home.size_bytes());
+                                                    space->wait();
+                                                    in = own;
+                                                  }
                                                   if (!low) return all_gather(c, in, out);
                                                   // param_dtype bfloat16: rounded once, half the bytes.
                                                   const std::vector<bfloat16> mine(in.begin(), in.end());
@@ -948,7 +1092,7 @@ class ShardedTrainer {
     if (!sharded()) {
       trace_.push_back({Collective::all_reduce, u, 0, sizes_[u] * e});
       count_sent(Collective::all_reduce, sizes_[u], comm_, e);
-      const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[u], sizes_[u]);
+      const std::span<value_type> g = grad_shard().subspan(offsets_[u], sizes_[u]);
       if (scale != value_type(1)) {
         for (value_type& x : g) x *= scale;
       }
@@ -971,8 +1115,12 @@ class ShardedTrainer {
     // Its gradient buffer is freed once this reduction is over (retire_reductions).
     in_reduction_.push_back(u);
     const std::size_t count = sizes_[u];
-    const std::span<value_type> storage(s.grad);
-    const std::span<value_type> mine = std::span<value_type>(shard_grads_).subspan(offsets_[u], chunks_[u]);
+    const std::span<value_type> storage = std::span<value_type>(s.grad).first(n * chunks_[u]);
+    // Offloaded, the result lands in the buffer's tail and is copied out to `home`.
+    OffloadSpace* const space = o_.offload.get();
+    const std::span<value_type> home = grad_shard().subspan(offsets_[u], chunks_[u]);
+    const std::span<value_type> mine = space ? std::span<value_type>(s.grad).subspan(n * chunks_[u]) : home;
+    if (space) step_.offload_out_bytes += home.size_bytes();
     if (scale != value_type(1)) {
       for (value_type& x : storage.first(count)) x *= scale;
     }
@@ -988,14 +1136,18 @@ class ShardedTrainer {
         std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
                              : "ShardedTrainer reduce-scatter of ") +
             wrapped_name(u),
-        detail::timed(&step_.reduce_seconds,
-                      [opts, storage, count, mine, replicas, divisor, add, low](Communicator<backend_type>& c) {
-                        if (low) {
-                          reduce_in<bfloat16>(c, opts, storage, count, mine, replicas, divisor, add);
-                        } else {
-                          reduce_in<value_type>(c, opts, storage, count, mine, replicas, divisor, add);
-                        }
-                      }));
+        detail::timed(&step_.reduce_seconds, [opts, storage, count, mine, replicas, divisor, add, low, space,
+                                              home](Communicator<backend_type>& c) {
+          if (low) {
+            reduce_in<bfloat16>(c, opts, storage, count, mine, replicas, divisor, add);
+          } else {
+            reduce_in<value_type>(c, opts, storage, count, mine, replicas, divisor, add);
+          }
+          if (space) {
+            space->copy_out(home.data(), mine.data(), mine.size_bytes());
+            space->wait();
+          }
+        }));
   }
 
   template <class E>
@@ -1079,7 +1231,7 @@ class ShardedTrainer {
     // Gradients accumulated before a failed training step are dropped.
     if (!evaluating_ && micro_steps_ > 0) {
       micro_steps_ = 0;
-      std::fill(shard_grads_.begin(), shard_grads_.end(), value_type(0));
+      std::ranges::fill(grad_shard(), value_type(0));
     }
     release_all(evaluating_);
     evaluating_ = false;
@@ -1091,8 +1243,8 @@ class ShardedTrainer {
     for (WrappedState& s : wrapped_) {
       s.request = Request();
       s.gathering = Request();
-      if (!keep_grads) std::vector<value_type>().swap(s.grad);
-      if (sharded()) std::vector<value_type>().swap(s.full);
+      if (!keep_grads) give(s.grad);
+      if (sharded()) give(s.full);
       s.held = 0;
     }
     for (MemberState& m : members_) m.held = false;
@@ -1126,6 +1278,7 @@ class ShardedTrainer {
          .keeps_forward_gathers = !full,
          .prefetch = full && prefetch,
          .keeps_unsharded_grads = o_.accumulation == AccumulationMode::NoSync,
+         .offload = offloaded(),
          .state_per_element = optimizer_state_per_element(),
          .element_bytes = sizeof(value_type)});
   }
@@ -1165,7 +1318,7 @@ class ShardedTrainer {
         }
         if (!over) break;
       }
-      std::vector<value_type>().swap(s.grad);
+      give(s.grad);
     }
     in_reduction_.erase(in_reduction_.begin(), in_reduction_.begin() + static_cast<std::ptrdiff_t>(done));
   }
@@ -1194,6 +1347,8 @@ class ShardedTrainer {
   std::vector<std::size_t> sizes_, chunks_, offsets_, buffer_offsets_;
   std::size_t total_ = 0;
   std::vector<value_type> shard_params_, shard_grads_, buffers_;
+  /// Offload: the master and gradient shards, in the offload space (else empty).
+  Offloaded off_params_, off_grads_;
   /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
   /// model unit u lies in wrapped unit member_of_[u] at member_offset_[u].
   std::vector<std::pair<std::size_t, std::size_t>> groups_;
@@ -1224,6 +1379,11 @@ class ShardedTrainer {
   /// Wrapped units whose gradient buffer a reduction still holds, in submission order.
   std::vector<std::size_t> in_reduction_;
   std::size_t peak_transient_ = 0;
+  /// Storage of freed gathered units and gradient buffers, kept for the
+  /// next of the same size (take, give); with what is in use, at most
+  /// spare_limit_ bytes, the transient need.
+  std::vector<std::vector<value_type>> spares_;
+  std::size_t spare_limit_ = 0;
   /// This step's figures; the worker's jobs add their times to it.
   StepStats step_{};
 };

@@ -31,6 +31,11 @@ struct StepStats {
   /// all-reduce are left out.
   std::size_t sent_elements = 0;
   std::size_t sent_bytes = 0;
+  /// Offload (ShardedTrainer): bytes copied from the offload space to the
+  /// compute side (each gather's chunk of the master shard) and back (each
+  /// reduced gradient shard); 0 without offload.
+  std::size_t offload_in_bytes = 0;
+  std::size_t offload_out_bytes = 0;
 
   /// Communication that overlapped compute: collective time not waited for.
   double hidden_comm_seconds() const noexcept {

@@ -112,6 +112,17 @@ inline std::int64_t first_difference(const std::vector<std::string>& a, const st
   return a.size() == b.size() ? -1 : static_cast<std::int64_t>(n);
 }
 
+/// A number every rank must have been given alike (a trainer's
+/// memory_budget), checked together with the units: it is part of the
+/// 8-byte fingerprint, so agreeing ranks pay nothing more for it.
+struct AgreedValue {
+  /// What it is, e.g. "ShardedTrainerOptions::memory_budget".
+  std::string_view name;
+  std::uint64_t value = 0;
+  /// The sentence that ends the message when the ranks' values differ.
+  std::string_view fix;
+};
+
 /// Collective: checks that every rank of `comm` passed the same `units`
 /// (one description per unit, in order; see describe_unit). If not, throws
 /// InvalidArgument on every rank, with the same message everywhere: the
@@ -125,9 +136,13 @@ inline std::int64_t first_difference(const std::vector<std::string>& a, const st
 /// broadcast: every step is a collective every rank takes, and every
 /// branch depends only on what all ranks received, so all reach the same
 /// verdict and none is left waiting.
+///
+/// With `also`, its value must agree too: if the units agree and the values
+/// do not, every rank throws the same InvalidArgument listing each rank's
+/// value (a unit that differs is named first, as without it).
 template <Backend B>
 void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& units, std::string_view who,
-                       std::string_view fix) {
+                       std::string_view fix, const AgreedValue* also = nullptr) {
   const int world = comm.size();
   if (world == 1) return;
   const auto n = static_cast<std::size_t>(world);
@@ -136,8 +151,9 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
   const Broadcast<Auto> broadcast{};
 
   const std::vector<std::int64_t> table = pack_units(units);
-  const std::int64_t mine = std::bit_cast<std::int64_t>(
-      hash_bytes(table.data(), table.size() * sizeof(std::int64_t), 0x756e697473616772ull));
+  std::uint64_t print = hash_bytes(table.data(), table.size() * sizeof(std::int64_t), 0x756e697473616772ull);
+  if (also) print = hash_bytes(&also->value, sizeof also->value, print);
+  const std::int64_t mine = std::bit_cast<std::int64_t>(print);
   std::vector<std::int64_t> prints(n);
   all_gather(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(prints));
   if (std::all_of(prints.begin(), prints.end(), [&](std::int64_t p) { return p == prints[0]; })) return;
@@ -158,23 +174,35 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
   broadcast(comm, std::span<std::int64_t>(ref_table), static_cast<int>(ref));
   const std::vector<std::string> ref_units = unpack_units(ref_table, who);
 
-  // Equal fingerprints are taken as equal tables; a different one always
-  // has a first difference (the unit count is part of the table).
+  // Equal fingerprints are taken as equal tables; a different one has a
+  // first difference (the unit count is part of the table) unless only
+  // `also`'s value differs. Each rank's value travels beside its index.
   const std::int64_t at = prints[rank] == prints[ref] ? -1 : first_difference(units, ref_units);
-  std::vector<std::int64_t> firsts(n);
-  all_gather(comm, std::span<const std::int64_t>(&at, 1), std::span<std::int64_t>(firsts));
+  const std::int64_t sent[2] = {at, std::bit_cast<std::int64_t>(also ? also->value : std::uint64_t{0})};
+  std::vector<std::int64_t> firsts_and_values(2 * n);
+  all_gather(comm, std::span<const std::int64_t>(sent), std::span<std::int64_t>(firsts_and_values));
   std::int64_t d = -1;
   std::size_t other = 0;
   std::vector<std::size_t> differ;
   for (std::size_t r = 0; r < n; ++r) {
-    if (firsts[r] < 0) continue;
+    const std::int64_t first = firsts_and_values[2 * r];
+    if (first < 0) continue;
     differ.push_back(r);
-    if (d < 0 || firsts[r] < d) {
-      d = firsts[r];
+    if (d < 0 || first < d) {
+      d = first;
       other = r;
     }
   }
-  if (d < 0) return;  // every differing fingerprint was a hash of an equal table: cannot happen
+  if (d < 0) {
+    // The tables are equal (or their hashes collided, which cannot be told apart): the values differ.
+    if (also == nullptr) return;
+    std::string msg = "gradsync: " + std::string(who) + ": ranks were given different " + std::string(also->name) + ":";
+    for (std::size_t r = 0; r < n; ++r) {
+      msg += (r ? ", rank " : " rank ") + std::to_string(r) + " " +
+             std::to_string(std::bit_cast<std::uint64_t>(firsts_and_values[2 * r + 1]));
+    }
+    throw InvalidArgument(msg + ". " + std::string(also->fix));
+  }
   const auto du = static_cast<std::size_t>(d);
 
   // What `other` declared at unit d (nothing, past its last unit), and how many units.

@@ -1,0 +1,470 @@
+// ShardedTrainer's offload (issue 13): the master and gradient shards in a
+// HostOffloadSpace, reached only by copies. Offloaded runs equal the plain
+// ones bitwise, the bytes copied and the memory need equal their formulas,
+// and memory_budget covers the compute side only. Also: a memory_budget
+// that differs between ranks throws on every rank.
+#include <doctest/doctest.h>
+
+#include <gradsync/core/host_offload_space.hpp>
+#include <gradsync/gradsync.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/common.hpp"
+#include "test_train_sharded_schedule.hpp"
+
+using gradsync::AccumulationMode;
+using gradsync::Communicator;
+using gradsync::HostOffloadSpace;
+using gradsync::MemoryNeed;
+using gradsync::ShardedTrainer;
+using gradsync::ShardedTrainerOptions;
+using gradsync::ShardingStrategy;
+using gradsync::Threads;
+
+namespace {
+
+constexpr ShardingStrategy offloadable[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                            ShardingStrategy::HybridShard};
+
+/// HybridShard's groups: two where the world is even, else one.
+int shard_size_for(int world) { return world % 2 == 0 ? world / 2 : world; }
+
+/// Ranks a unit is sharded over.
+std::size_t shards(ShardingStrategy s, int world) {
+  return static_cast<std::size_t>(s == ShardingStrategy::HybridShard ? shard_size_for(world) : world);
+}
+
+/// Loss ½·Σ factor·p² over units of the given sizes: forward asks for every
+/// unit in order, backward again in reverse, adds factor·p and reports it
+/// ready. O(Ψ) a step, so its memory and copies are all the trainer's.
+struct Scale {
+  float factor = 1;
+};
+struct Squares {
+  using value_type = float;
+
+  std::vector<std::size_t> sizes;
+  std::uint64_t seed = 1;
+
+  std::vector<gradsync::UnitSpec> units() const {
+    std::vector<gradsync::UnitSpec> u;
+    for (std::size_t i = 0; i < sizes.size(); ++i) u.push_back({"u" + std::to_string(i), {{"w", {sizes[i]}}}, {}});
+    return u;
+  }
+  void bind(std::span<const gradsync::UnitView<float>> views) const {
+    std::mt19937 rng(static_cast<std::uint32_t>(seed));
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (const auto& v : views)
+      for (float& x : v.flat_params) x = d(rng);
+  }
+  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
+    double loss = 0;
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      const auto p = ctx.params(u);
+      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
+    }
+    for (std::size_t u = sizes.size(); u-- > 0;) {
+      const auto p = ctx.params(u);
+      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
+      ctx.ready(u);
+    }
+    return loss;
+  }
+};
+
+/// Four units of 1..60 elements and one of fewer than N (chunks of padding only on some ranks).
+std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world) {
+  std::uniform_int_distribution<std::size_t> d(1, 60);
+  std::vector<std::size_t> s{d(rng), d(rng), d(rng), d(rng)};
+  s.push_back(world > 1 ? static_cast<std::size_t>(world) - 1 : 1);
+  return s;
+}
+
+std::string describe(const std::vector<std::size_t>& sizes) {
+  std::string s;
+  for (const std::size_t p : sizes) s += (s.empty() ? "" : ", ") + std::to_string(p);
+  return s;
+}
+
+std::size_t chunk(std::size_t p, std::size_t n) { return (p + n - 1) / n; }
+
+/// What one rank ends with: its master shard, its gathered parameters.
+struct Outcome {
+  std::vector<float> shard, full;
+};
+
+template <class Opt>
+std::vector<Outcome> train(const std::vector<std::vector<test_schedule::Batch<float>>>& batches, int world, Opt opt,
+                           ShardedTrainerOptions o, bool offload) {
+  std::vector<Outcome> out(static_cast<std::size_t>(world));
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ShardedTrainerOptions mine = o;
+    // One space per rank, as one per process (or GPU) would be.
+    if (offload) mine.offload = std::make_shared<HostOffloadSpace>();
+    ShardedTrainer trainer(comm, test_schedule::model_for(comm.rank()), opt, mine);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    for (const auto& step : batches) trainer.step(step[r]);
+    out[r].shard.assign(trainer.shard().begin(), trainer.shard().end());
+    out[r].full = trainer.full_parameters();
+  });
+  return out;
+}
+
+template <class Opt>
+void check_bitwise(const char* opt_name, Opt opt) {
+  const std::uint64_t seed = test::test_seed();
+  INFO("seed = " << seed << ", optimizer = " << std::string(opt_name));
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto batches = test_schedule::random_batches(seed + static_cast<std::uint64_t>(world), 6, world, 3);
+    for (const ShardingStrategy s : offloadable) {
+      INFO("strategy = " << name(s));
+      for (const bool prefetch : {false, true}) {
+        CAPTURE(prefetch);
+        ShardedTrainerOptions o;
+        o.strategy = s;
+        o.shard_size = shard_size_for(world);
+        o.collective.deterministic = true;
+        if (prefetch) {
+          o.forward_prefetch = true;
+          o.backward_prefetch = gradsync::BackwardPrefetch::BackwardPre;
+        }
+        const std::vector<Outcome> plain = train(batches, world, opt, o, false);
+        const std::vector<Outcome> offloaded = train(batches, world, opt, o, true);
+        for (std::size_t r = 0; r < plain.size(); ++r) {
+          CAPTURE(r);
+          CHECK(!plain[r].shard.empty());
+          CHECK(test_schedule::bitwise_equal(offloaded[r].shard, plain[r].shard));
+          CHECK(test_schedule::bitwise_equal(offloaded[r].full, plain[r].full));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Units of 25, 36, 7 and 1 elements (most not divisible by N = 2..4, one
+// smaller than N), 6 steps, deterministic reductions.
+TEST_CASE("offload: SGD with momentum trains bitwise as without offload, every sharded strategy, N = 1..4") {
+  check_bitwise("Sgd", gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9}));
+}
+
+TEST_CASE("offload: Adam trains bitwise as without offload, every sharded strategy, N = 1..4") {
+  check_bitwise("Adam", gradsync::Adam<float>({.lr = 0.01}));
+}
+
+// Per rank and step, c_u = ⌈P_u/n⌉ over the n ranks a unit is sharded over:
+// every gather copies its chunk in, c_u elements, and every reduction copies
+// the reduced chunk out. FullShard and HybridShard gather each unit twice
+// but the last of forward (kept for backward) once: in 4·(2Σc_u − c_last),
+// out 4·Σc_u. ShardGradOp gathers once: in and out 4·Σc_u. NoSync
+// accumulation over K micro-steps gathers K times and reduces once.
+TEST_CASE("offload: bytes copied per step equal the formula, as reported and as the space counted them") {
+  auto rng = test::rng_for("offload bytes");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    for (const ShardingStrategy s : offloadable) {
+      INFO("strategy = " << name(s));
+      const std::size_t n = shards(s, world);
+      std::size_t chunks = 0;
+      for (const std::size_t p : sizes) chunks += chunk(p, n);
+      const bool twice = s != ShardingStrategy::ShardGradOp;
+      const std::size_t in_per_pass = 4 * (twice ? 2 * chunks - chunk(sizes.back(), n) : chunks);
+      const std::size_t out_per_step = 4 * chunks;
+      for (const std::size_t k : {std::size_t{1}, std::size_t{3}}) {
+        CAPTURE(k);
+        std::vector<std::size_t> in(static_cast<std::size_t>(world)), out(in), counted_in(in), counted_out(in);
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto space = std::make_shared<HostOffloadSpace>();
+          ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+          o.accumulation = AccumulationMode::NoSync;
+          o.offload = space;
+          ShardedTrainer trainer(comm, Squares{sizes, 5}, gradsync::Adam<float>(), o);
+          trainer.step(Scale{2.0f});
+          const std::size_t in0 = space->copied_in(), out0 = space->copied_out();
+          for (std::size_t i = 1; i < k; ++i) trainer.accumulate(Scale{1.0f + static_cast<float>(i)});
+          trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+          const auto r = static_cast<std::size_t>(comm.rank());
+          in[r] = trainer.last_step().offload_in_bytes;
+          out[r] = trainer.last_step().offload_out_bytes;
+          counted_in[r] = space->copied_in() - in0;
+          counted_out[r] = space->copied_out() - out0;
+        });
+        for (int r = 0; r < world; ++r) {
+          CAPTURE(r);
+          const auto i = static_cast<std::size_t>(r);
+          CHECK(in[i] == k * in_per_pass);
+          CHECK(out[i] == out_per_step);
+          CHECK(counted_in[i] == in[i]);
+          CHECK(counted_out[i] == out[i]);
+        }
+      }
+    }
+  }
+}
+
+// With c_u = ⌈P_u/n⌉, e = 4 bytes, S optimizer elements per parameter:
+// offloaded (2 + S)·e·Σc_u; on the compute side nothing persistent, the
+// gathered units as without offload, and gradient buffers of (n + 1)·c_u
+// (FullShard one, ShardGradOp two). The space itself holds the two shards.
+TEST_CASE("offload: memory_need equals its formula, the peak reaches it, the space holds the shards") {
+  auto rng = test::rng_for("offload memory");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    for (const ShardingStrategy s : offloadable) {
+      INFO("strategy = " << name(s));
+      const std::size_t n = shards(s, world);
+      std::size_t chunks = 0, c_max = 0;
+      for (const std::size_t p : sizes) {
+        chunks += chunk(p, n);
+        c_max = std::max(c_max, chunk(p, n));
+      }
+      const bool gsop = s == ShardingStrategy::ShardGradOp;
+      const std::size_t gathered = 4 * (gsop ? n * chunks : n * c_max);
+      const std::size_t buffers = 4 * (gsop ? 2 : 1) * (n + 1) * c_max;
+      std::vector<MemoryNeed> need(static_cast<std::size_t>(world));
+      std::vector<std::size_t> peak(need.size()), persistent(need.size()), held(need.size()), state(need.size());
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto space = std::make_shared<HostOffloadSpace>();
+        ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+        o.offload = space;
+        ShardedTrainer trainer(comm, Squares{sizes, 7}, gradsync::Adam<float>(), o);
+        trainer.step(Scale{1.0f});
+        const auto r = static_cast<std::size_t>(comm.rank());
+        need[r] = trainer.memory_need();
+        peak[r] = trainer.peak_transient_bytes();
+        persistent[r] = trainer.persistent_bytes();
+        held[r] = space->allocated();
+        state[r] = trainer.optimizer().state_elements();
+      });
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        const auto i = static_cast<std::size_t>(r);
+        CHECK(need[i].persistent() == 0);
+        CHECK(persistent[i] == 0);
+        CHECK(need[i].offloaded == (2 + 2) * 4 * chunks);
+        CHECK(need[i].gathered == gathered);
+        CHECK(need[i].gradient_buffers == buffers);
+        CHECK(need[i].total() == gathered + buffers);
+        CHECK(held[i] == 2 * 4 * chunks);
+        CHECK(state[i] == 2 * chunks);
+        CHECK(peak[i] <= need[i].transient());
+        // FullShard's bound is reached: the largest unit gathered for backward beside its buffer.
+        if (!gsop) CHECK(peak[i] == need[i].transient());
+      }
+    }
+  }
+}
+
+TEST_CASE("offload: a budget that fits only the compute side is refused without offload and trains with it") {
+  auto rng = test::rng_for("offload budget");
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    for (const ShardingStrategy s : offloadable) {
+      INFO("strategy = " << name(s));
+      std::vector<std::string> refused(static_cast<std::size_t>(world));
+      std::vector<int> trained(refused.size(), 0);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+        o.offload = std::make_shared<HostOffloadSpace>();
+        const std::size_t budget =
+            ShardedTrainer(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o).memory_need().total();
+        o.memory_budget = budget;
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ShardedTrainer fits(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o);
+        fits.step(Scale{1.0f});
+        trained[r] = fits.persistent_bytes() + fits.peak_transient_bytes() <= budget ? 1 : 0;
+        o.offload = nullptr;
+        try {
+          ShardedTrainer plain(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o);
+        } catch (const gradsync::InvalidArgument& e) {
+          refused[r] = e.what();
+        }
+      });
+      for (std::size_t r = 0; r < refused.size(); ++r) {
+        CAPTURE(r);
+        INFO(refused[r]);
+        CHECK(trained[r] == 1);
+        CHECK(refused[r].find("over the memory_budget") != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("offload: with bfloat16 gathers and reductions too, bitwise as without offload") {
+  const std::uint64_t seed = test::test_seed();
+  INFO("seed = " << seed);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto batches = test_schedule::random_batches(seed + 17 + static_cast<std::uint64_t>(world), 4, world, 3);
+    for (const ShardingStrategy s : offloadable) {
+      INFO("strategy = " << name(s));
+      ShardedTrainerOptions o;
+      o.strategy = s;
+      o.shard_size = shard_size_for(world);
+      o.collective.deterministic = true;
+      o.param_dtype = gradsync::DataType::bfloat16;
+      o.reduce_dtype = gradsync::DataType::bfloat16;
+      const auto adam = gradsync::Adam<float>({.lr = 0.01});
+      const std::vector<Outcome> plain = train(batches, world, adam, o, false);
+      const std::vector<Outcome> offloaded = train(batches, world, adam, o, true);
+      for (std::size_t r = 0; r < plain.size(); ++r) {
+        CAPTURE(r);
+        CHECK(test_schedule::bitwise_equal(offloaded[r].shard, plain[r].shard));
+      }
+    }
+  }
+}
+
+namespace {
+
+/// An offload space that notes which thread each copy ran on.
+class ThreadNotingSpace final : public gradsync::OffloadSpace {
+ public:
+  const char* name() const noexcept override { return "thread-noting"; }
+  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* p, std::size_t bytes) noexcept override { inner_.deallocate(p, bytes); }
+  void copy_in(void* compute, const void* offloaded, std::size_t bytes) override {
+    note();
+    inner_.copy_in(compute, offloaded, bytes);
+  }
+  void copy_out(void* offloaded, const void* compute, std::size_t bytes) override {
+    note();
+    inner_.copy_out(offloaded, compute, bytes);
+  }
+  void wait() override {}
+  std::vector<std::thread::id> threads() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return threads_;
+  }
+
+ private:
+  void note() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    threads_.push_back(std::this_thread::get_id());
+  }
+  HostOffloadSpace inner_;
+  mutable std::mutex mutex_;
+  std::vector<std::thread::id> threads_;
+};
+
+}  // namespace
+
+// The copies are part of the worker's gather and reduction jobs, which is
+// what lets them overlap the rank's compute (prefetch: the next unit's).
+TEST_CASE("offload: every copy of a step runs on the progress worker, not on the rank's thread") {
+  auto rng = test::rng_for("offload threads");
+  for (int world = 1; world <= 3; ++world) {
+    CAPTURE(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    std::vector<std::size_t> copies(static_cast<std::size_t>(world)), on_rank_thread(copies);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      const auto space = std::make_shared<ThreadNotingSpace>();
+      ShardedTrainerOptions o;
+      o.offload = space;
+      o.forward_prefetch = true;
+      o.backward_prefetch = gradsync::BackwardPrefetch::BackwardPre;
+      ShardedTrainer trainer(comm, Squares{sizes, 2}, gradsync::Sgd<float>(), o);
+      trainer.step(Scale{1.0f});
+      trainer.step(Scale{2.0f});
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const std::vector<std::thread::id> threads = space->threads();
+      copies[r] = threads.size();
+      on_rank_thread[r] = static_cast<std::size_t>(std::ranges::count(threads, std::this_thread::get_id()));
+    });
+    for (std::size_t r = 0; r < copies.size(); ++r) {
+      CAPTURE(r);
+      // Two steps of 2·5 − 1 gathers and 5 reductions.
+      CHECK(copies[r] == 2 * (2 * sizes.size() - 1 + sizes.size()));
+      CHECK(on_rank_thread[r] == 0);
+    }
+  }
+}
+
+TEST_CASE("offload: refused with NoShard at construction, and for sharded accumulation, on every rank") {
+  const std::vector<std::size_t> sizes{5, 9};
+  for (int world = 1; world <= 3; ++world) {
+    CAPTURE(world);
+    std::vector<std::string> no_shard(static_cast<std::size_t>(world)), accumulate(no_shard);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      ShardedTrainerOptions o{.strategy = ShardingStrategy::NoShard};
+      o.offload = std::make_shared<HostOffloadSpace>();
+      try {
+        ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), o);
+      } catch (const gradsync::InvalidArgument& e) {
+        no_shard[r] = e.what();
+      }
+      o.strategy = ShardingStrategy::FullShard;
+      ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), o);
+      try {
+        trainer.accumulate(Scale{1.0f});
+      } catch (const gradsync::InvalidArgument& e) {
+        accumulate[r] = e.what();
+      }
+      // Still usable: the refusal came before any communication.
+      trainer.step(Scale{1.0f});
+    });
+    for (std::size_t r = 0; r < no_shard.size(); ++r) {
+      CAPTURE(r);
+      CHECK(no_shard[r].find("offload needs a sharded strategy") != std::string::npos);
+      CHECK(accumulate[r].find("needs AccumulationMode::NoSync") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("memory_budget: a rank given a different budget makes every rank throw the same error") {
+  auto rng = test::rng_for("budget agreement");
+  std::uniform_int_distribution<std::size_t> d(1, 1000);
+  const std::vector<std::size_t> sizes{d(rng), d(rng)};
+  INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+  for (int world = 2; world <= 4; ++world) {
+    CAPTURE(world);
+    std::uniform_int_distribution<int> pick(0, world - 1);
+    const int odd = pick(rng);
+    CAPTURE(odd);
+    // Both budgets fit, so only the disagreement can refuse.
+    const std::size_t budget = std::size_t{1} << 30, other = budget + 1 + d(rng);
+    for (const bool replicated : {false, true}) {
+      CAPTURE(replicated);
+      std::vector<std::string> what(static_cast<std::size_t>(world));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const std::size_t mine = comm.rank() == odd ? other : budget;
+        try {
+          if (replicated) {
+            gradsync::ReplicatedTrainerOptions o;
+            o.memory_budget = mine;
+            gradsync::ReplicatedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), o);
+          } else {
+            ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {.memory_budget = mine});
+          }
+        } catch (const gradsync::InvalidArgument& e) {
+          what[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      });
+      INFO(what[0]);
+      CHECK(what[0].find("different ") != std::string::npos);
+      CHECK(what[0].find("memory_budget") != std::string::npos);
+      CHECK(what[0].find("rank " + std::to_string(odd) + " " + std::to_string(other)) != std::string::npos);
+      for (const std::string& w : what) CHECK(w == what[0]);
+    }
+  }
+}
