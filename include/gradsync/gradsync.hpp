@@ -22,6 +22,7 @@
 #include "gradsync/core/denormals.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/float16.hpp"
+#include "gradsync/core/host_offload_space.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
