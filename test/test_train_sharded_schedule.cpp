@@ -26,20 +26,9 @@
 
 using gradsync::AccumulationMode;
 using gradsync::Collective;
-using gradsync::Communicator;
-using gradsync::ReplicatedTrainer;
-using gradsync::ReplicatedTrainerOptions;
-using gradsync::ShardedTrainer;
-using gradsync::ShardedTrainerOptions;
-using gradsync::ShardingStrategy;
-using gradsync::Threads;
-using test_train::Batch;
 using namespace test_schedule;
 
 namespace {
-
-constexpr ShardingStrategy all_strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                                               ShardingStrategy::NoShard, ShardingStrategy::HybridShard};
 
 /// HybridShard's group size in these tests: two groups where the world allows.
 int hybrid_shard_size(int world) { return world == 4 ? 2 : world == 2 ? 1 : 0; }
@@ -344,18 +333,10 @@ TEST_CASE("wrap: a size-wrapped run equals ReplicatedTrainer (bitwise when deter
   const auto adam = gradsync::Adam<float>({.lr = 0.01});
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
-    const auto ranks = static_cast<std::size_t>(world);
     const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
     for (const bool deterministic : {false, true}) {
       CAPTURE(deterministic);
-      ReplicatedTrainerOptions ro;
-      ro.sync.collective.deterministic = deterministic;
-      std::vector<float> replicated;
-      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-        ReplicatedTrainer trainer(comm, model_for(comm.rank()), adam, ro);
-        for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
-        if (comm.rank() == 0) replicated.assign(trainer.parameters().begin(), trainer.parameters().end());
-      });
+      const std::vector<float> replicated = replicated_on_threads(batches, world, adam, deterministic);
       for (const ShardingStrategy strategy : all_strategies) {
         for (const bool named : {false, true}) {
           INFO("strategy = " << std::string(name(strategy)) << ", wrap = " << (named ? "by name" : "size 30"));
@@ -364,12 +345,7 @@ TEST_CASE("wrap: a size-wrapped run equals ReplicatedTrainer (bitwise when deter
           so.shard_size = strategy == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
           so.collective.deterministic = deterministic;
           so.wrap = named ? by_name : size_30;
-          std::vector<std::vector<float>> result(ranks);
-          gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-            ShardedTrainer trainer(comm, model_for(comm.rank()), adam, so);
-            for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
-            result[static_cast<std::size_t>(comm.rank())] = trainer.full_parameters();
-          });
+          const std::vector<std::vector<float>> result = sharded_on_threads(batches, world, adam, so);
           for (const auto& r : result) CHECK(bitwise_equal(r, result[0]));
           CHECK(worst_relative(result[0], replicated) <= 1e-6);
           if (deterministic && strategy != ShardingStrategy::HybridShard) CHECK(bitwise_equal(result[0], replicated));
@@ -637,18 +613,10 @@ TEST_CASE("prefetch: parity with ReplicatedTrainer still holds, bitwise when det
   const auto adam = gradsync::Adam<float>({.lr = 0.01});
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
-    const auto ranks = static_cast<std::size_t>(world);
     const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
     for (const bool deterministic : {false, true}) {
       CAPTURE(deterministic);
-      ReplicatedTrainerOptions ro;
-      ro.sync.collective.deterministic = deterministic;
-      std::vector<float> replicated;
-      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-        ReplicatedTrainer trainer(comm, model_for(comm.rank()), adam, ro);
-        for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
-        if (comm.rank() == 0) replicated.assign(trainer.parameters().begin(), trainer.parameters().end());
-      });
+      const std::vector<float> replicated = replicated_on_threads(batches, world, adam, deterministic);
       for (const ShardingStrategy strategy : all_strategies) {
         for (const BackwardPrefetch backward : {BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
           for (const bool wrapped : {false, true}) {
@@ -661,12 +629,7 @@ TEST_CASE("prefetch: parity with ReplicatedTrainer still holds, bitwise when det
             so.forward_prefetch = true;
             so.backward_prefetch = backward;
             if (wrapped) so.wrap = size_30;
-            std::vector<std::vector<float>> result(ranks);
-            gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-              ShardedTrainer trainer(comm, model_for(comm.rank()), adam, so);
-              for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
-              result[static_cast<std::size_t>(comm.rank())] = trainer.full_parameters();
-            });
+            const std::vector<std::vector<float>> result = sharded_on_threads(batches, world, adam, so);
             for (const auto& x : result) CHECK(bitwise_equal(x, result[0]));
             CHECK(worst_relative(result[0], replicated) <= 1e-6);
             if (deterministic && strategy != ShardingStrategy::HybridShard) CHECK(bitwise_equal(result[0], replicated));

@@ -1,6 +1,8 @@
 #pragma once
-// What the ShardedTrainer schedule tests share: the test model's layers,
-// random batches, and the two ways results are compared.
+// What the ShardedTrainer tests share: the names they use, the test model's
+// layers, random batches, a trainer's run on one rank (any backend: the
+// Threads tests and the mpirun ones alike), and the two ways results are
+// compared.
 
 #include <gradsync/gradsync.hpp>
 
@@ -17,6 +19,13 @@
 
 namespace test_schedule {
 
+using gradsync::Communicator;
+using gradsync::ReplicatedTrainer;
+using gradsync::ReplicatedTrainerOptions;
+using gradsync::ShardedTrainer;
+using gradsync::ShardedTrainerOptions;
+using gradsync::ShardingStrategy;
+using gradsync::Threads;
 using test_train::Batch;
 using test_train::Mlp;
 
@@ -25,6 +34,9 @@ constexpr std::size_t in = 4, out = 1;
 /// and one smaller than N.
 inline const std::vector<std::size_t> layers{in, 5, 6, out};
 inline const std::vector<std::size_t> unit_sizes{25, 36, 7, 1};
+
+inline constexpr ShardingStrategy all_strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                                      ShardingStrategy::NoShard, ShardingStrategy::HybridShard};
 
 inline Mlp<float> model_for(int rank) { return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 3, true}; }
 
@@ -46,6 +58,50 @@ inline std::vector<std::vector<Batch<float>>> random_batches(std::uint64_t seed,
     for (int r = 0; r < world; ++r) step.push_back(random_batch(rng, b));
   }
   return all;
+}
+
+/// batches[s][r]: rank r's batch of step s.
+using Batches = std::vector<std::vector<Batch<float>>>;
+
+/// This rank's parameters after ReplicatedTrainer's steps on batches[s][rank].
+template <class Comm, class Opt>
+std::vector<float> replicated_parameters(Comm& comm, const Batches& batches, const Opt& opt, bool deterministic) {
+  ReplicatedTrainerOptions o;
+  o.sync.collective.deterministic = deterministic;
+  ReplicatedTrainer trainer(comm, model_for(comm.rank()), opt, o);
+  for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+  return {trainer.parameters().begin(), trainer.parameters().end()};
+}
+
+/// This rank's gathered parameters after ShardedTrainer's steps on batches[s][rank].
+template <class Comm, class Opt>
+std::vector<float> sharded_parameters(Comm& comm, const Batches& batches, const Opt& opt,
+                                      const ShardedTrainerOptions& o) {
+  ShardedTrainer trainer(comm, model_for(comm.rank()), opt, o);
+  for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
+  return trainer.full_parameters();
+}
+
+/// Rank 0's replicated_parameters on `world` threads.
+template <class Opt>
+std::vector<float> replicated_on_threads(const Batches& batches, int world, const Opt& opt, bool deterministic) {
+  std::vector<float> result;
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    std::vector<float> mine = replicated_parameters(comm, batches, opt, deterministic);
+    if (comm.rank() == 0) result = std::move(mine);
+  });
+  return result;
+}
+
+/// Every rank's sharded_parameters on `world` threads, in rank order.
+template <class Opt>
+std::vector<std::vector<float>> sharded_on_threads(const Batches& batches, int world, const Opt& opt,
+                                                   const ShardedTrainerOptions& o) {
+  std::vector<std::vector<float>> result(static_cast<std::size_t>(world));
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    result[static_cast<std::size_t>(comm.rank())] = sharded_parameters(comm, batches, opt, o);
+  });
+  return result;
 }
 
 /// The samples of `parts`, one after the other, as one batch.
