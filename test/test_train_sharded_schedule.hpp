@@ -4,14 +4,18 @@
 // Threads tests and the mpirun ones alike), and the two ways results are
 // compared.
 
+#include <doctest/doctest.h>
+
 #include <gradsync/gradsync.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -37,6 +41,17 @@ inline const std::vector<std::size_t> unit_sizes{25, 36, 7, 1};
 
 inline constexpr ShardingStrategy all_strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                                       ShardingStrategy::NoShard, ShardingStrategy::HybridShard};
+
+/// HybridShard's group size in these tests: two groups where the world allows.
+inline int hybrid_shard_size(int world) { return world == 4 ? 2 : world == 2 ? 1 : 0; }
+
+/// `s` at `world` ranks, HybridShard in groups of hybrid_shard_size(world).
+inline ShardedTrainerOptions options_for(ShardingStrategy s, int world) {
+  ShardedTrainerOptions o;
+  o.strategy = s;
+  o.shard_size = s == ShardingStrategy::HybridShard ? hybrid_shard_size(world) : 0;
+  return o;
+}
 
 inline Mlp<float> model_for(int rank) { return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 3, true}; }
 
@@ -104,6 +119,46 @@ std::vector<std::vector<float>> sharded_on_threads(const Batches& batches, int w
   return result;
 }
 
+using Trace = std::vector<gradsync::ShardedTraceEvent>;
+
+/// " AG0 AG1 RS1 ...": a trace in one line.
+inline std::string describe(const Trace& t) {
+  std::string s;
+  for (const auto& e : t) {
+    s += e.collective == gradsync::Collective::all_gather       ? " AG"
+         : e.collective == gradsync::Collective::reduce_scatter ? " RS"
+         : e.collective == gradsync::Collective::all_reduce     ? " AR"
+                                                      : " ??";
+    s += std::to_string(e.unit);
+  }
+  return s;
+}
+
+/// The collectives of one step of model_for() (forward through its units in
+/// order, backward in reverse) under `groups` wrapped units, without
+/// prefetch, as the strategies define them: FullShard gathers each unit for
+/// forward and again for backward, except the last one when kept; a unit's
+/// reduction follows its last member's ready, which is its first member's.
+inline Trace expected_trace(ShardingStrategy s, std::size_t groups, bool keep_last) {
+  Trace t;
+  if (s != ShardingStrategy::NoShard)
+    for (std::size_t w = 0; w < groups; ++w) t.push_back({gradsync::Collective::all_gather, w});
+  for (std::size_t w = groups; w-- > 0;) {
+    switch (s) {
+      case ShardingStrategy::NoShard: t.push_back({gradsync::Collective::all_reduce, w}); break;
+      case ShardingStrategy::ShardGradOp: t.push_back({gradsync::Collective::reduce_scatter, w}); break;
+      case ShardingStrategy::FullShard:
+      case ShardingStrategy::HybridShard:
+        if (!(keep_last && w + 1 == groups)) t.push_back({gradsync::Collective::all_gather, w});
+        t.push_back({gradsync::Collective::reduce_scatter, w});
+        if (s == ShardingStrategy::HybridShard) t.push_back({gradsync::Collective::all_reduce, w});
+        break;
+    }
+  }
+  return t;
+}
+
+
 /// The samples of `parts`, one after the other, as one batch.
 inline Batch<float> concatenate(const std::vector<Batch<float>>& parts) {
   Batch<float> all;
@@ -127,6 +182,34 @@ inline double worst_relative(const std::vector<float>& a, const std::vector<floa
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+/// Each of `world` threads runs `make(comm)` (which builds a trainer): the
+/// InvalidArgument each threw ("" where none), within 2 s of a 5 s deadline,
+/// so no rank waited for the others to time out.
+template <class Make>
+std::vector<std::string> construction_errors(int world, Make make) {
+  std::vector<std::string> messages(static_cast<std::size_t>(world));
+  gradsync::ThreadsOptions topt;
+  topt.timeout = std::chrono::seconds(5);
+  const auto t0 = std::chrono::steady_clock::now();
+  gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+    try {
+      make(comm);
+    } catch (const gradsync::InvalidArgument& e) {
+      messages[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  return messages;
+}
+
+/// Sharded parameters against ReplicatedTrainer's: within 1e-6 relative, and
+/// bitwise when deterministic (but for HybridShard, which sums in two stages).
+inline void check_matches_replicated(const std::vector<float>& sharded, const std::vector<float>& replicated,
+                                     ShardingStrategy s, bool deterministic) {
+  CHECK(worst_relative(sharded, replicated) <= 1e-6);
+  if (deterministic && s != ShardingStrategy::HybridShard) CHECK(bitwise_equal(sharded, replicated));
 }
 
 }  // namespace test_schedule
