@@ -15,69 +15,13 @@
 
 #include "support/common.hpp"
 #include "test_train_sharded_schedule.hpp"
+#include "test_train_squares.hpp"
 
 using gradsync::MemoryNeed;
 using namespace test_schedule;
+using namespace test_squares;
 
 namespace {
-
-/// One rank's batch: the factor its loss is scaled by.
-struct Scale {
-  float factor = 1;
-};
-
-/// Loss ½·factor·Σp² over units of the given sizes: forward reads every
-/// unit in order, backward asks again in reverse, adds factor·p and reports
-/// it ready. Costs O(Ψ), so large units train fast.
-struct Squares {
-  using value_type = float;
-
-  std::vector<std::size_t> sizes;
-  std::uint64_t seed = 1;
-
-  std::vector<gradsync::UnitSpec> units() const {
-    std::vector<gradsync::UnitSpec> u;
-    for (std::size_t i = 0; i < sizes.size(); ++i) u.push_back({"u" + std::to_string(i), {{"w", {sizes[i]}}}, {}});
-    return u;
-  }
-
-  void bind(std::span<const gradsync::UnitView<float>> views) const {
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    for (const auto& v : views)
-      for (float& x : v.flat_params) x = d(rng);
-  }
-
-  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
-    double loss = 0;
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      const auto p = ctx.params(u);
-      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
-    }
-    for (std::size_t u = sizes.size(); u-- > 0;) {
-      const auto p = ctx.params(u);
-      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
-      ctx.ready(u);
-    }
-    return loss;
-  }
-};
-
-/// Four units of 1..40 elements, and one of fewer elements than N (some
-/// ranks' chunks then hold only padding).
-std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world) {
-  std::uniform_int_distribution<std::size_t> d(1, 40);
-  std::vector<std::size_t> s{d(rng), d(rng), d(rng), d(rng)};
-  s.push_back(world > 1 ? static_cast<std::size_t>(world) - 1 : 1);
-  return s;
-}
-
-/// "a, b, c": for the failure messages.
-std::string joined(const std::vector<std::size_t>& sizes) {
-  std::string s;
-  for (const std::size_t p : sizes) s += (s.empty() ? "" : ", ") + std::to_string(p);
-  return s;
-}
 
 /// Σ⌈P/N⌉ over the units: the elements of one rank's shard, padding included.
 std::size_t padded_chunks(const std::vector<std::size_t>& sizes, std::size_t n) {

@@ -317,25 +317,18 @@ TEST_CASE("wrap: a size-wrapped run equals ReplicatedTrainer (bitwise when deter
   const std::uint64_t seed = test::rng_for("wrap parity")();
   INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
   const auto adam = gradsync::Adam<float>({.lr = 0.01});
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
-    for (const bool deterministic : {false, true}) {
-      CAPTURE(deterministic);
-      const std::vector<float> replicated = replicated_on_threads(batches, world, adam, deterministic);
-      for (const ShardingStrategy strategy : all_strategies) {
-        for (const bool named : {false, true}) {
-          INFO("strategy = " << std::string(name(strategy)) << ", wrap = " << (named ? "by name" : "size 30"));
-          ShardedTrainerOptions so = options_for(strategy, world);
-          so.collective.deterministic = deterministic;
-          so.wrap = named ? by_name : size_30;
-          const std::vector<std::vector<float>> result = sharded_on_threads(batches, world, adam, so);
-          for (const auto& r : result) CHECK(bitwise_equal(r, result[0]));
-          check_matches_replicated(result[0], replicated, strategy, deterministic);
-        }
+  for_each_parity_run(seed, adam, [&](int world, const Batches& batches, const std::vector<float>& replicated,
+                                      bool deterministic) {
+    for (const ShardingStrategy strategy : all_strategies) {
+      for (const bool named : {false, true}) {
+        INFO("strategy = " << std::string(name(strategy)) << ", wrap = " << (named ? "by name" : "size 30"));
+        ShardedTrainerOptions so = options_for(strategy, world);
+        so.collective.deterministic = deterministic;
+        so.wrap = named ? by_name : size_30;
+        check_sharded_run(batches, world, adam, so, replicated);
       }
     }
-  }
+  });
 }
 
 TEST_CASE("trace: the collectives of one step, in order, per strategy and wrapping") {
@@ -548,30 +541,23 @@ TEST_CASE("prefetch: parity with ReplicatedTrainer still holds, bitwise when det
   const std::uint64_t seed = test::rng_for("prefetch parity")();
   INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
   const auto adam = gradsync::Adam<float>({.lr = 0.01});
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
-    for (const bool deterministic : {false, true}) {
-      CAPTURE(deterministic);
-      const std::vector<float> replicated = replicated_on_threads(batches, world, adam, deterministic);
-      for (const ShardingStrategy strategy : all_strategies) {
-        for (const BackwardPrefetch backward : {BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
-          for (const bool wrapped : {false, true}) {
-            INFO("strategy = " << std::string(name(strategy)) << ", backward = " << std::string(name(backward))
-                               << ", wrap = " << (wrapped ? "size 30" : "per unit"));
-            ShardedTrainerOptions so = options_for(strategy, world);
-            so.collective.deterministic = deterministic;
-            so.forward_prefetch = true;
-            so.backward_prefetch = backward;
-            if (wrapped) so.wrap = size_30;
-            const std::vector<std::vector<float>> result = sharded_on_threads(batches, world, adam, so);
-            for (const auto& x : result) CHECK(bitwise_equal(x, result[0]));
-            check_matches_replicated(result[0], replicated, strategy, deterministic);
-          }
+  for_each_parity_run(seed, adam, [&](int world, const Batches& batches, const std::vector<float>& replicated,
+                                      bool deterministic) {
+    for (const ShardingStrategy strategy : all_strategies) {
+      for (const BackwardPrefetch backward : {BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
+        for (const bool wrapped : {false, true}) {
+          INFO("strategy = " << std::string(name(strategy)) << ", backward = " << std::string(name(backward))
+                             << ", wrap = " << (wrapped ? "size 30" : "per unit"));
+          ShardedTrainerOptions so = options_for(strategy, world);
+          so.collective.deterministic = deterministic;
+          so.forward_prefetch = true;
+          so.backward_prefetch = backward;
+          if (wrapped) so.wrap = size_30;
+          check_sharded_run(batches, world, adam, so, replicated);
         }
       }
     }
-  }
+  });
 }
 
 TEST_CASE("mixed precision: bfloat16 gathers and reductions train within bfloat16 tolerance; bytes per collective") {

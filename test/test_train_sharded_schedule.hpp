@@ -66,7 +66,9 @@ inline Batch<float> random_batch(std::mt19937_64& rng, std::size_t b) {
 }
 
 /// batches[s][r]: rank r's batch of step s.
-inline std::vector<std::vector<Batch<float>>> random_batches(std::uint64_t seed, int steps, int world, std::size_t b) {
+using Batches = std::vector<std::vector<Batch<float>>>;
+
+inline Batches random_batches(std::uint64_t seed, int steps, int world, std::size_t b) {
   std::mt19937_64 rng(seed);
   std::vector<std::vector<Batch<float>>> all(static_cast<std::size_t>(steps));
   for (auto& step : all) {
@@ -74,9 +76,6 @@ inline std::vector<std::vector<Batch<float>>> random_batches(std::uint64_t seed,
   }
   return all;
 }
-
-/// batches[s][r]: rank r's batch of step s.
-using Batches = std::vector<std::vector<Batch<float>>>;
 
 /// This rank's parameters after ReplicatedTrainer's steps on batches[s][rank].
 template <class Comm, class Opt>
@@ -159,6 +158,22 @@ inline Trace expected_trace(ShardingStrategy s, std::size_t groups, bool keep_la
 }
 
 
+/// At N = 1..4, deterministic off then on: 20 steps of fresh batches drawn
+/// from `seed`, ReplicatedTrainer's result with `opt` on them, and then
+/// `each(world, batches, replicated, deterministic)` checks sharded runs.
+template <class Opt, class Each>
+void for_each_parity_run(std::uint64_t seed, const Opt& opt, Each each) {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const Batches batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      const std::vector<float> replicated = replicated_on_threads(batches, world, opt, deterministic);
+      each(world, batches, replicated, deterministic);
+    }
+  }
+}
+
 /// The samples of `parts`, one after the other, as one batch.
 inline Batch<float> concatenate(const std::vector<Batch<float>>& parts) {
   Batch<float> all;
@@ -210,6 +225,16 @@ inline void check_matches_replicated(const std::vector<float>& sharded, const st
                                      ShardingStrategy s, bool deterministic) {
   CHECK(worst_relative(sharded, replicated) <= 1e-6);
   if (deterministic && s != ShardingStrategy::HybridShard) CHECK(bitwise_equal(sharded, replicated));
+}
+
+/// A ShardedTrainer run with `o` on `world` threads: every rank gathers the
+/// same parameters, and they match ReplicatedTrainer's `replicated`.
+template <class Opt>
+void check_sharded_run(const Batches& batches, int world, const Opt& opt, const ShardedTrainerOptions& o,
+                       const std::vector<float>& replicated) {
+  const std::vector<std::vector<float>> result = sharded_on_threads(batches, world, opt, o);
+  for (const auto& r : result) CHECK(bitwise_equal(r, result[0]));
+  check_matches_replicated(result[0], replicated, o.strategy, o.collective.deterministic);
 }
 
 }  // namespace test_schedule

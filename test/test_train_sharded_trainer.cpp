@@ -45,19 +45,15 @@ template <class Opt>
 void check_parity(const char* opt_name, Opt opt) {
   const std::uint64_t seed = fresh_seed();
   INFO("seed = " << seed << ", optimizer = " << std::string(opt_name));
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
-    for (const bool deterministic : {false, true}) {
-      CAPTURE(deterministic);
-      const std::vector<float> replicated = replicated_on_threads(batches, world, opt, deterministic);
-      for (const ShardingStrategy s : strategies) {
-        INFO("strategy = " << name(s));
-        const std::vector<float> sharded = train_sharded(batches, world, opt, s, deterministic);
-        check_matches_replicated(sharded, replicated, s, deterministic);
-      }
+  for_each_parity_run(seed, opt, [&](int world, const Batches& batches, const std::vector<float>& replicated,
+                                     bool deterministic) {
+    for (const ShardingStrategy s : strategies) {
+      INFO("strategy = " << name(s));
+      ShardedTrainerOptions o = options_for(s, world);
+      o.collective.deterministic = deterministic;
+      check_sharded_run(batches, world, opt, o, replicated);
     }
-  }
+  });
 }
 
 }  // namespace
