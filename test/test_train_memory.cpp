@@ -14,71 +14,14 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "test_train_sharded_schedule.hpp"
+#include "test_train_squares.hpp"
 
-using gradsync::Communicator;
 using gradsync::MemoryNeed;
-using gradsync::ReplicatedTrainer;
-using gradsync::ReplicatedTrainerOptions;
-using gradsync::ShardedTrainer;
-using gradsync::ShardedTrainerOptions;
-using gradsync::ShardingStrategy;
-using gradsync::Threads;
+using namespace test_schedule;
+using namespace test_squares;
 
 namespace {
-
-/// One rank's batch: the factor its loss is scaled by.
-struct Scale {
-  float factor = 1;
-};
-
-/// Loss ½·factor·Σp² over units of the given sizes: forward reads every
-/// unit in order, backward asks again in reverse, adds factor·p and reports
-/// it ready. Costs O(Ψ), so large units train fast.
-struct Squares {
-  using value_type = float;
-
-  std::vector<std::size_t> sizes;
-  std::uint64_t seed = 1;
-
-  std::vector<gradsync::UnitSpec> units() const {
-    std::vector<gradsync::UnitSpec> u;
-    for (std::size_t i = 0; i < sizes.size(); ++i) u.push_back({"u" + std::to_string(i), {{"w", {sizes[i]}}}, {}});
-    return u;
-  }
-
-  void bind(std::span<const gradsync::UnitView<float>> views) const {
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    for (const auto& v : views)
-      for (float& x : v.flat_params) x = d(rng);
-  }
-
-  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
-    double loss = 0;
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      const auto p = ctx.params(u);
-      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
-    }
-    for (std::size_t u = sizes.size(); u-- > 0;) {
-      const auto p = ctx.params(u);
-      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
-      ctx.ready(u);
-    }
-    return loss;
-  }
-};
-
-constexpr ShardingStrategy all_strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                                               ShardingStrategy::NoShard, ShardingStrategy::HybridShard};
-
-/// Four units of 1..40 elements, and one of fewer elements than N (some
-/// ranks' chunks then hold only padding).
-std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world) {
-  std::uniform_int_distribution<std::size_t> d(1, 40);
-  std::vector<std::size_t> s{d(rng), d(rng), d(rng), d(rng)};
-  s.push_back(world > 1 ? static_cast<std::size_t>(world) - 1 : 1);
-  return s;
-}
 
 /// Σ⌈P/N⌉ over the units: the elements of one rank's shard, padding included.
 std::size_t padded_chunks(const std::vector<std::size_t>& sizes, std::size_t n) {
@@ -107,7 +50,7 @@ void check_persistent_and_peak(const char* opt_name, Opt opt, std::size_t state)
     const auto n = static_cast<std::size_t>(world);
     const std::vector<std::size_t> sizes = random_sizes(rng, world);
     CAPTURE(sizes.size());
-    INFO("sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", " << sizes[3] << ", " << sizes[4]);
+    INFO("sizes = " << joined(sizes));
     const std::size_t psi = sum(sizes), chunks = padded_chunks(sizes, n);
     std::size_t g_max = 0, g_sum = 0, r_max = 0;
     for (const std::size_t p : sizes) {
@@ -268,7 +211,7 @@ TEST_CASE("memory_budget: 0 is no limit, and a budget one byte short of the need
   auto rng = test::rng_for("memory budget edge");
   std::uniform_int_distribution<std::size_t> d(1, 300);
   const std::vector<std::size_t> sizes{d(rng), d(rng), d(rng)};
-  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2]);
+  INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
     for (const ShardingStrategy s : all_strategies) {
@@ -337,8 +280,7 @@ TEST_CASE("step statistics: elements sent per step equal the formula for every s
     CAPTURE(world);
     const auto n = static_cast<std::size_t>(world);
     const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
-                   << sizes[3] << ", " << sizes[4]);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     const std::size_t chunks = padded_chunks(sizes, n), psi = sum(sizes);
     const std::size_t kept = (sizes.back() + n - 1) / n;
     std::vector<std::size_t> sent(n);
@@ -394,8 +336,7 @@ TEST_CASE("step statistics: elements sent per step equal the formula for every s
 TEST_CASE("step statistics: HybridShard sends FullShard's within the group plus its shards across replicas") {
   auto rng = test::rng_for("step statistics hybrid");
   const std::vector<std::size_t> sizes = random_sizes(rng, 4);
-  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
-                 << sizes[3] << ", " << sizes[4]);
+  INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
   const std::size_t chunks = padded_chunks(sizes, 2), kept = (sizes.back() + 1) / 2;
   gradsync::run_threads(4, [&](Communicator<Threads>& comm) {
     RingSharded trainer(comm, Squares{sizes, 5}, gradsync::Sgd<float>({.lr = 0.1}),
@@ -515,8 +456,7 @@ TEST_CASE("memory: NoSync accumulation holds every gradient buffer; Sharded accu
     CAPTURE(world);
     const auto n = static_cast<std::size_t>(world);
     const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
-                   << sizes[3] << ", " << sizes[4]);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     std::size_t g_max = 0, r_sum = 0, r_max = 0;
     for (const std::size_t p : sizes) {
       g_max = std::max(g_max, gathered(p, n));
@@ -554,8 +494,7 @@ TEST_CASE("memory: the formula is over wrapped units, and a NoSync budget counts
   // At least 120 elements: size_based(60) makes two wrapped units or more.
   std::uniform_int_distribution<std::size_t> d(20, 50);
   const std::vector<std::size_t> sizes{d(rng), d(rng), d(rng), d(rng), d(rng), d(rng)};
-  INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
-                 << sizes[3] << ", " << sizes[4] << ", " << sizes[5]);
+  INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
   constexpr int world = 3;
   std::vector<int> refused(world, 0);
   gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
@@ -596,8 +535,7 @@ TEST_CASE("step statistics: prefetch, mixed precision and accumulation keep the 
     CAPTURE(world);
     const auto n = static_cast<std::size_t>(world);
     const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << sizes[0] << ", " << sizes[1] << ", " << sizes[2] << ", "
-                   << sizes[3] << ", " << sizes[4]);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     const std::size_t chunks = padded_chunks(sizes, n);
     const std::size_t kept = (sizes.back() + n - 1) / n;
     // FullShard: two gathers and a reduce-scatter per unit, the kept unit gathered once.

@@ -17,112 +17,43 @@
 #include <vector>
 
 #include "support/unit_disagreement.hpp"
-#include "test_train_model.hpp"
+#include "test_train_sharded_schedule.hpp"
 
-using gradsync::Communicator;
-using gradsync::ReplicatedTrainer;
-using gradsync::ReplicatedTrainerOptions;
-using gradsync::ShardedTrainer;
-using gradsync::ShardedTrainerOptions;
-using gradsync::ShardingStrategy;
-using gradsync::Threads;
-using test_train::Batch;
 using test_train::Declared;
-using test_train::Mlp;
+using namespace test_schedule;
 
 namespace {
 
-constexpr std::size_t in = 4, out = 1;
-/// Units of 25, 36, 7 and (aux) 1 elements: most not divisible by N = 2..4,
-/// and one smaller than N.
-const std::vector<std::size_t> layers{in, 5, 6, out};
 constexpr ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                            ShardingStrategy::NoShard};
 
-Mlp<float> model_for(int rank) { return Mlp<float>{layers, static_cast<std::uint64_t>(rank) + 3, true}; }
-
 std::uint64_t fresh_seed() { return (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}(); }
-
-/// batches[s][r]: rank r's batch of step s, fresh random numbers from `seed`.
-std::vector<std::vector<Batch<float>>> random_batches(std::uint64_t seed, int steps, int world, std::size_t b) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<std::vector<Batch<float>>> all(static_cast<std::size_t>(steps));
-  for (auto& step : all) {
-    for (int r = 0; r < world; ++r) {
-      Batch<float> batch;
-      batch.size = b;
-      for (std::size_t i = 0; i < b * in; ++i) batch.x.push_back(d(rng));
-      for (std::size_t i = 0; i < b * out; ++i) batch.y.push_back(d(rng));
-      step.push_back(std::move(batch));
-    }
-  }
-  return all;
-}
-
-template <class Opt>
-std::vector<float> train_replicated(const std::vector<std::vector<Batch<float>>>& batches, int world, Opt opt,
-                                    bool deterministic) {
-  std::vector<float> result;
-  ReplicatedTrainerOptions o;
-  o.sync.collective.deterministic = deterministic;
-  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, model_for(comm.rank()), opt, o);
-    for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
-    if (comm.rank() == 0) result.assign(trainer.parameters().begin(), trainer.parameters().end());
-  });
-  return result;
-}
 
 /// Rank 0's gathered parameters; every rank's gather must be the same.
 template <class Opt>
-std::vector<float> train_sharded(const std::vector<std::vector<Batch<float>>>& batches, int world, Opt opt,
-                                 ShardingStrategy strategy, bool deterministic) {
-  std::vector<std::vector<float>> result(static_cast<std::size_t>(world));
+std::vector<float> train_sharded(const Batches& batches, int world, Opt opt, ShardingStrategy strategy,
+                                 bool deterministic) {
   ShardedTrainerOptions o;
   o.strategy = strategy;
   o.collective.deterministic = deterministic;
-  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    ShardedTrainer trainer(comm, model_for(comm.rank()), opt, o);
-    for (const auto& step : batches) trainer.step(step[static_cast<std::size_t>(comm.rank())]);
-    result[static_cast<std::size_t>(comm.rank())] = trainer.full_parameters();
-  });
+  const std::vector<std::vector<float>> result = sharded_on_threads(batches, world, opt, o);
   for (const auto& r : result) CHECK(r == result[0]);
   return result[0];
-}
-
-/// Largest |a − b| / max(1, |b|): relative, with an absolute floor for values near zero.
-double worst_relative(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / std::max(1.0, std::abs(double(b[i]))));
-  }
-  return worst;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 template <class Opt>
 void check_parity(const char* opt_name, Opt opt) {
   const std::uint64_t seed = fresh_seed();
   INFO("seed = " << seed << ", optimizer = " << std::string(opt_name));
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 20, world, 3);
-    for (const bool deterministic : {false, true}) {
-      CAPTURE(deterministic);
-      const std::vector<float> replicated = train_replicated(batches, world, opt, deterministic);
-      for (const ShardingStrategy s : strategies) {
-        INFO("strategy = " << name(s));
-        const std::vector<float> sharded = train_sharded(batches, world, opt, s, deterministic);
-        CHECK(worst_relative(sharded, replicated) <= 1e-6);
-        if (deterministic) CHECK(bitwise_equal(sharded, replicated));
-      }
+  for_each_parity_run(seed, opt, [&](int world, const Batches& batches, const std::vector<float>& replicated,
+                                     bool deterministic) {
+    for (const ShardingStrategy s : strategies) {
+      INFO("strategy = " << name(s));
+      ShardedTrainerOptions o = options_for(s, world);
+      o.collective.deterministic = deterministic;
+      check_sharded_run(batches, world, opt, o, replicated);
     }
-  }
+  });
 }
 
 }  // namespace
@@ -326,19 +257,9 @@ TEST_CASE("units: ranks that declare different units throw on every rank, withou
   transposed[1].params[0].shape = {3, 5};
   for (int world = 2; world <= 4; ++world) {
     CAPTURE(world);
-    std::vector<std::string> messages(static_cast<std::size_t>(world));
-    gradsync::ThreadsOptions topt;
-    topt.timeout = std::chrono::seconds(5);
-    const auto t0 = std::chrono::steady_clock::now();
-    gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
-      try {
-        ShardedTrainer trainer(comm, Declared<float>{comm.rank() == world - 1 ? transposed : mine},
-                               gradsync::Sgd<float>());
-      } catch (const gradsync::InvalidArgument& e) {
-        messages[static_cast<std::size_t>(comm.rank())] = e.what();
-      }
+    const std::vector<std::string> messages = construction_errors(world, [&](Communicator<Threads>& comm) {
+      ShardedTrainer trainer(comm, Declared<float>{comm.rank() == world - 1 ? transposed : mine}, gradsync::Sgd<float>());
     });
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
     for (const auto& m : messages) {
       CHECK(m == messages[0]);
       CHECK(m.find("ShardedTrainer: ranks declared different units") != std::string::npos);
@@ -582,8 +503,8 @@ TEST_CASE("HybridShard: 4 ranks as groups x shards match ReplicatedTrainer and F
     CAPTURE(deterministic);
     const auto sgd = gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9});
     const auto adam = gradsync::Adam<float>({.lr = 0.01});
-    const std::vector<float> replicated_sgd = train_replicated(batches, world, sgd, deterministic);
-    const std::vector<float> replicated_adam = train_replicated(batches, world, adam, deterministic);
+    const std::vector<float> replicated_sgd = replicated_on_threads(batches, world, sgd, deterministic);
+    const std::vector<float> replicated_adam = replicated_on_threads(batches, world, adam, deterministic);
     const std::vector<float> full_shard =
         train_sharded(batches, world, adam, ShardingStrategy::FullShard, deterministic);
     CHECK(worst_relative(full_shard, replicated_adam) <= 1e-6);

@@ -19,7 +19,9 @@ import subprocess
 import sys
 import zlib
 
-SKIP = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from gradsync_python import under_gradsync_python  # noqa: E402
+
 NUMPY_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
     "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
@@ -28,22 +30,12 @@ NUMPY_DTYPES = {
 
 
 def main():
-    python = os.environ.get("GRADSYNC_PYTHON", "/usr/bin/python3")
-    # Not realpath: a venv's python is a symlink to the system one.
-    if os.path.abspath(sys.executable) != os.path.abspath(python) and not os.environ.get("_GRADSYNC_REEXEC"):
-        if not shutil.which(python):
-            print(f"SKIP: GRADSYNC_PYTHON={python} does not exist")
-            return SKIP
-        os.environ["_GRADSYNC_REEXEC"] = "1"
-        os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])
-    try:
-        import numpy as np
-        from safetensors import safe_open
-        from safetensors.numpy import load_file
-    except ImportError as e:
-        print(f"SKIP: {sys.executable} cannot import safetensors and numpy ({e}); "
-              f"make a venv with tools/python-venv and set GRADSYNC_PYTHON to its python")
-        return SKIP
+    skip = under_gradsync_python(__file__, "; make a venv with tools/python-venv and set GRADSYNC_PYTHON to its python")
+    if skip:
+        return skip
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
 
     writer, work = sys.argv[1], sys.argv[2]
     shutil.rmtree(work, ignore_errors=True)

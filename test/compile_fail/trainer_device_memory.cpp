@@ -3,17 +3,7 @@
 // expect: gradsync::ReplicatedTrainer needs a backend whose memory space is host memory
 #include <gradsync/gradsync.hpp>
 
-// The Threads transport declared as a device-memory backend: CUDA does not
-// run here, and only the declared memory space matters.
-struct DeviceBackend {
-  using Endpoint = gradsync::Threads::Endpoint;
-  static constexpr gradsync::CostModel cost_model = gradsync::Threads::cost_model;
-#ifdef GRADSYNC_CONTROL
-  static constexpr gradsync::Capabilities capabilities{.memory_space = gradsync::MemorySpace::host};
-#else
-  static constexpr gradsync::Capabilities capabilities{.memory_space = gradsync::MemorySpace::device};
-#endif
-};
+#include "device_backend.hpp"
 
 struct Model {
   using value_type = float;

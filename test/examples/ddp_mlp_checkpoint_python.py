@@ -18,24 +18,17 @@ import subprocess
 import sys
 import zlib
 
-SKIP = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from gradsync_python import under_gradsync_python  # noqa: E402
 
 
 def main():
-    python = os.environ.get("GRADSYNC_PYTHON", "/usr/bin/python3")
-    if os.path.abspath(sys.executable) != os.path.abspath(python) and not os.environ.get("_GRADSYNC_REEXEC"):
-        if not shutil.which(python):
-            print(f"SKIP: GRADSYNC_PYTHON={python} does not exist")
-            return SKIP
-        os.environ["_GRADSYNC_REEXEC"] = "1"
-        os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])
-    try:
-        import numpy as np
-        from safetensors import safe_open
-        from safetensors.numpy import load_file
-    except ImportError as e:
-        print(f"SKIP: {sys.executable} cannot import safetensors and numpy ({e})")
-        return SKIP
+    skip = under_gradsync_python(__file__)
+    if skip:
+        return skip
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
 
     binary, work = sys.argv[1], sys.argv[2]
     shutil.rmtree(work, ignore_errors=True)

@@ -1,15 +1,32 @@
 #pragma once
 // What every rank must have seen when ranks declared different units: the
 // same InvalidArgument, naming the first unit and the odd rank, and no
-// trainer built. Shared by the GradSync and ReplicatedTrainer tests.
+// trainer built. Shared by the GradSync, ReplicatedTrainer and ShardedTrainer
+// tests (the last on Threads and under mpirun).
 
 #include <doctest/doctest.h>
 
+#include <gradsync/core/error.hpp>
+
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <vector>
 
 namespace test {
+
+/// Runs `build` (which constructs what must refuse); what it throws lands in
+/// `message`, marked when it is not an InvalidArgument.
+template <class Build>
+void catch_message(std::string& message, Build build) {
+  try {
+    build();
+  } catch (const gradsync::InvalidArgument& e) {
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = std::string("not an InvalidArgument: ") + e.what();
+  }
+}
 
 inline void check_unit_disagreement(const std::string& who, const std::vector<std::string>& messages,
                                     const std::vector<int>& constructed, int unit, int odd) {

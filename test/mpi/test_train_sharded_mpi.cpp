@@ -1,0 +1,134 @@
+// ShardedTrainer over the Mpi backend, one rank per mpirun process (issue 13:
+// "2 to 4 under mpirun"): parity with ReplicatedTrainer for every strategy
+// and optimizer, bitwise under deterministic; the collectives of a step; and
+// a rank whose units differ. The runs and expectations are the Threads
+// tests' own (test_train_sharded_schedule.hpp); each process checks its rank
+// and compares hashes with the others.
+#include <doctest/doctest.h>
+
+#include <gradsync/backend/mpi.hpp>
+#include <gradsync/gradsync.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../support/common.hpp"
+#include "../support/unit_disagreement.hpp"
+#include "../support/world.hpp"
+#include "../test_train_sharded_schedule.hpp"
+
+using gradsync::Mpi;
+using test_train::Declared;
+using namespace test_schedule;
+
+namespace {
+
+/// True when every process passes the same bytes.
+bool same_on_every_rank(const void* p, std::size_t bytes) {
+  const int n = test::mpi_size();
+  std::vector<std::uint64_t> mine(static_cast<std::size_t>(n));
+  mine[static_cast<std::size_t>(test::mpi_rank())] = test::hash_bytes(p, bytes);
+  const std::vector<std::uint64_t> all = test::all_values(n, mine);
+  for (const std::uint64_t h : all) {
+    if (h != all[0]) return false;
+  }
+  return true;
+}
+bool same_on_every_rank(const std::vector<float>& v) { return same_on_every_rank(v.data(), v.size() * sizeof(float)); }
+bool same_on_every_rank(const std::string& s) { return same_on_every_rank(s.data(), s.size()); }
+
+/// The strategies this world runs: HybridShard where it splits into groups.
+std::vector<ShardingStrategy> strategies_for(int world) {
+  std::vector<ShardingStrategy> s;
+  for (const ShardingStrategy x : all_strategies) {
+    if (x != ShardingStrategy::HybridShard || hybrid_shard_size(world) > 0) s.push_back(x);
+  }
+  return s;
+}
+
+template <class Opt>
+void check_parity(const char* opt_name, const Opt& opt) {
+  const int world = test::mpi_size();
+  const auto batches = random_batches(test::rng_for(opt_name)(), 20, world, 3);
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world << ", optimizer = " << opt_name);
+  test::run_world(world, [&](Communicator<Mpi>& comm) {
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      const std::vector<float> replicated = replicated_parameters(comm, batches, opt, deterministic);
+      CHECK(same_on_every_rank(replicated));
+      for (const ShardingStrategy s : strategies_for(world)) {
+        INFO("strategy = " << std::string(name(s)));
+        ShardedTrainerOptions o = options_for(s, world);
+        o.collective.deterministic = deterministic;
+        const std::vector<float> sharded = sharded_parameters(comm, batches, opt, o);
+        CHECK(same_on_every_rank(sharded));
+        check_matches_replicated(sharded, replicated, s, deterministic);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("mpi parity: SGD, 20 steps, every strategy equals ReplicatedTrainer (bitwise when deterministic)") {
+  check_parity("SGD", gradsync::Sgd<float>({.lr = 0.1}));
+}
+
+TEST_CASE("mpi parity: momentum SGD") { check_parity("momentum", gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9})); }
+
+TEST_CASE("mpi parity: Adam") { check_parity("Adam", gradsync::Adam<float>({.lr = 0.01})); }
+
+TEST_CASE("mpi parity: AdamW") { check_parity("AdamW", gradsync::AdamW<float>({.lr = 0.01, .weight_decay = 0.1})); }
+
+TEST_CASE("mpi trace: the collectives of one step, in order and counted, the same on every rank") {
+  const int world = test::mpi_size();
+  const auto batches = random_batches(test::rng_for("mpi trace")(), 2, world, 2);
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world);
+  test::run_world(world, [&](Communicator<Mpi>& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    for (const ShardingStrategy s : strategies_for(world)) {
+      for (const bool keep : {true, false}) {
+        INFO("strategy = " << std::string(name(s)) << ", keep_last_forward_unit = " << keep);
+        ShardedTrainerOptions o = options_for(s, world);
+        o.keep_last_forward_unit = keep;
+        ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9}), o);
+        trainer.step(batches[0][r]);
+        const std::uint64_t before = comm.sequence();
+        trainer.step(batches[1][r]);
+        const std::uint64_t calls = comm.sequence() - before;
+        const Trace expected = expected_trace(s, layers.size(), keep);
+        const std::string got = describe(trainer.trace());
+        CHECK(got == describe(expected));
+        CHECK(same_on_every_rank(got));
+        // Nothing else on the communicator but the buffers' broadcast
+        // (HybridShard's collectives run on its split communicators).
+        if (s != ShardingStrategy::HybridShard) CHECK(calls == expected.size() + 1);
+      }
+    }
+  });
+}
+
+TEST_CASE("mpi units: a rank whose units differ makes every rank throw the same error, within the deadline") {
+  const std::vector<gradsync::UnitSpec> mine{{"fc1", {{"weight", {3, 5}}}, {}}, {"fc2", {{"weight", {5, 3}}}, {}}};
+  auto transposed = mine;
+  transposed[1].params[0].shape = {3, 5};
+  const int world = test::mpi_size();
+  const int odd = world - 1;
+  test::run_world(world, [&](Communicator<Mpi>& comm) {
+    comm.set_timeout(std::chrono::seconds(10));
+    std::string message;
+    int constructed = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    test::catch_message(message, [&] {
+      ShardedTrainer trainer(comm, Declared<float>{comm.rank() == odd ? transposed : mine}, gradsync::Sgd<float>());
+      constructed = 1;
+    });
+    // Well inside the deadline: the ranks agreed on the error, none waited it out.
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    test::check_unit_disagreement("ShardedTrainer", {message}, {constructed}, 1, odd);
+    CHECK(same_on_every_rank(message));
+  });
+}

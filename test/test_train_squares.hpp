@@ -1,0 +1,75 @@
+#pragma once
+// A model whose step costs O(Ψ), for the tests about what the trainers hold
+// and move (memory, offload) rather than what they compute: Squares, its
+// batch Scale, and random unit sizes.
+
+#include <gradsync/gradsync.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace test_squares {
+
+/// One rank's batch: the factor its loss is scaled by.
+struct Scale {
+  float factor = 1;
+};
+
+/// Loss ½·factor·Σp² over units of the given sizes: forward reads every
+/// unit in order, backward asks again in reverse, adds factor·p and reports
+/// it ready. Costs O(Ψ), so large units train fast.
+struct Squares {
+  using value_type = float;
+
+  std::vector<std::size_t> sizes;
+  std::uint64_t seed = 1;
+
+  std::vector<gradsync::UnitSpec> units() const {
+    std::vector<gradsync::UnitSpec> u;
+    for (std::size_t i = 0; i < sizes.size(); ++i) u.push_back({"u" + std::to_string(i), {{"w", {sizes[i]}}}, {}});
+    return u;
+  }
+
+  void bind(std::span<const gradsync::UnitView<float>> views) const {
+    std::mt19937 rng(static_cast<std::uint32_t>(seed));
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (const auto& v : views)
+      for (float& x : v.flat_params) x = d(rng);
+  }
+
+  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
+    double loss = 0;
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      const auto p = ctx.params(u);
+      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
+    }
+    for (std::size_t u = sizes.size(); u-- > 0;) {
+      const auto p = ctx.params(u);
+      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
+      ctx.ready(u);
+    }
+    return loss;
+  }
+};
+
+/// Four units of 1..largest elements, and one of fewer elements than N (some
+/// ranks' chunks then hold only padding).
+inline std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world, std::size_t largest = 40) {
+  std::uniform_int_distribution<std::size_t> d(1, largest);
+  std::vector<std::size_t> s{d(rng), d(rng), d(rng), d(rng)};
+  s.push_back(world > 1 ? static_cast<std::size_t>(world) - 1 : 1);
+  return s;
+}
+
+/// "a, b, c": for the failure messages.
+inline std::string joined(const std::vector<std::size_t>& sizes) {
+  std::string s;
+  for (const std::size_t p : sizes) s += (s.empty() ? "" : ", ") + std::to_string(p);
+  return s;
+}
+
+}  // namespace test_squares
