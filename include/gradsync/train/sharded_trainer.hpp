@@ -23,6 +23,7 @@
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/collective/progress_worker.hpp"
 #include "gradsync/collective/reduce_scatter.hpp"
+#include "gradsync/core/aligned_allocator.hpp"
 #include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/collective.hpp"
@@ -517,6 +518,51 @@ class ShardedTrainer {
   const std::vector<ShardedTraceEvent>& trace() const noexcept { return trace_; }
 
   const TrainerStats& stats() const noexcept { return stats_; }
+
+  // Checkpoint access
+  /// Optimizer steps taken (what a checkpoint saves as `trainer.step`).
+  std::size_t step_count() const noexcept { return stats_.steps; }
+  /// Sets the step count; for loading a checkpoint.
+  void set_step_count(std::size_t steps) noexcept { stats_.steps = steps; }
+  /// No forward_backward() waits for its optimizer_step() and nothing is
+  /// accumulated: the only moments a checkpoint can be taken or loaded.
+  /// Nothing is gathered then either (a step ends by freeing every unit,
+  /// the one keep_last_forward_unit kept included).
+  bool between_steps() const noexcept { return !pending_ && micro_steps_ == 0 && lingering_.empty(); }
+  /// This rank's master shard, writable (a checkpoint load writes it
+  /// between steps; keep the padding zero).
+  std::span<value_type> shard() noexcept { return master(); }
+  /// Wrapped units, for unit_size, chunk_size, chunk_offset, owned_range.
+  std::size_t unit_count() const noexcept { return sizes_.size(); }
+  /// Where unit u's chunk starts in shard() (and in the optimizer's state).
+  std::size_t chunk_offset(std::size_t u) const { return offsets_.at(u); }
+  /// This rank's place in its shard group, and the group's size: the
+  /// chunk it owns and how many there are (NoShard: 0 of 1).
+  int shard_rank() const noexcept { return sharded() ? shard_comm().rank() : 0; }
+  int shard_count() const noexcept { return sharded() ? shard_comm().size() : 1; }
+  /// Which copy of the shards this rank holds: HybridShard's group index,
+  /// NoShard's rank, else 0. Replica 0 writes a checkpoint.
+  int replica() const noexcept {
+    if (!sharded()) return comm_.rank();
+    return comm_.rank() / shard_comm().size();
+  }
+  /// Gathers a shard-shaped buffer's unit u, `chunk` (chunk_size(u)
+  /// elements: the parameters' or an optimizer moment's), into `full`
+  /// (shard_count()·chunk_size(u) elements, padding last). Collective over
+  /// the shard group, between steps.
+  void gather_chunk(std::size_t u, std::span<const value_type> chunk, std::span<value_type> full) {
+    if (chunk.size() != chunks_.at(u) || full.size() != chunk.size() * static_cast<std::size_t>(shard_count())) {
+      throw InvalidArgument(where() + ": gather_chunk of " + wrapped_name(u) + " takes " +
+                            std::to_string(chunks_.at(u)) + " elements into " +
+                            std::to_string(chunks_.at(u) * static_cast<std::size_t>(shard_count())) + ", got " +
+                            std::to_string(chunk.size()) + " into " + std::to_string(full.size()));
+    }
+    if (!sharded()) {
+      std::copy(chunk.begin(), chunk.end(), full.begin());
+      return;
+    }
+    AllGather<Algo>{o_.collective}(shard_comm(), chunk, full);
+  }
 
  private:
   /// A model unit in this step.
@@ -1346,7 +1392,9 @@ class ShardedTrainer {
   std::vector<UnitSpec> specs_;
   std::vector<std::size_t> sizes_, chunks_, offsets_, buffer_offsets_;
   std::size_t total_ = 0;
-  std::vector<value_type> shard_params_, shard_grads_, buffers_;
+  // 64-byte aligned, as ReplicatedTrainer's, so vectorized math sums in one
+  // order whatever else the process allocated (exact resume).
+  std::vector<value_type, detail::AlignedAllocator<value_type>> shard_params_, shard_grads_, buffers_;
   /// Offload: the master and gradient shards, in the offload space (else empty).
   Offloaded off_params_, off_grads_;
   /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
