@@ -52,9 +52,11 @@ class ShardWriter {
  public:
   /// `tensors`: full specs (dtype and full shape) of every tensor in the
   /// checkpoint; `ranges`: what this rank owns. `id` must be the same on every
-  /// rank and differ from the previous checkpoint's.
+  /// rank and differ from the previous checkpoint's. `metadata`: more
+  /// `__metadata__` entries for this file (a trainer puts its training
+  /// state's strings in rank 0's).
   ShardWriter(const std::filesystem::path& dir, std::string_view stem, std::string_view id, int rank, int size,
-              std::span<const TensorInfo> tensors, std::vector<ShardRange> ranges)
+              std::span<const TensorInfo> tensors, std::vector<ShardRange> ranges, Metadata metadata = {})
       : ranges_(std::move(ranges)) {
     const auto path = dir / shard_file_name(stem, id, rank, size);
     std::erase_if(ranges_, [](const ShardRange& r) { return r.begin == r.end; });
@@ -70,8 +72,9 @@ class ShardWriter {
                               " elements");
       pieces.push_back(TensorInfo{piece_name(r.tensor, r.begin, r.end), full->dtype, {r.end - r.begin}});
     }
-    Metadata meta{{std::string(checkpoint_id_key), std::string(id)},
-                  {"gradsync.shard", std::to_string(rank) + "/" + std::to_string(size)}};
+    Metadata meta = std::move(metadata);
+    meta[std::string(checkpoint_id_key)] = std::string(id);
+    meta["gradsync.shard"] = std::to_string(rank) + "/" + std::to_string(size);
     writer_.emplace(path, std::move(pieces), std::move(meta));
   }
 

@@ -4,10 +4,12 @@
 /// loaded all or nothing by every rank.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,9 +18,14 @@
 
 #include "gradsync/checkpoint/safetensors_reader.hpp"
 #include "gradsync/checkpoint/safetensors_writer.hpp"
+#include "gradsync/checkpoint/shard_index.hpp"
+#include "gradsync/checkpoint/shard_writer.hpp"
 #include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/collective/all_gather.hpp"
+#include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/train/checkpoint_options.hpp"
+#include "gradsync/train/checkpoint_source.hpp"
 #include "gradsync/train/distributed_sampler.hpp"
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
@@ -35,7 +42,6 @@ inline std::filesystem::path checkpoint_file(const std::filesystem::path& path) 
 namespace detail {
 
 /// `__metadata__` keys gradsync writes besides the file layer's own.
-inline constexpr std::string_view checkpoint_kind_key = "gradsync.checkpoint";
 inline constexpr std::string_view checkpoint_kind = "training-state/1";
 inline constexpr std::string_view optimizer_kind_key = "gradsync.optimizer";
 inline constexpr std::string_view world_size_key = "gradsync.world_size";
@@ -76,65 +82,219 @@ inline void settle_failures(const std::vector<std::int32_t>& failed, int rank, c
               " (its own error says why); rank " + std::to_string(rank) + " stops with it");
 }
 
+/// What a save writes, built and checked on every rank before any
+/// communication: the tensors of the state, its scalars, and their specs.
+template <class T>
+struct SaveList {
+  OptimizerStateView<T> opt;
+  std::vector<StateTensor> tensors;
+  std::vector<StateScalar> scalars;
+  std::vector<checkpoint::TensorInfo> infos;
+};
+
 template <class Trainer>
-void save_replicated(Trainer& trainer, const DistributedSampler* sampler, const std::filesystem::path& path,
-                     const checkpoint::Metadata& metadata) {
+SaveList<typename Trainer::value_type> save_list(Trainer& trainer, const DistributedSampler* sampler,
+                                                 const checkpoint::Metadata& metadata) {
   using T = typename Trainer::value_type;
   check_checkpointable(trainer, "save_checkpoint");
-  auto& comm = trainer.communicator();
   for (const auto& [k, v] : metadata) {
     if (k.starts_with("gradsync.")) {
       throw InvalidArgument("gradsync: save_checkpoint: metadata key '" + k +
                             "' is reserved (keys starting with 'gradsync.' are gradsync's own)");
     }
   }
-  const OptimizerStateView<T> opt = trainer.optimizer().state();
+  SaveList<T> l;
+  l.opt = trainer.optimizer().state();
   std::vector<std::string_view> buffer_names;
-  for (const auto& b : opt.buffers) buffer_names.push_back(b.first);
-  const std::vector<StateTensor> tensors = state_tensors<T>(trainer.units(), buffer_names);
+  for (const auto& b : l.opt.buffers) buffer_names.push_back(b.first);
+  l.tensors = state_tensors<T>(trainer.units(), buffer_names);
   const SamplerState sampler_state = sampler ? sampler->state() : SamplerState{};
-  const std::vector<StateScalar> scalars =
-      state_scalars<T>(trainer.step_count(), opt, sampler ? &sampler_state : nullptr);
-  std::vector<checkpoint::TensorInfo> infos;
-  for (const StateTensor& t : tensors) infos.push_back(t.info);
-  for (const StateScalar& s : scalars) infos.push_back(s.info());
-  for (std::size_t i = 0; i < infos.size(); ++i) {
+  l.scalars = state_scalars<T>(trainer.step_count(), l.opt, sampler ? &sampler_state : nullptr);
+  for (const StateTensor& t : l.tensors) l.infos.push_back(t.info);
+  for (const StateScalar& s : l.scalars) l.infos.push_back(s.info());
+  for (std::size_t i = 0; i < l.infos.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) {
-      if (infos[i].name == infos[j].name) {
+      if (l.infos[i].name == l.infos[j].name) {
         throw InvalidArgument("gradsync: save_checkpoint: two tensors of the training state are both called '" +
-                              infos[i].name + "'; rename a unit or tensor of the model");
+                              l.infos[i].name + "'; rename a unit or tensor of the model");
       }
     }
   }
+  return l;
+}
+
+/// The user's metadata and gradsync's strings of a training state.
+inline checkpoint::Metadata state_metadata(const checkpoint::Metadata& metadata, std::string_view optimizer,
+                                           int world) {
+  checkpoint::Metadata meta = metadata;
+  meta[std::string(checkpoint_kind_key)] = std::string(checkpoint_kind);
+  meta[std::string(optimizer_kind_key)] = std::string(optimizer);
+  meta[std::string(world_size_key)] = std::to_string(world);
+  return meta;
+}
+
+/// Refuses a sharded save to a path that names a file, on every rank alike.
+inline void check_sharded_path(const std::filesystem::path& path) {
+  if (path.extension() == ".safetensors" || path.filename() == index_file_name) {
+    throw InvalidArgument("gradsync: save_checkpoint: a sharded checkpoint is a directory (its index and one file per "
+                          "shard), but '" + path.string() + "' names a file; give the directory");
+  }
+}
+
+/// Shard files of an earlier checkpoint of `dir` (`checkpoint-*-rank*.safetensors`) not in `keep`.
+inline void remove_stale_shards(const std::filesystem::path& dir, std::span<const std::string> keep) noexcept {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!n.starts_with(std::string(shard_stem) + "-") || !n.ends_with(".safetensors") ||
+        n.find("-rank") == std::string::npos || std::find(keep.begin(), keep.end(), n) != keep.end()) {
+      continue;
+    }
+    std::error_code ignored;
+    std::filesystem::remove(e.path(), ignored);
+  }
+}
+
+/// Once a checkpoint of one layout is in place in `dir`, the other layout's
+/// entry point would make the directory ambiguous to load: it goes.
+inline void remove_other_layout(const std::filesystem::path& dir, CheckpointFormat written) noexcept {
+  std::error_code ec;
+  if (written == CheckpointFormat::sharded) {
+    std::filesystem::remove(dir / full_file_name, ec);
+    return;
+  }
+  if (std::filesystem::remove(dir / index_file_name, ec)) remove_stale_shards(dir, {});
+}
+
+template <class Trainer>
+void save_replicated(Trainer& trainer, const DistributedSampler* sampler, const std::filesystem::path& path,
+                     const checkpoint::Metadata& metadata) {
+  using T = typename Trainer::value_type;
+  const SaveList<T> l = save_list(trainer, sampler, metadata);
+  auto& comm = trainer.communicator();
   const std::filesystem::path file = checkpoint_file(path);
   std::exception_ptr error;
   if (comm.rank() == 0) {
     try {
       if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-      checkpoint::Metadata meta = metadata;
-      meta[std::string(checkpoint_kind_key)] = std::string(checkpoint_kind);
-      meta[std::string(optimizer_kind_key)] = std::string(opt.kind);
-      meta[std::string(world_size_key)] = std::to_string(comm.size());
-      checkpoint::SafetensorsWriter writer(file, infos, std::move(meta));
+      checkpoint::SafetensorsWriter writer(file, l.infos, state_metadata(metadata, l.opt.kind, comm.size()));
       const std::span<const T> params = trainer.parameters(), buffers = trainer.buffers();
       // An optimizer that has not stepped has no buffers yet: its state is zeros.
-      const std::vector<T> zeros(opt.buffers.empty() || !opt.buffers.front().second.empty() ? 0 : params.size());
-      for (const StateTensor& t : tensors) {
+      const std::vector<T> zeros(l.opt.buffers.empty() || !l.opt.buffers.front().second.empty() ? 0 : params.size());
+      for (const StateTensor& t : l.tensors) {
         std::span<const T> from = t.source == StateSource::parameter ? params
                                   : t.source == StateSource::buffer  ? buffers
-                                  : opt.buffers[t.buffer].second.empty()
+                                  : l.opt.buffers[t.buffer].second.empty()
                                       ? std::span<const T>(zeros)
-                                      : opt.buffers[t.buffer].second;
+                                      : l.opt.buffers[t.buffer].second;
         writer.write(t.info.name, from.subspan(t.offset, t.count));
       }
-      for (const StateScalar& s : scalars) writer.write(s.name, s.data());
+      for (const StateScalar& s : l.scalars) writer.write(s.name, s.data());
       writer.commit();
+      if (path.extension() != ".safetensors") remove_other_layout(path, CheckpointFormat::full);
     } catch (...) {
       error = std::current_exception();
     }
   }
   settle_failures(gather_failures<typename Trainer::algorithm>(comm, error != nullptr), comm.rank(), error,
                   "save_checkpoint of '" + file.string() + "'");
+}
+
+/// Elements [begin, end) of the flat parameters (every unit's, in order)
+/// that a rank holds, at element `at` of its own array (and of its
+/// optimizer's buffers, which step that array).
+struct HeldRange {
+  std::size_t begin = 0, end = 0, at = 0;
+};
+
+/// What one rank contributes to a sharded checkpoint.
+template <class T>
+struct ShardSource {
+  /// Its shard's number and how many there are; it writes only if `writes`
+  /// (one copy of every shard is written: replica 0's).
+  int shard = 0, shards = 1;
+  bool writes = false;
+  std::vector<HeldRange> held;
+  std::span<const T> params, buffers;
+};
+
+/// A sharded save: each writing rank streams its ranges into its shard file
+/// (shard 0 adds the buffers, the scalars and the metadata); once every
+/// file is durable (the first agreement), rank 0 builds the index from the
+/// files' headers and renames it into place, then drops the files of
+/// earlier checkpoints; the second agreement tells every rank it is done.
+template <class Algo, class Comm, class T>
+void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, const std::filesystem::path& dir,
+                  const checkpoint::Metadata& metadata) {
+  // One id on every rank, new each time: the new files never overwrite what the current index names.
+  std::int64_t id_number = 0;
+  if (comm.rank() == 0) {
+    std::random_device rd;
+    const auto now = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+    id_number = static_cast<std::int64_t>(((std::uint64_t{rd()} << 32) ^ rd() ^ now) >> 1);
+  }
+  Broadcast<Algo>{}(comm, std::span<std::int64_t>(&id_number, 1), 0);
+  char id_text[17];
+  std::snprintf(id_text, sizeof id_text, "%016llx", static_cast<unsigned long long>(id_number));
+  const std::string id(id_text);
+  const std::string where = "save_checkpoint of '" + dir.string() + "'";
+
+  std::exception_ptr error;
+  if (me.writes) {
+    try {
+      std::filesystem::create_directories(dir);
+      const bool first = me.shard == 0;
+      std::vector<checkpoint::ShardRange> ranges;
+      std::vector<std::span<const std::byte>> data;
+      const std::vector<T> zeros(l.opt.buffers.empty() || !l.opt.buffers.front().second.empty() ? 0
+                                                                                                   : me.params.size());
+      for (const StateTensor& t : l.tensors) {
+        if (t.source == StateSource::buffer) {
+          if (first && t.count > 0) {
+            ranges.push_back({t.info.name, 0, t.count});
+            data.push_back(std::as_bytes(me.buffers.subspan(t.offset, t.count)));
+          }
+          continue;
+        }
+        const std::span<const T> from = t.source == StateSource::parameter ? me.params
+                                        : l.opt.buffers[t.buffer].second.empty()
+                                            ? std::span<const T>(zeros)
+                                            : l.opt.buffers[t.buffer].second;
+        for (const HeldRange& h : me.held) {
+          const std::size_t lo = std::max(t.offset, h.begin), hi = std::min(t.offset + t.count, h.end);
+          if (lo >= hi) continue;
+          ranges.push_back({t.info.name, lo - t.offset, hi - t.offset});
+          data.push_back(std::as_bytes(from.subspan(h.at + (lo - h.begin), hi - lo)));
+        }
+      }
+      if (first) {
+        for (const StateScalar& s : l.scalars) {
+          ranges.push_back({s.name, 0, 1});
+          data.push_back(s.data());
+        }
+      }
+      checkpoint::ShardWriter writer(dir, shard_stem, id, me.shard, me.shards, l.infos, ranges,
+                                     first ? state_metadata(metadata, l.opt.kind, comm.size()) : checkpoint::Metadata{});
+      for (std::size_t i = 0; i < ranges.size(); ++i) writer.write(ranges[i], data[i]);
+      writer.commit();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  settle_failures(gather_failures<Algo>(comm, error != nullptr), comm.rank(), error, where);
+  if (comm.rank() == 0) {
+    try {
+      std::vector<std::string> files;
+      for (int r = 0; r < me.shards; ++r) files.push_back(checkpoint::shard_file_name(shard_stem, id, r, me.shards));
+      const auto index = checkpoint::ShardIndex::from_shard_files(dir, id, files, l.infos);
+      index.write(dir / index_file_name);
+      remove_stale_shards(dir, files);
+      remove_other_layout(dir, CheckpointFormat::sharded);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  settle_failures(gather_failures<Algo>(comm, error != nullptr), comm.rank(), error, where);
 }
 
 /// What a rank reads and checks before it changes anything.
@@ -146,23 +306,27 @@ struct StagedState {
   checkpoint::Metadata user;
 };
 
-template <class Trainer>
-StagedState<typename Trainer::value_type> stage_replicated(Trainer& trainer, const DistributedSampler* sampler,
-                                                          const std::filesystem::path& file) {
-  using T = typename Trainer::value_type;
-  checkpoint::SafetensorsReader reader(file);
+/// Reads and checks, into staging, the part of the checkpoint `src` that a
+/// rank holds: `held` ranges of the flat parameters and of each optimizer
+/// buffer into arrays of `local` elements (zeros elsewhere), all
+/// `buffer_elements` of the buffers, and every scalar. Then asks the
+/// optimizer and the sampler to check their parts.
+template <class T, class Opt>
+StagedState<T> stage_state(const CheckpointSource& src, Opt& optimizer, const std::vector<UnitSpec>& units,
+                           std::span<const HeldRange> held, std::size_t local, std::size_t buffer_elements,
+                           const DistributedSampler* sampler) {
   auto refuse = [&](const std::string& what) {
-    throw InvalidArgument("gradsync: load_checkpoint: '" + file.string() + "' does not match this training state: " +
-                          what);
+    throw InvalidArgument("gradsync: load_checkpoint: '" + src.file().string() +
+                          "' does not match this training state: " + what);
   };
-  const auto& meta = reader.metadata();
+  const auto& meta = src.metadata();
   const auto kind = meta.find(std::string(checkpoint_kind_key));
   if (kind == meta.end() || kind->second != checkpoint_kind) {
     refuse("it is not a gradsync training checkpoint ('" + std::string(checkpoint_kind_key) + "' is " +
            (kind == meta.end() ? "missing" : "'" + kind->second + "'") + ", expected '" +
            std::string(checkpoint_kind) + "')");
   }
-  const OptimizerStateView<T> opt = trainer.optimizer().state();
+  const OptimizerStateView<T> opt = optimizer.state();
   const auto saved_kind = meta.find(std::string(optimizer_kind_key));
   if (saved_kind == meta.end() || saved_kind->second != opt.kind) {
     refuse("it holds the state of optimizer " + (saved_kind == meta.end() ? "(none)" : saved_kind->second) +
@@ -170,26 +334,24 @@ StagedState<typename Trainer::value_type> stage_replicated(Trainer& trainer, con
   }
   std::vector<std::string_view> buffer_names;
   for (const auto& b : opt.buffers) buffer_names.push_back(b.first);
-  const std::vector<StateTensor> tensors = state_tensors<T>(trainer.units(), buffer_names);
+  const std::vector<StateTensor> tensors = state_tensors<T>(units, buffer_names);
   const SamplerState current = sampler ? sampler->state() : SamplerState{};
   StagedState<T> staged;
   staged.scalars = state_scalars<T>(0, opt, sampler ? &current : nullptr);
 
   // Names, dtypes and shapes first, all of them, before any data is read.
-  auto expect = [&](const checkpoint::TensorInfo& want) -> const checkpoint::TensorEntry& {
-    const checkpoint::TensorEntry* got = reader.find(want.name);
+  auto expect = [&](const checkpoint::TensorInfo& want) {
+    const checkpoint::TensorInfo* got = src.find(want.name);
     if (!got) refuse("it has no tensor '" + want.name + "'");
-    if (got->spec.dtype != want.dtype || got->spec.shape != want.shape) {
-      refuse("tensor '" + want.name + "' is " + std::string(checkpoint::dtype_name(got->spec.dtype)) + " " +
-             checkpoint::shape_string(got->spec.shape) + ", this training state's is " +
+    if (got->dtype != want.dtype || got->shape != want.shape) {
+      refuse("tensor '" + want.name + "' is " + std::string(checkpoint::dtype_name(got->dtype)) + " " +
+             checkpoint::shape_string(got->shape) + ", this training state's is " +
              std::string(checkpoint::dtype_name(want.dtype)) + " " + checkpoint::shape_string(want.shape));
     }
-    return *got;
   };
   for (const StateTensor& t : tensors) expect(t.info);
   for (const StateScalar& s : staged.scalars) expect(s.info());
-  for (const checkpoint::TensorEntry& e : reader.tensors()) {
-    const std::string& n = e.spec.name;
+  for (const std::string& n : src.names()) {
     // A checkpoint with a sampler's state loads without a sampler (evaluation, say).
     if (!sampler && n.starts_with("sampler.")) continue;
     const bool known = std::any_of(tensors.begin(), tensors.end(), [&](const StateTensor& t) { return t.info.name == n; }) ||
@@ -197,23 +359,32 @@ StagedState<typename Trainer::value_type> stage_replicated(Trainer& trainer, con
     if (!known) refuse("it holds tensor '" + n + "', which this training state does not have");
   }
 
-  // Then the data, every checksum verified as it is read.
-  staged.params.resize(trainer.parameters().size());
-  staged.buffers.resize(trainer.buffers().size());
-  staged.optimizer.buffers.assign(opt.buffers.size(), std::vector<T>(trainer.parameters().size()));
+  // Then the data this rank holds, every checksum verified as it is read.
+  staged.params.assign(local, T(0));
+  staged.buffers.assign(buffer_elements, T(0));
+  staged.optimizer.buffers.assign(opt.buffers.size(), std::vector<T>(local, T(0)));
+  std::vector<checkpoint::RangeSlot> slots;
   for (const StateTensor& t : tensors) {
-    std::vector<T>& to = t.source == StateSource::parameter ? staged.params
-                         : t.source == StateSource::buffer  ? staged.buffers
-                                                            : staged.optimizer.buffers[t.buffer];
-    reader.read(t.info.name, std::as_writable_bytes(std::span<T>(to).subspan(t.offset, t.count)));
+    if (t.source == StateSource::buffer) {
+      slots.push_back({t.info, 0, t.count, std::as_writable_bytes(std::span<T>(staged.buffers).subspan(t.offset, t.count))});
+      continue;
+    }
+    std::vector<T>& to = t.source == StateSource::parameter ? staged.params : staged.optimizer.buffers[t.buffer];
+    for (const HeldRange& h : held) {
+      const std::size_t lo = std::max(t.offset, h.begin), hi = std::min(t.offset + t.count, h.end);
+      if (lo >= hi) continue;
+      slots.push_back({t.info, lo - t.offset, hi - t.offset,
+                       std::as_writable_bytes(std::span<T>(to).subspan(h.at + (lo - h.begin), hi - lo))});
+    }
   }
-  for (StateScalar& s : staged.scalars) reader.read(s.name, s.data());
+  for (StateScalar& s : staged.scalars) slots.push_back({s.info(), 0, 1, s.data()});
+  src.load(slots);
 
   staged.optimizer.steps = staged.scalars[ScalarIndex::optimizer_step].as_counter();
   for (std::size_t h = 0; h < opt.hyperparameters.size(); ++h) {
     staged.optimizer.hyperparameters.push_back(staged.scalars[ScalarIndex::first_hyperparameter + h].as_real());
   }
-  trainer.optimizer().check_state(staged.optimizer);
+  optimizer.check_state(staged.optimizer);
   if (sampler) sampler->check_state(sampler_state_of(staged.scalars, ScalarIndex::first_hyperparameter + opt.hyperparameters.size()));
   for (const auto& [k, v] : meta) {
     if (!k.starts_with("gradsync.")) staged.user.emplace(k, v);
@@ -221,23 +392,29 @@ StagedState<typename Trainer::value_type> stage_replicated(Trainer& trainer, con
   return staged;
 }
 
-template <class Trainer>
-checkpoint::Metadata load_replicated(Trainer& trainer, DistributedSampler* sampler, const std::filesystem::path& path) {
+/// Stages on every rank, agrees, and if every rank passed calls
+/// `commit(staged)` (which must not throw) and restores the counters,
+/// the sampler and the optimizer; returns the user's metadata.
+template <class Trainer, class Commit>
+checkpoint::Metadata load_state(Trainer& trainer, DistributedSampler* sampler, const std::filesystem::path& path,
+                                std::span<const HeldRange> held, std::size_t local, Commit commit) {
   using T = typename Trainer::value_type;
   check_checkpointable(trainer, "load_checkpoint");
   auto& comm = trainer.communicator();
-  const std::filesystem::path file = checkpoint_file(path);
+  std::string file = path.string();
   StagedState<T> staged;
   std::exception_ptr error;
   try {
-    staged = stage_replicated(trainer, sampler, file);
+    const CheckpointSource src(path);
+    file = src.file().string();
+    staged = stage_state<T>(src, trainer.optimizer(), trainer.units(), held, local, trainer.buffers().size(), sampler);
   } catch (...) {
     error = std::current_exception();
   }
   settle_failures(gather_failures<typename Trainer::algorithm>(comm, error != nullptr), comm.rank(), error,
-                  "load_checkpoint of '" + file.string() + "'");
+                  "load_checkpoint of '" + file + "'");
   // Every rank checked everything: from here on nothing throws.
-  std::copy(staged.params.begin(), staged.params.end(), trainer.parameters().begin());
+  commit(staged);
   std::copy(staged.buffers.begin(), staged.buffers.end(), trainer.buffers().begin());
   if (sampler) {
     sampler->load_state(
@@ -246,6 +423,30 @@ checkpoint::Metadata load_replicated(Trainer& trainer, DistributedSampler* sampl
   trainer.set_step_count(static_cast<std::size_t>(staged.scalars[ScalarIndex::trainer_step].as_counter()));
   trainer.optimizer().load_state(std::move(staged.optimizer));
   return std::move(staged.user);
+}
+
+template <class Trainer>
+checkpoint::Metadata load_replicated(Trainer& trainer, DistributedSampler* sampler, const std::filesystem::path& path) {
+  using T = typename Trainer::value_type;
+  const std::size_t total = trainer.parameters().size();
+  const HeldRange all{0, total, 0};
+  return load_state(trainer, sampler, path, std::span<const HeldRange>(&all, 1), total, [&](StagedState<T>& s) {
+    std::copy(s.params.begin(), s.params.end(), trainer.parameters().begin());
+  });
+}
+
+template <class Trainer>
+void save_replicated(Trainer& trainer, const DistributedSampler* sampler, const std::filesystem::path& path,
+                     const checkpoint::Metadata& metadata, CheckpointOptions options) {
+  using T = typename Trainer::value_type;
+  if (options.format == CheckpointFormat::full) return save_replicated(trainer, sampler, path, metadata);
+  check_sharded_path(path);
+  const SaveList<T> l = save_list(trainer, sampler, metadata);
+  auto& comm = trainer.communicator();
+  // Every replica holds everything: rank 0 writes the one shard.
+  ShardSource<T> me{0, 1, comm.rank() == 0, {{0, trainer.parameters().size(), 0}}, trainer.parameters(),
+                    trainer.buffers()};
+  save_sharded<typename Trainer::algorithm>(comm, l, me, path, metadata);
 }
 
 }  // namespace detail
@@ -259,17 +460,22 @@ checkpoint::Metadata load_replicated(Trainer& trainer, DistributedSampler* sampl
 /// (the previous file under that name stays whole until the new one is
 /// durable), and when it returns on any rank the file is complete. If
 /// rank 0 cannot write, every rank throws.
+///
+/// With `options.format` CheckpointFormat::sharded, `path` is a directory
+/// and the checkpoint its `checkpoint.index.json` and shard files (here one,
+/// written by rank 0, since every rank holds everything).
 template <class M, class Opt, class Comm, class Algo>
 void save_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer, const DistributedSampler& sampler,
-                     const std::filesystem::path& path, const checkpoint::Metadata& metadata = {}) {
-  detail::save_replicated(trainer, &sampler, path, metadata);
+                     const std::filesystem::path& path, const checkpoint::Metadata& metadata = {},
+                     CheckpointOptions options = {}) {
+  detail::save_replicated(trainer, &sampler, path, metadata, options);
 }
 
 /// save_checkpoint without a sampler.
 template <class M, class Opt, class Comm, class Algo>
 void save_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer, const std::filesystem::path& path,
-                     const checkpoint::Metadata& metadata = {}) {
-  detail::save_replicated(trainer, nullptr, path, metadata);
+                     const checkpoint::Metadata& metadata = {}, CheckpointOptions options = {}) {
+  detail::save_replicated(trainer, nullptr, path, metadata, options);
 }
 
 /// Loads what save_checkpoint saved into `trainer` and `sampler` and returns
@@ -279,7 +485,9 @@ void save_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer, const std::
 /// check fails, every rank throws (the failing one its own error, naming
 /// the file and the tensor) and nothing is loaded anywhere. The world size
 /// may differ from the one that saved, if it divides the samples of the
-/// epoch already taken (DistributedSampler::check_state).
+/// epoch already taken (DistributedSampler::check_state). `path` names a
+/// full file, a sharded checkpoint's index, or a directory holding either
+/// (every rank reads all of a sharded one, from whichever files hold it).
 template <class M, class Opt, class Comm, class Algo>
 checkpoint::Metadata load_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer, DistributedSampler& sampler,
                                      const std::filesystem::path& path) {
