@@ -71,17 +71,6 @@ std::vector<std::int32_t> gather_failures(Comm& comm, bool failed) {
   return all;
 }
 
-/// Rethrows this rank's own error, else throws one naming the first rank
-/// that failed; returns if none did.
-inline void settle_failures(const std::vector<std::int32_t>& failed, int rank, const std::exception_ptr& mine,
-                            const std::string& what) {
-  if (mine) std::rethrow_exception(mine);
-  const auto it = std::find(failed.begin(), failed.end(), 1);
-  if (it == failed.end()) return;
-  throw Error("gradsync: " + what + " failed on rank " + std::to_string(it - failed.begin()) +
-              " (its own error says why); rank " + std::to_string(rank) + " stops with it");
-}
-
 /// What a save writes, built and checked on every rank before any
 /// communication: the tensors of the state, its scalars, and their specs.
 template <class T>
@@ -166,6 +155,36 @@ inline void remove_other_layout(const std::filesystem::path& dir, CheckpointForm
   if (std::filesystem::remove(dir / index_file_name, ec)) remove_stale_shards(dir, {});
 }
 
+/// The agreement that ends a save or a load: if any rank failed, the first
+/// that did sends its message to the others, so that every rank's error
+/// names the file and the tensor; that rank rethrows its own.
+template <class Algo, class Comm>
+void agree(Comm& comm, const std::exception_ptr& mine, const std::string& what) {
+  const std::vector<std::int32_t> failed = gather_failures<Algo>(comm, mine != nullptr);
+  const auto it = std::find(failed.begin(), failed.end(), 1);
+  if (it == failed.end()) return;
+  const int root = static_cast<int>(it - failed.begin());
+  std::string text;
+  if (comm.rank() == root) {
+    try {
+      std::rethrow_exception(mine);
+    } catch (const std::exception& e) {
+      text = e.what();
+    } catch (...) {
+      text = "an exception that is not a std::exception";
+    }
+  }
+  std::int64_t length = static_cast<std::int64_t>(text.size());
+  const Broadcast<Algo> broadcast;
+  broadcast(comm, std::span<std::int64_t>(&length, 1), root);
+  std::vector<std::int32_t> chars(text.begin(), text.end());
+  chars.resize(static_cast<std::size_t>(length));
+  broadcast(comm, std::span<std::int32_t>(chars), root);
+  if (mine) std::rethrow_exception(mine);
+  throw Error("gradsync: " + what + " failed on rank " + std::to_string(root) + " (rank " +
+              std::to_string(comm.rank()) + " stops with it): " + std::string(chars.begin(), chars.end()));
+}
+
 template <class Trainer>
 void save_replicated(Trainer& trainer, const DistributedSampler* sampler, const std::filesystem::path& path,
                      const checkpoint::Metadata& metadata) {
@@ -196,8 +215,7 @@ void save_replicated(Trainer& trainer, const DistributedSampler* sampler, const 
       error = std::current_exception();
     }
   }
-  settle_failures(gather_failures<typename Trainer::algorithm>(comm, error != nullptr), comm.rank(), error,
-                  "save_checkpoint of '" + file.string() + "'");
+  agree<typename Trainer::algorithm>(comm, error, "save_checkpoint of '" + file.string() + "'");
 }
 
 /// Elements [begin, end) of the flat parameters (every unit's, in order)
@@ -281,7 +299,7 @@ void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, co
       error = std::current_exception();
     }
   }
-  settle_failures(gather_failures<Algo>(comm, error != nullptr), comm.rank(), error, where);
+  agree<Algo>(comm, error, where);
   if (comm.rank() == 0) {
     try {
       std::vector<std::string> files;
@@ -294,7 +312,7 @@ void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, co
       error = std::current_exception();
     }
   }
-  settle_failures(gather_failures<Algo>(comm, error != nullptr), comm.rank(), error, where);
+  agree<Algo>(comm, error, where);
 }
 
 /// What a rank reads and checks before it changes anything.
@@ -411,8 +429,7 @@ checkpoint::Metadata load_state(Trainer& trainer, DistributedSampler* sampler, c
   } catch (...) {
     error = std::current_exception();
   }
-  settle_failures(gather_failures<typename Trainer::algorithm>(comm, error != nullptr), comm.rank(), error,
-                  "load_checkpoint of '" + file + "'");
+  agree<typename Trainer::algorithm>(comm, error, "load_checkpoint of '" + file + "'");
   // Every rank checked everything: from here on nothing throws.
   commit(staged);
   std::copy(staged.buffers.begin(), staged.buffers.end(), trainer.buffers().begin());
