@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "test_train_checkpoint.hpp"
 #include "test_train_model.hpp"
 
 namespace fs = std::filesystem;
@@ -46,18 +47,7 @@ namespace {
 constexpr std::size_t in = 5, out = 3;
 const std::vector<std::size_t> layers{in, 7, 6, out};
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("gradsync-trainckpt-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() { fs::remove_all(path); }
-};
+using test_checkpoint::TempDir;
 
 /// Deterministic reductions: a resumed run can then be held to the bits.
 ReplicatedTrainerOptions exact() {
@@ -68,37 +58,15 @@ ReplicatedTrainerOptions exact() {
   return o;
 }
 
-gradsync::Sgd<float> momentum_sgd(double lr = 0.1) {
-  return gradsync::Sgd<float>({.lr = lr, .momentum = 0.9, .weight_decay = 1e-3});
-}
-gradsync::Adam<float> adam(double lr = 0.01) { return gradsync::Adam<float>({.lr = lr, .weight_decay = 1e-4}); }
+using test_checkpoint::adam;
+using test_checkpoint::momentum_sgd;
 
-/// A batch of the samples `idx` names.
-Batch<float> batch_of(std::span<const std::size_t> idx) {
-  Batch<float> b;
-  for (std::size_t i : idx) {
-    const Batch<float> one = make_batch<float>(i, 1, in, out);
-    b.x.insert(b.x.end(), one.x.begin(), one.x.end());
-    b.y.insert(b.y.end(), one.y.begin(), one.y.end());
-  }
-  b.size = idx.size();
-  return b;
-}
+Batch<float> batch_of(std::span<const std::size_t> idx) { return test_checkpoint::batch_of(idx, in, out); }
 
-/// `steps` steps of at most `b` samples, drawn from the sampler in order;
-/// a new epoch starts when the current one is used up.
 template <class Trainer>
 void train_steps(Trainer& trainer, DistributedSampler& sampler, int steps, std::size_t b,
                  std::vector<std::size_t>* seen = nullptr) {
-  for (int s = 0; s < steps; ++s) {
-    if (sampler.position() == sampler.num_samples()) sampler.set_epoch(sampler.epoch() + 1);
-    const auto idx = sampler.indices();
-    const std::size_t n = std::min(b, sampler.num_samples() - sampler.position());
-    const std::span<const std::size_t> mine(idx.data() + sampler.position(), n);
-    if (seen) seen->insert(seen->end(), mine.begin(), mine.end());
-    trainer.step(batch_of(mine));
-    sampler.advance(n);
-  }
+  test_checkpoint::train_steps(trainer, sampler, steps, b, in, out, seen);
 }
 
 /// Everything a resumed run must reproduce, from one rank.

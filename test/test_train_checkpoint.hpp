@@ -1,0 +1,71 @@
+#pragma once
+// What the training-checkpoint tests share: a temporary directory, batches
+// drawn through a DistributedSampler, the optimizers they resume.
+
+#include <gradsync/gradsync.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "test_train_model.hpp"
+
+namespace test_checkpoint {
+
+namespace fs = std::filesystem;
+
+/// A fresh directory under the system's temporary one, removed at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / ("gradsync-trainckpt-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() { fs::remove_all(path); }
+};
+
+inline gradsync::Sgd<float> momentum_sgd(double lr = 0.1) {
+  return gradsync::Sgd<float>({.lr = lr, .momentum = 0.9, .weight_decay = 1e-3});
+}
+inline gradsync::Adam<float> adam(double lr = 0.01) {
+  return gradsync::Adam<float>({.lr = lr, .weight_decay = 1e-4});
+}
+
+/// A batch of the samples `idx` names, `in` inputs and `out` targets each.
+inline test_train::Batch<float> batch_of(std::span<const std::size_t> idx, std::size_t in, std::size_t out) {
+  test_train::Batch<float> b;
+  for (std::size_t i : idx) {
+    const test_train::Batch<float> one = test_train::make_batch<float>(i, 1, in, out);
+    b.x.insert(b.x.end(), one.x.begin(), one.x.end());
+    b.y.insert(b.y.end(), one.y.begin(), one.y.end());
+  }
+  b.size = idx.size();
+  return b;
+}
+
+/// `steps` steps of at most `b` samples, drawn from the sampler in order;
+/// a new epoch starts when the current one is used up.
+template <class Trainer>
+void train_steps(Trainer& trainer, gradsync::DistributedSampler& sampler, int steps, std::size_t b, std::size_t in,
+                 std::size_t out, std::vector<std::size_t>* seen = nullptr) {
+  for (int s = 0; s < steps; ++s) {
+    if (sampler.position() == sampler.num_samples()) sampler.set_epoch(sampler.epoch() + 1);
+    const auto idx = sampler.indices();
+    const std::size_t n = std::min(b, sampler.num_samples() - sampler.position());
+    const std::span<const std::size_t> mine(idx.data() + sampler.position(), n);
+    if (seen) seen->insert(seen->end(), mine.begin(), mine.end());
+    trainer.step(batch_of(mine, in, out));
+    sampler.advance(n);
+  }
+}
+
+}  // namespace test_checkpoint
