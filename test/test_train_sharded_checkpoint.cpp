@@ -471,3 +471,34 @@ TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the t
     CHECK(!fs::exists(dir.path / "mid"));
   }
 }
+
+TEST_CASE("a ReplicatedTrainer's sharded checkpoint loads into a ShardedTrainer at another N, and back") {
+  const std::uint64_t seed = test_seed();
+  CAPTURE(seed);
+  TempDir dir;
+  FullState saved, loaded, back;
+  gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer t(comm, model(seed + std::uint64_t(comm.rank())), adam(), exact_replicated());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = seed % 1000});
+    train(t, sampler, 4);
+    gradsync::save_checkpoint(t, sampler, dir.path / "r", {}, {.format = CheckpointFormat::sharded});
+    if (comm.rank() == 0) saved = full_state(t);
+  });
+  CHECK(fs::exists(dir.path / "r" / "checkpoint.index.json"));
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    ShardedTrainer t(comm, model(seed + 9), adam(0.2), exact(ShardingStrategy::ShardGradOp));
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 1});
+    gradsync::load_checkpoint(t, sampler, dir.path / "r" / "checkpoint.index.json");
+    const FullState l = full_state(t);
+    gradsync::save_checkpoint(t, sampler, dir.path / "s", {}, {.format = CheckpointFormat::sharded});
+    if (comm.rank() == 0) loaded = l;
+  });
+  gradsync::run_threads(1, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer t(comm, model(seed + 5), adam(0.3), exact_replicated());
+    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 2});
+    gradsync::load_checkpoint(t, sampler, dir.path / "s");
+    back = full_state(t);
+  });
+  CHECK(loaded == saved);
+  CHECK(back == saved);
+}
