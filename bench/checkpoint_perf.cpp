@@ -2,7 +2,12 @@
 // writing (and reading) the same number of bytes with one plain write()
 // (read()), in one run, on the same disk.
 //
-//   checkpoint_perf [--sizes 784,2048,2048,2048,10] [--ranks 1] [--repeats 5] [--dir DIR]
+//   checkpoint_perf [--sizes 784,2048,2048,2048,10] [--ranks 1] [--repeats 5] [--dir DIR] [--sharded 1]
+//
+// --sharded 1: a ShardedTrainer (FullShard) instead, saved and loaded in both
+// layouts: the full file (rank 0 writes while the ranks gather a unit at a
+// time) and the sharded directory (every rank writes its own ranges, rank 0
+// the index; a load reads only the ranges a rank owns).
 //
 // The default model is ddp_step's 10.0M-parameter MLP, with Adam (two state
 // elements per parameter), so the file holds about 3 x 40 MB. Each figure is
@@ -15,6 +20,7 @@
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/train/replicated_checkpoint.hpp>
+#include <gradsync/train/sharded_checkpoint.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -59,6 +65,8 @@ struct Mlp {
       }
   }
   double forward_backward(int, const gradsync::StepContext<float>& ctx) {
+    // A forward ask of each unit first: a sharded trainer lends gradients on the second.
+    for (std::size_t u = 0; u + 1 < sizes.size(); ++u) (void)ctx.params(u);
     for (std::size_t u = sizes.size() - 1; u-- > 0;) {
       const auto p = ctx.params(u);
       for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += p->flat_params[i];
@@ -126,6 +134,7 @@ std::vector<int> parse_list(const std::string& s) {
 int main(int argc, char** argv) try {
   std::vector<int> sizes{784, 2048, 2048, 2048, 10};
   int ranks = 1, repeats = 5;
+  bool sharded = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path();
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -135,7 +144,8 @@ int main(int argc, char** argv) try {
     else if (k == "--ranks") ranks = std::stoi(v);
     else if (k == "--repeats") repeats = std::stoi(v);
     else if (k == "--dir") dir = v;
-    else throw std::runtime_error("unknown option " + k + " (expected --sizes --ranks --repeats --dir)");
+    else if (k == "--sharded") sharded = v == "1";
+    else throw std::runtime_error("unknown option " + k + " (expected --sizes --ranks --repeats --dir --sharded)");
   }
   if (sizes.size() < 2 || ranks < 1 || repeats < 1) throw std::runtime_error("bad --sizes, --ranks or --repeats");
   // A directory of its own inside --dir, the only thing removed at the end.
@@ -143,10 +153,10 @@ int main(int argc, char** argv) try {
   std::filesystem::create_directories(work);
   const std::filesystem::path ckpt = work / "ckpt.safetensors", plain = work / "plain.bin";
 
-  std::vector<double> save_s, load_s, write_s, write_sync_s, read_s, crc_s;
-  std::size_t params = 0, file_bytes = 0;
-  gradsync::run_threads(ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-    gradsync::ReplicatedTrainer trainer(comm, Mlp{sizes}, gradsync::Adam<float>());
+  std::vector<double> save_s, load_s, save_dir_s, load_dir_s, write_s, write_sync_s, read_s, crc_s;
+  std::size_t params = 0, file_bytes = 0, dir_bytes = 0;
+  const std::filesystem::path ckpt_dir = work / "sharded";
+  auto measure = [&](auto& trainer, gradsync::Communicator<gradsync::Threads>& comm) {
     gradsync::DistributedSampler sampler(60000, comm.size(), comm.rank());
     trainer.step(0);
     for (int r = 0; r < repeats; ++r) {
@@ -155,13 +165,38 @@ int main(int argc, char** argv) try {
       comm.barrier();
       const double l = seconds_of([&] { gradsync::load_checkpoint(trainer, sampler, ckpt); });
       comm.barrier();
+      double sd = 0, ld = 0;
+      if (sharded) {
+        sd = seconds_of([&] {
+          gradsync::save_checkpoint(trainer, sampler, ckpt_dir, {}, {.format = gradsync::CheckpointFormat::sharded});
+        });
+        comm.barrier();
+        ld = seconds_of([&] { gradsync::load_checkpoint(trainer, sampler, ckpt_dir); });
+        comm.barrier();
+      }
       if (comm.rank() != 0) continue;
       save_s.push_back(s);
       load_s.push_back(l);
+      save_dir_s.push_back(sd);
+      load_dir_s.push_back(ld);
+    }
+  };
+  gradsync::run_threads(ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+    if (sharded) {
+      gradsync::ShardedTrainer trainer(comm, Mlp{sizes}, gradsync::Adam<float>());
+      measure(trainer, comm);
+      params = 0;
+      for (std::size_t u = 0; u < trainer.unit_count(); ++u) params += trainer.unit_size(u);
+    } else {
+      gradsync::ReplicatedTrainer trainer(comm, Mlp{sizes}, gradsync::Adam<float>());
+      measure(trainer, comm);
+      params = trainer.parameters().size();
     }
     if (comm.rank() != 0) return;
-    params = trainer.parameters().size();
     file_bytes = std::filesystem::file_size(ckpt);
+    if (sharded) {
+      for (const auto& e : std::filesystem::directory_iterator(ckpt_dir)) dir_bytes += e.file_size();
+    }
     // The same number of bytes, from memory already touched.
     std::vector<std::byte> bytes(file_bytes, std::byte{1});
     for (int r = 0; r < repeats; ++r) {
@@ -176,17 +211,20 @@ int main(int argc, char** argv) try {
   std::filesystem::remove_all(work);
 
   const double mb = double(file_bytes) / 1e6;
-  std::printf("# checkpoint_perf: %zu parameters, Adam, %d rank(s), file %.1f MB, median of %d, in %s\n", params,
-              ranks, mb, repeats, dir.c_str());
+  std::printf("# checkpoint_perf: %zu parameters, Adam, %s, %d rank(s), file %.1f MB, median of %d, in %s\n", params,
+              sharded ? "ShardedTrainer (FullShard)" : "ReplicatedTrainer", ranks, mb, repeats, dir.c_str());
+  if (sharded) std::printf("# sharded directory: %.1f MB in %d shard files and the index\n", double(dir_bytes) / 1e6, ranks);
   std::printf("# %-28s %10s %10s\n", "what", "seconds", "MB/s");
   auto row = [&](const char* what, const std::vector<double>& v) {
     const double t = median(v);
     std::printf("  %-28s %10.4f %10.0f\n", what, t, mb / t);
   };
-  row("save_checkpoint", save_s);
+  row(sharded ? "save_checkpoint (full file)" : "save_checkpoint", save_s);
+  if (sharded) row("save_checkpoint (sharded)", save_dir_s);
   row("plain write()", write_s);
   row("plain write() + fsync", write_sync_s);
-  row("load_checkpoint (every rank)", load_s);
+  row(sharded ? "load_checkpoint (full file)" : "load_checkpoint (every rank)", load_s);
+  if (sharded) row("load_checkpoint (sharded)", load_dir_s);
   row("plain read()", read_s);
   row("CRC-32 of the bytes", crc_s);
   return 0;
