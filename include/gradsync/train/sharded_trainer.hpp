@@ -597,10 +597,13 @@ class ShardedTrainer {
     std::size_t n_ = 0;
   };
 
+  using Storage = std::vector<value_type, detail::AlignedAllocator<value_type>>;
+
   /// A wrapped unit: what is gathered and reduced as one buffer.
   struct WrappedState {
-    std::vector<value_type> full;  ///< gathered parameters, N·c (empty when resharded)
-    std::vector<value_type> grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
+    // Aligned alike in every process: the model's math runs on them (see shard_params_).
+    Storage full;  ///< gathered parameters, N·c (empty when resharded)
+    Storage grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
     std::size_t held = 0;          ///< members the model holds
     std::size_t ready = 0;         ///< members reported ready in this backward
     Request request;               ///< the gradient's reduction
@@ -898,8 +901,8 @@ class ShardedTrainer {
   /// pages would be faulted in (and zeroed) inside the step, on the rank's
   /// thread, for every unit of every step. `zero`: a gradient buffer, which
   /// the model adds into; a gather overwrites all of its buffer.
-  std::vector<value_type> take(std::size_t n, bool zero) {
-    std::vector<value_type> v;
+  Storage take(std::size_t n, bool zero) {
+    Storage v;
     const auto fit = std::ranges::find_if(spares_, [n](const auto& x) { return x.capacity() == n; });
     if (fit != spares_.end()) {
       v = std::move(*fit);
@@ -917,11 +920,11 @@ class ShardedTrainer {
   }
 
   /// Keeps `v`'s storage as a spare (then empties it), within the bound below.
-  void give(std::vector<value_type>& v) noexcept {
+  void give(Storage& v) noexcept {
     if (v.capacity() == 0) return;
     // Reserved at construction for every buffer the trainer can hold, so this does not allocate.
     if (spares_.size() < spares_.capacity()) spares_.push_back(std::move(v));
-    std::vector<value_type>().swap(v);
+    Storage().swap(v);
     trim_spares(0);
   }
 
@@ -1430,7 +1433,7 @@ class ShardedTrainer {
   /// Storage of freed gathered units and gradient buffers, kept for the
   /// next of the same size (take, give); with what is in use, at most
   /// spare_limit_ bytes, the transient need.
-  std::vector<std::vector<value_type>> spares_;
+  std::vector<Storage> spares_;
   std::size_t spare_limit_ = 0;
   /// This step's figures; the worker's jobs add their times to it.
   StepStats step_{};
