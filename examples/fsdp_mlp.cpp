@@ -5,6 +5,10 @@
 //   fsdp_mlp --memory-budget 12 --hidden 768 --depth 3
 //   fsdp_mlp --mnist DIR              MNIST from DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte
 //   mpirun -np 4 fsdp_mlp --backend mpi     one rank per process (built with MPI)
+//   fsdp_mlp --save DIR               checkpoint to DIR/checkpoint.safetensors after every epoch
+//   fsdp_mlp --save DIR --checkpoint-format sharded    ... as DIR/checkpoint.index.json + a file per rank
+//   fsdp_mlp --resume DIR             continue from either: same step, epoch and sample, Adam state
+//   fsdp_mlp --max-steps 50 --save DIR    stop (and save) after 50 steps, mid-epoch
 //
 // The model is 784 - hidden x depth - 10 (default 784-512-512-512-10, 0.93M
 // parameters) trained with Adam: a replica holds parameters, gradients and
@@ -21,6 +25,7 @@
 #include "eigen_mlp.hpp"
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/sharded_checkpoint.hpp>
 
 #include "cli.hpp"
 #include "dataset.hpp"
@@ -48,18 +53,36 @@ struct Args : example::RunArgs {
   int depth = 3;
   double budget_mib = 8;
   std::string mnist;
+  // Checkpoints: where to save (after every epoch and at --max-steps), in which layout, and what to resume from.
+  std::string save, resume;
+  gradsync::CheckpointFormat format = gradsync::CheckpointFormat::full;
+  std::uint64_t max_steps = 0;  // 0: no limit
+  // Deterministic reductions: a resumed run then ends with the very figures of an uninterrupted one.
+  bool deterministic = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  a.parse(argc, argv, "fsdp_mlp", " --depth --memory-budget --mnist", [&](example::ArgReader& r) {
-    const std::string& k = r.key();
-    if (k == "--depth") a.depth = r.small();
-    else if (k == "--memory-budget") a.budget_mib = r.non_negative();
-    else if (k == "--mnist") a.mnist = r.value();
-    else return false;
-    return true;
-  });
+  a.parse(argc, argv, "fsdp_mlp",
+          " --depth --memory-budget --mnist --save --resume --checkpoint-format --max-steps --deterministic",
+          [&](example::ArgReader& r) {
+            const std::string& k = r.key();
+            if (k == "--depth") a.depth = r.small();
+            else if (k == "--memory-budget") a.budget_mib = r.non_negative();
+            else if (k == "--mnist") a.mnist = r.value();
+            else if (k == "--save") a.save = r.value();
+            else if (k == "--resume") a.resume = r.value();
+            else if (k == "--max-steps") a.max_steps = r.count();
+            else if (k == "--deterministic") a.deterministic = true;
+            else if (k == "--checkpoint-format") {
+              const std::string f = r.value();
+              if (f != "full" && f != "sharded") {
+                throw std::runtime_error("--checkpoint-format takes full or sharded, got '" + f + "'");
+              }
+              a.format = f == "full" ? gradsync::CheckpointFormat::full : gradsync::CheckpointFormat::sharded;
+            } else return false;
+            return true;
+          });
   if (a.depth < 1) throw std::runtime_error("--depth must be at least 1");
   return a;
 }
@@ -107,8 +130,9 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     gradsync::ShardedTrainer sgo(comm, model(), adam,
                                  {.strategy = gradsync::ShardingStrategy::ShardGradOp, .memory_budget = budget});
   });
-  gradsync::ShardedTrainer trainer(comm, model(), adam,
-                                   {.strategy = gradsync::ShardingStrategy::FullShard, .memory_budget = budget});
+  gradsync::ShardedTrainerOptions options{.strategy = gradsync::ShardingStrategy::FullShard, .memory_budget = budget};
+  options.collective.deterministic = args.deterministic;
+  gradsync::ShardedTrainer trainer(comm, model(), adam, options);
 
   // The plan: each unit padded to N·c and cut into N chunks of c.
   const gradsync::MemoryNeed need = trainer.memory_need();
@@ -135,26 +159,63 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
   }
 
   gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = 7});
-  std::vector<float> xb(std::size_t(args.batch) * train.dim);
+  // The learning-rate schedule depends on --epochs, so a checkpoint records it.
+  const gradsync::checkpoint::Metadata run_info{{"fsdp_mlp.epochs", std::to_string(args.epochs)}};
+  if (!args.resume.empty()) {
+    const auto t = std::chrono::steady_clock::now();
+    const auto meta = gradsync::load_checkpoint(trainer, sampler, args.resume);
+    if (rank == 0) {
+      std::printf("resumed from %s in %.2f s: step %zu, epoch %llu, sample %zu of %zu on each rank\n",
+                  args.resume.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(),
+                  trainer.step_count(), static_cast<unsigned long long>(sampler.epoch() + 1), sampler.position(),
+                  sampler.num_samples());
+      if (const auto it = meta.find("fsdp_mlp.epochs"); it != meta.end() && it->second != run_info.at("fsdp_mlp.epochs")) {
+        std::printf("note: the checkpoint's run planned --epochs %s, this one %d: the learning-rate schedule differs\n",
+                    it->second.c_str(), args.epochs);
+      }
+    }
+  }
+  auto save = [&] {
+    if (args.save.empty()) return;
+    const auto t = std::chrono::steady_clock::now();
+    gradsync::save_checkpoint(trainer, sampler, args.save, run_info, {.format = args.format});
+    if (rank == 0) {
+      std::printf("saved %s (%s) at step %zu in %.2f s\n", args.save.c_str(),
+                  args.format == gradsync::CheckpointFormat::full ? "full" : "sharded", trainer.step_count(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+      std::fflush(stdout);
+    }
+  };
+  bool stopped = false;
+  // Aligned alike in every run: Eigen sums in an order that depends on alignment (exact resume).
+  std::vector<float, Eigen::aligned_allocator<float>> xb(std::size_t(args.batch) * train.dim);
   std::vector<int> yb(args.batch);
   const std::size_t test_begin = test.size() * std::size_t(rank) / n;
   const std::size_t test_end = test.size() * std::size_t(rank + 1) / n;
   double accuracy = 0;
-  for (int epoch = 0; epoch < args.epochs; ++epoch) {
+  // A resumed run starts in the epoch it stopped in, at the sample after the last one it took.
+  const int first_epoch = static_cast<int>(sampler.epoch()) + (sampler.position() == sampler.num_samples() ? 1 : 0);
+  for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
     sampler.set_epoch(epoch);
     trainer.optimizer().set_lr(args.lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
     const auto idx = sampler.indices();
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0, comm_seconds = 0, exposed = 0;
     std::int64_t steps = 0;
-    for (std::size_t at = 0; at < idx.size(); at += args.batch) {
+    const std::size_t first_sample = sampler.position();
+    for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
       const int b = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
       example::fill_batch(train, idx, at, b, xb.data(), yb.data());
       loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), b});
       const gradsync::StepStats s = trainer.last_step();
       comm_seconds += s.gather_seconds + s.reduce_seconds;
       exposed += s.exposed_comm_seconds;
+      sampler.advance(std::size_t(b));
       ++steps;
+      if (args.max_steps && trainer.step_count() >= args.max_steps) {
+        stopped = true;
+        break;
+      }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::int64_t correct = example::count_correct(trainer, test, test_begin, test_end);
@@ -162,9 +223,10 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
     gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
     accuracy = sums[2] / double(test.size());
     if (rank == 0) {
-      example::print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(idx.size()) * double(n), seconds,
-                           sums[3] / double(n), sums[4] / double(n));
+      example::print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(sampler.position() - first_sample) * double(n),
+                           seconds, sums[3] / double(n), sums[4] / double(n));
     }
+    save();
   }
   // What every rank really held at its peak, against the need and the formula.
   std::vector<double> held{double(trainer.persistent_bytes() + trainer.peak_transient_bytes())};

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""ddp_mlp stopped mid-epoch with --save, then continued in a fresh process
-with --resume, ends exactly as an uninterrupted run: the same last epoch's
-loss and accuracy, and a final checkpoint with the same bytes.
+"""ddp_mlp (or fsdp_mlp) stopped mid-epoch with --save, then continued in a
+fresh process with --resume, ends exactly as an uninterrupted run: the same
+last epoch's loss and accuracy, and a final checkpoint with the same bytes.
 
-usage: ddp_mlp_resume.py DDP_MLP WORKDIR [ddp_mlp options...]
+usage: ddp_mlp_resume.py BINARY WORKDIR [--stopped-sharded] [options...]
+
+--stopped-sharded: the stopped run saves a sharded checkpoint
+(--checkpoint-format sharded), which the resumed run loads; the final
+checkpoints are full files either way.
 """
 import pathlib
 import re
@@ -15,7 +19,7 @@ import sys
 def run(binary, args, expect_rc=0):
     p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
     if p.returncode != expect_rc:
-        sys.exit(f"ddp_mlp {' '.join(args)} exited {p.returncode}, expected {expect_rc}\n{p.stdout}\n{p.stderr}")
+        sys.exit(f"{pathlib.Path(binary).name} {' '.join(args)} exited {p.returncode}, expected {expect_rc}\n{p.stdout}\n{p.stderr}")
     return p.stdout + p.stderr
 
 
@@ -29,12 +33,19 @@ def last_epoch(out):
 
 def main():
     binary, work = sys.argv[1], pathlib.Path(sys.argv[2])
-    common = sys.argv[3:] + ["--deterministic", "--epochs", "3"]
+    options = sys.argv[3:]
+    stopped_format = []
+    if "--stopped-sharded" in options:
+        options.remove("--stopped-sharded")
+        stopped_format = ["--checkpoint-format", "sharded"]
+    common = options + ["--deterministic", "--epochs", "3"]
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     straight = run(binary, common + ["--save", str(work / "straight")])
     # 20 steps of batch 64 on 2048 samples stop mid-epoch at 1 to 4 ranks.
-    first = run(binary, common + ["--max-steps", "20", "--save", str(work / "stopped")])
+    first = run(binary, common + ["--max-steps", "20", "--save", str(work / "stopped")] + stopped_format)
+    if stopped_format and not (work / "stopped" / "checkpoint.index.json").exists():
+        sys.exit("the stopped run did not write a sharded checkpoint:\n" + first)
     if "at step 20" not in first:
         sys.exit("the stopped run did not save at step 20:\n" + first)
     resumed = run(binary, common + ["--resume", str(work / "stopped"), "--save", str(work / "resumed")])
