@@ -318,7 +318,7 @@ void check_resume(int world, ShardingStrategy strategy, CheckpointFormat format,
 
 }  // namespace
 
-TEST_CASE("resume: 10 steps, save, fresh trainer loads, 10 more = 20 straight, bitwise, every rank") {
+TEST_CASE("resume: 10 steps, save, fresh trainer loads, 10 more = 20 straight, bitwise, every rank and strategy") {
   const std::uint64_t seed = test_seed();
   CAPTURE(seed);
   for (const CheckpointFormat format : {CheckpointFormat::full, CheckpointFormat::sharded}) {
@@ -327,6 +327,8 @@ TEST_CASE("resume: 10 steps, save, fresh trainer loads, 10 more = 20 straight, b
       check_resume(world, ShardingStrategy::ShardGradOp, format, seed);
     }
     check_resume(4, ShardingStrategy::HybridShard, format, seed);
+    // Every rank holds everything: rank 0 alone gathers nothing and writes.
+    check_resume(3, ShardingStrategy::NoShard, format, seed);
   }
 }
 
