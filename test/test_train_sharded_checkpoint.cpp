@@ -279,14 +279,19 @@ namespace {
 
 /// 10 steps, save, a fresh trainer (other values, learning rate, sampler)
 /// loads, 10 more: every rank ends bitwise where 20 straight steps do.
-void check_resume(int world, ShardingStrategy strategy, CheckpointFormat format, std::uint64_t seed) {
+void check_resume(int world, ShardingStrategy strategy, CheckpointFormat format, std::uint64_t seed,
+                  bool offload = false) {
   CAPTURE(world);
+  CAPTURE(offload);
   CAPTURE(gradsync::name(strategy));
   CAPTURE(format_name(format));
   TempDir dir;
   std::vector<RankState> straight(static_cast<std::size_t>(world)), resumed(straight.size());
   auto make = [&](Communicator<Threads>& comm, std::uint64_t s, double lr) {
-    return ShardedTrainer(comm, model(s), adam(lr), exact(strategy));
+    ShardedTrainerOptions o = exact(strategy);
+    // Offloaded, the master shard lives in the offload space: shard() and the checkpoint reach it there.
+    if (offload) o.offload = std::make_shared<gradsync::HostOffloadSpace>();
+    return ShardedTrainer(comm, model(s), adam(lr), o);
   };
   gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
     auto t = make(comm, seed + std::uint64_t(comm.rank()), 0.01);
@@ -329,6 +334,7 @@ TEST_CASE("resume: 10 steps, save, fresh trainer loads, 10 more = 20 straight, b
     check_resume(4, ShardingStrategy::HybridShard, format, seed);
     // Every rank holds everything: rank 0 alone gathers nothing and writes.
     check_resume(3, ShardingStrategy::NoShard, format, seed);
+    check_resume(3, ShardingStrategy::FullShard, format, seed, true);
   }
 }
 
