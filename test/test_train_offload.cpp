@@ -21,6 +21,7 @@
 
 #include "support/common.hpp"
 #include "test_train_sharded_schedule.hpp"
+#include "test_train_squares.hpp"
 
 using gradsync::AccumulationMode;
 using gradsync::Communicator;
@@ -30,6 +31,9 @@ using gradsync::ShardedTrainer;
 using gradsync::ShardedTrainerOptions;
 using gradsync::ShardingStrategy;
 using gradsync::Threads;
+using test_squares::joined;
+using test_squares::Scale;
+using test_squares::Squares;
 
 namespace {
 
@@ -42,58 +46,6 @@ int shard_size_for(int world) { return world % 2 == 0 ? world / 2 : world; }
 /// Ranks a unit is sharded over.
 std::size_t shards(ShardingStrategy s, int world) {
   return static_cast<std::size_t>(s == ShardingStrategy::HybridShard ? shard_size_for(world) : world);
-}
-
-/// Loss ½·Σ factor·p² over units of the given sizes: forward asks for every
-/// unit in order, backward again in reverse, adds factor·p and reports it
-/// ready. O(Ψ) a step, so its memory and copies are all the trainer's.
-struct Scale {
-  float factor = 1;
-};
-struct Squares {
-  using value_type = float;
-
-  std::vector<std::size_t> sizes;
-  std::uint64_t seed = 1;
-
-  std::vector<gradsync::UnitSpec> units() const {
-    std::vector<gradsync::UnitSpec> u;
-    for (std::size_t i = 0; i < sizes.size(); ++i) u.push_back({"u" + std::to_string(i), {{"w", {sizes[i]}}}, {}});
-    return u;
-  }
-  void bind(std::span<const gradsync::UnitView<float>> views) const {
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    for (const auto& v : views)
-      for (float& x : v.flat_params) x = d(rng);
-  }
-  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
-    double loss = 0;
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      const auto p = ctx.params(u);
-      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
-    }
-    for (std::size_t u = sizes.size(); u-- > 0;) {
-      const auto p = ctx.params(u);
-      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
-      ctx.ready(u);
-    }
-    return loss;
-  }
-};
-
-/// Four units of 1..60 elements and one of fewer than N (chunks of padding only on some ranks).
-std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world) {
-  std::uniform_int_distribution<std::size_t> d(1, 60);
-  std::vector<std::size_t> s{d(rng), d(rng), d(rng), d(rng)};
-  s.push_back(world > 1 ? static_cast<std::size_t>(world) - 1 : 1);
-  return s;
-}
-
-std::string describe(const std::vector<std::size_t>& sizes) {
-  std::string s;
-  for (const std::size_t p : sizes) s += (s.empty() ? "" : ", ") + std::to_string(p);
-  return s;
 }
 
 std::size_t chunk(std::size_t p, std::size_t n) { return (p + n - 1) / n; }
@@ -174,8 +126,8 @@ TEST_CASE("offload: bytes copied per step equal the formula, as reported and as 
   auto rng = test::rng_for("offload bytes");
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world, 60);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     for (const ShardingStrategy s : offloadable) {
       INFO("strategy = " << name(s));
       const std::size_t n = shards(s, world);
@@ -224,8 +176,8 @@ TEST_CASE("offload: memory_need equals its formula, the peak reaches it, the spa
   auto rng = test::rng_for("offload memory");
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world, 60);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     for (const ShardingStrategy s : offloadable) {
       INFO("strategy = " << name(s));
       const std::size_t n = shards(s, world);
@@ -275,8 +227,8 @@ TEST_CASE("offload: a budget that fits only the compute side is refused without 
   auto rng = test::rng_for("offload budget");
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world, 60);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     for (const ShardingStrategy s : offloadable) {
       INFO("strategy = " << name(s));
       std::vector<std::string> refused(static_cast<std::size_t>(world));
@@ -373,8 +325,8 @@ TEST_CASE("offload: every copy of a step runs on the progress worker, not on the
   auto rng = test::rng_for("offload threads");
   for (int world = 1; world <= 3; ++world) {
     CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world, 60);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     std::vector<std::size_t> copies(static_cast<std::size_t>(world)), on_rank_thread(copies);
     gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
       const auto space = std::make_shared<ThreadNotingSpace>();
@@ -435,7 +387,7 @@ TEST_CASE("memory_budget: a rank given a different budget makes every rank throw
   auto rng = test::rng_for("budget agreement");
   std::uniform_int_distribution<std::size_t> d(1, 1000);
   const std::vector<std::size_t> sizes{d(rng), d(rng)};
-  INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+  INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
   for (int world = 2; world <= 4; ++world) {
     CAPTURE(world);
     std::uniform_int_distribution<int> pick(0, world - 1);
