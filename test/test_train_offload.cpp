@@ -21,6 +21,7 @@
 
 #include "support/common.hpp"
 #include "test_train_sharded_schedule.hpp"
+#include "test_train_squares.hpp"
 
 using gradsync::AccumulationMode;
 using gradsync::Communicator;
@@ -30,6 +31,9 @@ using gradsync::ShardedTrainer;
 using gradsync::ShardedTrainerOptions;
 using gradsync::ShardingStrategy;
 using gradsync::Threads;
+using test_squares::joined;
+using test_squares::Scale;
+using test_squares::Squares;
 
 namespace {
 
@@ -44,59 +48,24 @@ std::size_t shards(ShardingStrategy s, int world) {
   return static_cast<std::size_t>(s == ShardingStrategy::HybridShard ? shard_size_for(world) : world);
 }
 
-/// Loss ½·Σ factor·p² over units of the given sizes: forward asks for every
-/// unit in order, backward again in reverse, adds factor·p and reports it
-/// ready. O(Ψ) a step, so its memory and copies are all the trainer's.
-struct Scale {
-  float factor = 1;
-};
-struct Squares {
-  using value_type = float;
-
-  std::vector<std::size_t> sizes;
-  std::uint64_t seed = 1;
-
-  std::vector<gradsync::UnitSpec> units() const {
-    std::vector<gradsync::UnitSpec> u;
-    for (std::size_t i = 0; i < sizes.size(); ++i) u.push_back({"u" + std::to_string(i), {{"w", {sizes[i]}}}, {}});
-    return u;
-  }
-  void bind(std::span<const gradsync::UnitView<float>> views) const {
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    for (const auto& v : views)
-      for (float& x : v.flat_params) x = d(rng);
-  }
-  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
-    double loss = 0;
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      const auto p = ctx.params(u);
-      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
-    }
-    for (std::size_t u = sizes.size(); u-- > 0;) {
-      const auto p = ctx.params(u);
-      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
-      ctx.ready(u);
-    }
-    return loss;
-  }
-};
-
-/// Four units of 1..60 elements and one of fewer than N (chunks of padding only on some ranks).
-std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world) {
-  std::uniform_int_distribution<std::size_t> d(1, 60);
-  std::vector<std::size_t> s{d(rng), d(rng), d(rng), d(rng)};
-  s.push_back(world > 1 ? static_cast<std::size_t>(world) - 1 : 1);
-  return s;
-}
-
-std::string describe(const std::vector<std::size_t>& sizes) {
-  std::string s;
-  for (const std::size_t p : sizes) s += (s.empty() ? "" : ", ") + std::to_string(p);
-  return s;
-}
-
 std::size_t chunk(std::size_t p, std::size_t n) { return (p + n - 1) / n; }
+
+/// body(world, sizes, strategy) for N = 1..4 and every offloadable strategy,
+/// with random unit sizes per N (drawn from `salt`'s generator), all of it
+/// captured for a failure's message.
+template <class F>
+void for_each_world_and_strategy(std::string_view salt, F body) {
+  auto rng = test::rng_for(salt);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world, 60);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
+    for (const ShardingStrategy s : offloadable) {
+      INFO("strategy = " << name(s));
+      body(world, sizes, s);
+    }
+  }
+}
 
 /// What one rank ends with: its master shard, its gathered parameters.
 struct Outcome {
@@ -171,49 +140,42 @@ TEST_CASE("offload: Adam trains bitwise as without offload, every sharded strate
 // out 4·Σc_u. ShardGradOp gathers once: in and out 4·Σc_u. NoSync
 // accumulation over K micro-steps gathers K times and reduces once.
 TEST_CASE("offload: bytes copied per step equal the formula, as reported and as the space counted them") {
-  auto rng = test::rng_for("offload bytes");
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
-    for (const ShardingStrategy s : offloadable) {
-      INFO("strategy = " << name(s));
-      const std::size_t n = shards(s, world);
-      std::size_t chunks = 0;
-      for (const std::size_t p : sizes) chunks += chunk(p, n);
-      const bool twice = s != ShardingStrategy::ShardGradOp;
-      const std::size_t in_per_pass = 4 * (twice ? 2 * chunks - chunk(sizes.back(), n) : chunks);
-      const std::size_t out_per_step = 4 * chunks;
-      for (const std::size_t k : {std::size_t{1}, std::size_t{3}}) {
-        CAPTURE(k);
-        std::vector<std::size_t> in(static_cast<std::size_t>(world)), out(in), counted_in(in), counted_out(in);
-        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-          const auto space = std::make_shared<HostOffloadSpace>();
-          ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
-          o.accumulation = AccumulationMode::NoSync;
-          o.offload = space;
-          ShardedTrainer trainer(comm, Squares{sizes, 5}, gradsync::Adam<float>(), o);
-          trainer.step(Scale{2.0f});
-          const std::size_t in0 = space->copied_in(), out0 = space->copied_out();
-          for (std::size_t i = 1; i < k; ++i) trainer.accumulate(Scale{1.0f + static_cast<float>(i)});
-          trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
-          const auto r = static_cast<std::size_t>(comm.rank());
-          in[r] = trainer.last_step().offload_in_bytes;
-          out[r] = trainer.last_step().offload_out_bytes;
-          counted_in[r] = space->copied_in() - in0;
-          counted_out[r] = space->copied_out() - out0;
-        });
-        for (int r = 0; r < world; ++r) {
-          CAPTURE(r);
-          const auto i = static_cast<std::size_t>(r);
-          CHECK(in[i] == k * in_per_pass);
-          CHECK(out[i] == out_per_step);
-          CHECK(counted_in[i] == in[i]);
-          CHECK(counted_out[i] == out[i]);
-        }
+  for_each_world_and_strategy("offload bytes", [](int world, const auto& sizes, ShardingStrategy s) {
+    const std::size_t n = shards(s, world);
+    std::size_t chunks = 0;
+    for (const std::size_t p : sizes) chunks += chunk(p, n);
+    const bool twice = s != ShardingStrategy::ShardGradOp;
+    const std::size_t in_per_pass = 4 * (twice ? 2 * chunks - chunk(sizes.back(), n) : chunks);
+    const std::size_t out_per_step = 4 * chunks;
+    for (const std::size_t k : {std::size_t{1}, std::size_t{3}}) {
+      CAPTURE(k);
+      std::vector<std::size_t> in(static_cast<std::size_t>(world)), out(in), counted_in(in), counted_out(in);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto space = std::make_shared<HostOffloadSpace>();
+        ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+        o.accumulation = AccumulationMode::NoSync;
+        o.offload = space;
+        ShardedTrainer trainer(comm, Squares{sizes, 5}, gradsync::Adam<float>(), o);
+        trainer.step(Scale{2.0f});
+        const std::size_t in0 = space->copied_in(), out0 = space->copied_out();
+        for (std::size_t i = 1; i < k; ++i) trainer.accumulate(Scale{1.0f + static_cast<float>(i)});
+        trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+        const auto r = static_cast<std::size_t>(comm.rank());
+        in[r] = trainer.last_step().offload_in_bytes;
+        out[r] = trainer.last_step().offload_out_bytes;
+        counted_in[r] = space->copied_in() - in0;
+        counted_out[r] = space->copied_out() - out0;
+      });
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        const auto i = static_cast<std::size_t>(r);
+        CHECK(in[i] == k * in_per_pass);
+        CHECK(out[i] == out_per_step);
+        CHECK(counted_in[i] == in[i]);
+        CHECK(counted_out[i] == out[i]);
       }
     }
-  }
+  });
 }
 
 // With c_u = ⌈P_u/n⌉, e = 4 bytes, S optimizer elements per parameter:
@@ -221,91 +183,77 @@ TEST_CASE("offload: bytes copied per step equal the formula, as reported and as 
 // gathered units as without offload, and gradient buffers of (n + 1)·c_u
 // (FullShard one, ShardGradOp two). The space itself holds the two shards.
 TEST_CASE("offload: memory_need equals its formula, the peak reaches it, the space holds the shards") {
-  auto rng = test::rng_for("offload memory");
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
-    for (const ShardingStrategy s : offloadable) {
-      INFO("strategy = " << name(s));
-      const std::size_t n = shards(s, world);
-      std::size_t chunks = 0, c_max = 0;
-      for (const std::size_t p : sizes) {
-        chunks += chunk(p, n);
-        c_max = std::max(c_max, chunk(p, n));
-      }
-      const bool gsop = s == ShardingStrategy::ShardGradOp;
-      const std::size_t gathered = 4 * (gsop ? n * chunks : n * c_max);
-      const std::size_t buffers = 4 * (gsop ? 2 : 1) * (n + 1) * c_max;
-      std::vector<MemoryNeed> need(static_cast<std::size_t>(world));
-      std::vector<std::size_t> peak(need.size()), persistent(need.size()), held(need.size()), state(need.size());
-      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-        const auto space = std::make_shared<HostOffloadSpace>();
-        ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
-        o.offload = space;
-        ShardedTrainer trainer(comm, Squares{sizes, 7}, gradsync::Adam<float>(), o);
-        trainer.step(Scale{1.0f});
-        const auto r = static_cast<std::size_t>(comm.rank());
-        need[r] = trainer.memory_need();
-        peak[r] = trainer.peak_transient_bytes();
-        persistent[r] = trainer.persistent_bytes();
-        held[r] = space->allocated();
-        state[r] = trainer.optimizer().state_elements();
-      });
-      for (int r = 0; r < world; ++r) {
-        CAPTURE(r);
-        const auto i = static_cast<std::size_t>(r);
-        CHECK(need[i].persistent() == 0);
-        CHECK(persistent[i] == 0);
-        CHECK(need[i].offloaded == (2 + 2) * 4 * chunks);
-        CHECK(need[i].gathered == gathered);
-        CHECK(need[i].gradient_buffers == buffers);
-        CHECK(need[i].total() == gathered + buffers);
-        CHECK(held[i] == 2 * 4 * chunks);
-        CHECK(state[i] == 2 * chunks);
-        CHECK(peak[i] <= need[i].transient());
-        // FullShard's bound is reached: the largest unit gathered for backward beside its buffer.
-        if (!gsop) CHECK(peak[i] == need[i].transient());
-      }
+  for_each_world_and_strategy("offload memory", [](int world, const auto& sizes, ShardingStrategy s) {
+    const std::size_t n = shards(s, world);
+    std::size_t chunks = 0, c_max = 0;
+    for (const std::size_t p : sizes) {
+      chunks += chunk(p, n);
+      c_max = std::max(c_max, chunk(p, n));
     }
+    const bool gsop = s == ShardingStrategy::ShardGradOp;
+    const std::size_t gathered = 4 * (gsop ? n * chunks : n * c_max);
+    const std::size_t buffers = 4 * (gsop ? 2 : 1) * (n + 1) * c_max;
+    std::vector<MemoryNeed> need(static_cast<std::size_t>(world));
+    std::vector<std::size_t> peak(need.size()), persistent(need.size()), held(need.size()), state(need.size());
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      const auto space = std::make_shared<HostOffloadSpace>();
+      ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+      o.offload = space;
+      ShardedTrainer trainer(comm, Squares{sizes, 7}, gradsync::Adam<float>(), o);
+      trainer.step(Scale{1.0f});
+      const auto r = static_cast<std::size_t>(comm.rank());
+      need[r] = trainer.memory_need();
+      peak[r] = trainer.peak_transient_bytes();
+      persistent[r] = trainer.persistent_bytes();
+      held[r] = space->allocated();
+      state[r] = trainer.optimizer().state_elements();
+  });
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(need[i].persistent() == 0);
+    CHECK(persistent[i] == 0);
+    CHECK(need[i].offloaded == (2 + 2) * 4 * chunks);
+    CHECK(need[i].gathered == gathered);
+    CHECK(need[i].gradient_buffers == buffers);
+    CHECK(need[i].total() == gathered + buffers);
+    CHECK(held[i] == 2 * 4 * chunks);
+    CHECK(state[i] == 2 * chunks);
+    CHECK(peak[i] <= need[i].transient());
+    // FullShard's bound is reached: the largest unit gathered for backward beside its buffer.
+    if (!gsop) CHECK(peak[i] == need[i].transient());
   }
+  });
 }
 
 TEST_CASE("offload: a budget that fits only the compute side is refused without offload and trains with it") {
-  auto rng = test::rng_for("offload budget");
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
-    for (const ShardingStrategy s : offloadable) {
-      INFO("strategy = " << name(s));
-      std::vector<std::string> refused(static_cast<std::size_t>(world));
-      std::vector<int> trained(refused.size(), 0);
-      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-        ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
-        o.offload = std::make_shared<HostOffloadSpace>();
-        const std::size_t budget =
-            ShardedTrainer(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o).memory_need().total();
-        o.memory_budget = budget;
-        const auto r = static_cast<std::size_t>(comm.rank());
-        ShardedTrainer fits(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o);
-        fits.step(Scale{1.0f});
-        trained[r] = fits.persistent_bytes() + fits.peak_transient_bytes() <= budget ? 1 : 0;
-        o.offload = nullptr;
-        try {
-          ShardedTrainer plain(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o);
-        } catch (const gradsync::InvalidArgument& e) {
-          refused[r] = e.what();
-        }
-      });
-      for (std::size_t r = 0; r < refused.size(); ++r) {
-        CAPTURE(r);
-        INFO(refused[r]);
-        CHECK(trained[r] == 1);
-        CHECK(refused[r].find("over the memory_budget") != std::string::npos);
+  for_each_world_and_strategy("offload budget", [](int world, const auto& sizes, ShardingStrategy s) {
+    std::vector<std::string> refused(static_cast<std::size_t>(world));
+    std::vector<int> trained(refused.size(), 0);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+      o.offload = std::make_shared<HostOffloadSpace>();
+      const std::size_t budget =
+          ShardedTrainer(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o).memory_need().total();
+      o.memory_budget = budget;
+      const auto r = static_cast<std::size_t>(comm.rank());
+      ShardedTrainer fits(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o);
+      fits.step(Scale{1.0f});
+      trained[r] = fits.persistent_bytes() + fits.peak_transient_bytes() <= budget ? 1 : 0;
+      o.offload = nullptr;
+      try {
+        ShardedTrainer plain(comm, Squares{sizes, 3}, gradsync::Adam<float>(), o);
+      } catch (const gradsync::InvalidArgument& e) {
+        refused[r] = e.what();
       }
-    }
+  });
+  for (std::size_t r = 0; r < refused.size(); ++r) {
+    CAPTURE(r);
+    INFO(refused[r]);
+    CHECK(trained[r] == 1);
+    CHECK(refused[r].find("over the memory_budget") != std::string::npos);
   }
+  });
 }
 
 TEST_CASE("offload: with bfloat16 gathers and reductions too, bitwise as without offload") {
@@ -373,8 +321,8 @@ TEST_CASE("offload: every copy of a step runs on the progress worker, not on the
   auto rng = test::rng_for("offload threads");
   for (int world = 1; world <= 3; ++world) {
     CAPTURE(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+    const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world, 60);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
     std::vector<std::size_t> copies(static_cast<std::size_t>(world)), on_rank_thread(copies);
     gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
       const auto space = std::make_shared<ThreadNotingSpace>();
@@ -435,7 +383,7 @@ TEST_CASE("memory_budget: a rank given a different budget makes every rank throw
   auto rng = test::rng_for("budget agreement");
   std::uniform_int_distribution<std::size_t> d(1, 1000);
   const std::vector<std::size_t> sizes{d(rng), d(rng)};
-  INFO("seed = " << test::test_seed() << ", sizes = " << describe(sizes));
+  INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
   for (int world = 2; world <= 4; ++world) {
     CAPTURE(world);
     std::uniform_int_distribution<int> pick(0, world - 1);

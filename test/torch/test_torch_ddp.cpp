@@ -5,20 +5,7 @@
 // Every rank's result is collected and checked on the main thread after
 // run_threads, so a failing rank never leaves the others waiting.
 
-// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK,
-// CHECK_EQ... macros would otherwise stand in for doctest's (and abort the
-// process on failure instead of reporting it).
-#include <gradsync/gradsync.hpp>
-#include <gradsync/integration/torch.hpp>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-
-#include <doctest/doctest.h>
+#include "torch_ddp_support.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -29,11 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "../support/common.hpp"
-
 namespace {
 
 using Comm = gradsync::Communicator<gradsync::Threads>;
+using namespace test_torch;
 
 struct MlpImpl : torch::nn::Module {
   explicit MlpImpl(int hidden = 20, bool with_unused = false)
@@ -53,33 +39,6 @@ struct MlpImpl : torch::nn::Module {
   torch::nn::Linear unused{nullptr};
 };
 TORCH_MODULE(Mlp);
-
-/// Inputs and labels for `rows` samples, from the case's seed.
-struct Data {
-  torch::Tensor x, y;
-};
-Data make_data(std::int64_t rows, std::string_view salt) {
-  auto rng = test::rng_for(salt);
-  std::normal_distribution<float> normal;
-  std::vector<float> xs(static_cast<std::size_t>(rows * 12));
-  for (float& v : xs) v = normal(rng);
-  std::vector<std::int64_t> ys(static_cast<std::size_t>(rows));
-  for (auto& v : ys) v = static_cast<std::int64_t>(rng() % 5);
-  return {torch::from_blob(xs.data(), {rows, 12}).clone(), torch::from_blob(ys.data(), {rows}, torch::kInt64).clone()};
-}
-
-std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
-  torch::NoGradGuard no_grad;
-  auto params = m.parameters();
-  REQUIRE(params.size() == values.size());
-  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
-}
 
 /// Initial weights from the case's seed (LibTorch's default init).
 std::vector<torch::Tensor> initial_weights(std::string_view salt, bool with_unused = false) {
@@ -107,25 +66,13 @@ double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch
   return worst;
 }
 
-bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
-
 /// One process, the whole batch: what the ranks together must reproduce.
 std::vector<torch::Tensor> reference_run(const std::vector<torch::Tensor>& init, Opt o, const Data& d, int steps,
                                          bool with_unused = false) {
   Mlp m(20, with_unused);
   load(*m, init);
   auto opt = make_optimizer(o, *m);
-  for (int s = 0; s < steps; ++s) {
-    opt->zero_grad();
-    torch::nn::functional::cross_entropy(m->forward(d.x), d.y).backward();
-    opt->step();
-  }
+  train(m, *opt, d.x, d.y, steps);
   return snapshot(*m);
 }
 
@@ -176,11 +123,7 @@ TEST_CASE("DistributedDataParallel: N ranks of batch b match one process on the 
         gradsync::DistributedDataParallel ddp(comm, m);
         auto opt = make_optimizer(o, *m);
         const Data mine{rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b)};
-        for (int s = 0; s < steps; ++s) {
-          opt->zero_grad();
-          torch::nn::functional::cross_entropy(ddp(mine.x), mine.y).backward();
-          opt->step();
-        }
+        train(ddp, *opt, mine.x, mine.y, steps);
         return snapshot(*m);
       });
       for (int r = 0; r < n; ++r) {
@@ -246,12 +189,7 @@ TEST_CASE("DistributedDataParallel: unused parameters contribute zeros with find
       o.bucket_cap_bytes = 512;
       gradsync::DistributedDataParallel ddp(comm, m, o);
       auto opt = make_optimizer(Opt::adam, *m);
-      for (int s = 0; s < 3; ++s) {
-        opt->zero_grad();
-        torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b)), rows(d.y, comm.rank() * b, b))
-            .backward();
-        opt->step();
-      }
+      train(ddp, *opt, rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b), 3);
       early[static_cast<std::size_t>(comm.rank())] = ddp.stats().buckets_launched_early;
       return snapshot(*m);
     });

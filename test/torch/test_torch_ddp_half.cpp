@@ -13,19 +13,7 @@
 // that, or the check could not see a wrong average (a sum, or a mean over
 // the wrong N, is off by a whole update).
 
-// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK...
-// macros would otherwise stand in for doctest's.
-#include <gradsync/gradsync.hpp>
-#include <gradsync/integration/torch.hpp>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-
-#include <doctest/doctest.h>
+#include "torch_ddp_support.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -34,87 +22,17 @@
 #include <string>
 #include <vector>
 
-#include "../support/common.hpp"
-
 namespace {
 
 using Comm = gradsync::Communicator<gradsync::Threads>;
-
-/// A 12-24-5 MLP whose parameters are stored in `dtype`. LibTorch 1.13 has
-/// no half matmul on the CPU ("addmm_impl_cpu_ not implemented for 'Half'"),
-/// so layers compute in `compute` (bfloat16 itself, or float for half): the
-/// gradients reaching the parameters are still of the parameters' dtype.
-struct MlpImpl : torch::nn::Module {
-  MlpImpl(torch::Dtype dtype, torch::Dtype compute)
-      : fc1(register_module("fc1", torch::nn::Linear(12, 24))),
-        fc2(register_module("fc2", torch::nn::Linear(24, 5))),
-        compute_(compute) {
-    to(dtype);
-  }
-  torch::Tensor layer(const torch::nn::Linear& l, const torch::Tensor& x) {
-    return torch::linear(x, l->weight.to(compute_), l->bias.to(compute_));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return layer(fc2, torch::tanh(layer(fc1, x.to(compute_)))).to(torch::kFloat);
-  }
-  torch::nn::Linear fc1, fc2;
-  torch::Dtype compute_;
-};
-TORCH_MODULE(Mlp);
+using namespace test_torch;
+using Mlp = test_torch::TypedMlp;
 
 struct Case {
   const char* name;
   torch::Dtype dtype, compute;
   double unit;  ///< one unit of least precision at 1.0
 };
-
-struct Data {
-  torch::Tensor x, y;
-};
-Data make_data(std::int64_t rows, std::string_view salt) {
-  auto rng = test::rng_for(salt);
-  std::normal_distribution<float> normal;
-  std::vector<float> xs(static_cast<std::size_t>(rows * 12));
-  for (float& v : xs) v = normal(rng);
-  std::vector<std::int64_t> ys(static_cast<std::size_t>(rows));
-  for (auto& v : ys) v = static_cast<std::int64_t>(rng() % 5);
-  return {torch::from_blob(xs.data(), {rows, 12}).clone(), torch::from_blob(ys.data(), {rows}, torch::kInt64).clone()};
-}
-
-std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
-  torch::NoGradGuard no_grad;
-  auto params = m.parameters();
-  REQUIRE(params.size() == values.size());
-  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
-}
-
-/// ‖a − b‖ / ‖b‖ over all tensors together, in double.
-double relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).pow(2).sum().item<double>();
-    ref += b[i].to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(diff / ref);
-}
-
-bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
-
-torch::optim::SGD make_sgd(torch::nn::Module& m) {
-  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.2).momentum(0.9));
-}
 
 }  // namespace
 
@@ -135,11 +53,7 @@ TEST_CASE("DistributedDataParallel: bfloat16 and half parameters match one proce
       Mlp ref(c.dtype, c.compute);
       load(*ref, init);
       auto ref_opt = make_sgd(*ref);
-      for (int s = 0; s < steps; ++s) {
-        ref_opt.zero_grad();
-        torch::nn::functional::cross_entropy(ref->forward(d.x), d.y).backward();
-        ref_opt.step();
-      }
+      train(ref, ref_opt, d.x, d.y, steps);
       const auto expected = snapshot(*ref);
 
       std::vector<std::vector<torch::Tensor>> got(static_cast<std::size_t>(n));
@@ -155,11 +69,7 @@ TEST_CASE("DistributedDataParallel: bfloat16 and half parameters match one proce
           gradsync::DistributedDataParallel ddp(comm, m);
           auto opt = make_sgd(*m);
           const auto x = d.x.narrow(0, comm.rank() * b, b), y = d.y.narrow(0, comm.rank() * b, b);
-          for (int s = 0; s < steps; ++s) {
-            opt.zero_grad();
-            torch::nn::functional::cross_entropy(ddp(x), y).backward();
-            opt.step();
-          }
+          train(ddp, opt, x, y, steps);
           grad_dtype[r] = c10::toString(m->fc1->weight.grad().scalar_type());
           got[r] = snapshot(*m);
         } catch (const gradsync::InvalidArgument& e) {

@@ -4,20 +4,9 @@
 // itself), bitwise alike across ranks. The 16-bit tolerance is the one
 // test_torch_ddp_half states: steps · one unit of least precision at 1.0.
 
-// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK...
-// macros would otherwise stand in for doctest's.
 #include <gradsync/backend/mpi.hpp>
-#include <gradsync/gradsync.hpp>
-#include <gradsync/integration/torch.hpp>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
 
-#include <doctest/doctest.h>
+#include "torch_ddp_support.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -25,51 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "../support/common.hpp"
-
 namespace {
 
-/// A 12-24-5 MLP stored in `dtype`, computing in `compute` (LibTorch 1.13
-/// has no half matmul on the CPU, so half parameters compute in float).
-struct MlpImpl : torch::nn::Module {
-  MlpImpl(torch::Dtype dtype, torch::Dtype compute)
-      : fc1(register_module("fc1", torch::nn::Linear(12, 24))),
-        fc2(register_module("fc2", torch::nn::Linear(24, 5))),
-        compute_(compute) {
-    to(dtype);
-  }
-  torch::Tensor layer(const torch::nn::Linear& l, const torch::Tensor& x) {
-    return torch::linear(x, l->weight.to(compute_), l->bias.to(compute_));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return layer(fc2, torch::tanh(layer(fc1, x.to(compute_)))).to(torch::kFloat);
-  }
-  torch::nn::Linear fc1, fc2;
-  torch::Dtype compute_;
-};
-TORCH_MODULE(Mlp);
-
-std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
-  torch::NoGradGuard no_grad;
-  auto params = m.parameters();
-  REQUIRE(params.size() == values.size());
-  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
-}
-
-double relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).pow(2).sum().item<double>();
-    ref += b[i].to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(diff / ref);
-}
+using namespace test_torch;
+using Mlp = test_torch::TypedMlp;
 
 /// FNV-1a over the parameters' bytes: equal on every rank iff bitwise equal (but for collisions).
 std::int64_t fingerprint(const std::vector<torch::Tensor>& ps) {
@@ -81,10 +29,6 @@ std::int64_t fingerprint(const std::vector<torch::Tensor>& ps) {
     }
   }
   return static_cast<std::int64_t>(h);
-}
-
-torch::optim::SGD make_sgd(torch::nn::Module& m) {
-  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.2).momentum(0.9));
 }
 
 }  // namespace
@@ -116,11 +60,7 @@ TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters m
     Mlp ref(c.dtype, c.compute);
     load(*ref, init);
     auto ref_opt = make_sgd(*ref);
-    for (int s = 0; s < steps; ++s) {
-      ref_opt.zero_grad();
-      torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
-      ref_opt.step();
-    }
+    train(ref, ref_opt, x, y, steps);
     const auto expected = snapshot(*ref);
 
     // Other ranks start from their own weights: construction must broadcast rank 0's.
@@ -130,11 +70,7 @@ TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters m
     gradsync::DistributedDataParallel ddp(comm, m);
     auto opt = make_sgd(*m);
     const auto mx = x.narrow(0, comm.rank() * b, b), my = y.narrow(0, comm.rank() * b, b);
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      torch::nn::functional::cross_entropy(ddp(mx), my).backward();
-      opt.step();
-    }
+    train(ddp, opt, mx, my, steps);
     const auto got = snapshot(*m);
     CHECK(std::string(c10::toString(m->fc1->weight.grad().scalar_type())) == c10::toString(c.dtype));
 

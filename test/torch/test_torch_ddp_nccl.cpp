@@ -9,20 +9,8 @@
 // different summation orders, for a batch of b and one of N·b. bfloat16 as
 // in test_torch_ddp_half: steps · 2^-8.
 
-// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK...
-// macros would otherwise stand in for doctest's.
-#include <gradsync/gradsync.hpp>
-#include <gradsync/integration/torch.hpp>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "torch_ddp_support.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -33,7 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "../support/common.hpp"
 #include "torch_nccl_world.hpp"
 
 namespace {
@@ -50,39 +37,7 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
-  return out;
-}
-
-void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
-  torch::NoGradGuard no_grad;
-  auto params = m.parameters();
-  REQUIRE(params.size() == values.size());
-  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
-}
-
-double relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).pow(2).sum().item<double>();
-    ref += b[i].to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(diff / ref);
-}
-
-bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
-
-torch::optim::SGD make_sgd(torch::nn::Module& m) {
-  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.2).momentum(0.9));
-}
+using namespace test_torch;
 
 /// Runs body(rank, comm) on one thread per rank; returns each rank's error ("" if none).
 template <class F>
@@ -135,11 +90,7 @@ TEST_CASE("DistributedDataParallel on Nccl: one rank per GPU matches one process
       ref->to(gpu0, c.dtype);
       load(*ref, init);
       auto ref_opt = make_sgd(*ref);
-      for (int s = 0; s < steps; ++s) {
-        ref_opt.zero_grad();
-        torch::nn::functional::cross_entropy(ref->forward(x.to(gpu0)), y.to(gpu0)).backward();
-        ref_opt.step();
-      }
+      train(ref, ref_opt, x.to(gpu0), y.to(gpu0), steps);
       const auto expected = snapshot(*ref);
 
       std::vector<std::vector<torch::Tensor>> got(static_cast<std::size_t>(n));
@@ -155,11 +106,7 @@ TEST_CASE("DistributedDataParallel on Nccl: one rank per GPU matches one process
         gradsync::DistributedDataParallel ddp(comm, m, o);
         auto opt = make_sgd(*m);
         const auto mx = x.narrow(0, r * b, b).to(dev), my = y.narrow(0, r * b, b).to(dev);
-        for (int s = 0; s < steps; ++s) {
-          opt.zero_grad();
-          torch::nn::functional::cross_entropy(ddp(mx), my).backward();
-          opt.step();
-        }
+        train(ddp, opt, mx, my, steps);
         early[static_cast<std::size_t>(r)] = ddp.stats().buckets_launched_early;
         buckets[static_cast<std::size_t>(r)] = ddp.buckets().size();
         got[static_cast<std::size_t>(r)] = snapshot(*m);

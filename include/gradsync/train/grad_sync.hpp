@@ -28,6 +28,7 @@
 #include "gradsync/train/all_reduce_average.hpp"
 #include "gradsync/train/bucket_plan.hpp"
 #include "gradsync/train/grad_sync_options.hpp"
+#include "gradsync/train/no_sync_guard.hpp"
 #include "gradsync/train/readiness_tracker.hpp"
 #include "gradsync/train/reduce_scatter_average.hpp"
 #include "gradsync/train/reduction_policy.hpp"
@@ -240,17 +241,7 @@ class GradSync {
 
   /// Disables synchronisation until the guard goes: backward then only
   /// accumulates locally, and the next synced backward reduces the sum.
-  class NoSync {
-   public:
-    explicit NoSync(GradSync& s) : s_(s), was_(s.sync_) { s_.set_sync(false); }
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-    ~NoSync() { s_.set_sync(was_); }
-
-   private:
-    GradSync& s_;
-    bool was_;
-  };
+  using NoSync = detail::NoSyncGuard<GradSync>;
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   /// Turns synchronisation on or off between backwards (what no_sync() does).

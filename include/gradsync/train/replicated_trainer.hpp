@@ -29,6 +29,7 @@
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/step_stats.hpp"
+#include "gradsync/train/trainer_requirements.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
@@ -104,15 +105,7 @@ class ReplicatedTrainer {
                 "parameters, gradients and buffers in host vectors and steps the optimizer on the host, which "
                 "cannot work on device pointers. On a device-memory backend (Nccl), train with your own device "
                 "buffers and the primitives (AllReduce, Broadcast).");
-  static_assert(detail::ModelHasValueType<M>,
-                "gradsync::ReplicatedTrainer: the model must declare `using value_type = float;` (or double)");
-  static_assert(detail::ModelDeclaresUnits<M>,
-                "gradsync::ReplicatedTrainer: the model must declare its parameters with "
-                "`std::vector<gradsync::UnitSpec> units() const`");
-  static_assert(detail::ModelBinds<M>,
-                "gradsync::ReplicatedTrainer: the model must accept its storage with "
-                "`void bind(std::span<const gradsync::UnitView<value_type>>)`");
-  static_assert(std::move_constructible<M>, "gradsync::ReplicatedTrainer: the model must be move-constructible");
+  static_assert(detail::TrainerRequirements<M, Opt>::model_and_optimizer());
 
  public:
   using model_type = M;
@@ -121,10 +114,6 @@ class ReplicatedTrainer {
   using backend_type = typename detail::CommunicatorTraits<Comm>::backend;
   using value_type = typename M::value_type;
   using algorithm = Algo;
-
-  static_assert(Optimizer<Opt, value_type>,
-                "gradsync::ReplicatedTrainer: the optimizer must provide `step(std::span<T> params, "
-                "std::span<const T> grads)`, `double lr() const` and `set_lr(double)` for T = the model's value_type");
 
   ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
@@ -167,9 +156,7 @@ class ReplicatedTrainer {
   /// this rank's loss on `batch`.
   template <class Batch>
   double step(const Batch& batch) {
-    static_assert(TrainableOn<M, Batch>,
-                  "gradsync::ReplicatedTrainer::step: the model has no `double forward_backward(const Batch&, "
-                  "const gradsync::StepContext<value_type>&)` for this batch type");
+    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     const double loss = forward_backward(batch);
     optimizer_step();
     return loss;
@@ -180,9 +167,7 @@ class ReplicatedTrainer {
   /// like, and optimizer_step().
   template <class Batch>
   double forward_backward(const Batch& batch) {
-    static_assert(TrainableOn<M, Batch>,
-                  "gradsync::ReplicatedTrainer::forward_backward: the model has no `double forward_backward(const "
-                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("forward_backward");
     const TrainerStats before = stats_;
     int active = comm_.size();
@@ -236,9 +221,7 @@ class ReplicatedTrainer {
   /// with the loss scaled by 1/K.
   template <class Batch>
   double accumulate(const Batch& batch) {
-    static_assert(TrainableOn<M, Batch>,
-                  "gradsync::ReplicatedTrainer::accumulate: the model has no `double forward_backward(const "
-                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("accumulate");
     sync_->set_sync(false);
     const double loss = run_model(batch);

@@ -43,6 +43,7 @@
 #include "gradsync/train/replicated_trainer.hpp"
 #include "gradsync/train/shard_plan.hpp"
 #include "gradsync/train/step_stats.hpp"
+#include "gradsync/train/trainer_requirements.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 #include "gradsync/train/wrap_policy.hpp"
 
@@ -240,15 +241,7 @@ class ShardedTrainer {
   static_assert(detail::communicates_host_memory<Comm>,
                 "gradsync::ShardedTrainer needs a backend whose memory space is host memory: it keeps shards and "
                 "gathered units in host vectors and steps the optimizer on the host.");
-  static_assert(detail::ModelHasValueType<M>,
-                "gradsync::ShardedTrainer: the model must declare `using value_type = float;` (or double)");
-  static_assert(detail::ModelDeclaresUnits<M>,
-                "gradsync::ShardedTrainer: the model must declare its parameters with "
-                "`std::vector<gradsync::UnitSpec> units() const`");
-  static_assert(detail::ModelBinds<M>,
-                "gradsync::ShardedTrainer: the model must accept its initial storage with "
-                "`void bind(std::span<const gradsync::UnitView<value_type>>)`");
-  static_assert(std::move_constructible<M>, "gradsync::ShardedTrainer: the model must be move-constructible");
+  static_assert(detail::TrainerRequirements<M, Opt>::model_and_optimizer());
 
  public:
   using model_type = M;
@@ -257,10 +250,6 @@ class ShardedTrainer {
   using backend_type = typename detail::CommunicatorTraits<Comm>::backend;
   using value_type = typename M::value_type;
   using algorithm = Algo;
-
-  static_assert(Optimizer<Opt, value_type>,
-                "gradsync::ShardedTrainer: the optimizer must provide `step(std::span<T> params, "
-                "std::span<const T> grads)`, `double lr() const` and `set_lr(double)` for T = the model's value_type");
 
   ShardedTrainer(Comm& comm, M model, Opt optimizer, ShardedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
@@ -309,9 +298,7 @@ class ShardedTrainer {
   /// Returns this rank's loss on `batch`.
   template <class Batch>
   double step(const Batch& batch) {
-    static_assert(TrainableOn<M, Batch>,
-                  "gradsync::ShardedTrainer::step: the model has no `double forward_backward(const Batch&, "
-                  "const gradsync::StepContext<value_type>&)` for this batch type");
+    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     const double loss = forward_backward(batch);
     optimizer_step();
     return loss;
@@ -322,9 +309,7 @@ class ShardedTrainer {
   /// if you like, and optimizer_step().
   template <class Batch>
   double forward_backward(const Batch& batch) {
-    static_assert(TrainableOn<M, Batch>,
-                  "gradsync::ShardedTrainer::forward_backward: the model has no `double forward_backward(const "
-                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("forward_backward");
     if (o_.broadcast_buffers && !buffers_.empty()) {
       Broadcast<Algo>{o_.collective}(comm_, std::span<value_type>(buffers_), 0);
@@ -342,9 +327,7 @@ class ShardedTrainer {
   /// A micro-step that throws drops what was accumulated.
   template <class Batch>
   double accumulate(const Batch& batch) {
-    static_assert(TrainableOn<M, Batch>,
-                  "gradsync::ShardedTrainer::accumulate: the model has no `double forward_backward(const "
-                  "Batch&, const gradsync::StepContext<value_type>&)` for this batch type");
+    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("accumulate");
     if (offloaded() && o_.accumulation == AccumulationMode::Sharded) {
       throw InvalidArgument(where() +

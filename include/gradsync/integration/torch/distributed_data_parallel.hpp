@@ -33,6 +33,7 @@
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/grad_sync_options.hpp"
+#include "gradsync/train/no_sync_guard.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
@@ -231,17 +232,7 @@ class DistributedDataParallel {
 
   /// While the guard lives, backward only accumulates gradients locally; the
   /// next synced backward averages the sum (PyTorch's `no_sync()`).
-  class NoSync {
-   public:
-    explicit NoSync(DistributedDataParallel& d) : d_(d), was_(d.sync_enabled()) { d_.set_sync(false); }
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-    ~NoSync() { d_.set_sync(was_); }
-
-   private:
-    DistributedDataParallel& d_;
-    bool was_;
-  };
+  using NoSync = detail::NoSyncGuard<DistributedDataParallel>;
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   bool sync_enabled() const {

@@ -1,0 +1,44 @@
+#pragma once
+/// \file What both trainers ask of their model, optimizer and batch type, said once.
+
+#include <concepts>
+
+#include "gradsync/train/model.hpp"
+#include "gradsync/train/optimizer.hpp"
+
+namespace gradsync::detail {
+
+/// Each requirement fails in its own sentence; the compiler's "required
+/// from" line names the trainer and member that asked.
+template <class M, class Opt>
+struct TrainerRequirements {
+  static consteval bool model_and_optimizer() {
+    static_assert(ModelHasValueType<M>,
+                  "gradsync trainer: the model must declare `using value_type = float;` (or double)");
+    static_assert(ModelDeclaresUnits<M>,
+                  "gradsync trainer: the model must declare its parameters with "
+                  "`std::vector<gradsync::UnitSpec> units() const`");
+    static_assert(ModelBinds<M>,
+                  "gradsync trainer: the model must accept its storage with "
+                  "`void bind(std::span<const gradsync::UnitView<value_type>>)`");
+    static_assert(std::move_constructible<M>, "gradsync trainer: the model must be move-constructible");
+    // Without a value_type there is no element type to check the optimizer against.
+    if constexpr (ModelHasValueType<M>) {
+      static_assert(Optimizer<Opt, typename M::value_type>,
+                    "gradsync trainer: the optimizer must provide `step(std::span<T> params, "
+                    "std::span<const T> grads)`, `double lr() const` and `set_lr(double)` for T = the model's "
+                    "value_type");
+    }
+    return true;
+  }
+
+  template <class Batch>
+  static consteval bool batch() {
+    static_assert(TrainableOn<M, Batch>,
+                  "gradsync trainer: the model has no `double forward_backward(const Batch&, "
+                  "const gradsync::StepContext<value_type>&)` for this batch type");
+    return true;
+  }
+};
+
+}  // namespace gradsync::detail

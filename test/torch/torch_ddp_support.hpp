@@ -1,0 +1,126 @@
+#pragma once
+// What the LibTorch DDP tests share: LibTorch included before doctest, the
+// 12-input, 5-class data and models, parameter snapshots and their
+// comparison, and the training loop both the reference and the ranks run.
+//
+// LibTorch before doctest: Debian's c10 logs through glog, whose CHECK,
+// CHECK_EQ... macros would otherwise stand in for doctest's (and abort the
+// process on failure instead of reporting it). A file with its own main
+// defines DOCTEST_CONFIG_IMPLEMENT before including this header.
+
+#include <gradsync/gradsync.hpp>
+#include <gradsync/integration/torch.hpp>
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string_view>
+#include <vector>
+
+#include "../support/common.hpp"
+
+namespace test_torch {
+
+/// Inputs (12 features) and labels (5 classes) for `rows` samples.
+struct Data {
+  torch::Tensor x, y;
+};
+
+/// From the case's seed and `salt`.
+inline Data make_data(std::int64_t rows, std::string_view salt) {
+  auto rng = test::rng_for(salt);
+  std::normal_distribution<float> normal;
+  std::vector<float> xs(static_cast<std::size_t>(rows * 12));
+  for (float& v : xs) v = normal(rng);
+  std::vector<std::int64_t> ys(static_cast<std::size_t>(rows));
+  for (auto& v : ys) v = static_cast<std::int64_t>(rng() % 5);
+  return {torch::from_blob(xs.data(), {rows, 12}).clone(), torch::from_blob(ys.data(), {rows}, torch::kInt64).clone()};
+}
+
+/// A 12-24-5 MLP whose parameters are stored in `dtype`. LibTorch 1.13 has
+/// no half matmul on the CPU ("addmm_impl_cpu_ not implemented for 'Half'"),
+/// so layers compute in `compute` (bfloat16 itself, or float for half): the
+/// gradients reaching the parameters are still of the parameters' dtype.
+struct TypedMlpImpl : torch::nn::Module {
+  TypedMlpImpl(torch::Dtype dtype, torch::Dtype compute)
+      : fc1(register_module("fc1", torch::nn::Linear(12, 24))),
+        fc2(register_module("fc2", torch::nn::Linear(24, 5))),
+        compute_(compute) {
+    to(dtype);
+  }
+  torch::Tensor layer(const torch::nn::Linear& l, const torch::Tensor& x) {
+    return torch::linear(x, l->weight.to(compute_), l->bias.to(compute_));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return layer(fc2, torch::tanh(layer(fc1, x.to(compute_)))).to(torch::kFloat);
+  }
+  torch::nn::Linear fc1, fc2;
+  torch::Dtype compute_;
+};
+TORCH_MODULE(TypedMlp);
+
+/// The parameters' values, copied to the host.
+inline std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
+  return out;
+}
+
+inline void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  auto params = m.parameters();
+  REQUIRE(params.size() == values.size());
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
+}
+
+/// ‖a − b‖ / ‖b‖ over all tensors together, in double.
+inline double relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).pow(2).sum().item<double>();
+    ref += b[i].to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / ref);
+}
+
+inline bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+inline torch::optim::SGD make_sgd(torch::nn::Module& m) {
+  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.2).momentum(0.9));
+}
+
+/// `steps` optimizer steps on the cross-entropy of the net's output for x
+/// against y; `net` is a module holder (the one-process reference) or a
+/// DistributedDataParallel.
+template <class Net>
+void train(Net& net, torch::optim::Optimizer& opt, const torch::Tensor& x, const torch::Tensor& y, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    // A holder's operator() cannot pick among overloads of forward: call it directly.
+    torch::Tensor out;
+    if constexpr (requires { net->forward(x); }) {
+      out = net->forward(x);
+    } else {
+      out = net(x);
+    }
+    torch::nn::functional::cross_entropy(out, y).backward();
+    opt.step();
+  }
+}
+
+}  // namespace test_torch
