@@ -13,64 +13,41 @@ the new one must be complete or absent. Environment: GRADSYNC_KILL_TRIALS
 
 import collections
 import os
-import random
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import time
 
+import kill_harness as kh
 
-def run(args):
-    return subprocess.run(args, capture_output=True, text=True)
-
-
-def verify(writer, work):
-    p = run([writer, "verify", work])
-    if p.returncode != 0:
-        sys.exit(f"FAIL: checkpoint in {work} does not load: {p.stderr.strip()}")
-    m = re.fullmatch(r"full (\d+) sharded (\d+)\n", p.stdout)
-    if not m:
-        sys.exit(f"FAIL: unexpected verify output {p.stdout!r}")
-    return int(m.group(1)), int(m.group(2))
+# What `WRITER verify` prints: the generation of the full file and of the sharded index.
+GENERATIONS = r"full (\d+) sharded (\d+)\n"
 
 
 def main():
     writer, work = sys.argv[1], sys.argv[2]
-    trials = int(os.environ.get("GRADSYNC_KILL_TRIALS", "60"))
-    seed = int(os.environ.get("GRADSYNC_KILL_SEED", random.randrange(1 << 31)))
-    print(f"kill test: {trials} trials, seed {seed} (GRADSYNC_KILL_SEED={seed} replays)")
-    rng = random.Random(seed)
+    trials, rng = kh.start("kill test", 60, work)
     start = time.monotonic()
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
 
     # The second write also removes the first one's shard files; every later
     # write has at least as many steps, so every k <= steps is a kill.
     for gen in (1, 2):
-        p = run([writer, "write", work, str(gen)])
-        if p.returncode != 0:
-            sys.exit(f"FAIL: write of generation {gen}: {p.stderr.strip()}")
-    steps = int(re.search(r"steps (\d+)", p.stdout).group(1))
+        steps = kh.write_whole(writer, work, gen)
     print(f"a write takes {steps} I/O steps")
-    state = verify(writer, work)
+    state = kh.verify(writer, work, GENERATIONS)
     assert state == (2, 2), state
 
     killed_at = collections.Counter()
     kills = 0
     for trial in range(trials):
         gen = 3 + trial
-        # Every tenth write finishes, so later trials start from a new
-        # generation too (and the old shard files get removed).
-        k = 0 if trial % 10 == 9 else rng.randint(1, steps)
-        p = run([writer, "write", work, str(gen)] + ([str(k)] if k else []))
-        if p.returncode == -signal.SIGKILL:
+        # A completed write also removes the old generation's shard files.
+        k = kh.kill_point(rng, trial, steps)
+        p = kh.write_killed(writer, work, gen, k, trial)
+        if kh.killed(p):
             kills += 1
             killed_at[re.search(r"\((\w+)\)", p.stderr).group(1)] += 1
-        elif p.returncode != 0:
-            sys.exit(f"FAIL: trial {trial} (kill at {k}): writer failed: {p.stderr.strip()}")
-        full, sharded = verify(writer, work)
+        full, sharded = kh.verify(writer, work, GENERATIONS)
         for what, got, before in (("full", full, state[0]), ("sharded", sharded, state[1])):
             if got not in (before, gen):
                 sys.exit(f"FAIL: trial {trial} (kill at {k}): {what} checkpoint is generation {got}, "
@@ -80,7 +57,7 @@ def main():
         if sharded == gen and full != gen:
             sys.exit(f"FAIL: trial {trial}: the sharded checkpoint is new but the full one (written first) is not")
         state = (full, sharded)
-        print(f"trial {trial}: {f'kill at {k}' if k else 'no kill'}: {'killed' if p.returncode else 'completed'} -> full {full} sharded {sharded}")
+        print(f"trial {trial}: {kh.outcome(k, p)} -> full {full} sharded {sharded}")
 
     leftovers = [f for f in os.listdir(work) if ".tmp-" in f]
     print(f"{kills} of {trials} writes killed, at {dict(killed_at)}; "
