@@ -98,8 +98,7 @@ inline constexpr bool communicates_host_memory<Communicator<B>> = backend_traits
 /// \tparam Algo  the AllReduce/Broadcast algorithm.
 template <class M, class Opt, class Comm, class Algo = Auto>
 class ReplicatedTrainer {
-  static_assert(detail::CommunicatorTraits<Comm>::value,
-                "gradsync::ReplicatedTrainer: the third parameter must be gradsync::Communicator<Backend>");
+  static_assert(detail::TrainerRequirements<M, Opt>::template communicator<Comm>());
   static_assert(detail::communicates_host_memory<Comm>,
                 "gradsync::ReplicatedTrainer needs a backend whose memory space is host memory: it keeps "
                 "parameters, gradients and buffers in host vectors and steps the optimizer on the host, which "
@@ -117,14 +116,7 @@ class ReplicatedTrainer {
 
   ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
-    // Before anything is allocated or broadcast: the same total split into
-    // other units or shapes would otherwise train on unrelated gradients.
-    const detail::AgreedValue budget{"ReplicatedTrainerOptions::memory_budget (bytes)", o_.memory_budget,
-                                     "Give every rank the same memory_budget, so that all accept or refuse alike."};
-    detail::check_units_agree(comm_, detail::describe_units(specs_), "ReplicatedTrainer",
-                              "Every rank's model must declare the same units, with the same names and shapes, in "
-                              "the same order: check what its units() depends on (configuration, rank, world size).",
-                              &budget);
+    detail::check_trainer_units(comm_, specs_, "ReplicatedTrainer", o_.memory_budget);
     detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
                                 o_.memory_budget,
                                 "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");

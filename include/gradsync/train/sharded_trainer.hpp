@@ -236,8 +236,7 @@ struct ShardedTraceEvent {
 /// \tparam Algo  the algorithm of every collective.
 template <class M, class Opt, class Comm, class Algo = Auto>
 class ShardedTrainer {
-  static_assert(detail::CommunicatorTraits<Comm>::value,
-                "gradsync::ShardedTrainer: the third parameter must be gradsync::Communicator<Backend>");
+  static_assert(detail::TrainerRequirements<M, Opt>::template communicator<Comm>());
   static_assert(detail::communicates_host_memory<Comm>,
                 "gradsync::ShardedTrainer needs a backend whose memory space is host memory: it keeps shards and "
                 "gathered units in host vectors and steps the optimizer on the host.");
@@ -253,13 +252,7 @@ class ShardedTrainer {
 
   ShardedTrainer(Comm& comm, M model, Opt optimizer, ShardedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
-    // The budget is checked on each rank from agreed units: it must agree too.
-    const detail::AgreedValue budget{"ShardedTrainerOptions::memory_budget (bytes)", o_.memory_budget,
-                                     "Give every rank the same memory_budget, so that all accept or refuse alike."};
-    detail::check_units_agree(comm_, detail::describe_units(specs_), "ShardedTrainer",
-                              "Every rank's model must declare the same units, with the same names and shapes, in "
-                              "the same order: check what its units() depends on (configuration, rank, world size).",
-                              &budget);
+    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget);
     precision();
     check_offload();
     split();

@@ -3,6 +3,7 @@
 
 #include <concepts>
 
+#include "gradsync/core/communicator.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
 
@@ -12,6 +13,13 @@ namespace gradsync::detail {
 /// from" line names the trainer and member that asked.
 template <class M, class Opt>
 struct TrainerRequirements {
+  template <class Comm>
+  static consteval bool communicator() {
+    static_assert(CommunicatorTraits<Comm>::value,
+                  "gradsync trainer: the third parameter must be gradsync::Communicator<Backend>");
+    return true;
+  }
+
   static consteval bool model_and_optimizer() {
     static_assert(ModelHasValueType<M>,
                   "gradsync trainer: the model must declare `using value_type = float;` (or double)");

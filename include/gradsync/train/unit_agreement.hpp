@@ -244,4 +244,22 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
   throw InvalidArgument(msg);
 }
 
+/// A trainer's first collective, before it allocates or broadcasts: every
+/// rank's model declared the same units (the same total split into other
+/// units or shapes would train on unrelated gradients), and every rank was
+/// given the same `memory_budget`, which each rank checks on its own.
+/// `trainer` is the class's name ("ShardedTrainer"); its options struct is
+/// that name + "Options".
+template <Backend B>
+void check_trainer_units(Communicator<B>& comm, const std::vector<UnitSpec>& units, std::string_view trainer,
+                         std::uint64_t memory_budget) {
+  const std::string budget_name = std::string(trainer) + "Options::memory_budget (bytes)";
+  const AgreedValue budget{budget_name, memory_budget,
+                           "Give every rank the same memory_budget, so that all accept or refuse alike."};
+  check_units_agree(comm, describe_units(units), trainer,
+                    "Every rank's model must declare the same units, with the same names and shapes, in the same "
+                    "order: check what its units() depends on (configuration, rank, world size).",
+                    &budget);
+}
+
 }  // namespace gradsync::detail
