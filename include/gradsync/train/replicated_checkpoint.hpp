@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -185,38 +186,60 @@ void agree(Comm& comm, const std::exception_ptr& mine, const std::string& what) 
               std::to_string(comm.rank()) + " stops with it): " + std::string(chars.begin(), chars.end()));
 }
 
-template <class Trainer>
-void save_replicated(Trainer& trainer, const DistributedSampler* sampler, const std::filesystem::path& path,
-                     const checkpoint::Metadata& metadata) {
-  using T = typename Trainer::value_type;
-  const SaveList<T> l = save_list(trainer, sampler, metadata);
-  auto& comm = trainer.communicator();
-  const std::filesystem::path file = checkpoint_file(path);
-  std::exception_ptr error;
-  if (comm.rank() == 0) {
+/// A full checkpoint file as rank 0 writes it, tensor by tensor: a failure
+/// is kept rather than thrown (and stops the writing), so that finish()'s
+/// agreement tells every rank and none is left waiting in a collective.
+template <class T>
+class FullFileWriter {
+ public:
+  template <class Comm>
+  FullFileWriter(Comm& comm, const std::filesystem::path& path, const SaveList<T>& l,
+                 const checkpoint::Metadata& metadata)
+      : path_(path), file_(checkpoint_file(path)), l_(l) {
+    if (comm.rank() != 0) return;
     try {
-      if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
-      checkpoint::SafetensorsWriter writer(file, l.infos, state_metadata(metadata, l.opt.kind, comm.size()));
-      const std::span<const T> params = trainer.parameters(), buffers = trainer.buffers();
-      // An optimizer that has not stepped has no buffers yet: its state is zeros.
-      const std::vector<T> zeros(l.opt.buffers.empty() || !l.opt.buffers.front().second.empty() ? 0 : params.size());
-      for (const StateTensor& t : l.tensors) {
-        std::span<const T> from = t.source == StateSource::parameter ? params
-                                  : t.source == StateSource::buffer  ? buffers
-                                  : l.opt.buffers[t.buffer].second.empty()
-                                      ? std::span<const T>(zeros)
-                                      : l.opt.buffers[t.buffer].second;
-        writer.write(t.info.name, from.subspan(t.offset, t.count));
-      }
-      for (const StateScalar& s : l.scalars) writer.write(s.name, s.data());
-      writer.commit();
-      if (path.extension() != ".safetensors") remove_other_layout(path, CheckpointFormat::full);
+      if (file_.has_parent_path()) std::filesystem::create_directories(file_.parent_path());
+      writer_.emplace(file_, l.infos, state_metadata(metadata, l.opt.kind, comm.size()));
     } catch (...) {
-      error = std::current_exception();
+      error_ = std::current_exception();
     }
   }
-  agree<typename Trainer::algorithm>(comm, error, "save_checkpoint of '" + file.string() + "'");
-}
+
+  /// True on rank 0 until a write fails.
+  bool writing() const noexcept { return writer_.has_value(); }
+
+  void write(std::string_view name, std::span<const T> data) {
+    if (!writer_) return;
+    try {
+      writer_->write(name, data);
+    } catch (...) {
+      error_ = std::current_exception();
+      writer_.reset();
+    }
+  }
+
+  /// Writes the scalars and commits (replacing a sharded checkpoint at the
+  /// same directory), then every rank throws if rank 0 failed. Collective.
+  template <class Algo, class Comm>
+  void finish(Comm& comm) {
+    if (writer_) {
+      try {
+        for (const StateScalar& s : l_.scalars) writer_->write(s.name, s.data());
+        writer_->commit();
+        if (path_.extension() != ".safetensors") remove_other_layout(path_, CheckpointFormat::full);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    }
+    agree<Algo>(comm, error_, "save_checkpoint of '" + file_.string() + "'");
+  }
+
+ private:
+  std::filesystem::path path_, file_;
+  const SaveList<T>& l_;
+  std::optional<checkpoint::SafetensorsWriter> writer_;
+  std::exception_ptr error_;
+};
 
 /// Elements [begin, end) of the flat parameters (every unit's, in order)
 /// that a rank holds, at element `at` of its own array (and of its
@@ -442,80 +465,132 @@ checkpoint::Metadata load_state(Trainer& trainer, DistributedSampler* sampler, c
   return std::move(staged.user);
 }
 
+/// How save_checkpoint and load_checkpoint reach one kind of trainer:
+/// specialised beside each trainer's checkpoint code (ShardedTrainer's in
+/// sharded_checkpoint.hpp), with `held` (what this rank holds and writes of
+/// a sharded checkpoint), `params` (where a load puts the parameters held)
+/// and `write_full` (the tensors of a full file, in order, on the writer).
 template <class Trainer>
-checkpoint::Metadata load_replicated(Trainer& trainer, DistributedSampler* sampler, const std::filesystem::path& path) {
+struct TrainerCheckpoint {};
+
+template <class M, class Opt, class Comm, class Algo>
+struct TrainerCheckpoint<ReplicatedTrainer<M, Opt, Comm, Algo>> {
+  using Trainer = ReplicatedTrainer<M, Opt, Comm, Algo>;
   using T = typename Trainer::value_type;
-  const std::size_t total = trainer.parameters().size();
-  const HeldRange all{0, total, 0};
-  return load_state(trainer, sampler, path, std::span<const HeldRange>(&all, 1), total, [&](StagedState<T>& s) {
-    std::copy(s.params.begin(), s.params.end(), trainer.parameters().begin());
-  });
-}
+
+  /// Every replica holds everything: one shard, which rank 0 writes.
+  static ShardSource<T> held(Trainer& trainer) {
+    return {0, 1, trainer.communicator().rank() == 0, {{0, trainer.parameters().size(), 0}}, trainer.parameters(),
+            trainer.buffers()};
+  }
+  static std::span<T> params(Trainer& trainer) { return trainer.parameters(); }
+  static void write_full(Trainer& trainer, const SaveList<T>& l, FullFileWriter<T>& out) {
+    if (!out.writing()) return;
+    const std::span<const T> params = trainer.parameters(), buffers = trainer.buffers();
+    // An optimizer that has not stepped has no buffers yet: its state is zeros.
+    const std::vector<T> zeros(l.opt.buffers.empty() || !l.opt.buffers.front().second.empty() ? 0 : params.size());
+    for (const StateTensor& t : l.tensors) {
+      std::span<const T> from = t.source == StateSource::parameter ? params
+                                : t.source == StateSource::buffer  ? buffers
+                                : l.opt.buffers[t.buffer].second.empty()
+                                    ? std::span<const T>(zeros)
+                                    : l.opt.buffers[t.buffer].second;
+      out.write(t.info.name, from.subspan(t.offset, t.count));
+    }
+  }
+};
 
 template <class Trainer>
-void save_replicated(Trainer& trainer, const DistributedSampler* sampler, const std::filesystem::path& path,
-                     const checkpoint::Metadata& metadata, CheckpointOptions options) {
+concept CheckpointableTrainer = requires(Trainer& trainer) { TrainerCheckpoint<Trainer>::held(trainer); };
+
+template <class Trainer>
+void save_trainer(Trainer& trainer, const DistributedSampler* sampler, const std::filesystem::path& path,
+                  const checkpoint::Metadata& metadata, CheckpointOptions options) {
   using T = typename Trainer::value_type;
-  if (options.format == CheckpointFormat::full) return save_replicated(trainer, sampler, path, metadata);
-  check_sharded_path(path);
+  using Algo = typename Trainer::algorithm;
+  const bool sharded = options.format == CheckpointFormat::sharded;
+  if (sharded) check_sharded_path(path);
   const SaveList<T> l = save_list(trainer, sampler, metadata);
-  auto& comm = trainer.communicator();
-  // Every replica holds everything: rank 0 writes the one shard.
-  ShardSource<T> me{0, 1, comm.rank() == 0, {{0, trainer.parameters().size(), 0}}, trainer.parameters(),
-                    trainer.buffers()};
-  save_sharded<typename Trainer::algorithm>(comm, l, me, path, metadata);
+  if (sharded) {
+    save_sharded<Algo>(trainer.communicator(), l, TrainerCheckpoint<Trainer>::held(trainer), path, metadata);
+    return;
+  }
+  FullFileWriter<T> out(trainer.communicator(), path, l, metadata);
+  TrainerCheckpoint<Trainer>::write_full(trainer, l, out);
+  out.template finish<Algo>(trainer.communicator());
+}
+
+/// Each rank reads only the ranges it holds (from a full file: each tensor
+/// it holds a part of, whole, for its checksum), then the agreement, then
+/// the commit, which cannot throw.
+template <class Trainer>
+checkpoint::Metadata load_trainer(Trainer& trainer, DistributedSampler* sampler, const std::filesystem::path& path) {
+  using T = typename Trainer::value_type;
+  const ShardSource<T> me = TrainerCheckpoint<Trainer>::held(trainer);
+  return load_state(trainer, sampler, path, me.held, me.params.size(), [&](StagedState<T>& s) {
+    std::copy(s.params.begin(), s.params.end(), TrainerCheckpoint<Trainer>::params(trainer).begin());
+  });
 }
 
 }  // namespace detail
 
-/// Saves the whole training state of `trainer` (parameters, buffers,
-/// optimizer state and hyper-parameters, step count), the sampler's seed,
-/// epoch and position, and the user's `metadata` (keys not starting with
-/// `gradsync.`) to one safetensors file: `path` if it ends in
-/// `.safetensors`, else `path/checkpoint.safetensors` (directories are
-/// created). Collective: every rank calls it; rank 0 writes, atomically
-/// (the previous file under that name stays whole until the new one is
-/// durable), and when it returns on any rank the file is complete. If
-/// rank 0 cannot write, every rank throws.
+/// Saves the whole training state of a ReplicatedTrainer or a ShardedTrainer
+/// (parameters, buffers, optimizer state and hyper-parameters, step count),
+/// the sampler's seed, epoch and position, and the user's `metadata` (keys
+/// not starting with `gradsync.`), at the model's full, unpadded shapes and
+/// under the same names for both trainers. Collective: every rank calls it;
+/// when it returns on any rank the checkpoint is complete, and if any rank
+/// fails, every rank throws.
 ///
-/// With `options.format` CheckpointFormat::sharded, `path` is a directory
-/// and the checkpoint its `checkpoint.index.json` and shard files (here one,
-/// written by rank 0, since every rank holds everything).
-template <class M, class Opt, class Comm, class Algo>
-void save_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer, const DistributedSampler& sampler,
-                     const std::filesystem::path& path, const checkpoint::Metadata& metadata = {},
-                     CheckpointOptions options = {}) {
-  detail::save_replicated(trainer, &sampler, path, metadata, options);
+/// CheckpointFormat::full (the default): one safetensors file, `path` if it
+/// ends in `.safetensors`, else `path/checkpoint.safetensors` (directories
+/// are created), written by rank 0 atomically: the previous file under that
+/// name stays whole until the new one is durable. A ShardedTrainer's shard
+/// group gathers one unit at a time for it.
+///
+/// CheckpointFormat::sharded: `path` is a directory and the checkpoint its
+/// `checkpoint.index.json` and shard files. Each rank of replica 0 writes
+/// what it owns (a ReplicatedTrainer's rank 0 the one shard, since every
+/// rank holds everything) and rank 0 then puts the index in place, so the
+/// checkpoint appears only once every file is durable.
+template <class Trainer>
+  requires detail::CheckpointableTrainer<Trainer>
+void save_checkpoint(Trainer& trainer, const DistributedSampler& sampler, const std::filesystem::path& path,
+                     const checkpoint::Metadata& metadata = {}, CheckpointOptions options = {}) {
+  detail::save_trainer(trainer, &sampler, path, metadata, options);
 }
 
 /// save_checkpoint without a sampler.
-template <class M, class Opt, class Comm, class Algo>
-void save_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer, const std::filesystem::path& path,
-                     const checkpoint::Metadata& metadata = {}, CheckpointOptions options = {}) {
-  detail::save_replicated(trainer, nullptr, path, metadata, options);
+template <class Trainer>
+  requires detail::CheckpointableTrainer<Trainer>
+void save_checkpoint(Trainer& trainer, const std::filesystem::path& path, const checkpoint::Metadata& metadata = {},
+                     CheckpointOptions options = {}) {
+  detail::save_trainer(trainer, nullptr, path, metadata, options);
 }
 
-/// Loads what save_checkpoint saved into `trainer` and `sampler` and returns
-/// the user's metadata. Collective: every rank reads the file and checks
-/// every name, dtype, shape and checksum, the optimizer's kind and the
-/// sampler's dataset, before any rank changes anything; if any rank's
-/// check fails, every rank throws (the failing one its own error, naming
-/// the file and the tensor) and nothing is loaded anywhere. The world size
-/// may differ from the one that saved, if it divides the samples of the
-/// epoch already taken (DistributedSampler::check_state). `path` names a
-/// full file, a sharded checkpoint's index, or a directory holding either
-/// (every rank reads all of a sharded one, from whichever files hold it).
-template <class M, class Opt, class Comm, class Algo>
-checkpoint::Metadata load_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer, DistributedSampler& sampler,
-                                     const std::filesystem::path& path) {
-  return detail::load_replicated(trainer, &sampler, path);
+/// Loads what save_checkpoint saved, by either trainer at any world size,
+/// into `trainer` and `sampler` and returns the user's metadata.
+/// Collective: every rank reads the checkpoint and checks every name,
+/// dtype, shape and checksum, the optimizer's kind and the sampler's
+/// dataset, before any rank changes anything; if any rank's check fails,
+/// every rank throws (the failing one its own error, naming the file and
+/// the tensor) and nothing is loaded anywhere. The world size may differ
+/// from the one that saved, if it divides the samples of the epoch already
+/// taken (DistributedSampler::check_state). `path` names a full file, a
+/// sharded checkpoint's index, or a directory holding either. Each rank of
+/// a ReplicatedTrainer reads all of it (from whichever files hold it), each
+/// rank of a ShardedTrainer only the element ranges it owns.
+template <class Trainer>
+  requires detail::CheckpointableTrainer<Trainer>
+checkpoint::Metadata load_checkpoint(Trainer& trainer, DistributedSampler& sampler, const std::filesystem::path& path) {
+  return detail::load_trainer(trainer, &sampler, path);
 }
 
 /// load_checkpoint without a sampler: a sampler's state in the file is ignored.
-template <class M, class Opt, class Comm, class Algo>
-checkpoint::Metadata load_checkpoint(ReplicatedTrainer<M, Opt, Comm, Algo>& trainer,
-                                     const std::filesystem::path& path) {
-  return detail::load_replicated(trainer, nullptr, path);
+template <class Trainer>
+  requires detail::CheckpointableTrainer<Trainer>
+checkpoint::Metadata load_checkpoint(Trainer& trainer, const std::filesystem::path& path) {
+  return detail::load_trainer(trainer, nullptr, path);
 }
 
 }  // namespace gradsync
