@@ -18,6 +18,7 @@
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
 #include "eigen_mlp.hpp"
+#include "train_loop.hpp"
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/train/replicated_checkpoint.hpp>
@@ -104,18 +105,8 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
   // The learning-rate schedule depends on --epochs, so a checkpoint records it.
   const gradsync::checkpoint::Metadata run_info{{"ddp_mlp.epochs", std::to_string(args.epochs)}};
   if (!args.resume.empty()) {
-    const auto t = std::chrono::steady_clock::now();
-    const auto meta = gradsync::load_checkpoint(trainer, sampler, args.resume);
-    if (comm.rank() == 0) {
-      std::printf("resumed from %s in %.2f s: step %zu, epoch %llu, sample %zu of %zu on each rank\n",
-                  gradsync::checkpoint_file(args.resume).c_str(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), trainer.step_count(),
-                  static_cast<unsigned long long>(sampler.epoch() + 1), sampler.position(), sampler.num_samples());
-      if (const auto it = meta.find("ddp_mlp.epochs"); it != meta.end() && it->second != run_info.at("ddp_mlp.epochs")) {
-        std::printf("note: the checkpoint's run planned --epochs %s, this one %d: the learning-rate schedule differs\n",
-                    it->second.c_str(), args.epochs);
-      }
-    }
+    example::resume(trainer, sampler, args.resume, gradsync::checkpoint_file(args.resume), "ddp_mlp.epochs",
+                    args.epochs);
   }
   auto save = [&] {
     if (args.save.empty()) return;
@@ -127,52 +118,15 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
       std::fflush(stdout);
     }
   };
-  bool stopped = false;
-  // Aligned as Eigen vectorizes best, and alike in every run: with another
-  // alignment Eigen sums in another order, and a resumed run would drift
-  // from an uninterrupted one in the last bits.
-  std::vector<float, Eigen::aligned_allocator<float>> xb(std::size_t(args.batch) * train.dim);
-  std::vector<int> yb(args.batch);
-  // Test accuracy: rank r scores its contiguous share, 256 samples at a time.
-  const std::size_t test_begin = test.size() * comm.rank() / comm.size();
-  const std::size_t test_end = test.size() * (comm.rank() + 1) / comm.size();
-  double accuracy = 0;
-  // A resumed run starts in the epoch it stopped in, at the sample after the last one it took.
-  const int first_epoch = static_cast<int>(sampler.epoch()) + (sampler.position() == sampler.num_samples() ? 1 : 0);
-  for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
-    sampler.set_epoch(epoch);
-    // Cosine decay, epoch by epoch, from the scaled rate towards zero.
-    trainer.optimizer().set_lr(lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
-    const auto idx = sampler.indices();
-    trainer.reset_stats();
-    const auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    std::int64_t steps = 0;
-    const std::size_t first_sample = sampler.position();
-    for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
-      const int n = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
-      example::fill_batch(train, idx, at, n, xb.data(), yb.data());
-      loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), n});
-      sampler.advance(std::size_t(n));
-      ++steps;
-      if (args.max_steps && trainer.step_count() >= args.max_steps) {
-        stopped = true;
-        break;
-      }
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::int64_t correct = example::count_correct(trainer, test, test_begin, test_end);
-    std::vector<double> sums{loss_sum, double(steps), double(correct), trainer.stats().exposed_comm_seconds,
-                             trainer.stats().comm_seconds};
-    gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
-    accuracy = sums[2] / double(test.size());
-    if (comm.rank() == 0) {
-      example::print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(sampler.position() - first_sample) * comm.size(),
-                           seconds, sums[4] / comm.size(), sums[3] / comm.size());
-    }
-    save();
-  }
-  return accuracy;
+  // The trainer times its communication since reset_stats().
+  return example::train_epochs(comm, trainer, sampler, train, test, args, lr, args.max_steps,
+                               {.start = [&] { trainer.reset_stats(); },
+                                .comm_seconds =
+                                    [&] {
+                                      return std::pair(trainer.stats().comm_seconds,
+                                                       trainer.stats().exposed_comm_seconds);
+                                    },
+                                .end = save});
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
 #include "eigen_mlp.hpp"
+#include "train_loop.hpp"
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/train/sharded_checkpoint.hpp>
@@ -161,20 +162,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
   gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = 7});
   // The learning-rate schedule depends on --epochs, so a checkpoint records it.
   const gradsync::checkpoint::Metadata run_info{{"fsdp_mlp.epochs", std::to_string(args.epochs)}};
-  if (!args.resume.empty()) {
-    const auto t = std::chrono::steady_clock::now();
-    const auto meta = gradsync::load_checkpoint(trainer, sampler, args.resume);
-    if (rank == 0) {
-      std::printf("resumed from %s in %.2f s: step %zu, epoch %llu, sample %zu of %zu on each rank\n",
-                  args.resume.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(),
-                  trainer.step_count(), static_cast<unsigned long long>(sampler.epoch() + 1), sampler.position(),
-                  sampler.num_samples());
-      if (const auto it = meta.find("fsdp_mlp.epochs"); it != meta.end() && it->second != run_info.at("fsdp_mlp.epochs")) {
-        std::printf("note: the checkpoint's run planned --epochs %s, this one %d: the learning-rate schedule differs\n",
-                    it->second.c_str(), args.epochs);
-      }
-    }
-  }
+  if (!args.resume.empty()) example::resume(trainer, sampler, args.resume, args.resume, "fsdp_mlp.epochs", args.epochs);
   auto save = [&] {
     if (args.save.empty()) return;
     const auto t = std::chrono::steady_clock::now();
@@ -186,48 +174,19 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
       std::fflush(stdout);
     }
   };
-  bool stopped = false;
-  // Aligned alike in every run: Eigen sums in an order that depends on alignment (exact resume).
-  std::vector<float, Eigen::aligned_allocator<float>> xb(std::size_t(args.batch) * train.dim);
-  std::vector<int> yb(args.batch);
-  const std::size_t test_begin = test.size() * std::size_t(rank) / n;
-  const std::size_t test_end = test.size() * std::size_t(rank + 1) / n;
-  double accuracy = 0;
-  // A resumed run starts in the epoch it stopped in, at the sample after the last one it took.
-  const int first_epoch = static_cast<int>(sampler.epoch()) + (sampler.position() == sampler.num_samples() ? 1 : 0);
-  for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
-    sampler.set_epoch(epoch);
-    trainer.optimizer().set_lr(args.lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
-    const auto idx = sampler.indices();
-    const auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0, comm_seconds = 0, exposed = 0;
-    std::int64_t steps = 0;
-    const std::size_t first_sample = sampler.position();
-    for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
-      const int b = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
-      example::fill_batch(train, idx, at, b, xb.data(), yb.data());
-      loss_sum += trainer.step(example::Batch{xb.data(), yb.data(), b});
-      const gradsync::StepStats s = trainer.last_step();
-      comm_seconds += s.gather_seconds + s.reduce_seconds;
-      exposed += s.exposed_comm_seconds;
-      sampler.advance(std::size_t(b));
-      ++steps;
-      if (args.max_steps && trainer.step_count() >= args.max_steps) {
-        stopped = true;
-        break;
-      }
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::int64_t correct = example::count_correct(trainer, test, test_begin, test_end);
-    std::vector<double> sums{loss_sum, double(steps), double(correct), comm_seconds, exposed};
-    gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
-    accuracy = sums[2] / double(test.size());
-    if (rank == 0) {
-      example::print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(sampler.position() - first_sample) * double(n),
-                           seconds, sums[3] / double(n), sums[4] / double(n));
-    }
-    save();
-  }
+  // The trainer times each step: the epoch's figures are their sums.
+  double comm_seconds = 0, exposed = 0;
+  const double accuracy = example::train_epochs(
+      comm, trainer, sampler, train, test, args, args.lr, args.max_steps,
+      {.start = [&] { comm_seconds = exposed = 0; },
+       .after_step =
+           [&] {
+             const gradsync::StepStats s = trainer.last_step();
+             comm_seconds += s.gather_seconds + s.reduce_seconds;
+             exposed += s.exposed_comm_seconds;
+           },
+       .comm_seconds = [&] { return std::pair(comm_seconds, exposed); },
+       .end = save});
   // What every rank really held at its peak, against the need and the formula.
   std::vector<double> held{double(trainer.persistent_bytes() + trainer.peak_transient_bytes())};
   gradsync::AllReduce<>{}(comm, std::span<double>(held), gradsync::Max{});

@@ -1,0 +1,117 @@
+#pragma once
+// The epochs the trainer examples (ddp_mlp, fsdp_mlp) run, and how they
+// resume them from a checkpoint: the same for either trainer, so that a
+// resumed run continues at the very step, epoch and sample it stopped at.
+
+// First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
+#include "eigen_mlp.hpp"
+
+#include <gradsync/gradsync.hpp>
+#include <gradsync/train/replicated_checkpoint.hpp>
+
+#include "cli.hpp"
+#include "dataset.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace example {
+
+/// Loads the checkpoint at `path` into `trainer` and `sampler`. Rank 0
+/// prints where it resumed (naming the file as `shown`) and a note when the
+/// checkpoint's run planned other --epochs (recorded under `epochs_key`):
+/// the learning-rate schedule then differs.
+template <class Trainer>
+void resume(Trainer& trainer, gradsync::DistributedSampler& sampler, const std::string& path, const std::string& shown,
+            const std::string& epochs_key, int epochs) {
+  const auto t = std::chrono::steady_clock::now();
+  const auto meta = gradsync::load_checkpoint(trainer, sampler, path);
+  if (trainer.communicator().rank() != 0) return;
+  std::printf("resumed from %s in %.2f s: step %zu, epoch %llu, sample %zu of %zu on each rank\n", shown.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), trainer.step_count(),
+              static_cast<unsigned long long>(sampler.epoch() + 1), sampler.position(), sampler.num_samples());
+  if (const auto it = meta.find(epochs_key); it != meta.end() && it->second != std::to_string(epochs)) {
+    std::printf("note: the checkpoint's run planned --epochs %s, this one %d: the learning-rate schedule differs\n",
+                it->second.c_str(), epochs);
+  }
+}
+
+/// What an example does around the steps of an epoch besides training.
+struct EpochHooks {
+  /// Called as each epoch starts.
+  std::function<void()> start = [] {};
+  /// Called after each step.
+  std::function<void()> after_step = [] {};
+  /// This rank's communication seconds in the epoch so far: {all of it, exposed}.
+  std::function<std::pair<double, double>()> comm_seconds;
+  /// Called as each epoch ends, after its line: e.g. a checkpoint.
+  std::function<void()> end = [] {};
+};
+
+/// Trains from where `sampler` stands to the end of epoch `args.epochs` and
+/// returns the last epoch's test accuracy (the same on every rank). A
+/// resumed run starts in the epoch it stopped in, at the sample after the
+/// last one it took; `max_steps` (0: none) stops the run mid-epoch. Each
+/// epoch's learning rate decays by a cosine from `lr`; at its end rank 0
+/// prints the epoch's line, with the figures summed over all ranks (test
+/// accuracy: rank r scores its contiguous share of `test`).
+template <class Comm, class Trainer>
+double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& sampler, const Dataset& train,
+                    const Dataset& test, const RunArgs& args, double lr, std::uint64_t max_steps,
+                    const EpochHooks& hooks) {
+  // Aligned as Eigen vectorizes best, and alike in every run: with another
+  // alignment Eigen sums in another order, and a resumed run would drift
+  // from an uninterrupted one in the last bits.
+  std::vector<float, Eigen::aligned_allocator<float>> xb(std::size_t(args.batch) * train.dim);
+  std::vector<int> yb(args.batch);
+  const auto n = static_cast<std::size_t>(comm.size()), rank = static_cast<std::size_t>(comm.rank());
+  const std::size_t test_begin = test.size() * rank / n, test_end = test.size() * (rank + 1) / n;
+  double accuracy = 0;
+  bool stopped = false;
+  const int first_epoch = static_cast<int>(sampler.epoch()) + (sampler.position() == sampler.num_samples() ? 1 : 0);
+  for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
+    sampler.set_epoch(epoch);
+    trainer.optimizer().set_lr(lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
+    const auto idx = sampler.indices();
+    hooks.start();
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    std::int64_t steps = 0;
+    const std::size_t first_sample = sampler.position();
+    for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
+      const int b = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
+      fill_batch(train, idx, at, b, xb.data(), yb.data());
+      loss_sum += trainer.step(Batch{xb.data(), yb.data(), b});
+      hooks.after_step();
+      sampler.advance(std::size_t(b));
+      ++steps;
+      if (max_steps && trainer.step_count() >= max_steps) {
+        stopped = true;
+        break;
+      }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::int64_t correct = count_correct(trainer, test, test_begin, test_end);
+    const auto [comm_seconds, exposed] = hooks.comm_seconds();
+    std::vector<double> sums{loss_sum, double(steps), double(correct), comm_seconds, exposed};
+    gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
+    accuracy = sums[2] / double(test.size());
+    if (rank == 0) {
+      print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(sampler.position() - first_sample) * double(n),
+                  seconds, sums[3] / double(n), sums[4] / double(n));
+    }
+    hooks.end();
+  }
+  return accuracy;
+}
+
+}  // namespace example
