@@ -36,6 +36,21 @@ std::size_t sum(const std::vector<std::size_t>& sizes) {
   return s;
 }
 
+/// Runs body(world, n, sizes) at N = world = 1..4, each with its own
+/// random unit sizes from the generator of `salt`; the seed and the sizes
+/// are printed on failure.
+template <class Body>
+void at_worlds_with_sizes(const std::string& salt, Body body) {
+  auto rng = test::rng_for(salt);
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto n = static_cast<std::size_t>(world);
+    const std::vector<std::size_t> sizes = random_sizes(rng, world);
+    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
+    body(world, n, sizes);
+  }
+}
+
 /// Per rank, with c_u = ⌈P_u/N⌉: a gathered unit is N·c_u elements, and so
 /// is its gradient buffer (the reduce-scatter writes into the shard).
 std::size_t gathered(std::size_t p, std::size_t n) { return n * ((p + n - 1) / n); }
@@ -43,14 +58,9 @@ std::size_t gradient_buffer(std::size_t p, std::size_t n) { return gathered(p, n
 
 template <class Opt>
 void check_persistent_and_peak(const char* opt_name, Opt opt, std::size_t state) {
-  INFO("seed = " << test::test_seed() << ", optimizer = " << std::string(opt_name));
-  auto rng = test::rng_for(std::string("memory persistent ") + opt_name);
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto n = static_cast<std::size_t>(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    CAPTURE(sizes.size());
-    INFO("sizes = " << joined(sizes));
+  INFO("optimizer = " << std::string(opt_name));
+  const std::string salt = std::string("memory persistent ") + opt_name;
+  at_worlds_with_sizes(salt, [&](int world, std::size_t n, const std::vector<std::size_t>& sizes) {
     const std::size_t psi = sum(sizes), chunks = padded_chunks(sizes, n);
     std::size_t g_max = 0, g_sum = 0, r_max = 0;
     for (const std::size_t p : sizes) {
@@ -111,7 +121,7 @@ void check_persistent_and_peak(const char* opt_name, Opt opt, std::size_t state)
       CHECK(trainer.memory_need().transient() == 0);
       CHECK(trainer.peak_transient_bytes() == 0);
     });
-  }
+  });
 }
 
 }  // namespace
@@ -275,12 +285,7 @@ void check_times(const gradsync::StepStats& s, std::size_t element_bytes) {
 // ShardGradOp 2(N−1)/N·Ψ'; NoShard and DDP all-reduce Ψ, all ranks together
 // 2(N−1)·Ψ (the ring's blocks are uneven when N does not divide a bucket).
 TEST_CASE("step statistics: elements sent per step equal the formula for every strategy and DDP") {
-  auto rng = test::rng_for("step statistics");
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto n = static_cast<std::size_t>(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
+  at_worlds_with_sizes("step statistics", [&](int world, std::size_t n, const std::vector<std::size_t>& sizes) {
     const std::size_t chunks = padded_chunks(sizes, n), psi = sum(sizes);
     const std::size_t kept = (sizes.back() + n - 1) / n;
     std::vector<std::size_t> sent(n);
@@ -327,7 +332,7 @@ TEST_CASE("step statistics: elements sent per step equal the formula for every s
       sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
     });
     CHECK(total() == 2 * (n - 1) * psi);
-  }
+  });
 }
 
 // 4 ranks as 2 replicas × 2 shards: a FullShard step within the pair
@@ -451,12 +456,7 @@ TEST_CASE("memory: prefetch adds one gathered unit to FullShard's transient need
 // the first micro-step's backward to the step's reduction: Σ R in place of
 // one buffer. The last unit of backward (unit 0) sees them all.
 TEST_CASE("memory: NoSync accumulation holds every gradient buffer; Sharded accumulation one, as a step") {
-  auto rng = test::rng_for("memory accumulation");
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto n = static_cast<std::size_t>(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
+  at_worlds_with_sizes("memory accumulation", [&](int world, std::size_t n, const std::vector<std::size_t>& sizes) {
     std::size_t g_max = 0, r_sum = 0, r_max = 0;
     for (const std::size_t p : sizes) {
       g_max = std::max(g_max, gathered(p, n));
@@ -486,7 +486,7 @@ TEST_CASE("memory: NoSync accumulation holds every gradient buffer; Sharded accu
         if (b == BackwardPrefetch::None) CHECK(sharded.peak_transient_bytes() == sharded.memory_need().transient());
       });
     }
-  }
+  });
 }
 
 TEST_CASE("memory: the formula is over wrapped units, and a NoSync budget counts its unsharded gradients") {
@@ -530,12 +530,7 @@ TEST_CASE("memory: the formula is over wrapped units, and a NoSync budget counts
 // per element of a bfloat16 collective. A step's figures cover its
 // micro-steps: K of them under Sharded accumulation send K steps' worth.
 TEST_CASE("step statistics: prefetch, mixed precision and accumulation keep the element formula") {
-  auto rng = test::rng_for("step statistics merged");
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto n = static_cast<std::size_t>(world);
-    const std::vector<std::size_t> sizes = random_sizes(rng, world);
-    INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
+  at_worlds_with_sizes("step statistics merged", [&](int world, std::size_t n, const std::vector<std::size_t>& sizes) {
     const std::size_t chunks = padded_chunks(sizes, n);
     const std::size_t kept = (sizes.back() + n - 1) / n;
     // FullShard: two gathers and a reduce-scatter per unit, the kept unit gathered once.
@@ -577,5 +572,5 @@ TEST_CASE("step statistics: prefetch, mixed precision and accumulation keep the 
       CHECK(no_sync.last_step().sent_elements == k * gathers + reductions);
       check_times(no_sync.last_step(), 4);
     });
-  }
+  });
 }

@@ -35,6 +35,20 @@ gradsync::Sgd<float> momentum_sgd() { return gradsync::Sgd<float>({.lr = 0.05, .
 /// micro[s][k][r]: rank r's k-th micro-batch of step s.
 using MicroBatches = std::vector<std::vector<std::vector<Batch<float>>>>;
 
+/// Runs body(world, ranks, batches) at N = world = 1..max_world, each with
+/// `steps` random batches of `b` samples per rank, seeded from `salt` and N;
+/// the seed is printed on failure.
+template <class Body>
+void at_worlds_with_batches(const char* salt, int max_world, int steps, std::size_t b, Body body) {
+  const std::uint64_t seed = test::rng_for(salt)();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  for (int world = 1; world <= max_world; ++world) {
+    CAPTURE(world);
+    const Batches batches = random_batches(seed + static_cast<std::uint64_t>(world), steps, world, b);
+    body(world, static_cast<std::size_t>(world), batches);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("accumulation: K = 4 via NoSync, K = 4 via Sharded, and one step on a 4x batch agree") {
@@ -332,12 +346,7 @@ TEST_CASE("wrap: a size-wrapped run equals ReplicatedTrainer (bitwise when deter
 }
 
 TEST_CASE("trace: the collectives of one step, in order, per strategy and wrapping") {
-  const std::uint64_t seed = test::rng_for("trace")();
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto ranks = static_cast<std::size_t>(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 2, world, 2);
+  at_worlds_with_batches("trace", 4, 2, 2, [&](int world, std::size_t ranks, const Batches& batches) {
     for (const ShardingStrategy strategy : all_strategies) {
       for (const bool keep : {true, false}) {
         for (const bool wrapped : {false, true}) {
@@ -368,7 +377,7 @@ TEST_CASE("trace: the collectives of one step, in order, per strategy and wrappi
         }
       }
     }
-  }
+  });
 }
 
 namespace {
@@ -434,12 +443,7 @@ struct Spied {
 }  // namespace
 
 TEST_CASE("prefetch: gather(i-1) before reduce-scatter(i) under BackwardPre and BackwardPost, within the limit") {
-  const std::uint64_t seed = test::rng_for("prefetch trace")();
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto ranks = static_cast<std::size_t>(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 2, world, 2);
+  at_worlds_with_batches("prefetch trace", 4, 2, 2, [&](int world, std::size_t ranks, const Batches& batches) {
     for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard,
                                             ShardingStrategy::ShardGradOp}) {
       for (const bool wrapped : {false, true}) {
@@ -500,16 +504,11 @@ TEST_CASE("prefetch: gather(i-1) before reduce-scatter(i) under BackwardPre and 
         }
       }
     }
-  }
+  });
 }
 
 TEST_CASE("prefetch: BackwardPre gathers unit i-1 before unit i's gradient is computed, BackwardPost after") {
-  const std::uint64_t seed = test::rng_for("prefetch timing")();
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto ranks = static_cast<std::size_t>(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 1, world, 2);
+  at_worlds_with_batches("prefetch timing", 4, 1, 2, [&](int world, std::size_t ranks, const Batches& batches) {
     for (const BackwardPrefetch backward :
          {BackwardPrefetch::None, BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
       INFO("backward = " << std::string(name(backward)));
@@ -534,7 +533,7 @@ TEST_CASE("prefetch: BackwardPre gathers unit i-1 before unit i's gradient is co
         }
       }
     }
-  }
+  });
 }
 
 TEST_CASE("prefetch: parity with ReplicatedTrainer still holds, bitwise when deterministic") {
@@ -562,14 +561,9 @@ TEST_CASE("prefetch: parity with ReplicatedTrainer still holds, bitwise when det
 
 TEST_CASE("mixed precision: bfloat16 gathers and reductions train within bfloat16 tolerance; bytes per collective") {
   using gradsync::DataType;
-  const std::uint64_t seed = test::rng_for("mixed precision")();
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
   const auto sgd = gradsync::Sgd<float>({.lr = 0.1});
   constexpr int steps = 10;
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto ranks = static_cast<std::size_t>(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), steps, world, 3);
+  at_worlds_with_batches("mixed precision", 4, steps, 3, [&](int world, std::size_t ranks, const Batches& batches) {
     for (const ShardingStrategy strategy : all_strategies) {
       struct Run {
         std::vector<float> params;
@@ -651,7 +645,7 @@ TEST_CASE("mixed precision: bfloat16 gathers and reductions train within bfloat1
         CHECK(reductions == layers.size());
       }
     }
-  }
+  });
 }
 
 TEST_CASE("mixed precision: a dtype other than the master type or bfloat16 throws on every rank") {
@@ -692,12 +686,8 @@ struct Throwing {
 }  // namespace
 
 TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a micro-step that throws drops them") {
-  const std::uint64_t seed = test::rng_for("accumulation interrupted")();
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
-  for (int world = 1; world <= 3; ++world) {
-    CAPTURE(world);
-    const auto ranks = static_cast<std::size_t>(world);
-    const auto batches = random_batches(seed + static_cast<std::uint64_t>(world), 4, world, 3);
+  at_worlds_with_batches("accumulation interrupted", 3, 4, 3,
+                         [&](int world, std::size_t ranks, const Batches& batches) {
     for (const ShardingStrategy strategy : all_strategies) {
       for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
         INFO("strategy = " << std::string(name(strategy))
@@ -742,5 +732,5 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
         }
       }
     }
-  }
+  });
 }
