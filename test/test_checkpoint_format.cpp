@@ -4,8 +4,6 @@
 // GRADSYNC_CHECKPOINT_SEED replays the random data.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +22,7 @@
 #include "gradsync/checkpoint/safetensors_writer.hpp"
 #include "gradsync/checkpoint/shard_index.hpp"
 #include "gradsync/checkpoint/shard_writer.hpp"
+#include "support/temp_dir.hpp"
 
 namespace ck = gradsync::checkpoint;
 namespace fs = std::filesystem;
@@ -38,17 +37,7 @@ std::uint64_t test_seed() {
   return seed;
 }
 
-// A fresh directory per test case, removed when it ends.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("gradsync-ckpt-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::TempDir;
 
 std::vector<std::byte> random_bytes(std::mt19937_64& rng, std::size_t n) {
   std::vector<std::byte> v(n);

@@ -47,6 +47,9 @@ namespace {
 constexpr std::size_t in = 5, out = 3;
 const std::vector<std::size_t> layers{in, 7, 6, out};
 
+using test_checkpoint::all_say;
+using test_checkpoint::LoadOutcome;
+using test_checkpoint::outcome_of;
 using test_checkpoint::TempDir;
 
 /// Deterministic reductions: a resumed run can then be held to the bits.
@@ -346,29 +349,18 @@ TEST_CASE("resume: 10 steps, save, a fresh trainer loads, 10 more = 20 straight,
 
 namespace {
 
-/// What each rank of a load got: its exception's type and message ("" if none).
-struct Outcome {
-  std::string type, what;
-};
-
 /// Loads `path(rank)` into a fresh trainer on each of 3 ranks; a rank that
 /// throws must be left as it was.
 template <class Opt>
-std::vector<Outcome> try_load(const Mlp<float>& model, Opt opt, const std::function<fs::path(int)>& path) {
-  std::vector<Outcome> got(3);
+std::vector<LoadOutcome> try_load(const Mlp<float>& model, Opt opt, const std::function<fs::path(int)>& path) {
+  std::vector<LoadOutcome> got(3);
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     ReplicatedTrainer trainer(comm, model, opt, exact());
     DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
     train_steps(trainer, sampler, 1, batch);
     const Snapshot before = snapshot(trainer, sampler);
-    Outcome& o = got[std::size_t(comm.rank())];
-    try {
-      gradsync::load_checkpoint(trainer, sampler, path(comm.rank()));
-    } catch (const gradsync::InvalidArgument& e) {
-      o = {"InvalidArgument", e.what()};
-    } catch (const gradsync::Error& e) {
-      o = {"Error", e.what()};
-    }
+    const LoadOutcome& o = got[std::size_t(comm.rank())] =
+        outcome_of([&] { gradsync::load_checkpoint(trainer, sampler, path(comm.rank())); });
     if (!o.what.empty()) CHECK(snapshot(trainer, sampler) == before);
     if (o.what.empty()) CHECK(trainer.step_count() == 2);
   });
@@ -387,16 +379,9 @@ TEST_CASE("bad files: every rank throws, naming the file and the tensor, and not
     gradsync::save_checkpoint(trainer, sampler, good);
   });
   auto same_file = [](fs::path p) { return [p](int) { return p; }; };
-  auto all_say = [](const std::vector<Outcome>& got, const std::string& type, const std::vector<std::string>& parts) {
-    for (const Outcome& o : got) {
-      CAPTURE(o.what);
-      CHECK(o.type == type);
-      for (const std::string& p : parts) CHECK(o.what.find(p) != std::string::npos);
-    }
-  };
 
   SUBCASE("the checkpoint itself loads") {
-    for (const Outcome& o : try_load(Mlp<float>{layers, 5}, adam(), same_file(good))) CHECK(o.what.empty());
+    for (const LoadOutcome& o : try_load(Mlp<float>{layers, 5}, adam(), same_file(good))) CHECK(o.what.empty());
   }
   SUBCASE("another model's shapes") {
     all_say(try_load(Mlp<float>{{in, 8, 6, out}, 5}, adam(), same_file(good)), "InvalidArgument",
@@ -435,15 +420,11 @@ TEST_CASE("bad files: every rank throws, naming the file and the tensor, and not
     all_say(try_load(Mlp<float>{layers, 5}, adam(), same_file(bad)), "Error", {bad.string(), "truncated"});
   }
   SUBCASE("another dataset for the sampler") {
-    std::vector<Outcome> got(2);
+    std::vector<LoadOutcome> got(2);
     gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
       ReplicatedTrainer trainer(comm, Mlp<float>{layers, 5}, adam(), exact());
       DistributedSampler sampler(dataset + 1, comm.size(), comm.rank());
-      try {
-        gradsync::load_checkpoint(trainer, sampler, good);
-      } catch (const gradsync::InvalidArgument& e) {
-        got[std::size_t(comm.rank())] = {"InvalidArgument", e.what()};
-      }
+      got[std::size_t(comm.rank())] = outcome_of([&] { gradsync::load_checkpoint(trainer, sampler, good); });
       CHECK(trainer.step_count() == 0);
     });
     all_say(got, "InvalidArgument", {"over 37 samples"});

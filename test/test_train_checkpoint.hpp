@@ -1,10 +1,10 @@
 #pragma once
 // What the training-checkpoint tests share: a temporary directory, batches
-// drawn through a DistributedSampler, the optimizers they resume.
+// drawn through a DistributedSampler, the optimizers they resume, and what a
+// refused load threw on each rank.
 
+#include <doctest/doctest.h>
 #include <gradsync/gradsync.hpp>
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -13,25 +13,47 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.hpp"
 #include "test_train_model.hpp"
 
 namespace test_checkpoint {
 
 namespace fs = std::filesystem;
 
-/// A fresh directory under the system's temporary one, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("gradsync-trainckpt-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() { fs::remove_all(path); }
+using test::TempDir;
+
+/// What one rank's load got: its exception's type and message ("" if none).
+struct LoadOutcome {
+  std::string type, what;
 };
+
+/// Runs `load()` and returns what a refused load threw; any other exception propagates.
+template <class Load>
+LoadOutcome outcome_of(Load load) {
+  try {
+    load();
+  } catch (const gradsync::InvalidArgument& e) {
+    return {"InvalidArgument", e.what()};
+  } catch (const gradsync::Error& e) {
+    return {"Error", e.what()};
+  }
+  return {};
+}
+
+/// Every rank threw (a `type` exception, unless it is empty: any), and
+/// every message names each of `parts` (the file, the tensor).
+inline void all_say(const std::vector<LoadOutcome>& got, const std::string& type,
+                    const std::vector<std::string>& parts) {
+  for (const LoadOutcome& o : got) {
+    CAPTURE(o.what);
+    if (type.empty()) {
+      CHECK(!o.type.empty());
+    } else {
+      CHECK(o.type == type);
+    }
+    for (const std::string& p : parts) CHECK(o.what.find(p) != std::string::npos);
+  }
+}
 
 inline gradsync::Sgd<float> momentum_sgd(double lr = 0.1) {
   return gradsync::Sgd<float>({.lr = lr, .momentum = 0.9, .weight_decay = 1e-3});

@@ -36,6 +36,9 @@ using gradsync::ShardedTrainerOptions;
 using gradsync::ShardingStrategy;
 using gradsync::Threads;
 using test_checkpoint::adam;
+using test_checkpoint::all_say;
+using test_checkpoint::LoadOutcome;
+using test_checkpoint::outcome_of;
 using test_checkpoint::TempDir;
 using test::test_seed;
 using test_train::Mlp;
@@ -340,41 +343,21 @@ TEST_CASE("resume: 10 steps, save, fresh trainer loads, 10 more = 20 straight, b
 
 namespace {
 
-/// What each rank of a load got: its exception's type and message ("" if none).
-struct Outcome {
-  std::string type, what;
-};
-
 /// Loads `path` into a fresh FullShard trainer on each of 3 ranks (after a
 /// step, so that there is state to keep); a rank that throws must be left as it was.
-std::vector<Outcome> try_load(const Mlp<float>& m, const fs::path& path) {
-  std::vector<Outcome> got(3);
+std::vector<LoadOutcome> try_load(const Mlp<float>& m, const fs::path& path) {
+  std::vector<LoadOutcome> got(3);
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     ShardedTrainer t(comm, m, adam(), exact(ShardingStrategy::FullShard));
     DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 3});
     train(t, sampler, 1);
     const RankState before = rank_state(t, sampler);
-    Outcome& o = got[std::size_t(comm.rank())];
-    try {
-      gradsync::load_checkpoint(t, sampler, path);
-    } catch (const gradsync::InvalidArgument& e) {
-      o = {"InvalidArgument", e.what()};
-    } catch (const gradsync::Error& e) {
-      o = {"Error", e.what()};
-    }
+    const LoadOutcome& o = got[std::size_t(comm.rank())] =
+        outcome_of([&] { gradsync::load_checkpoint(t, sampler, path); });
     if (!o.what.empty()) CHECK(rank_state(t, sampler) == before);
     if (o.what.empty()) CHECK(t.step_count() == 3);
   });
   return got;
-}
-
-/// Every rank threw, every message names each of `parts` (the file, the tensor).
-void all_say(const std::vector<Outcome>& got, const std::vector<std::string>& parts) {
-  for (const Outcome& o : got) {
-    CAPTURE(o.what);
-    CHECK(!o.type.empty());
-    for (const std::string& p : parts) CHECK(o.what.find(p) != std::string::npos);
-  }
 }
 
 void flip_byte(const fs::path& file, std::uint64_t at) {
@@ -409,10 +392,10 @@ TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the t
   };
 
   SUBCASE("the checkpoint itself loads at N = 3") {
-    for (const Outcome& o : try_load(model(seed + 1), good)) CHECK(o.what.empty());
+    for (const LoadOutcome& o : try_load(model(seed + 1), good)) CHECK(o.what.empty());
   }
   SUBCASE("another model's shapes") {
-    all_say(try_load(model(seed + 1, {in, 1, 8, out}), good),
+    all_say(try_load(model(seed + 1, {in, 1, 8, out}), good), "",
             {index.string(), "'layer1.w' is F32 [7, 1], this training state's is F32 [8, 1]"});
   }
   SUBCASE("a flipped byte in a piece") {
@@ -430,12 +413,12 @@ TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the t
     }
     REQUIRE(!piece.empty());
     flip_byte(bad / rank1, at);
-    all_say(try_load(model(seed + 1), bad), {(bad / rank1).string(), "optimizer.layer2.w.exp_avg", "corrupted"});
+    all_say(try_load(model(seed + 1), bad), "", {(bad / rank1).string(), "optimizer.layer2.w.exp_avg", "corrupted"});
   }
   SUBCASE("a truncated shard file") {
     const fs::path bad = copy("truncated");
     fs::resize_file(bad / rank1, fs::file_size(bad / rank1) - 3);
-    all_say(try_load(model(seed + 1), bad), {(bad / rank1).string(), "truncated", "loading tensor '"});
+    all_say(try_load(model(seed + 1), bad), "", {(bad / rank1).string(), "truncated", "loading tensor '"});
   }
   SUBCASE("a piece missing from the index") {
     const fs::path bad = copy("missing");
@@ -449,7 +432,7 @@ TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the t
     REQUIRE(text[last + 1] == ']');
     text.erase(first, last + 1 - first);
     std::ofstream(bad / "checkpoint.index.json", std::ios::trunc) << text;
-    all_say(try_load(model(seed + 1), bad),
+    all_say(try_load(model(seed + 1), bad), "",
             {(bad / "checkpoint.index.json").string(), "'layer1.w' pieces cover 0 of its 7 elements"});
   }
   SUBCASE("a sharded save to a file name, or between forward_backward and optimizer_step, is refused on every rank") {
