@@ -143,44 +143,40 @@ concept HasFinish = requires { Op::template finish<float>(1.0f, 1); };
 template <class T>
 inline constexpr std::size_t simd_block = 64 / sizeof(T) > 0 ? 64 / sizeof(T) : 1;
 
-/// dst[i] = op(dst[i], src[i]): the local reduce every algorithm is built on.
+/// Calls f(i) for each i in [0, n): in blocks of simd_block<T>, then the tail.
 ///
 /// Why blocks: GCC at -O2 (Meson's debugoptimized, CMake's RelWithDebInfo)
 /// vectorizes a loop only when its trip count is a known multiple of the
 /// vector width, so the plain loop ran scalar there: 13 GB/s against 42 GB/s
 /// for float sum on 256 KiB in cache (bench/reduce_kernel). A fixed-size inner
 /// loop vectorizes at any -O level, and the tail is under one block.
-template <ReduceOp Op, class T>
-void reduce_into(T* __restrict dst, const T* __restrict src, std::size_t n) noexcept {
+template <class T, class F>
+void for_each_blocked(std::size_t n, F f) noexcept {
   constexpr std::size_t w = simd_block<T>;
   std::size_t i = 0;
   for (; i + w <= n; i += w) {
-    for (std::size_t j = 0; j < w; ++j) dst[i + j] = Op::apply(dst[i + j], src[i + j]);
+    for (std::size_t j = 0; j < w; ++j) f(i + j);
   }
-  for (; i < n; ++i) dst[i] = Op::apply(dst[i], src[i]);
+  for (; i < n; ++i) f(i);
+}
+
+/// dst[i] = op(dst[i], src[i]): the local reduce every algorithm is built on.
+template <ReduceOp Op, class T>
+void reduce_into(T* __restrict dst, const T* __restrict src, std::size_t n) noexcept {
+  for_each_blocked<T>(n, [dst, src](std::size_t i) { dst[i] = Op::apply(dst[i], src[i]); });
 }
 
 /// dst[i] = op(a[i], b[i]), for out-of-place first steps.
 template <ReduceOp Op, class T>
 void reduce_to(T* __restrict dst, const T* a, const T* b, std::size_t n) noexcept {
-  constexpr std::size_t w = simd_block<T>;
-  std::size_t i = 0;
-  for (; i + w <= n; i += w) {
-    for (std::size_t j = 0; j < w; ++j) dst[i + j] = Op::apply(a[i + j], b[i + j]);
-  }
-  for (; i < n; ++i) dst[i] = Op::apply(a[i], b[i]);
+  for_each_blocked<T>(n, [dst, a, b](std::size_t i) { dst[i] = Op::apply(a[i], b[i]); });
 }
 
 /// Applies Op::finish (Avg's division) in place; a no-op for other ops.
 template <ReduceOp Op, class T>
 void finish(T* x, std::size_t n, int world) noexcept {
   if constexpr (HasFinish<Op>) {
-    constexpr std::size_t w = simd_block<T>;
-    std::size_t i = 0;
-    for (; i + w <= n; i += w) {
-      for (std::size_t j = 0; j < w; ++j) x[i + j] = Op::finish(x[i + j], world);
-    }
-    for (; i < n; ++i) x[i] = Op::finish(x[i], world);
+    for_each_blocked<T>(n, [x, world](std::size_t i) { x[i] = Op::finish(x[i], world); });
   }
 }
 
