@@ -37,7 +37,8 @@ constexpr gs::DataType all_types[] = {gs::DataType::float32, gs::DataType::float
                                       gs::DataType::int64,   gs::DataType::bfloat16, gs::DataType::float16};
 constexpr gs::OpKind all_ops[] = {gs::OpKind::sum, gs::OpKind::avg, gs::OpKind::min, gs::OpKind::max, gs::OpKind::prod};
 /// AllGather and Broadcast do not reduce: their specs carry Sum, unused.
-constexpr gs::OpKind no_op[] = {gs::OpKind::sum};
+/// ([[maybe_unused]]: each half of the split build uses only some helpers.)
+[[maybe_unused]] constexpr gs::OpKind no_op[] = {gs::OpKind::sum};
 
 /// Inputs for `op`: small factors for Prod, so that the product stays exact.
 std::vector<Values> inputs_for(std::mt19937_64& g, gs::DataType type, int n, std::size_t count, gs::OpKind op) {
@@ -71,7 +72,7 @@ std::vector<ChunkCase> chunk_cases(int n) {
 
 /// Whether every local rank's buffer has the same bits as rank 0's (for
 /// Mpi, compared through hashes gathered from every process).
-void check_same_on_all_ranks(const std::vector<Values>& out, int n, const std::string& what) {
+[[maybe_unused]] void check_same_on_all_ranks(const std::vector<Values>& out, int n, const std::string& what) {
   std::vector<std::uint64_t> h(out.size());
   for (std::size_t r : test::local_ranks(n)) h[r] = test::hash_bytes(out[r].data(), out[r].size_bytes());
   const auto all = test::all_values(n, h);
