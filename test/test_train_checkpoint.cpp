@@ -72,6 +72,12 @@ void train_steps(Trainer& trainer, DistributedSampler& sampler, int steps, std::
   test_checkpoint::train_steps(trainer, sampler, steps, b, in, out, seen);
 }
 
+// Before Snapshot: its defaulted == looks this up where it is declared.
+bool operator==(const gradsync::SamplerState& a, const gradsync::SamplerState& b) {
+  return a.seed == b.seed && a.epoch == b.epoch && a.consumed == b.consumed && a.length == b.length &&
+         a.shuffle == b.shuffle && a.drop_last == b.drop_last;
+}
+
 /// Everything a resumed run must reproduce, from one rank.
 struct Snapshot {
   std::vector<float> params, buffers;
@@ -82,11 +88,6 @@ struct Snapshot {
   gradsync::SamplerState sampler;
   bool operator==(const Snapshot&) const = default;
 };
-
-bool operator==(const gradsync::SamplerState& a, const gradsync::SamplerState& b) {
-  return a.seed == b.seed && a.epoch == b.epoch && a.consumed == b.consumed && a.length == b.length &&
-         a.shuffle == b.shuffle && a.drop_last == b.drop_last;
-}
 
 template <class Trainer>
 Snapshot snapshot(Trainer& trainer, const DistributedSampler& sampler) {

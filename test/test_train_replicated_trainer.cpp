@@ -354,7 +354,11 @@ TEST_CASE("units: ranks that declare different units all throw at construction, 
       for (int trial = 0; trial < 3; ++trial) {
         const auto kind = static_cast<Mismatch>(k);
         const auto mine = random_units(rng);
-        const auto [theirs, unit] = mutate(mine, kind, rng);
+        // Named, not a structured binding: lambdas below capture them, which
+        // Clang accepts only from version 16.
+        const auto mutated = mutate(mine, kind, rng);
+        const auto& theirs = mutated.first;
+        const std::size_t unit = mutated.second;
         const int odd = static_cast<int>(pick(rng, static_cast<std::size_t>(world)));
         CAPTURE(world);
         CAPTURE(names[k]);

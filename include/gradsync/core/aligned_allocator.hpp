@@ -28,7 +28,15 @@ struct AlignedAllocator {
   constexpr AlignedAllocator(const AlignedAllocator<U, Align>&) noexcept {}
 
   T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{Align})); }
-  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, n * sizeof(T), std::align_val_t{Align}); }
+  // The sized form only where the compiler declares it: Clang before 19
+  // leaves sized deallocation off unless asked (-fsized-deallocation).
+  void deallocate(T* p, [[maybe_unused]] std::size_t n) noexcept {
+#if defined(__cpp_sized_deallocation)
+    ::operator delete(p, n * sizeof(T), std::align_val_t{Align});
+#else
+    ::operator delete(p, std::align_val_t{Align});
+#endif
+  }
 
   template <class U>
   friend constexpr bool operator==(const AlignedAllocator&, const AlignedAllocator<U, Align>&) noexcept {
