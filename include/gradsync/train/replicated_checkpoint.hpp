@@ -218,6 +218,13 @@ class FullFileWriter {
     }
   }
 
+  /// Keeps a failure of rank 0's own work between writes (an allocation, say)
+  /// for finish()'s agreement, so the other ranks hear of it there.
+  void fail(std::exception_ptr e) noexcept {
+    if (!error_) error_ = e;
+    writer_.reset();
+  }
+
   /// Writes the scalars and commits (replacing a sharded checkpoint at the
   /// same directory), then every rank throws if rank 0 failed. Collective.
   template <class Algo, class Comm>
@@ -486,16 +493,23 @@ struct TrainerCheckpoint<ReplicatedTrainer<M, Opt, Comm, Algo>> {
   static std::span<T> params(Trainer& trainer) { return trainer.parameters(); }
   static void write_full(Trainer& trainer, const SaveList<T>& l, FullFileWriter<T>& out) {
     if (!out.writing()) return;
-    const std::span<const T> params = trainer.parameters(), buffers = trainer.buffers();
-    // An optimizer that has not stepped has no buffers yet: its state is zeros.
-    const std::vector<T> zeros(l.opt.buffers.empty() || !l.opt.buffers.front().second.empty() ? 0 : params.size());
-    for (const StateTensor& t : l.tensors) {
-      std::span<const T> from = t.source == StateSource::parameter ? params
-                                : t.source == StateSource::buffer  ? buffers
-                                : l.opt.buffers[t.buffer].second.empty()
-                                    ? std::span<const T>(zeros)
-                                    : l.opt.buffers[t.buffer].second;
-      out.write(t.info.name, from.subspan(t.offset, t.count));
+    // Only rank 0 is here, between collectives: whatever it throws must wait
+    // for finish()'s agreement, or the other ranks would learn of it only by
+    // their deadline.
+    try {
+      const std::span<const T> params = trainer.parameters(), buffers = trainer.buffers();
+      // An optimizer that has not stepped has no buffers yet: its state is zeros.
+      const std::vector<T> zeros(l.opt.buffers.empty() || !l.opt.buffers.front().second.empty() ? 0 : params.size());
+      for (const StateTensor& t : l.tensors) {
+        std::span<const T> from = t.source == StateSource::parameter ? params
+                                  : t.source == StateSource::buffer  ? buffers
+                                  : l.opt.buffers[t.buffer].second.empty()
+                                      ? std::span<const T>(zeros)
+                                      : l.opt.buffers[t.buffer].second;
+        out.write(t.info.name, from.subspan(t.offset, t.count));
+      }
+    } catch (...) {
+      out.fail(std::current_exception());
     }
   }
 };
