@@ -12,6 +12,7 @@
 // compile time (CI compiles it five times) small.
 #include "support/at_worlds.hpp"
 #include "support/common.hpp"
+#include "support/sanitizers.hpp"
 #include "support/values.hpp"
 #include "support/world.hpp"
 
@@ -104,17 +105,7 @@ std::string describe(const Spec& s, bool reduces = true) {
 /// TSan finds races, so the other pairs would repeat its work 3x over;
 /// the plain and ASan+UBSan builds, where each (type, op) kernel can fail
 /// alone (an int32 product overflowing, say), still run the whole grid.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool cross_not_grid = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool cross_not_grid = true;
-#else
-constexpr bool cross_not_grid = false;
-#endif
-#else
-constexpr bool cross_not_grid = false;
-#endif
+constexpr bool cross_not_grid = test::under_tsan;
 
 /// What one world size runs: every op and type on the awkward counts and
 /// on tiny chunks, and in deterministic mode on `det_counts` (if any).

@@ -43,6 +43,7 @@
 
 #include "gradsync/gradsync.hpp"
 #include "support/fault_watchdog.hpp"
+#include "support/sanitizers.hpp"
 #include "support/world.hpp"
 
 namespace gs = gradsync;
@@ -51,17 +52,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
+using test::sanitized;
 
 #ifdef GRADSYNC_TEST_MPI
 constexpr const char* backend_name = "mpi";
