@@ -1,30 +1,24 @@
 #pragma once
 // Which sanitizer a test binary is built under, for the suites that run a
 // smaller sample there (GCC defines __SANITIZE_*; Clang answers
-// __has_feature).
+// __has_feature, which GCC 12 lacks).
+
+#if defined(__has_feature)
+#define GRADSYNC_TEST_HAS_FEATURE(x) __has_feature(x)
+#else
+#define GRADSYNC_TEST_HAS_FEATURE(x) 0
+#endif
 
 namespace test {
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || GRADSYNC_TEST_HAS_FEATURE(thread_sanitizer)
 inline constexpr bool under_tsan = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool under_tsan = true;
-#else
-inline constexpr bool under_tsan = false;
-#endif
 #else
 inline constexpr bool under_tsan = false;
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || GRADSYNC_TEST_HAS_FEATURE(address_sanitizer)
 inline constexpr bool under_asan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool under_asan = true;
-#else
-inline constexpr bool under_asan = false;
-#endif
 #else
 inline constexpr bool under_asan = false;
 #endif
