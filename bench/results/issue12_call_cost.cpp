@@ -5,8 +5,10 @@
 //   g++ -std=c++20 -O2 -g -I TREE/include issue12_call_cost.cpp -o cc -pthread
 //   mpicxx -std=c++20 -O2 -g -DCALL_COST_MPI -I TREE/include issue12_call_cost.cpp -o cc_mpi
 // Usage: cc ALGO FLOATS CALLS [RANKS [REPEATS]]   (ALGO: auto ring tree rhd native)
-// Only rank 0's calls are counted: stats are zeroed before its first loop
-// and dumped after it (CALLGRIND_* client requests; plain runs ignore them).
+// Stats are zeroed when rank 0 starts its first loop and dumped when it ends
+// (CALLGRIND_* client requests; plain runs ignore them): under MPI that is
+// rank 0's process, on Threads every rank thread of the process meanwhile.
+// issue12_call_count.sh builds it and reads the counts.
 // Each of REPEATS loops of CALLS calls prints rank 0's time per call (us).
 // CALL_COST_PIN=1 pins Threads rank r to core r (MPI: use --bind-to core).
 #include <valgrind/callgrind.h>
