@@ -7,7 +7,8 @@ figure is their median; the table gives the median over rounds, the spread of th
 figures (min-max) and the best single loop of all rounds (least disturbed by other load).
 
 usage: issue12_speed_recheck.py ROUNDS name=BINARY[,MPI_BINARY] ...
-       (a name without MPI_BINARY is timed on Threads only, one with only ,MPI on MPI only)"""
+       (a name without MPI_BINARY is timed on Threads only, one with only ,MPI on MPI only)
+CASES=mpi:auto:2,threads:ring:1024,... (backend:algorithm:floats) times only those."""
 import random, statistics, subprocess, sys, os
 
 rounds = int(sys.argv[1])
@@ -22,6 +23,8 @@ SIZES = {2: 20000, 64: 20000, 1024: 5000, 16384: 1000, 262144: 100}
 REPEATS = "5"
 cases = [("mpi", a, f) for a in ("auto", "ring", "native") for f in SIZES]
 cases += [("threads", a, f) for a in ("auto", "ring", "tree", "rhd", "native") for f in SIZES]
+if os.environ.get("CASES"):
+    cases = [(k, a, int(f)) for k, a, f in (c.split(":") for c in os.environ["CASES"].split(","))]
 res = {}
 best = {}
 env = dict(os.environ, CALL_COST_PIN="1")
