@@ -124,7 +124,7 @@ class ReplicatedTrainer {
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ReplicatedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
                               "the same order: check what its units() depends on (configuration, rank, world size).",
-                              &budget);
+                              {&budget, 1});
     detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
                                 o_.memory_budget,
                                 "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");

@@ -132,8 +132,11 @@ struct ShardedTrainerOptions {
   /// state live (FSDP's CPU offload): null, the compute side with the rest;
   /// else this space (HostOffloadSpace on a host backend). A gather copies
   /// the unit's chunk in from it, a reduction copies the reduced shard out
-  /// to it, both on the progress worker, and the optimizer steps there. Not
-  /// with NoShard, nor with accumulate() under AccumulationMode::Sharded.
+  /// to it, both on the progress worker, and the optimizer steps there (its
+  /// state allocated from the space and lent to it by `bind_state`, which
+  /// Sgd, Adam and AdamW have). Not with NoShard, nor with accumulate()
+  /// under AccumulationMode::Sharded. Ranks that differ in whether they
+  /// offload all throw at construction.
   std::shared_ptr<OffloadSpace> offload{};
 };
 
@@ -224,7 +227,9 @@ struct ShardedTraceEvent {
 /// exceeds it. last_step() times each phase and counts elements sent.
 ///
 /// Offload (ShardedTrainerOptions::offload): the master and gradient
-/// shards live in an OffloadSpace and the optimizer steps them there; each
+/// shards and the optimizer's state live in an OffloadSpace and the
+/// optimizer steps them there (an optimizer without `bind_state(storage,
+/// elements)` keeps its state itself, counted on the compute side); each
 /// gather copies its chunk in, each reduction copies its result out, on the
 /// worker, so with a prefetch the next unit's copy overlaps this unit's
 /// compute. last_step() counts the bytes copied, memory_need() splits the
@@ -254,12 +259,16 @@ class ShardedTrainer {
   ShardedTrainer(Comm& comm, M model, Opt optimizer, ShardedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
     // The budget is checked on each rank from agreed units: it must agree too.
-    const detail::AgreedValue budget{"ShardedTrainerOptions::memory_budget (bytes)", o_.memory_budget,
-                                     "Give every rank the same memory_budget, so that all accept or refuse alike."};
+    // Offload decides where the shards live and so the compute side's need: it must agree too.
+    const detail::AgreedValue agreed[] = {
+        {"ShardedTrainerOptions::memory_budget (bytes)", o_.memory_budget,
+         "Give every rank the same memory_budget, so that all accept or refuse alike."},
+        {"ShardedTrainerOptions::offload (1: a space, 0: none)", offloaded() ? 1u : 0u,
+         "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."}};
     detail::check_units_agree(comm_, detail::describe_units(specs_), "ShardedTrainer",
                               "Every rank's model must declare the same units, with the same names and shapes, in "
                               "the same order: check what its units() depends on (configuration, rank, world size).",
-                              &budget);
+                              agreed);
     precision();
     check_offload();
     split();
@@ -476,10 +485,12 @@ class ShardedTrainer {
   /// the optimizer's state elements per parameter (0 for SGD, 1 with
   /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say,
   /// through `state_per_element()`). Buffers are replicated and left out.
-  /// With offload these are in the offload space, and this is 0.
+  /// With offload these are in the offload space, and this is 0 (the
+  /// optimizer's state if it cannot be lent storage, see bind_state).
   std::size_t persistent_bytes() const noexcept {
-    if (offloaded()) return 0;
-    return (2 + optimizer_state_per_element()) * sizeof(value_type) * shard_params_.size();
+    const std::size_t state = optimizer_state_per_element() * sizeof(value_type) * master().size();
+    if (offloaded()) return state_in_space() ? 0 : state;
+    return 2 * sizeof(value_type) * shard_params_.size() + state;
   }
 
   /// What this rank needs, by the formula (detail::sharded_memory_need):
@@ -621,6 +632,10 @@ class ShardedTrainer {
   }
 
   bool offloaded() const noexcept { return o_.offload != nullptr; }
+  /// The optimizer can keep its state in storage the trainer lends it.
+  static constexpr bool bindable = requires(Opt& o, std::span<value_type> s, std::size_t n) { o.bind_state(s, n); };
+  /// Offloaded, the optimizer's state is in the space too (else in the optimizer).
+  bool state_in_space() const noexcept { return offloaded() && bindable; }
   /// The master parameter shard and the gradient shard, wherever they live
   /// (the offload space, or the compute side's vectors).
   std::span<value_type> master() noexcept { return offloaded() ? off_params_.span() : std::span(shard_params_); }
@@ -712,6 +727,12 @@ class ShardedTrainer {
     if (offloaded()) {
       off_params_ = Offloaded(o_.offload, at);
       off_grads_ = Offloaded(o_.offload, at);
+      if constexpr (bindable) {
+        // The optimizer's state is lent from the space too, so that none of it stays on the compute side.
+        const std::size_t state = optimizer_state_per_element() * at;
+        if (state != 0) off_state_ = Offloaded(o_.offload, state);
+        opt_.bind_state(off_state_.span(), at);
+      }
     } else {
       shard_params_.assign(at, value_type(0));
       shard_grads_.assign(at, value_type(0));
@@ -1304,7 +1325,7 @@ class ShardedTrainer {
     // A prefetch adds a second gathered unit unless the limit allows only one.
     const bool prefetch = (o_.forward_prefetch || o_.backward_prefetch != BackwardPrefetch::None) &&
                           o_.limit_all_gathers != 1;
-    return detail::sharded_memory_need(
+    MemoryNeed n = detail::sharded_memory_need(
         std::span<const std::size_t>(sizes_), static_cast<std::size_t>(shard_comm().size()),
         {.sharded = strategy != ShardingStrategy::NoShard,
          .keeps_forward_gathers = !full,
@@ -1313,6 +1334,12 @@ class ShardedTrainer {
          .offload = offloaded(),
          .state_per_element = optimizer_state_per_element(),
          .element_bytes = sizeof(value_type)});
+    if (offloaded() && !state_in_space()) {
+      // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
+      n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
+      n.offloaded -= n.optimizer_state;
+    }
+    return n;
   }
 
   void check_budget() const {
@@ -1383,6 +1410,8 @@ class ShardedTrainer {
   std::vector<value_type, detail::AlignedAllocator<value_type>> shard_params_, shard_grads_, buffers_;
   /// Offload: the master and gradient shards, in the offload space (else empty).
   Offloaded off_params_, off_grads_;
+  /// Offload: the optimizer's state, lent to it by bind_state (empty if it has none).
+  Offloaded off_state_;
   /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
   /// model unit u lies in wrapped unit member_of_[u] at member_offset_[u].
   std::vector<std::pair<std::size_t, std::size_t>> groups_;
