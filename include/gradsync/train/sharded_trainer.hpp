@@ -94,7 +94,8 @@ struct ShardedTrainerOptions {
   int shard_size = 0;
   /// How accumulate() keeps micro-steps' gradients: reduce-scatter each
   /// into the shard (Sharded, memory 1/N), or keep them unsharded until
-  /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step).
+  /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step;
+  /// ShardGradOp then also keeps its gathered units, one gather a window).
   AccumulationMode accumulation = AccumulationMode::Sharded;
   /// How model units group into wrapped units, each gathered and reduced
   /// as one flat buffer (see WrapPolicy). Default: one per model unit.
@@ -205,7 +206,10 @@ struct ShardedTraceEvent {
 /// its unsharded gradient, the padded unit, N·c elements (≈ +Ψ per rank), from
 /// the first micro-step's backward to step()'s, which scales the local sum by
 /// 1/K and reduces it once: bitwise ReplicatedTrainer::accumulate under the
-/// deterministic option.
+/// deterministic option. ShardGradOp under NoSync also keeps every unit
+/// gathered from the first micro-step's forward to step()'s backward (one
+/// gather per unit and window, as FSDP's SHARD_GRAD_OP in no_sync);
+/// FullShard gathers in every micro-step.
 ///
 /// Prefetch (off by default): forward_prefetch gathers the next wrapped
 /// unit when one is asked for in forward; backward_prefetch gathers the
@@ -1103,8 +1107,14 @@ class ShardedTrainer {
       }
       return;
     }
-    if (members_asked(w, 2)) free_unit(w);
+    if (members_asked(w, 2) && !keeps_gathered()) free_unit(w);
   }
+
+  /// ShardGradOp in a NoSync micro-step keeps each unit gathered until the
+  /// synced step's backward, as FSDP's SHARD_GRAD_OP inside no_sync: the
+  /// parameters cannot change before the optimizer step, so a gather per
+  /// micro-step would move the same bytes K times.
+  bool keeps_gathered() const noexcept { return sharded() && !full_shard() && !reducing_; }
 
   /// Model unit u's gradient is final; once every member of its wrapped
   /// unit is, the wrapped unit's gradient is reduced.
@@ -1269,7 +1279,8 @@ class ShardedTrainer {
       const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
       first = drain();
     }
-    release_all(keep_grads);
+    // A micro-step that failed keeps no gather: what follows may be anything (a checkpoint load).
+    release_all(keep_grads, keep_grads && keeps_gathered() && !first && missing.empty());
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
       throw InvalidArgument(where() + ": backward reported no gradient for " + missing +
@@ -1290,14 +1301,15 @@ class ShardedTrainer {
     evaluating_ = false;
   }
 
-  void release_all(bool keep_grads) noexcept {
+  /// `keep_gathered`: the gathered units stay too (keeps_gathered()).
+  void release_all(bool keep_grads, bool keep_gathered = false) noexcept {
     lingering_.clear();
     in_reduction_.clear();
     for (WrappedState& s : wrapped_) {
       s.request = Request();
       s.gathering = Request();
       if (!keep_grads) give(s.grad);
-      if (sharded()) give(s.full);
+      if (sharded() && !keep_gathered) give(s.full);
       s.held = 0;
     }
     for (MemberState& m : members_) m.held = false;
