@@ -1,16 +1,21 @@
-// ShardedTrainer's offload (issue 13): the master and gradient shards in a
-// HostOffloadSpace, reached only by copies. Offloaded runs equal the plain
-// ones bitwise, the bytes copied and the memory need equal their formulas,
-// and memory_budget covers the compute side only. Also: a memory_budget
-// that differs between ranks throws on every rank.
+// ShardedTrainer's offload (issue 13): the master and gradient shards and
+// the optimizer's state in a HostOffloadSpace, the shards reached only by
+// copies. Offloaded runs equal the plain ones bitwise, the bytes copied, the
+// space's allocations and the memory need equal their formulas,
+// memory_budget covers the compute side only, and checkpoints save and load
+// the offloaded state. Also: a memory_budget or an offload that differs
+// between ranks throws on every rank.
 #include <doctest/doctest.h>
 
 #include <gradsync/core/host_offload_space.hpp>
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/sharded_checkpoint.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "test_train_checkpoint.hpp"
 #include "test_train_sharded_schedule.hpp"
 #include "test_train_squares.hpp"
 
@@ -138,7 +144,8 @@ TEST_CASE("offload: Adam trains bitwise as without offload, every sharded strate
 // the reduced chunk out. FullShard and HybridShard gather each unit twice
 // but the last of forward (kept for backward) once: in 4·(2Σc_u − c_last),
 // out 4·Σc_u. ShardGradOp gathers once: in and out 4·Σc_u. NoSync
-// accumulation over K micro-steps gathers K times and reduces once.
+// accumulation over K micro-steps reduces once and gathers K times, but
+// ShardGradOp once (it keeps the gathered units until the synced step).
 TEST_CASE("offload: bytes copied per step equal the formula, as reported and as the space counted them") {
   for_each_world_and_strategy("offload bytes", [](int world, const auto& sizes, ShardingStrategy s) {
     const std::size_t n = shards(s, world);
@@ -169,7 +176,7 @@ TEST_CASE("offload: bytes copied per step equal the formula, as reported and as 
       for (int r = 0; r < world; ++r) {
         CAPTURE(r);
         const auto i = static_cast<std::size_t>(r);
-        CHECK(in[i] == k * in_per_pass);
+        CHECK(in[i] == (twice ? k : 1) * in_per_pass);
         CHECK(out[i] == out_per_step);
         CHECK(counted_in[i] == in[i]);
         CHECK(counted_out[i] == out[i]);
@@ -181,7 +188,8 @@ TEST_CASE("offload: bytes copied per step equal the formula, as reported and as 
 // With c_u = ⌈P_u/n⌉, e = 4 bytes, S optimizer elements per parameter:
 // offloaded (2 + S)·e·Σc_u; on the compute side nothing persistent, the
 // gathered units as without offload, and gradient buffers of (n + 1)·c_u
-// (FullShard one, ShardGradOp two). The space itself holds the two shards.
+// (FullShard one, ShardGradOp two). The space itself holds the two shards
+// and Adam's two moments, none of them in the optimizer's own vectors.
 TEST_CASE("offload: memory_need equals its formula, the peak reaches it, the space holds the shards") {
   for_each_world_and_strategy("offload memory", [](int world, const auto& sizes, ShardingStrategy s) {
     const std::size_t n = shards(s, world);
@@ -217,8 +225,9 @@ TEST_CASE("offload: memory_need equals its formula, the peak reaches it, the spa
     CHECK(need[i].gathered == gathered);
     CHECK(need[i].gradient_buffers == buffers);
     CHECK(need[i].total() == gathered + buffers);
-    CHECK(held[i] == 2 * 4 * chunks);
-    CHECK(state[i] == 2 * chunks);
+    CHECK(held[i] == (2 + 2) * 4 * chunks);
+    CHECK(held[i] == need[i].offloaded);
+    CHECK(state[i] == 0);
     CHECK(peak[i] <= need[i].transient());
     // FullShard's bound is reached: the largest unit gathered for backward beside its buffer.
     if (!gsop) CHECK(peak[i] == need[i].transient());
@@ -415,4 +424,269 @@ TEST_CASE("memory_budget: a rank given a different budget makes every rank throw
       for (const std::string& w : what) CHECK(w == what[0]);
     }
   }
+}
+
+TEST_CASE("offload: ranks that differ in whether they offload all throw the same error, before any step") {
+  auto rng = test::rng_for("offload agreement");
+  std::uniform_int_distribution<std::size_t> d(1, 1000);
+  const std::vector<std::size_t> sizes{d(rng), d(rng)};
+  INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
+  for (int world = 2; world <= 4; ++world) {
+    CAPTURE(world);
+    const int odd = std::uniform_int_distribution<int>(0, world - 1)(rng);
+    CAPTURE(odd);
+    for (const bool odd_offloads : {false, true}) {
+      CAPTURE(odd_offloads);
+      for (const bool budget_too : {false, true}) {
+        CAPTURE(budget_too);
+        std::vector<std::string> what(static_cast<std::size_t>(world));
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          ShardedTrainerOptions o{.strategy = ShardingStrategy::FullShard};
+          if ((comm.rank() == odd) == odd_offloads) o.offload = std::make_shared<HostOffloadSpace>();
+          // Budgets that fit either way, so that only the disagreement refuses.
+          if (budget_too) o.memory_budget = (std::size_t{1} << 30) + (comm.rank() == odd ? 7 : 0);
+          try {
+            ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Adam<float>(), o);
+          } catch (const gradsync::InvalidArgument& e) {
+            what[static_cast<std::size_t>(comm.rank())] = e.what();
+          }
+        });
+        INFO(what[0]);
+        CHECK(what[0].find("different ShardedTrainerOptions::offload") != std::string::npos);
+        CHECK(what[0].find("rank " + std::to_string(odd) + (odd_offloads ? " 1" : " 0")) != std::string::npos);
+        CHECK(what[0].find("Give every rank an offload space, or none") != std::string::npos);
+        CHECK((what[0].find("memory_budget") != std::string::npos) == budget_too);
+        for (const std::string& w : what) CHECK(w == what[0]);
+      }
+    }
+  }
+}
+
+namespace {
+
+/// A HostOffloadSpace that also knows where its live allocations lie.
+class RecordingSpace final : public gradsync::OffloadSpace {
+ public:
+  const char* name() const noexcept override { return "recording"; }
+  void* allocate(std::size_t bytes) override {
+    void* p = inner_.allocate(bytes);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    live_[p] = bytes;
+    ++allocations_;
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      live_.erase(p);
+    }
+    inner_.deallocate(p, bytes);
+  }
+  void copy_in(void* compute, const void* offloaded, std::size_t bytes) override {
+    inner_.copy_in(compute, offloaded, bytes);
+  }
+  void copy_out(void* offloaded, const void* compute, std::size_t bytes) override {
+    inner_.copy_out(offloaded, compute, bytes);
+  }
+  void wait() override {}
+
+  std::size_t allocated() const noexcept { return inner_.allocated(); }
+  std::size_t allocations() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return allocations_;
+  }
+  /// `s` is non-empty and lies inside one live allocation of this space.
+  bool holds(std::span<const float> s) const {
+    if (s.empty()) return false;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const std::less<> before;
+    const auto* first = reinterpret_cast<const std::byte*>(s.data());
+    const std::byte* last = first + s.size_bytes();
+    for (const auto& [p, bytes] : live_) {
+      const auto* at = static_cast<const std::byte*>(p);
+      if (!before(first, at) && !before(at + bytes, last)) return true;
+    }
+    return false;
+  }
+
+ private:
+  HostOffloadSpace inner_;
+  mutable std::mutex mutex_;
+  std::map<void*, std::size_t> live_;
+  std::size_t allocations_ = 0;
+};
+
+/// What one rank saw of where its optimizer's state lives.
+struct StatePlace {
+  std::size_t at_start = 0, after_steps = 0, allocations = 0, left = 0;
+  MemoryNeed need;
+  std::size_t persistent = 0, own = 0, buffers = 0, in_space = 0, buffer_size_ok = 0;
+  std::size_t plain_own = 0, plain_persistent = 0;
+};
+
+/// With S = `slots` state elements per parameter: the space holds
+/// (2 + S)·4·Σc_u from construction to the trainer's end, the optimizer's
+/// S buffers of Σc_u elements lie inside it, and its own vectors hold
+/// nothing; the same optimizer without offload keeps S·Σc_u in them.
+template <class Opt>
+void check_state_in_space(const char* opt_name, Opt opt, std::size_t slots) {
+  INFO("optimizer = " << std::string(opt_name));
+  for_each_world_and_strategy(std::string("offload state ") + opt_name,
+                              [&](int world, const auto& sizes, ShardingStrategy s) {
+    const std::size_t n = shards(s, world);
+    std::size_t chunks = 0;
+    for (const std::size_t p : sizes) chunks += chunk(p, n);
+    std::vector<StatePlace> seen(static_cast<std::size_t>(world));
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      StatePlace& me = seen[static_cast<std::size_t>(comm.rank())];
+      const auto space = std::make_shared<RecordingSpace>();
+      ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+      o.offload = space;
+      {
+        ShardedTrainer trainer(comm, Squares{sizes, 4}, opt, o);
+        me.at_start = space->allocated();
+        trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+        trainer.step(Scale{2.0f});
+        me.after_steps = space->allocated();
+        me.allocations = space->allocations();
+        me.need = trainer.memory_need();
+        me.persistent = trainer.persistent_bytes();
+        me.own = trainer.optimizer().state_elements();
+        const auto state = trainer.optimizer().state();
+        me.buffers = state.buffers.size();
+        for (const auto& b : state.buffers) {
+          me.in_space += space->holds(b.second) ? 1 : 0;
+          me.buffer_size_ok += b.second.size() == chunks ? 1 : 0;
+        }
+      }
+      me.left = space->allocated();
+      o.offload = nullptr;
+      ShardedTrainer plain(comm, Squares{sizes, 4}, opt, o);
+      plain.step(Scale{1.0f});
+      me.plain_own = plain.optimizer().state_elements();
+      me.plain_persistent = plain.persistent_bytes();
+    });
+    const std::size_t offloaded = (2 + slots) * 4 * chunks;
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      const StatePlace& me = seen[r];
+      CHECK(me.at_start == offloaded);
+      CHECK(me.after_steps == offloaded);
+      CHECK(me.allocations == 2 + (slots == 0 ? 0 : 1));
+      CHECK(me.need.offloaded == offloaded);
+      CHECK(me.need.optimizer_state == 0);
+      CHECK(me.need.persistent() == 0);
+      CHECK(me.persistent == 0);
+      CHECK(me.own == 0);
+      CHECK(me.buffers == slots);
+      CHECK(me.in_space == slots);
+      CHECK(me.buffer_size_ok == slots);
+      CHECK(me.left == 0);
+      CHECK(me.plain_own == slots * chunks);
+      CHECK(me.plain_persistent == offloaded);
+    }
+  });
+}
+
+}  // namespace
+
+// S = 0 (SGD), 1 (momentum), 2 (Adam, AdamW): what the space allocated,
+// memory_need, where state() points, what the optimizer itself holds.
+TEST_CASE("offload: the optimizer's state is allocated from the space, S·4·Σc bytes, lives there, goes with the trainer") {
+  check_state_in_space("Sgd", gradsync::Sgd<float>({.lr = 0.05}), 0);
+  check_state_in_space("Sgd momentum", gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9}), 1);
+  check_state_in_space("Adam", gradsync::Adam<float>({.lr = 0.01}), 2);
+  check_state_in_space("AdamW", gradsync::AdamW<float>({.lr = 0.01}), 2);
+}
+
+namespace {
+
+/// One rank's training state, padding included.
+struct Resumed {
+  std::vector<float> shard;
+  std::vector<std::vector<float>> opt;
+  std::uint64_t opt_steps = 0;
+  std::size_t trainer_steps = 0;
+  /// Offloaded after the load: optimizer buffers inside the space, elements in its own vectors.
+  std::size_t in_space = 0, own = 0;
+};
+
+Scale batch_of(int step, int rank) { return Scale{1.0f + 0.25f * static_cast<float>(step) + 0.125f * static_cast<float>(rank)}; }
+
+template <class Trainer>
+void read_state(Trainer& t, Resumed& r) {
+  const auto shard = std::as_const(t).shard();
+  r.shard.assign(shard.begin(), shard.end());
+  const auto st = t.optimizer().state();
+  r.opt.clear();
+  for (const auto& b : st.buffers) r.opt.emplace_back(b.second.begin(), b.second.end());
+  r.opt_steps = st.steps;
+  r.trainer_steps = t.step_count();
+}
+
+}  // namespace
+
+// 3 steps, save (full or sharded), a fresh trainer with other values loads,
+// 3 more: bitwise where 6 straight steps end, offloaded on either side or
+// both; loaded into an offloaded trainer, the state is still in its space.
+TEST_CASE("offload: save and resume into and out of an offloaded trainer, bitwise, the state staying in the space") {
+  using gradsync::CheckpointFormat;
+  for_each_world_and_strategy("offload checkpoint", [](int world, const auto& sizes, ShardingStrategy s) {
+    auto check = [&](const char* opt_name, auto opt) {
+      INFO("optimizer = " << std::string(opt_name));
+      for (const CheckpointFormat format : {CheckpointFormat::full, CheckpointFormat::sharded}) {
+        CAPTURE(format == CheckpointFormat::full);
+        for (const auto& [save_offloaded, load_offloaded] : {std::pair{true, true}, {false, true}, {true, false}}) {
+          CAPTURE(save_offloaded);
+          CAPTURE(load_offloaded);
+          test_checkpoint::TempDir dir;
+          const auto rank_count = static_cast<std::size_t>(world);
+          std::vector<Resumed> straight(rank_count), resumed(rank_count);
+          auto options = [&](bool offload) {
+            ShardedTrainerOptions o{.strategy = s, .shard_size = shard_size_for(world)};
+            o.collective.deterministic = true;
+            if (offload) o.offload = std::make_shared<RecordingSpace>();
+            return o;
+          };
+          gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+            ShardedTrainer t(comm, Squares{sizes, 4}, opt, options(load_offloaded));
+            for (int k = 0; k < 6; ++k) t.step(batch_of(k, comm.rank()));
+            read_state(t, straight[static_cast<std::size_t>(comm.rank())]);
+          });
+          gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+            ShardedTrainer t(comm, Squares{sizes, 4}, opt, options(save_offloaded));
+            for (int k = 0; k < 3; ++k) t.step(batch_of(k, comm.rank()));
+            gradsync::save_checkpoint(t, dir.path, {}, {.format = format});
+          });
+          gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+            const ShardedTrainerOptions o = options(load_offloaded);
+            ShardedTrainer t(comm, Squares{sizes, 99}, opt, o);
+            gradsync::load_checkpoint(t, dir.path);
+            Resumed& me = resumed[static_cast<std::size_t>(comm.rank())];
+            if (load_offloaded) {
+              const auto& space = static_cast<const RecordingSpace&>(*o.offload);
+              for (const auto& b : t.optimizer().state().buffers) me.in_space += space.holds(b.second) ? 1 : 0;
+              me.own = t.optimizer().state_elements();
+            }
+            for (int k = 3; k < 6; ++k) t.step(batch_of(k, comm.rank()));
+            read_state(t, me);
+          });
+          for (std::size_t r = 0; r < rank_count; ++r) {
+            CAPTURE(r);
+            CHECK(test_schedule::bitwise_equal(resumed[r].shard, straight[r].shard));
+            REQUIRE(resumed[r].opt.size() == straight[r].opt.size());
+            for (std::size_t k = 0; k < straight[r].opt.size(); ++k) {
+              CHECK(test_schedule::bitwise_equal(resumed[r].opt[k], straight[r].opt[k]));
+            }
+            CHECK(resumed[r].opt_steps == 6);
+            CHECK(resumed[r].trainer_steps == 6);
+            CHECK(resumed[r].in_space == (load_offloaded ? straight[r].opt.size() : 0));
+            CHECK(resumed[r].own == 0);
+          }
+        }
+      }
+    };
+    check("Sgd momentum", gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9}));
+    check("Adam", gradsync::Adam<float>({.lr = 0.01}));
+  });
 }

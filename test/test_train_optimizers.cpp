@@ -3,9 +3,17 @@
 
 #include <gradsync/gradsync.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <functional>
+#include <random>
 #include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
+
+#include "support/common.hpp"
 
 using doctest::Approx;
 
@@ -84,6 +92,93 @@ TEST_CASE_TEMPLATE("an optimizer stepped on two shards equals one stepped on the
   CHECK_THROWS_AS(whole.step(std::span<float>(p).first(3), std::span<const float>(g).first(3)),
                   gradsync::InvalidArgument);
   static_assert(gradsync::Optimizer<Opt, float>);
+}
+
+// bind_state (what an offloaded ShardedTrainer does): the state moves into
+// the lent storage and steps there bitwise as in the optimizer's vectors;
+// a copy owns its values; checkpoints' load copies in; bad sizes throw.
+TEST_CASE_TEMPLATE("an optimizer bound to lent storage steps bitwise as one on its own vectors", Opt,
+                   gradsync::Sgd<float>, gradsync::Adam<float>, gradsync::AdamW<float>) {
+  auto rng = test::rng_for("bound optimizer state");
+  const std::size_t n = std::uniform_int_distribution<std::size_t>(1, 100)(rng);
+  INFO("seed = " << test::test_seed() << ", n = " << n);
+  std::normal_distribution<float> normal;
+  auto make = [] {
+    if constexpr (std::is_same_v<Opt, gradsync::Sgd<float>>) {
+      return Opt({.lr = 0.05, .momentum = 0.9});
+    } else {
+      return Opt({.lr = 0.05, .weight_decay = 0.01});
+    }
+  };
+  std::vector<float> p(n), g(n);
+  for (float& x : p) x = normal(rng);
+  std::vector<float> q = p, r = p;
+  Opt own = make(), bound = make(), late = make();
+  const std::size_t slots = own.state_per_element();
+  REQUIRE(slots > 0);
+  std::vector<float> storage(slots * n, 42.0f), later(slots * n, 42.0f);
+  bound.bind_state(std::span<float>(storage), n);
+  // Lent storage starts zeroed: no state yet.
+  CHECK(std::ranges::all_of(storage, [](float x) { return x == 0.0f; }));
+  auto in = [](std::span<const float> s, const std::vector<float>& v) {
+    const std::less_equal<> le;
+    return !s.empty() && le(v.data(), s.data()) && le(s.data() + s.size(), v.data() + v.size());
+  };
+  for (int step = 0; step < 5; ++step) {
+    for (float& x : g) x = normal(rng);
+    own.step(std::span<float>(p), std::span<const float>(g));
+    bound.step(std::span<float>(q), std::span<const float>(g));
+    late.step(std::span<float>(r), std::span<const float>(g));
+    // Bound after two steps: what it held moves into the storage.
+    if (step == 1) late.bind_state(std::span<float>(later), n);
+  }
+  CHECK(p == q);
+  CHECK(p == r);
+  CHECK(own.state_elements() == slots * n);
+  CHECK(bound.state_elements() == 0);
+  CHECK(late.state_elements() == 0);
+  const auto a = own.state(), b = bound.state(), c = late.state();
+  REQUIRE(b.buffers.size() == slots);
+  for (std::size_t k = 0; k < slots; ++k) {
+    CAPTURE(k);
+    CHECK(std::ranges::equal(a.buffers[k].second, b.buffers[k].second));
+    CHECK(std::ranges::equal(a.buffers[k].second, c.buffers[k].second));
+    CHECK(in(b.buffers[k].second, storage));
+    CHECK(in(c.buffers[k].second, later));
+  }
+
+  // A copy holds its own values: stepping it leaves the storage alone.
+  Opt copy = bound;
+  CHECK(copy.state_elements() == slots * n);
+  const std::vector<float> before = storage;
+  std::vector<float> s = q;
+  copy.step(std::span<float>(s), std::span<const float>(g));
+  CHECK(storage == before);
+
+  // A load copies into the storage; one of another size is refused first.
+  gradsync::OptimizerState<float> saved{a.steps, {}, {}};
+  for (const auto& h : a.hyperparameters) saved.hyperparameters.push_back(h.second);
+  for (const auto& buf : a.buffers) saved.buffers.emplace_back(buf.second.begin(), buf.second.end());
+  gradsync::OptimizerState<float> wrong = saved;
+  for (auto& buf : wrong.buffers) buf.push_back(1.0f);
+  CHECK_THROWS_AS(bound.check_state(wrong), gradsync::InvalidArgument);
+  CHECK_THROWS_AS(bound.load_state(wrong), gradsync::InvalidArgument);
+  CHECK(storage == before);
+  std::ranges::fill(storage, 0.0f);
+  bound.load_state(saved);
+  CHECK(storage == before);
+  CHECK(bound.state_elements() == 0);
+
+  // Storage of the wrong size, or a span other than the bound one, is refused.
+  Opt other = make();
+  std::vector<float> small(slots * n - 1);
+  CHECK_THROWS_AS(other.bind_state(std::span<float>(small), n), gradsync::InvalidArgument);
+  CHECK_THROWS_AS(bound.step(std::span<float>(q).first(n - 1), std::span<const float>(g).first(n - 1)),
+                  gradsync::InvalidArgument);
+  // reset() zeroes the lent storage and keeps it.
+  bound.reset();
+  CHECK(std::ranges::all_of(storage, [](float x) { return x == 0.0f; }));
+  CHECK(bound.state().steps == 0);
 }
 
 TEST_CASE("linear LR scaling: 0.1 at batch 64 becomes 0.4 at effective batch 256") {

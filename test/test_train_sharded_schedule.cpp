@@ -734,3 +734,82 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
     }
   });
 }
+
+// FSDP's SHARD_GRAD_OP inside no_sync keeps the gathered parameters until
+// the synced step's backward: one gather per unit per accumulation window,
+// in its first micro-step, and then every unit gathered beside every
+// gradient buffer, which is memory_need()'s NoSync figure, reached. FullShard
+// and HybridShard still gather in every micro-step (twice a unit, the last
+// of forward once) and free after each backward. Results: the accumulation
+// case above checks them bitwise against ReplicatedTrainer.
+TEST_CASE("accumulation: ShardGradOp under NoSync gathers each unit once per window, and holds what memory_need says") {
+  const std::uint64_t seed = test::rng_for("accumulation gathers")();
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  constexpr std::size_t windows = 2;
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const Batches batches = random_batches(seed + static_cast<std::uint64_t>(world), 4, world, 3);
+    for (const ShardingStrategy strategy :
+         {ShardingStrategy::ShardGradOp, ShardingStrategy::FullShard, ShardingStrategy::HybridShard}) {
+      INFO("strategy = " << std::string(name(strategy)));
+      for (const std::size_t K : {std::size_t{1}, std::size_t{2}, std::size_t{4}}) {
+        CAPTURE(K);
+        ShardedTrainerOptions o = options_for(strategy, world);
+        o.accumulation = AccumulationMode::NoSync;
+        // Per rank and micro-step (windows·K of them): the units gathered, in order.
+        std::vector<std::vector<std::vector<std::size_t>>> gathered(ranks);
+        std::vector<std::size_t> peak(ranks), need(ranks), units(ranks);
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          ShardedTrainer t(comm, model_for(comm.rank()), momentum_sgd(), o);
+          for (std::size_t w = 0; w < windows; ++w) {
+            for (std::size_t k = 0; k < K; ++k) {
+              if (k + 1 < K) {
+                t.accumulate(batches[k][r]);
+              } else {
+                t.step(batches[k][r]);
+              }
+              std::vector<std::size_t> these;
+              for (const auto& e : t.trace()) {
+                if (e.collective == Collective::all_gather) these.push_back(e.unit);
+              }
+              gathered[r].push_back(std::move(these));
+            }
+          }
+          peak[r] = t.peak_transient_bytes();
+          need[r] = t.memory_need().transient();
+          units[r] = t.unit_count();
+        });
+        for (std::size_t r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          REQUIRE(gathered[r].size() == windows * K);
+          std::vector<std::size_t> in_order(units[r]);
+          for (std::size_t u = 0; u < in_order.size(); ++u) in_order[u] = u;
+          const std::size_t per_step = [&] {
+            std::size_t n = 0;
+            for (const auto& e : expected_trace(strategy, units[r], o.keep_last_forward_unit)) {
+              n += e.collective == Collective::all_gather;
+            }
+            return n;
+          }();
+          for (std::size_t i = 0; i < gathered[r].size(); ++i) {
+            CAPTURE(i);
+            if (strategy == ShardingStrategy::ShardGradOp) {
+              // The window's first micro-step gathers each unit once, in forward order; the rest gather nothing.
+              if (i % K == 0) {
+                CHECK(gathered[r][i] == in_order);
+              } else {
+                CHECK(gathered[r][i].empty());
+              }
+            } else {
+              CHECK(gathered[r][i].size() == per_step);
+            }
+          }
+          CHECK(peak[r] <= need[r]);
+          if (strategy == ShardingStrategy::ShardGradOp && K > 1) CHECK(peak[r] == need[r]);
+        }
+      }
+    }
+  }
+}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/optimizer_state_storage.hpp"
 
 namespace gradsync {
 
@@ -29,7 +30,7 @@ namespace detail {
 /// weight decay. Bias corrections are computed in double once per step.
 template <class T>
 void adam_step(const AdamOptions& o, bool decoupled, std::size_t t, std::span<T> p, std::span<const T> g,
-               std::vector<T>& m, std::vector<T>& v) {
+               std::span<T> m, std::span<T> v) {
   const std::size_t n = p.size();
   const T b1 = static_cast<T>(o.beta1);
   const T b2 = static_cast<T>(o.beta2);
@@ -65,20 +66,27 @@ class AdamImpl {
 
   /// PyTorch's AdamW defaults weight_decay to 0.01 and Adam to 0; so do these.
   explicit AdamImpl(AdamOptions options = Decoupled ? AdamOptions{.weight_decay = 0.01} : AdamOptions{})
-      : o_(options) {}
+      : o_(options), moments_(2) {}
 
   double lr() const noexcept { return o_.lr; }
   void set_lr(double lr) noexcept { o_.lr = lr; }
   const AdamOptions& options() const noexcept { return o_; }
   /// State elements kept per parameter: the two moments.
   static constexpr std::size_t state_per_element() noexcept { return 2; }
-  /// State elements held now (none before the first step).
-  std::size_t state_elements() const noexcept { return m_.size() + v_.size(); }
+  /// State elements held in the optimizer's own memory now (none before
+  /// the first step, none once bound).
+  std::size_t state_elements() const noexcept { return moments_.own_elements(); }
 
-  /// Forgets the moments and the step count.
+  /// Keeps the moments in `storage` (2·elements values: exp_avg, then
+  /// exp_avg_sq) from now on, for steps on spans of `elements` parameters;
+  /// the caller keeps it alive. A trainer that offloads its shards lends it
+  /// this way. Moments held so far move there.
+  void bind_state(std::span<T> storage, std::size_t elements) { moments_.bind(name(), storage, elements); }
+
+  /// Forgets the moments and the step count (bound: zeroes them; the size
+  /// stays the bound one).
   void reset() noexcept {
-    m_.clear();
-    v_.clear();
+    moments_.clear();
     t_ = 0;
   }
 
@@ -89,34 +97,36 @@ class AdamImpl {
             t_,
             {{"lr", o_.lr}, {"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps},
              {"weight_decay", o_.weight_decay}},
-            {{"exp_avg", std::span<const T>(m_)}, {"exp_avg_sq", std::span<const T>(v_)}}};
+            {{"exp_avg", moments_.buffer(0)}, {"exp_avg_sq", moments_.buffer(1)}}};
   }
 
   /// Throws InvalidArgument unless `s` holds five hyper-parameters and two buffers.
-  void check_state(const OptimizerState<T>& s) const { check_state_shape(Decoupled ? "AdamW" : "Adam", s, 5, 2); }
+  void check_state(const OptimizerState<T>& s) const {
+    check_state_shape(name(), s, 5, 2);
+    moments_.check_assign(name(), s.buffers);
+  }
 
   /// Restores what state() lists, in its order, after check_state.
   void load_state(OptimizerState<T> s) {
     check_state(s);
     const auto& h = s.hyperparameters;
     o_ = {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4]};
-    m_ = std::move(s.buffers[0]);
-    v_ = std::move(s.buffers[1]);
+    moments_.assign(std::move(s.buffers));
     t_ = static_cast<std::size_t>(s.steps);
   }
 
   void step(std::span<T> params, std::span<const T> grads) {
-    check_step_sizes(Decoupled ? "AdamW" : "Adam", params.size(), grads.size(), m_.size());
-    if (m_.empty()) {
-      m_.assign(params.size(), T(0));
-      v_.assign(params.size(), T(0));
-    }
-    adam_step(o_, Decoupled, ++t_, params, grads, m_, v_);
+    check_step_sizes(name(), params.size(), grads.size(), moments_.size());
+    if (moments_.size() == 0) moments_.zero(params.size());
+    adam_step(o_, Decoupled, ++t_, params, grads, moments_.buffer(0), moments_.buffer(1));
   }
 
  private:
+  static constexpr const char* name() noexcept { return Decoupled ? "AdamW" : "Adam"; }
+
   AdamOptions o_;
-  std::vector<T> m_, v_;
+  /// exp_avg (m) and exp_avg_sq (v).
+  OptimizerStateStorage<T> moments_;
   std::size_t t_ = 0;
 };
 

@@ -89,7 +89,9 @@ struct ShardedMemoryShape {
 ///   backward, and one reduction may be in flight while the next unit's
 ///   gradient is filled: Σ G + 2·max R.
 /// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
-///   place of the above's gradient buffers.
+///   place of the above's gradient buffers. ShardGradOp then holds Σ G + Σ R
+///   from the first micro-step's backward to the synced step's: it keeps
+///   its gathered units between micro-steps too.
 /// - NoShard: the unit is its own chunk, reduced in place: nothing.
 /// - Offload: the persistent part, (2 + s)·e·Σc_u, is `offloaded` instead,
 ///   and a gradient buffer is (n + 1)·c_u (R_u above): the reduce-scatter

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/optimizer_state_storage.hpp"
 
 namespace gradsync {
 
@@ -31,17 +32,25 @@ class Sgd {
  public:
   using value_type = T;
 
-  explicit Sgd(SgdOptions options = {}) : o_(options) {}
+  explicit Sgd(SgdOptions options = {}) : o_(options), velocity_(options.momentum == 0 ? 0 : 1) {}
 
   double lr() const noexcept { return o_.lr; }
   void set_lr(double lr) noexcept { o_.lr = lr; }
   const SgdOptions& options() const noexcept { return o_; }
   /// State elements kept per parameter: the velocity, with momentum.
   std::size_t state_per_element() const noexcept { return o_.momentum == 0 ? 0 : 1; }
-  /// State elements held now (none before the first step).
-  std::size_t state_elements() const noexcept { return velocity_.size(); }
+  /// State elements held in the optimizer's own memory now (none before
+  /// the first step, none once bound).
+  std::size_t state_elements() const noexcept { return velocity_.own_elements(); }
 
-  /// Forgets the momentum, so the next step may be on a span of any size.
+  /// Keeps the velocity in `storage` (state_per_element()·elements values,
+  /// none without momentum) from now on, for steps on spans of `elements`
+  /// parameters; the caller keeps it alive. A trainer that offloads its
+  /// shards lends it this way. A velocity held so far moves there.
+  void bind_state(std::span<T> storage, std::size_t elements) { velocity_.bind("Sgd", storage, elements); }
+
+  /// Forgets the momentum, so the next step may be on a span of any size
+  /// (bound: zeroes it; the size stays the bound one).
   void reset() noexcept {
     velocity_.clear();
     steps_ = 0;
@@ -56,7 +65,7 @@ class Sgd {
                          {"dampening", o_.dampening},
                          {"weight_decay", o_.weight_decay},
                          {"nesterov", o_.nesterov ? 1.0 : 0.0}};
-    if (o_.momentum != 0) s.buffers.emplace_back("momentum_buffer", std::span<const T>(velocity_));
+    if (o_.momentum != 0) s.buffers.emplace_back("momentum_buffer", velocity_.buffer(0));
     return s;
   }
 
@@ -65,6 +74,7 @@ class Sgd {
   /// one buffer.
   void check_state(const OptimizerState<T>& s) const {
     detail::check_state_shape("Sgd", s, 5, o_.momentum == 0 ? 0 : 1);
+    velocity_.check_assign("Sgd", s.buffers);
     if ((s.hyperparameters[1] == 0) != (o_.momentum == 0)) {
       throw InvalidArgument("gradsync: Sgd::load_state: momentum " + std::to_string(s.hyperparameters[1]) +
                             (o_.momentum == 0 ? " into an Sgd without momentum" : " into an Sgd with momentum") +
@@ -79,7 +89,7 @@ class Sgd {
     check_state(s);
     const auto& h = s.hyperparameters;
     o_ = {.lr = h[0], .momentum = h[1], .dampening = h[2], .weight_decay = h[3], .nesterov = h[4] != 0};
-    velocity_ = s.buffers.empty() ? std::vector<T>{} : std::move(s.buffers.front());
+    velocity_.assign(std::move(s.buffers));
     steps_ = static_cast<std::size_t>(s.steps);
   }
 
@@ -96,8 +106,8 @@ class Sgd {
     const T mu = static_cast<T>(o_.momentum);
     const T keep = static_cast<T>(1 - o_.dampening);
     const bool first = steps_ == 0;
-    if (first) velocity_.assign(n, T(0));
-    T* v = velocity_.data();
+    if (first) velocity_.zero(n);
+    T* v = velocity_.buffer(0).data();
     for (std::size_t i = 0; i < n; ++i) {
       const T g = grads[i] + wd * params[i];
       v[i] = first ? g : mu * v[i] + keep * g;
@@ -108,7 +118,8 @@ class Sgd {
 
  private:
   SgdOptions o_;
-  std::vector<T> velocity_;
+  /// The velocity (one slot), with momentum; no slots without.
+  detail::OptimizerStateStorage<T> velocity_;
   std::size_t steps_ = 0;
 };
 

@@ -94,7 +94,8 @@ struct ShardedTrainerOptions {
   int shard_size = 0;
   /// How accumulate() keeps micro-steps' gradients: reduce-scatter each
   /// into the shard (Sharded, memory 1/N), or keep them unsharded until
-  /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step).
+  /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step;
+  /// ShardGradOp then also keeps its gathered units, one gather a window).
   AccumulationMode accumulation = AccumulationMode::Sharded;
   /// How model units group into wrapped units, each gathered and reduced
   /// as one flat buffer (see WrapPolicy). Default: one per model unit.
@@ -132,8 +133,11 @@ struct ShardedTrainerOptions {
   /// state live (FSDP's CPU offload): null, the compute side with the rest;
   /// else this space (HostOffloadSpace on a host backend). A gather copies
   /// the unit's chunk in from it, a reduction copies the reduced shard out
-  /// to it, both on the progress worker, and the optimizer steps there. Not
-  /// with NoShard, nor with accumulate() under AccumulationMode::Sharded.
+  /// to it, both on the progress worker, and the optimizer steps there (its
+  /// state allocated from the space and lent to it by `bind_state`, which
+  /// Sgd, Adam and AdamW have). Not with NoShard, nor with accumulate()
+  /// under AccumulationMode::Sharded. Ranks that differ in whether they
+  /// offload all throw at construction.
   std::shared_ptr<OffloadSpace> offload{};
 };
 
@@ -202,7 +206,10 @@ struct ShardedTraceEvent {
 /// its unsharded gradient, the padded unit, N·c elements (≈ +Ψ per rank), from
 /// the first micro-step's backward to step()'s, which scales the local sum by
 /// 1/K and reduces it once: bitwise ReplicatedTrainer::accumulate under the
-/// deterministic option.
+/// deterministic option. ShardGradOp under NoSync also keeps every unit
+/// gathered from the first micro-step's forward to step()'s backward (one
+/// gather per unit and window, as FSDP's SHARD_GRAD_OP in no_sync);
+/// FullShard gathers in every micro-step.
 ///
 /// Prefetch (off by default): forward_prefetch gathers the next wrapped
 /// unit when one is asked for in forward; backward_prefetch gathers the
@@ -224,7 +231,9 @@ struct ShardedTraceEvent {
 /// exceeds it. last_step() times each phase and counts elements sent.
 ///
 /// Offload (ShardedTrainerOptions::offload): the master and gradient
-/// shards live in an OffloadSpace and the optimizer steps them there; each
+/// shards and the optimizer's state live in an OffloadSpace and the
+/// optimizer steps them there (an optimizer without `bind_state(storage,
+/// elements)` keeps its state itself, counted on the compute side); each
 /// gather copies its chunk in, each reduction copies its result out, on the
 /// worker, so with a prefetch the next unit's copy overlaps this unit's
 /// compute. last_step() counts the bytes copied, memory_need() splits the
@@ -252,7 +261,12 @@ class ShardedTrainer {
 
   ShardedTrainer(Comm& comm, M model, Opt optimizer, ShardedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
-    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget);
+    // Offload decides where the shards live and so the compute side's need:
+    // it must agree too, as the budget does.
+    const detail::AgreedValue offload{
+        "ShardedTrainerOptions::offload (1: a space, 0: none)", offloaded() ? 1u : 0u,
+        "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."};
+    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget, {&offload, 1});
     precision();
     check_offload();
     split();
@@ -469,10 +483,12 @@ class ShardedTrainer {
   /// the optimizer's state elements per parameter (0 for SGD, 1 with
   /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say,
   /// through `state_per_element()`). Buffers are replicated and left out.
-  /// With offload these are in the offload space, and this is 0.
+  /// With offload these are in the offload space, and this is 0 (the
+  /// optimizer's state if it cannot be lent storage, see bind_state).
   std::size_t persistent_bytes() const noexcept {
-    if (offloaded()) return 0;
-    return (2 + optimizer_state_per_element()) * sizeof(value_type) * shard_params_.size();
+    const std::size_t state = optimizer_state_per_element() * sizeof(value_type) * master().size();
+    if (offloaded()) return state_in_space() ? 0 : state;
+    return 2 * sizeof(value_type) * shard_params_.size() + state;
   }
 
   /// What this rank needs, by the formula (detail::sharded_memory_need):
@@ -614,6 +630,10 @@ class ShardedTrainer {
   }
 
   bool offloaded() const noexcept { return o_.offload != nullptr; }
+  /// The optimizer can keep its state in storage the trainer lends it.
+  static constexpr bool bindable = requires(Opt& o, std::span<value_type> s, std::size_t n) { o.bind_state(s, n); };
+  /// Offloaded, the optimizer's state is in the space too (else in the optimizer).
+  bool state_in_space() const noexcept { return offloaded() && bindable; }
   /// The master parameter shard and the gradient shard, wherever they live
   /// (the offload space, or the compute side's vectors).
   std::span<value_type> master() noexcept { return offloaded() ? off_params_.span() : std::span(shard_params_); }
@@ -705,6 +725,12 @@ class ShardedTrainer {
     if (offloaded()) {
       off_params_ = Offloaded(o_.offload, at);
       off_grads_ = Offloaded(o_.offload, at);
+      if constexpr (bindable) {
+        // The optimizer's state is lent from the space too, so that none of it stays on the compute side.
+        const std::size_t state = optimizer_state_per_element() * at;
+        if (state != 0) off_state_ = Offloaded(o_.offload, state);
+        opt_.bind_state(off_state_.span(), at);
+      }
     } else {
       shard_params_.assign(at, value_type(0));
       shard_grads_.assign(at, value_type(0));
@@ -1075,8 +1101,14 @@ class ShardedTrainer {
       }
       return;
     }
-    if (members_asked(w, 2)) free_unit(w);
+    if (members_asked(w, 2) && !keeps_gathered()) free_unit(w);
   }
+
+  /// ShardGradOp in a NoSync micro-step keeps each unit gathered until the
+  /// synced step's backward, as FSDP's SHARD_GRAD_OP inside no_sync: the
+  /// parameters cannot change before the optimizer step, so a gather per
+  /// micro-step would move the same bytes K times.
+  bool keeps_gathered() const noexcept { return sharded() && !full_shard() && !reducing_; }
 
   /// Model unit u's gradient is final; once every member of its wrapped
   /// unit is, the wrapped unit's gradient is reduced.
@@ -1241,7 +1273,8 @@ class ShardedTrainer {
       const detail::Stopwatch waiting(&step_.exposed_comm_seconds);
       first = drain();
     }
-    release_all(keep_grads);
+    // A micro-step that failed keeps no gather: what follows may be anything (a checkpoint load).
+    release_all(keep_grads, keep_grads && keeps_gathered() && !first && missing.empty());
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
       throw InvalidArgument(where() + ": backward reported no gradient for " + missing +
@@ -1262,14 +1295,15 @@ class ShardedTrainer {
     evaluating_ = false;
   }
 
-  void release_all(bool keep_grads) noexcept {
+  /// `keep_gathered`: the gathered units stay too (keeps_gathered()).
+  void release_all(bool keep_grads, bool keep_gathered = false) noexcept {
     lingering_.clear();
     in_reduction_.clear();
     for (WrappedState& s : wrapped_) {
       s.request = Request();
       s.gathering = Request();
       if (!keep_grads) give(s.grad);
-      if (sharded()) give(s.full);
+      if (sharded() && !keep_gathered) give(s.full);
       s.held = 0;
     }
     for (MemberState& m : members_) m.held = false;
@@ -1297,7 +1331,7 @@ class ShardedTrainer {
     // A prefetch adds a second gathered unit unless the limit allows only one.
     const bool prefetch = (o_.forward_prefetch || o_.backward_prefetch != BackwardPrefetch::None) &&
                           o_.limit_all_gathers != 1;
-    return detail::sharded_memory_need(
+    MemoryNeed n = detail::sharded_memory_need(
         std::span<const std::size_t>(sizes_), static_cast<std::size_t>(shard_comm().size()),
         {.sharded = strategy != ShardingStrategy::NoShard,
          .keeps_forward_gathers = !full,
@@ -1306,6 +1340,12 @@ class ShardedTrainer {
          .offload = offloaded(),
          .state_per_element = optimizer_state_per_element(),
          .element_bytes = sizeof(value_type)});
+    if (offloaded() && !state_in_space()) {
+      // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
+      n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
+      n.offloaded -= n.optimizer_state;
+    }
+    return n;
   }
 
   void check_budget() const {
@@ -1376,6 +1416,8 @@ class ShardedTrainer {
   std::vector<value_type, detail::AlignedAllocator<value_type>> shard_params_, shard_grads_, buffers_;
   /// Offload: the master and gradient shards, in the offload space (else empty).
   Offloaded off_params_, off_grads_;
+  /// Offload: the optimizer's state, lent to it by bind_state (empty if it has none).
+  Offloaded off_state_;
   /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
   /// model unit u lies in wrapped unit member_of_[u] at member_offset_[u].
   std::vector<std::pair<std::size_t, std::size_t>> groups_;

@@ -113,8 +113,9 @@ inline std::int64_t first_difference(const std::vector<std::string>& a, const st
 }
 
 /// A number every rank must have been given alike (a trainer's
-/// memory_budget), checked together with the units: it is part of the
-/// 8-byte fingerprint, so agreeing ranks pay nothing more for it.
+/// memory_budget, whether it offloads), checked together with the units:
+/// it is part of the 8-byte fingerprint, so agreeing ranks pay nothing
+/// more for it.
 struct AgreedValue {
   /// What it is, e.g. "ShardedTrainerOptions::memory_budget".
   std::string_view name;
@@ -137,12 +138,13 @@ struct AgreedValue {
 /// branch depends only on what all ranks received, so all reach the same
 /// verdict and none is left waiting.
 ///
-/// With `also`, its value must agree too: if the units agree and the values
-/// do not, every rank throws the same InvalidArgument listing each rank's
-/// value (a unit that differs is named first, as without it).
+/// The values in `also` must agree too: if the units agree and a value
+/// does not, every rank throws the same InvalidArgument listing each
+/// rank's value of each that differs (a unit that differs is named first,
+/// as without them).
 template <Backend B>
 void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& units, std::string_view who,
-                       std::string_view fix, const AgreedValue* also = nullptr) {
+                       std::string_view fix, std::span<const AgreedValue> also = {}) {
   const int world = comm.size();
   if (world == 1) return;
   const auto n = static_cast<std::size_t>(world);
@@ -152,7 +154,7 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
 
   const std::vector<std::int64_t> table = pack_units(units);
   std::uint64_t print = hash_bytes(table.data(), table.size() * sizeof(std::int64_t), 0x756e697473616772ull);
-  if (also) print = hash_bytes(&also->value, sizeof also->value, print);
+  for (const AgreedValue& a : also) print = hash_bytes(&a.value, sizeof a.value, print);
   const std::int64_t mine = std::bit_cast<std::int64_t>(print);
   std::vector<std::int64_t> prints(n);
   all_gather(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(prints));
@@ -176,16 +178,18 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
 
   // Equal fingerprints are taken as equal tables; a different one has a
   // first difference (the unit count is part of the table) unless only
-  // `also`'s value differs. Each rank's value travels beside its index.
+  // values of `also` differ. Each rank's values travel beside its index.
   const std::int64_t at = prints[rank] == prints[ref] ? -1 : first_difference(units, ref_units);
-  const std::int64_t sent[2] = {at, std::bit_cast<std::int64_t>(also ? also->value : std::uint64_t{0})};
-  std::vector<std::int64_t> firsts_and_values(2 * n);
+  const std::size_t stride = 1 + also.size();
+  std::vector<std::int64_t> sent{at};
+  for (const AgreedValue& a : also) sent.push_back(std::bit_cast<std::int64_t>(a.value));
+  std::vector<std::int64_t> firsts_and_values(stride * n);
   all_gather(comm, std::span<const std::int64_t>(sent), std::span<std::int64_t>(firsts_and_values));
   std::int64_t d = -1;
   std::size_t other = 0;
   std::vector<std::size_t> differ;
   for (std::size_t r = 0; r < n; ++r) {
-    const std::int64_t first = firsts_and_values[2 * r];
+    const std::int64_t first = firsts_and_values[stride * r];
     if (first < 0) continue;
     differ.push_back(r);
     if (d < 0 || first < d) {
@@ -194,14 +198,23 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
     }
   }
   if (d < 0) {
-    // The tables are equal (or their hashes collided, which cannot be told apart): the values differ.
-    if (also == nullptr) return;
-    std::string msg = "gradsync: " + std::string(who) + ": ranks were given different " + std::string(also->name) + ":";
-    for (std::size_t r = 0; r < n; ++r) {
-      msg += (r ? ", rank " : " rank ") + std::to_string(r) + " " +
-             std::to_string(std::bit_cast<std::uint64_t>(firsts_and_values[2 * r + 1]));
+    // The tables are equal (or their hashes collided, which cannot be told apart): values differ.
+    std::string msg, fixes;
+    for (std::size_t k = 0; k < also.size(); ++k) {
+      auto value = [&](std::size_t r) { return firsts_and_values[stride * r + 1 + k]; };
+      bool same = true;
+      for (std::size_t r = 1; r < n; ++r) same = same && value(r) == value(0);
+      if (same) continue;
+      msg += msg.empty() ? "gradsync: " + std::string(who) + ": ranks were given different " : "; and different ";
+      msg += std::string(also[k].name) + ":";
+      for (std::size_t r = 0; r < n; ++r) {
+        msg += (r ? ", rank " : " rank ") + std::to_string(r) + " " +
+               std::to_string(std::bit_cast<std::uint64_t>(value(r)));
+      }
+      fixes += " " + std::string(also[k].fix);
     }
-    throw InvalidArgument(msg + ". " + std::string(also->fix));
+    if (msg.empty()) return;
+    throw InvalidArgument(msg + "." + fixes);
   }
   const auto du = static_cast<std::size_t>(d);
 
@@ -252,14 +265,15 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
 /// that name + "Options".
 template <Backend B>
 void check_trainer_units(Communicator<B>& comm, const std::vector<UnitSpec>& units, std::string_view trainer,
-                         std::uint64_t memory_budget) {
+                         std::uint64_t memory_budget, std::span<const AgreedValue> also = {}) {
   const std::string budget_name = std::string(trainer) + "Options::memory_budget (bytes)";
-  const AgreedValue budget{budget_name, memory_budget,
-                           "Give every rank the same memory_budget, so that all accept or refuse alike."};
+  std::vector<AgreedValue> agreed{
+      {budget_name, memory_budget, "Give every rank the same memory_budget, so that all accept or refuse alike."}};
+  agreed.insert(agreed.end(), also.begin(), also.end());
   check_units_agree(comm, describe_units(units), trainer,
                     "Every rank's model must declare the same units, with the same names and shapes, in the same "
                     "order: check what its units() depends on (configuration, rank, world size).",
-                    &budget);
+                    agreed);
 }
 
 }  // namespace gradsync::detail
