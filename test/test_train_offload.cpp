@@ -636,7 +636,9 @@ TEST_CASE("offload: save and resume into and out of an offloaded trainer, bitwis
       INFO("optimizer = " << std::string(opt_name));
       for (const CheckpointFormat format : {CheckpointFormat::full, CheckpointFormat::sharded}) {
         CAPTURE(format == CheckpointFormat::full);
-        for (const auto& [save_offloaded, load_offloaded] : {std::pair{true, true}, {false, true}, {true, false}}) {
+        for (const auto& which : {std::pair{true, true}, {false, true}, {true, false}}) {
+          // Named, not a structured binding: lambdas below capture them (Clang 14).
+          const bool save_offloaded = which.first, load_offloaded = which.second;
           CAPTURE(save_offloaded);
           CAPTURE(load_offloaded);
           test_checkpoint::TempDir dir;
