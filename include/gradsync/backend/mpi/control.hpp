@@ -55,9 +55,7 @@ namespace gradsync::detail::mpi {
 ///
 /// Notices: a rank that fails sends each other rank a fixed-size Notice, and
 /// waits that run long look for them, so a failure anywhere ends the call
-/// everywhere within a poll, not at the deadline. On one host a rank also
-/// raises a flag in its slot before its notices leave, and ranks probe for
-/// notices only once some peer's flag is up.
+/// everywhere within a poll, not at the deadline.
 class Control {
  public:
   Control() = default;
@@ -79,9 +77,8 @@ class Control {
                   static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     }
     MPI_Bcast(&s_->nonce, 1, MPI_UINT64_T, 0, s_->comm);
-    // Mapped even when calls are not checked: the slots also say who has
-    // sent notices, which spares every call its probes for them.
-    if (share(one_host) || !check_calls) return;
+    if (!check_calls) return;
+    if (share(one_host)) return;
     s_->steps = schedule(s_->rank, s_->size);
     const std::size_t n = s_->steps.size();
     s_->in.resize(n);
@@ -98,20 +95,19 @@ class Control {
   /// that a peer still waiting for it fails at once, naming it.
   ~Control() {
     if (!s_) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    // Before unmapping: sending raises this rank's flag in its slot.
-    if (!finalized && !s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1);
 #ifdef GRADSYNC_MPI_SHARED_AGREEMENT
     // The peers keep their own mappings: the segment lives while any does.
     if (s_->slots) munmap(s_->slots, s_->slots_bytes);
     s_->slots = nullptr;
 #endif
+    int finalized = 0;
+    MPI_Finalized(&finalized);
     if (finalized) {
       // MPI is gone, and with it every request: nothing to free.
       s_.release();  // NOLINT: buffers MPI may have held; the process is ending
       return;
     }
+    if (!s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1);
     bool busy = s_->abandoned;
     for (auto& o : s_->outbox) busy = drop(o.request) || busy;
     // Receives posted for a call that never comes are taken back; a peer's
@@ -141,9 +137,8 @@ class Control {
   bool checking() const noexcept { return s_->check; }
 
   /// Starts `call`: fails at once if a peer is known not to join it, then
-  /// sends this rank's part of the agreement. `wire` and `hash` are the
-  /// call's WireCall and its hash, which the endpoint has made already.
-  void begin(const CallInfo& call, const WireCall& wire, std::uint64_t hash) {
+  /// sends this rank's part of the agreement.
+  void begin(const CallInfo& call) {
     State& s = *s_;
     s.call = call;
     // Notices already here first: a peer that gave up on this call (or an
@@ -151,13 +146,9 @@ class Control {
     // match one and read memory its owner has freed. Two MPI_Iprobes when
     // there are none: Open MPI's probe matches first and advances the
     // transport after, so one probe misses a notice that has already
-    // arrived but is not yet taken off the shared-memory queue. On one
-    // host the slots say whether any peer has sent one at all: the probes
-    // cost a small call more than the rest of its setup.
-    if (notice_unheard()) {
-      for (int round = 0; round < 2; ++round) {
-        for (Notice n; receive(n);) {
-        }
+    // arrived but is not yet taken off the shared-memory queue.
+    for (int round = 0; round < 2; ++round) {
+      for (Notice n; receive(n);) {
       }
     }
     for (int q = 0; q < s.size; ++q) {
@@ -170,8 +161,8 @@ class Control {
                   describe(call));
     }
     s.armed = false;
-    s.wire = wire;
-    const std::uint64_t h = hash;
+    s.wire = WireCall::of(call);
+    const std::uint64_t h = s.wire.hash();
     s.value = {h, ~h};
     s.step = 0;
     s.sent = 0;
@@ -206,7 +197,6 @@ class Control {
   void poll(std::chrono::nanoseconds timeout, int waiting_for) {
     agreed(timeout);
     State& s = *s_;
-    if (!notice_unheard()) return;
     for (Notice n; receive(n);) {
       if (s.gone[static_cast<std::size_t>(n.rank)] < s.call.seq) throw_notice(n.rank, timeout, waiting_for);
     }
@@ -307,12 +297,10 @@ class Control {
     int tag = 0;
   };
   /// One rank's line of the shared segment: its hash for the calls of
-  /// each parity, which call it is (0: none yet), and whether it has sent
-  /// the others its notice (raised before the first message leaves).
+  /// each parity, and which call it is (0: none yet).
   struct alignas(64) Slot {
     std::uint64_t seq[2] = {};
     std::uint64_t h[2] = {};
-    std::uint64_t spoke = 0;
   };
   /// On the heap, so that MPI's pointers into it survive a move.
   struct State {
@@ -419,19 +407,6 @@ class Control {
 #endif
   }
 
-  /// Whether a peer's notice may be waiting to be taken: always without the
-  /// shared segment; with it, only once a peer that this rank has not heard
-  /// from yet has raised its flag (each rank sends one notice at most).
-  bool notice_unheard() const noexcept {
-    const State& s = *s_;
-    if (!s.slots) return true;
-    for (int q = 0; q < s.size; ++q) {
-      if (q == s.rank || s.gone[static_cast<std::size_t>(q)] != never) continue;
-      if (std::atomic_ref<std::uint64_t>(s.slots[q].spoke).load(std::memory_order_acquire) != 0) return true;
-    }
-    return false;
-  }
-
   /// Reads the other ranks' slots for the current call, as far as they have
   /// written them. True once every rank's hash is in.
   bool read_slots() noexcept {
@@ -516,9 +491,6 @@ class Control {
   void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for) noexcept {
     State& s = *s_;
     s.spoken = true;
-    // Raised before any notice leaves: a peer that finds it down has no
-    // notice of this rank's to probe for.
-    if (s.slots) std::atomic_ref<std::uint64_t>(s.slots[s.rank].spoke).store(1, std::memory_order_release);
     std::erase_if(s.outbox, [](Outgoing& o) {
       int done = 0;
       MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
