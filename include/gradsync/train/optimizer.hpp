@@ -88,6 +88,20 @@ void check_state_shape(const char* who, const OptimizerState<T>& s, std::size_t 
   }
 }
 
+/// State elements the optimizer keeps per parameter (`state_per_element()`:
+/// 0 for SGD, 1 with momentum, 2 for Adam and AdamW); 0 for an optimizer
+/// that does not say, whose state no trainer can then count.
+template <class O>
+std::size_t optimizer_state_per_element(const O& opt) noexcept {
+  if constexpr (requires {
+                  { opt.state_per_element() } -> std::convertible_to<std::size_t>;
+                }) {
+    return opt.state_per_element();
+  } else {
+    return 0;
+  }
+}
+
 /// An optimizer's state is sized by its first step; a later step on a span
 /// of another size is a bug in the caller, not a new model.
 inline void check_step_sizes(const char* who, std::size_t params, std::size_t grads, std::size_t state) {

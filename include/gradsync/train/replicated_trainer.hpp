@@ -29,6 +29,7 @@
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/step_stats.hpp"
+#include "gradsync/train/trainer_base.hpp"
 #include "gradsync/train/trainer_requirements.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
@@ -97,22 +98,17 @@ inline constexpr bool communicates_host_memory<Communicator<B>> = backend_traits
 /// \tparam Comm  gradsync::Communicator<Backend>.
 /// \tparam Algo  the AllReduce/Broadcast algorithm.
 template <class M, class Opt, class Comm, class Algo = Auto>
-class ReplicatedTrainer {
-  static_assert(detail::TrainerRequirements<M, Opt>::template communicator<Comm>());
+class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, Comm, Algo>, M, Opt, Comm, Algo> {
+  using Base = detail::TrainerBase<ReplicatedTrainer, M, Opt, Comm, Algo>;
   static_assert(detail::communicates_host_memory<Comm>,
                 "gradsync::ReplicatedTrainer needs a backend whose memory space is host memory: it keeps "
                 "parameters, gradients and buffers in host vectors and steps the optimizer on the host, which "
                 "cannot work on device pointers. On a device-memory backend (Nccl), train with your own device "
                 "buffers and the primitives (AllReduce, Broadcast).");
-  static_assert(detail::TrainerRequirements<M, Opt>::model_and_optimizer());
 
  public:
-  using model_type = M;
-  using optimizer_type = Opt;
-  using communicator_type = Comm;
-  using backend_type = typename detail::CommunicatorTraits<Comm>::backend;
-  using value_type = typename M::value_type;
-  using algorithm = Algo;
+  using typename Base::backend_type;
+  using typename Base::value_type;
 
   ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
@@ -141,22 +137,11 @@ class ReplicatedTrainer {
   ReplicatedTrainer(const ReplicatedTrainer&) = delete;
   ReplicatedTrainer& operator=(const ReplicatedTrainer&) = delete;
 
-  /// One training step on this rank's batch: forward, backward with the
-  /// gradients averaged across ranks as they become ready, an optimizer
-  /// step, gradients zeroed. Gradients accumulated by accumulate() since the
-  /// last step are included, the sum scaled by 1/K for K backwards. Returns
-  /// this rank's loss on `batch`.
-  template <class Batch>
-  double step(const Batch& batch) {
-    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
-    const double loss = forward_backward(batch);
-    optimizer_step();
-    return loss;
-  }
-
-  /// The first half of step(): forward, backward and the averaging of the
-  /// gradients, without the optimizer step. Then clip_grad_norm() if you
-  /// like, and optimizer_step().
+  /// The first half of step(): forward, backward with the gradients
+  /// averaged across ranks as they become ready, without the optimizer step.
+  /// Gradients accumulated by accumulate() since the last step are included,
+  /// the sum scaled by 1/K for K backwards. Then clip_grad_norm() if you
+  /// like, and optimizer_step(). Returns this rank's loss on `batch`.
   template <class Batch>
   double forward_backward(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
@@ -342,15 +327,7 @@ class ReplicatedTrainer {
   }
 
  private:
-  std::size_t state_per_element() const noexcept {
-    if constexpr (requires(const Opt& o) {
-                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
-                  }) {
-      return opt_.state_per_element();
-    } else {
-      return 0;
-    }
-  }
+  std::size_t state_per_element() const noexcept { return detail::optimizer_state_per_element(opt_); }
 
   void allocate() {
     std::size_t np = 0, nb = 0;

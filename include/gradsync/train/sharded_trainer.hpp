@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -43,6 +42,7 @@
 #include "gradsync/train/replicated_trainer.hpp"
 #include "gradsync/train/shard_plan.hpp"
 #include "gradsync/train/step_stats.hpp"
+#include "gradsync/train/trainer_base.hpp"
 #include "gradsync/train/trainer_requirements.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 #include "gradsync/train/wrap_policy.hpp"
@@ -244,20 +244,15 @@ struct ShardedTraceEvent {
 /// \tparam Comm  gradsync::Communicator<Backend>.
 /// \tparam Algo  the algorithm of every collective.
 template <class M, class Opt, class Comm, class Algo = Auto>
-class ShardedTrainer {
-  static_assert(detail::TrainerRequirements<M, Opt>::template communicator<Comm>());
+class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, Algo>, M, Opt, Comm, Algo> {
+  using Base = detail::TrainerBase<ShardedTrainer, M, Opt, Comm, Algo>;
   static_assert(detail::communicates_host_memory<Comm>,
                 "gradsync::ShardedTrainer needs a backend whose memory space is host memory: it keeps shards and "
                 "gathered units in host vectors and steps the optimizer on the host.");
-  static_assert(detail::TrainerRequirements<M, Opt>::model_and_optimizer());
 
  public:
-  using model_type = M;
-  using optimizer_type = Opt;
-  using communicator_type = Comm;
-  using backend_type = typename detail::CommunicatorTraits<Comm>::backend;
-  using value_type = typename M::value_type;
-  using algorithm = Algo;
+  using typename Base::backend_type;
+  using typename Base::value_type;
 
   ShardedTrainer(Comm& comm, M model, Opt optimizer, ShardedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
@@ -299,21 +294,11 @@ class ShardedTrainer {
   /// What is in flight uses this trainer's buffers: let it end first.
   ~ShardedTrainer() { settle_all(); }
 
-  /// One training step on this rank's batch: forward and backward, each
-  /// unit gathered when asked for and its gradient reduced to its owner as
-  /// soon as it is ready, then an optimizer step on this rank's shard.
+  /// The first half of step(): forward and backward, each unit gathered
+  /// when asked for and its gradient reduced to its owner as soon as it is
+  /// ready, without the optimizer step. Then clip_grad_norm() if you like,
+  /// and optimizer_step().
   /// Returns this rank's loss on `batch`.
-  template <class Batch>
-  double step(const Batch& batch) {
-    static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
-    const double loss = forward_backward(batch);
-    optimizer_step();
-    return loss;
-  }
-
-  /// The first half of step(): forward, backward, and each unit's gradient
-  /// reduced to its owner, without the optimizer step. Then clip_grad_norm()
-  /// if you like, and optimizer_step().
   template <class Batch>
   double forward_backward(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
@@ -614,15 +599,7 @@ class ShardedTrainer {
     ShardedTrainer& t_;
   };
 
-  std::size_t optimizer_state_per_element() const noexcept {
-    if constexpr (requires(const Opt& o) {
-                    { o.state_per_element() } -> std::convertible_to<std::size_t>;
-                  }) {
-      return opt_.state_per_element();
-    } else {
-      return 0;
-    }
-  }
+  std::size_t optimizer_state_per_element() const noexcept { return detail::optimizer_state_per_element(opt_); }
 
   bool sharded() const noexcept { return o_.strategy != ShardingStrategy::NoShard; }
   bool full_shard() const noexcept {
