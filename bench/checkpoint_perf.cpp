@@ -91,16 +91,23 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error(what + ": " + std::strerror(errno));
 }
 
+/// Passes all of `data` through ::read or ::write, which may move less than
+/// asked or be interrupted by a signal.
+template <class Byte, class Syscall>
+void transfer_all(int fd, std::span<Byte> data, Syscall syscall, const char* verb, const std::filesystem::path& p) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = syscall(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    check(n > 0, verb + (" " + p.string()));
+    done += std::size_t(n);
+  }
+}
+
 void plain_write(const std::filesystem::path& p, std::span<const std::byte> data, bool sync) {
   const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   check(fd >= 0, "open " + p.string());
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    check(w > 0, "write " + p.string());
-    done += std::size_t(w);
-  }
+  transfer_all(fd, data, ::write, "write", p);
   if (sync) check(::fsync(fd) == 0, "fsync " + p.string());
   ::close(fd);
 }
@@ -108,13 +115,7 @@ void plain_write(const std::filesystem::path& p, std::span<const std::byte> data
 void plain_read(const std::filesystem::path& p, std::span<std::byte> data) {
   const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   check(fd >= 0, "open " + p.string());
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t r = ::read(fd, data.data() + done, data.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    check(r > 0, "read " + p.string());
-    done += std::size_t(r);
-  }
+  transfer_all(fd, data, ::read, "read", p);
   ::close(fd);
 }
 
