@@ -42,10 +42,6 @@ struct AllReducePerf : bench::PerfDefaults {
   static double busbw_factor(int n) { return 2.0 * (n - 1) / n; }
 
   template <class T, class Op>
-  static T input(const Shape& s, std::size_t i) {
-    return bench::from_int<T>(bench::input_value<Op>(s.rank, i));
-  }
-  template <class T, class Op>
   static void expect(const Shape& s, std::span<T> out) {
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = bench::expected_value<T, Op>(s.ranks, i);
   }

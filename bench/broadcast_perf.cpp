@@ -38,10 +38,6 @@ struct BroadcastPerf : bench::PerfDefaults {
   static std::size_t send_count(std::size_t, int) { return 0; }
 
   template <class T, class>
-  static T input(const Shape& s, std::size_t i) {
-    return bench::from_int<T>(bench::input_value<gradsync::Sum>(s.rank, i));
-  }
-  template <class T, class>
   static void expect(const Shape& s, std::span<T> out) {
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = bench::from_int<T>(bench::input_value<gradsync::Sum>(s.root, i));
   }

@@ -36,10 +36,6 @@ struct ReduceScatterPerf : bench::PerfBlocks {
   static std::size_t send_count(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
 
   template <class T, class Op>
-  static T input(const Shape& s, std::size_t i) {
-    return bench::from_int<T>(bench::input_value<Op>(s.rank, i));
-  }
-  template <class T, class Op>
   static void expect(const Shape& s, std::span<T> out) {
     const std::size_t first = static_cast<std::size_t>(s.rank) * s.count;
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = bench::expected_value<T, Op>(s.ranks, first + i);

@@ -77,8 +77,9 @@ concept PerfCollective = requires(int n, std::size_t c) {
 };
 
 /// What a descriptor inherits unless it says otherwise: no reduction, no
-/// root, no model modes, both placements, no notes, and sizes per rank (the
-/// size column is each rank's buffer of count elements).
+/// root, no model modes, both placements, no notes, sizes per rank (the
+/// size column is each rank's buffer of count elements), and as input this
+/// rank's pattern under the op (Sum where the collective does not reduce).
 struct PerfDefaults {
   static constexpr bool reduces = false;
   static constexpr bool rooted = false;
@@ -92,6 +93,11 @@ struct PerfDefaults {
   static std::size_t size_elements(std::size_t count, int) { return count; }
   static std::size_t send_count(std::size_t count, int) { return count; }
   static std::size_t recv_count(std::size_t count, int) { return count; }
+
+  template <class T, class Op>
+  static T input(const Shape& s, std::size_t i) {
+    return from_int<T>(input_value<Op>(s.rank, i));
+  }
 };
 
 /// Collectives whose size column is the whole array of N per-rank blocks, as
