@@ -313,19 +313,11 @@ class Endpoint {
 
   template <class T>
   void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
-    DeviceGuard guard(device_);
-    check_usable(call);
-    check_nccl(ncclAllReduce(in, out, call.count, datatype(call.type), redop(call.op, call.type), comm_, stream_),
-               "ncclAllReduce", comm_);
-    if (needs_finish(call.op, call.type)) local_finish(out, call.count, call.type, call.op);
+    native_reduction(&ncclAllReduce, "ncclAllReduce", in, out, call);
   }
   template <class T>
   void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
-    DeviceGuard guard(device_);
-    check_usable(call);
-    check_nccl(ncclReduceScatter(in, out, call.count, datatype(call.type), redop(call.op, call.type), comm_, stream_),
-               "ncclReduceScatter", comm_);
-    if (needs_finish(call.op, call.type)) local_finish(out, call.count, call.type, call.op);
+    native_reduction(&ncclReduceScatter, "ncclReduceScatter", in, out, call);
   }
   template <class T>
   void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
@@ -343,6 +335,18 @@ class Endpoint {
 
  private:
   static constexpr std::size_t align = 256;
+
+  /// ncclAllReduce and ncclReduceScatter take the same arguments (count:
+  /// the elements each rank ends with), and NCCL averages no integers, so
+  /// after either an integer Avg ends in gradsync's finish kernel.
+  void native_reduction(decltype(&ncclAllReduce) reduction, const char* name, const void* in, void* out,
+                        const CallInfo& call) {
+    DeviceGuard guard(device_);
+    check_usable(call);
+    check_nccl(reduction(in, out, call.count, datatype(call.type), redop(call.op, call.type), comm_, stream_), name,
+               comm_);
+    if (needs_finish(call.op, call.type)) local_finish(out, call.count, call.type, call.op);
+  }
 
   void check_usable(const CallInfo& call) const {
     if (aborted_) {
