@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
