@@ -209,9 +209,9 @@ class Control {
     State& s = *s_;
     // Probed even while no peer's flag is up (unlike begin): the probe is
     // also this wait's call into MPI, and Open MPI moves messages only inside
-    // MPI calls. A peer's send can need this rank's MPI to run after this
-    // rank's receive is done; a wait that read only the shared slots held a
-    // 256 MiB send (ring, np 2) until the deadline.
+    // MPI calls. A peer's large send can need this rank's MPI to run after
+    // this rank's receive is done, while this rank waits for that peer's
+    // next call: a wait on the shared slots alone would never let it finish.
     for (Notice n; receive(n);) {
       if (s.gone[static_cast<std::size_t>(n.rank)] < s.call.seq) throw_notice(n.rank, timeout, waiting_for);
     }
