@@ -1,9 +1,9 @@
 // A rank that waits inside a gradsync call on the Mpi backend keeps calling
 // into MPI, so that its peers' requests that need this rank's MPI to run
 // still complete: Open MPI moves messages only inside MPI calls. On one host
-// the call agreement is read off shared memory, so a wait for it can make no
-// MPI call at all unless it is made to; 5863bc8 let it, and a 256 MiB
-// AllReduce then a Barrier stalled until the deadline (np 2).
+// the call agreement is read off shared memory, so a wait for it makes no MPI
+// call unless it is made to, and then a large AllReduce followed by a Barrier
+// can stall until the deadline.
 #include <doctest/doctest.h>
 
 #include <mpi.h>
