@@ -55,7 +55,10 @@ namespace gradsync::detail::mpi {
 ///
 /// Notices: a rank that fails sends each other rank a fixed-size Notice, and
 /// waits that run long look for them, so a failure anywhere ends the call
-/// everywhere within a poll, not at the deadline.
+/// everywhere within a poll, not at the deadline. On one host a rank also
+/// raises a flag in its slot before its notices leave, and a call starts
+/// without probing for notices while no peer's flag is up. Waits probe
+/// regardless: that also keeps MPI moving for the peers (see poll).
 class Control {
  public:
   Control() = default;
@@ -77,8 +80,9 @@ class Control {
                   static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     }
     MPI_Bcast(&s_->nonce, 1, MPI_UINT64_T, 0, s_->comm);
-    if (!check_calls) return;
-    if (share(one_host)) return;
+    // Mapped even when calls are not checked: the slots also say who has
+    // sent notices, which spares every call its probes for them.
+    if (share(one_host) || !check_calls) return;
     s_->steps = schedule(s_->rank, s_->size);
     const std::size_t n = s_->steps.size();
     s_->in.resize(n);
@@ -95,19 +99,20 @@ class Control {
   /// that a peer still waiting for it fails at once, naming it.
   ~Control() {
     if (!s_) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // Before unmapping: sending raises this rank's flag in its slot.
+    if (!finalized && !s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1);
 #ifdef GRADSYNC_MPI_SHARED_AGREEMENT
     // The peers keep their own mappings: the segment lives while any does.
     if (s_->slots) munmap(s_->slots, s_->slots_bytes);
     s_->slots = nullptr;
 #endif
-    int finalized = 0;
-    MPI_Finalized(&finalized);
     if (finalized) {
       // MPI is gone, and with it every request: nothing to free.
       s_.release();  // NOLINT: buffers MPI may have held; the process is ending
       return;
     }
-    if (!s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1);
     bool busy = s_->abandoned;
     for (auto& o : s_->outbox) busy = drop(o.request) || busy;
     // Receives posted for a call that never comes are taken back; a peer's
@@ -137,8 +142,9 @@ class Control {
   bool checking() const noexcept { return s_->check; }
 
   /// Starts `call`: fails at once if a peer is known not to join it, then
-  /// sends this rank's part of the agreement.
-  void begin(const CallInfo& call) {
+  /// sends this rank's part of the agreement. `wire` and `hash` are the
+  /// call's WireCall and its hash, which the endpoint has made already.
+  void begin(const CallInfo& call, const WireCall& wire, std::uint64_t hash) {
     State& s = *s_;
     s.call = call;
     // Notices already here first: a peer that gave up on this call (or an
@@ -146,9 +152,13 @@ class Control {
     // match one and read memory its owner has freed. Two MPI_Iprobes when
     // there are none: Open MPI's probe matches first and advances the
     // transport after, so one probe misses a notice that has already
-    // arrived but is not yet taken off the shared-memory queue.
-    for (int round = 0; round < 2; ++round) {
-      for (Notice n; receive(n);) {
+    // arrived but is not yet taken off the shared-memory queue. On one
+    // host the slots say whether any peer has sent one at all: the probes
+    // cost a small call more than the rest of its setup.
+    if (notice_unheard()) {
+      for (int round = 0; round < 2; ++round) {
+        for (Notice n; receive(n);) {
+        }
       }
     }
     for (int q = 0; q < s.size; ++q) {
@@ -161,8 +171,8 @@ class Control {
                   describe(call));
     }
     s.armed = false;
-    s.wire = WireCall::of(call);
-    const std::uint64_t h = s.wire.hash();
+    s.wire = wire;
+    const std::uint64_t h = hash;
     s.value = {h, ~h};
     s.step = 0;
     s.sent = 0;
@@ -197,6 +207,11 @@ class Control {
   void poll(std::chrono::nanoseconds timeout, int waiting_for) {
     agreed(timeout);
     State& s = *s_;
+    // Probed even while no peer's flag is up (unlike begin): the probe is
+    // also this wait's call into MPI, and Open MPI moves messages only inside
+    // MPI calls. A peer's large send can need this rank's MPI to run after
+    // this rank's receive is done, while this rank waits for that peer's
+    // next call: a wait on the shared slots alone would never let it finish.
     for (Notice n; receive(n);) {
       if (s.gone[static_cast<std::size_t>(n.rank)] < s.call.seq) throw_notice(n.rank, timeout, waiting_for);
     }
@@ -209,6 +224,7 @@ class Control {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!agreed(timeout)) {
       if (std::chrono::steady_clock::now() > deadline) return abandon();
+      progress();
       std::this_thread::yield();
     }
   }
@@ -297,10 +313,12 @@ class Control {
     int tag = 0;
   };
   /// One rank's line of the shared segment: its hash for the calls of
-  /// each parity, and which call it is (0: none yet).
+  /// each parity, which call it is (0: none yet), and whether it has sent
+  /// the others its notice (raised before the first message leaves).
   struct alignas(64) Slot {
     std::uint64_t seq[2] = {};
     std::uint64_t h[2] = {};
+    std::uint64_t spoke = 0;
   };
   /// On the heap, so that MPI's pointers into it survive a move.
   struct State {
@@ -407,6 +425,26 @@ class Control {
 #endif
   }
 
+  /// Lets MPI advance, as every wait must (see poll); the notice, if one
+  /// is there, stays for receive() to take.
+  void progress() noexcept {
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, notice_tag, s_->comm, &flag, MPI_STATUS_IGNORE);
+  }
+
+  /// Whether a peer's notice may be waiting to be taken: always without the
+  /// shared segment; with it, only once a peer that this rank has not heard
+  /// from yet has raised its flag (each rank sends one notice at most).
+  bool notice_unheard() const noexcept {
+    const State& s = *s_;
+    if (!s.slots) return true;
+    for (int q = 0; q < s.size; ++q) {
+      if (q == s.rank || s.gone[static_cast<std::size_t>(q)] != never) continue;
+      if (std::atomic_ref<std::uint64_t>(s.slots[q].spoke).load(std::memory_order_acquire) != 0) return true;
+    }
+    return false;
+  }
+
   /// Reads the other ranks' slots for the current call, as far as they have
   /// written them. True once every rank's hash is in.
   bool read_slots() noexcept {
@@ -491,6 +529,9 @@ class Control {
   void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for) noexcept {
     State& s = *s_;
     s.spoken = true;
+    // Raised before any notice leaves: a peer that finds it down has no
+    // notice of this rank's to probe for.
+    if (s.slots) std::atomic_ref<std::uint64_t>(s.slots[s.rank].spoke).store(1, std::memory_order_release);
     std::erase_if(s.outbox, [](Outgoing& o) {
       int done = 0;
       MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);

@@ -101,10 +101,12 @@ class Endpoint {
     // every tag, so that messages of calls the ranks disagree on, or of an
     // earlier call, never match: a message larger than its receive makes
     // Open MPI's single-copy path write past the receive's buffer.
-    const std::uint64_t h = WireCall::of(call).hash();
+    const WireCall wire = WireCall::of(call);
+    const std::uint64_t h = wire.hash();
     const std::uint32_t mask = static_cast<std::uint32_t>((std::uint64_t{1} << tag_bits_) - 1) & ~tag_call_free;
     tag_salt_ = static_cast<std::uint32_t>(h ^ (h >> 32)) & mask;
-    control_.begin(call);
+    // The agreement compares the same hash: made once per call.
+    control_.begin(call, wire, h);
   }
 
   /// No rank returns from a call the ranks disagreed on.
