@@ -16,6 +16,10 @@
 #include "gradsync/gradsync.hpp"
 #include "support/instances.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_bfloat16 {
+
 namespace gs = gradsync;
 using gs::bfloat16;
 
@@ -181,3 +185,5 @@ TEST_CASE("an all-reduce of bfloat16 rounds after each rank's contribution") {
   run(std::type_identity<gs::Tree>{}, {.deterministic = true});
   run(std::type_identity<gs::RecursiveHalvingDoubling>{}, {.deterministic = true});
 }
+
+}  // namespace test_bfloat16

@@ -24,6 +24,10 @@
 #include "gradsync/checkpoint/shard_writer.hpp"
 #include "support/temp_dir.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_checkpoint_format {
+
 namespace ck = gradsync::checkpoint;
 namespace fs = std::filesystem;
 
@@ -543,3 +547,5 @@ TEST_CASE("a rank that owns nothing writes a tensorless shard file, and a huge d
   CHECK(contains(message_of<gradsync::Error>([&] { ck::SafetensorsReader(dir.path / "big.safetensors", false); }),
                  "truncated: tensor 'big'"));
 }
+
+}  // namespace test_checkpoint_format

@@ -12,6 +12,10 @@
 
 #include "gradsync/gradsync.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_cost_model {
+
 namespace gs = gradsync;
 
 namespace {
@@ -286,3 +290,5 @@ TEST_CASE("GRADSYNC_COST_MODEL overrides a backend's constants") {
     CHECK(m.chunk_bytes == 5);
   }
 }
+
+}  // namespace test_cost_model

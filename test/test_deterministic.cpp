@@ -22,6 +22,10 @@
 
 #include "gradsync/gradsync.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_deterministic {
+
 namespace gs = gradsync;
 using namespace test;
 
@@ -216,3 +220,5 @@ TEST_CASE("the data is wide enough that an unordered reduction changes the bits"
   for (std::size_t i = 0; i < want.size(); ++i) differ += same_bits(oop[0][r].slice(i, 1), want.slice(i, 1)) ? 0 : 1;
   CHECK(differ > 0);
 }
+
+}  // namespace test_deterministic

@@ -23,6 +23,10 @@
 #include "support/common.hpp"
 #include "support/instances.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_failures {
+
 namespace gs = gradsync;
 using test::Algorithms;
 using test::for_each_type;
@@ -765,3 +769,5 @@ TEST_CASE("WireCall: a call survives the wire, and the first differing rank is n
     CHECK(theirs->find("rank 0 called " + gs::detail::describe(a)) != std::string::npos);
   }
 }
+
+}  // namespace test_failures

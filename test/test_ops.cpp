@@ -22,6 +22,10 @@
 
 #include "gradsync/gradsync.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_ops {
+
 namespace gs = gradsync;
 using namespace test;
 
@@ -261,3 +265,5 @@ TEST_CASE("ThreadsOptions::flush_denormals flushes on every rank's thread and re
     CHECK_FALSE(product_flushed());
   }
 }
+
+}  // namespace test_ops

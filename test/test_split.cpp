@@ -23,6 +23,10 @@
 #include "gradsync/gradsync.hpp"
 #include "support/world.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_split {
+
 namespace gs = gradsync;
 using Comm = gs::Communicator<test::Backend>;
 using Clock = std::chrono::steady_clock;
@@ -375,3 +379,5 @@ TEST_CASE("a sub-communicator may outlive its parent") {
   for (const auto& p : problems) CHECK(p.empty());
 }
 #endif
+
+}  // namespace test_split

@@ -32,6 +32,10 @@
 #include "test_train_checkpoint.hpp"
 #include "test_train_model.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_checkpoint {
+
 namespace fs = std::filesystem;
 using gradsync::Communicator;
 using gradsync::DistributedSampler;
@@ -554,3 +558,5 @@ TEST_CASE("resume in a fresh process: Adam at N = 2 ends as the uninterrupted ru
   CHECK(!a.empty());
   CHECK(a == b);
 }
+
+}  // namespace test_train_checkpoint

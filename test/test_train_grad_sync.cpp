@@ -21,6 +21,10 @@
 #include "support/instances.hpp"
 #include "support/unit_disagreement.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_grad_sync {
+
 using gradsync::Communicator;
 using gradsync::GradSync;
 using gradsync::GradSyncOptions;
@@ -615,3 +619,5 @@ TEST_CASE("one progress worker per communicator: two users share it, and their j
     CHECK(first.expired());
   });
 }
+
+}  // namespace test_train_grad_sync

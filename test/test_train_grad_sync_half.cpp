@@ -16,6 +16,10 @@
 
 #include "support/common.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_grad_sync_half {
+
 namespace {
 
 using gradsync::Communicator;
@@ -118,3 +122,5 @@ TEST_CASE_TEMPLATE("GradSync on 16-bit gradients: rank-ordered sums rounded per 
     }
   }
 }
+
+}  // namespace test_train_grad_sync_half

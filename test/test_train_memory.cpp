@@ -17,6 +17,10 @@
 #include "test_train_sharded_schedule.hpp"
 #include "test_train_squares.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_memory {
+
 using gradsync::MemoryNeed;
 using namespace test_schedule;
 using namespace test_squares;
@@ -574,3 +578,5 @@ TEST_CASE("step statistics: prefetch, mixed precision and accumulation keep the 
     });
   });
 }
+
+}  // namespace test_train_memory

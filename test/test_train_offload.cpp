@@ -29,6 +29,10 @@
 #include "test_train_sharded_schedule.hpp"
 #include "test_train_squares.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_offload {
+
 using gradsync::AccumulationMode;
 using gradsync::Communicator;
 using gradsync::HostOffloadSpace;
@@ -692,3 +696,5 @@ TEST_CASE("offload: save and resume into and out of an offloaded trainer, bitwis
     check("Adam", gradsync::Adam<float>({.lr = 0.01}));
   });
 }
+
+}  // namespace test_train_offload

@@ -15,6 +15,10 @@
 
 #include "support/common.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_optimizers {
+
 using doctest::Approx;
 
 TEST_CASE("SGD: p -= lr * (g + weight_decay * p)") {
@@ -186,3 +190,5 @@ TEST_CASE("linear LR scaling: 0.1 at batch 64 becomes 0.4 at effective batch 256
   CHECK(gradsync::linear_scaled_lr(0.1, 64, 64) == Approx(0.1));
   CHECK_THROWS_AS(gradsync::linear_scaled_lr(0.1, 0, 256), gradsync::InvalidArgument);
 }
+
+}  // namespace test_train_optimizers

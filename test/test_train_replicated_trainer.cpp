@@ -18,6 +18,10 @@
 #include "support/unit_disagreement.hpp"
 #include "test_train_model.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_replicated_trainer {
+
 using gradsync::Communicator;
 using gradsync::ReplicatedTrainer;
 using gradsync::ReplicatedTrainerOptions;
@@ -426,3 +430,5 @@ TEST_CASE("units: the message names both declarations, the unit counts, and ever
   CHECK(m.find("rank 1 declared unit 1 as 'fc2' (weight [1024 x 10]) (2 units in all), rank 0 declared no unit 1 "
                "(1 unit in all). Ranks that differ from rank 1: 0, 3.") != std::string::npos);
 }
+
+}  // namespace test_train_replicated_trainer

@@ -11,6 +11,10 @@
 #include <set>
 #include <vector>
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_sampler {
+
 using gradsync::DistributedSampler;
 using gradsync::SamplerOptions;
 
@@ -89,3 +93,5 @@ TEST_CASE("shards: disjoint, covering, equal in size, and every rank agrees on t
     }
   }
 }
+
+}  // namespace test_train_sampler

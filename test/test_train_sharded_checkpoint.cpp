@@ -26,6 +26,10 @@
 #include "test_train_model.hpp"
 #include "test_train_sharded_schedule.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_sharded_checkpoint {
+
 namespace fs = std::filesystem;
 using gradsync::CheckpointFormat;
 using gradsync::Communicator;
@@ -493,3 +497,5 @@ TEST_CASE("a ReplicatedTrainer's sharded checkpoint loads into a ShardedTrainer 
   CHECK(loaded == saved);
   CHECK(back == saved);
 }
+
+}  // namespace test_train_sharded_checkpoint

@@ -24,6 +24,10 @@
 #include "support/common.hpp"
 #include "test_train_sharded_schedule.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_sharded_schedule {
+
 using gradsync::AccumulationMode;
 using gradsync::Collective;
 using namespace test_schedule;
@@ -813,3 +817,5 @@ TEST_CASE("accumulation: ShardGradOp under NoSync gathers each unit once per win
     }
   }
 }
+
+}  // namespace test_train_sharded_schedule

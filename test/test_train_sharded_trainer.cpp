@@ -19,6 +19,10 @@
 #include "support/unit_disagreement.hpp"
 #include "test_train_sharded_schedule.hpp"
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_train_sharded_trainer {
+
 using test_train::Declared;
 using namespace test_schedule;
 
@@ -570,3 +574,5 @@ TEST_CASE("HybridShard: a shard_size that does not divide the world throws on ev
   });
   for (const auto& m : messages) CHECK(m.find("shard_size that divides the world size 4, got 3") != std::string::npos);
 }
+
+}  // namespace test_train_sharded_trainer

@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_torch_ddp {
+
 namespace {
 
 using Comm = gradsync::Communicator<gradsync::Threads>;
@@ -429,3 +433,5 @@ TEST_CASE("tensor_span shares a tensor's memory and refuses what it cannot") {
   CHECK_THROWS_WITH_AS(gradsync::tensor_span<float>(t.view({2, 3}).t(), "u"), doctest::Contains("u as a buffer"),
                        gradsync::InvalidArgument);
 }
+
+}  // namespace test_torch_ddp

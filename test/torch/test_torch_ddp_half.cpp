@@ -22,6 +22,10 @@
 #include <string>
 #include <vector>
 
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_torch_ddp_half {
+
 namespace {
 
 using Comm = gradsync::Communicator<gradsync::Threads>;
@@ -110,3 +114,5 @@ TEST_CASE("DistributedDataParallel: a module that mixes 16-bit and float paramet
     CHECK(e.find("parameter 'fc2.weight' is Float but 'fc1.weight' is BFloat16") != std::string::npos);
   }
 }
+
+}  // namespace test_torch_ddp_half
