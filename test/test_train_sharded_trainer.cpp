@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -31,7 +32,11 @@ namespace {
 constexpr ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                            ShardingStrategy::NoShard};
 
-std::uint64_t fresh_seed() { return (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}(); }
+/// A fresh seed per case, or GRADSYNC_TEST_SEED's to replay a failure.
+std::uint64_t fresh_seed() {
+  if (const char* s = std::getenv("GRADSYNC_TEST_SEED")) return std::stoull(s);
+  return (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+}
 
 /// Rank 0's gathered parameters; every rank's gather must be the same.
 template <class Opt>
@@ -424,7 +429,9 @@ TEST_CASE("clip_grad_norm: the global norm, equal on every rank and to Replicate
     for (const double p : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
       CAPTURE(p);
       // Small enough that most steps clip, large enough that some may not.
-      const double max_norm = p == 1.0 ? 0.5 : 0.15;
+      // The inf-norm (the largest |g|) is the smallest of the four: at 0.15
+      // it clipped only 3 of 6 steps in 7 of 400 runs.
+      const double max_norm = p == 1.0 ? 0.5 : p == 2.0 || p == 3.0 ? 0.15 : 0.1;
       Clipped replicated{std::vector<std::vector<double>>(ranks), {}};
       ReplicatedTrainerOptions ro;
       ro.sync.collective.deterministic = true;
