@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -17,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/common.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_sharded_schedule.hpp"
 
@@ -32,12 +32,6 @@ namespace {
 constexpr ShardingStrategy strategies[] = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                            ShardingStrategy::NoShard};
 
-/// A fresh seed per case, or GRADSYNC_TEST_SEED's to replay a failure.
-std::uint64_t fresh_seed() {
-  if (const char* s = std::getenv("GRADSYNC_TEST_SEED")) return std::stoull(s);
-  return (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-}
-
 /// Rank 0's gathered parameters; every rank's gather must be the same.
 template <class Opt>
 std::vector<float> train_sharded(const Batches& batches, int world, Opt opt, ShardingStrategy strategy,
@@ -52,7 +46,7 @@ std::vector<float> train_sharded(const Batches& batches, int world, Opt opt, Sha
 
 template <class Opt>
 void check_parity(const char* opt_name, Opt opt) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::test_seed();
   INFO("seed = " << seed << ", optimizer = " << std::string(opt_name));
   for_each_parity_run(seed, opt, [&](int world, const Batches& batches, const std::vector<float>& replicated,
                                      bool deterministic) {
@@ -144,7 +138,7 @@ TEST_CASE("parity: AdamW") { check_parity("AdamW", gradsync::AdamW<float>({.lr =
 
 TEST_CASE("trace: the collectives of one step, per strategy") {
   using gradsync::Collective;
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::test_seed();
   INFO("seed = " << seed);
   struct Variant {
     ShardingStrategy strategy;
@@ -359,7 +353,7 @@ TEST_CASE("bad input: calls out of protocol throw a clear error") {
 }
 
 TEST_CASE("evaluate: a forward without backward sees the same parameters under both trainers") {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::test_seed();
   INFO("seed = " << seed);
   const auto batches = random_batches(seed, 3, 2, 4);
   auto loss_of = [](auto& trainer, const Batch<float>& b) {
@@ -420,7 +414,7 @@ void clip_steps(Trainer& trainer, const std::vector<std::vector<Batch<float>>>& 
 }  // namespace
 
 TEST_CASE("clip_grad_norm: the global norm, equal on every rank and to ReplicatedTrainer's; inf-norm; clipping") {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::test_seed();
   INFO("seed = " << seed);
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
@@ -506,7 +500,7 @@ TEST_CASE("clip_grad_norm: refused outside forward_backward .. optimizer_step, a
 }
 
 TEST_CASE("HybridShard: 4 ranks as groups x shards match ReplicatedTrainer and FullShard at N = 4") {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::test_seed();
   INFO("seed = " << seed);
   constexpr int world = 4;
   const auto batches = random_batches(seed, 20, world, 3);
