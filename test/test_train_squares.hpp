@@ -35,10 +35,13 @@ struct Squares {
   }
 
   void bind(std::span<const gradsync::UnitView<float>> views) const {
+    // Uniform in [-1, 1) from the top 24 bits of each draw. Not
+    // uniform_real_distribution: libstdc++'s computes long-double logs for
+    // every value, and under the sanitizers the budget case in
+    // test_train_memory.cpp spent most of its time there.
     std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
     for (const auto& v : views)
-      for (float& x : v.flat_params) x = d(rng);
+      for (float& x : v.flat_params) x = static_cast<float>(rng() >> 8) * 0x1p-23f - 1.0f;
   }
 
   double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
