@@ -9,7 +9,7 @@
 // made types only at the typed call (gs::visit); the inputs, references and
 // checks are run-time typed and compiled once (support/values.cpp). That
 // keeps this file's instantiations to one body per algorithm, and so its
-// compile time (CI compiles it five times) small.
+// compile time (CI compiles it four times) small.
 #include "support/at_worlds.hpp"
 #include "support/common.hpp"
 #include "support/sanitizers.hpp"
@@ -285,10 +285,6 @@ void broadcast_world(std::mt19937_64& g, int n, const std::vector<Spec>& specs) 
 
 }  // namespace
 
-// The file builds as one suite, or as two halves (GRADSYNC_TEST_PART 1:
-// all-reduce, 2: the rest) that compile in parallel; CI compiles it three
-// times, under two sanitizers.
-#if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 1
 TEST_CASE_TEMPLATE("AllReduce matches the reference for every op, type, world size 1..9 and count", Algo,
                    GRADSYNC_ALGORITHMS) {
   at_worlds("all_reduce/" + std::string(Algo::name), {1, 2, 3, 4, 5, 6, 7, 8, 9}, [](std::mt19937_64& g, int n) {
@@ -297,9 +293,6 @@ TEST_CASE_TEMPLATE("AllReduce matches the reference for every op, type, world si
   });
 }
 
-#endif
-
-#if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 2
 TEST_CASE_TEMPLATE("ReduceScatter matches the reference for every op, type, world size 1..9 and count", Algo,
                    GRADSYNC_ALGORITHMS) {
   at_worlds("reduce_scatter/" + std::string(Algo::name), {1, 2, 3, 4, 5, 6, 7, 8, 9}, [](std::mt19937_64& g, int n) {
@@ -320,9 +313,6 @@ TEST_CASE_TEMPLATE("Broadcast from every root for every type, world size 1..9 an
   });
 }
 
-#endif
-
-#if !defined(GRADSYNC_TEST_PART) || GRADSYNC_TEST_PART == 1
 TEST_CASE_TEMPLATE("AllReduce of a million floats at N = 3 and 4", Algo, GRADSYNC_ALGORITHMS) {
   // A prime count: no world size divides it.
   at_worlds("all_reduce_large/" + std::string(Algo::name), {3, 4}, [](std::mt19937_64& g, int n) {
@@ -400,4 +390,3 @@ TEST_CASE("AllReduce accepts any contiguous range and defaults to Auto and Sum")
     CHECK(maxes[r] == std::vector<double>(3, 1.5));
   }
 }
-#endif
