@@ -29,6 +29,10 @@
 
 #include "gradsync/gradsync.hpp"
 
+// Everything in this file is in its own namespace: the Mpi suites compile it
+// in one translation unit with other test files (test/mpi/meson.build).
+namespace test_collectives {
+
 namespace gs = gradsync;
 using namespace test;
 
@@ -390,3 +394,5 @@ TEST_CASE("AllReduce accepts any contiguous range and defaults to Auto and Sum")
     CHECK(maxes[r] == std::vector<double>(3, 1.5));
   }
 }
+
+}  // namespace test_collectives

@@ -24,6 +24,10 @@
 #include "../support/common.hpp"
 #include "../support/world.hpp"
 
+// Everything in this file is in its own namespace: the Mpi suites compile it
+// in one translation unit with other test files (test/mpi/meson.build).
+namespace test_mpi_progress {
+
 namespace gs = gradsync;
 using namespace std::chrono_literals;
 
@@ -184,3 +188,5 @@ TEST_CASE_TEMPLATE("large AllReduce then Barrier, call after call, completes", A
   comm.set_timeout(20s);
   all_reduce_checked<Algo>(comm, count, rng(), calls, true);
 }
+
+}  // namespace test_mpi_progress

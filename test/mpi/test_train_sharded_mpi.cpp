@@ -20,6 +20,10 @@
 #include "../support/world.hpp"
 #include "../test_train_sharded_schedule.hpp"
 
+// Everything in this file is in its own namespace: the Mpi suites compile it
+// in one translation unit with other test files (test/mpi/meson.build).
+namespace test_train_sharded_mpi {
+
 using gradsync::Mpi;
 using test_train::Declared;
 using namespace test_schedule;
@@ -132,3 +136,5 @@ TEST_CASE("mpi units: a rank whose units differ makes every rank throw the same 
     CHECK(same_on_every_rank(message));
   });
 }
+
+}  // namespace test_train_sharded_mpi
