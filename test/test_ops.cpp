@@ -3,6 +3,7 @@
 // the per-thread flush-denormals switch.
 #include "support/at_worlds.hpp"
 #include "support/common.hpp"
+#include "support/sanitizers.hpp"
 #include "support/world.hpp"
 
 #include <doctest/doctest.h>
@@ -175,8 +176,12 @@ bool operand_flushed() {
 }  // namespace
 
 // Avg is the wrapped sum divided by N, truncated toward zero.
+// Under TSan a cross, not the grid, as in test_collectives.cpp: every op on
+// int32 and Sum on int64. The wrapping is the element loop's, on one thread;
+// the plain and ASan+UBSan builds run every pair.
 TEST_CASE_TEMPLATE("integer Sum, Prod and Avg wrap modulo 2^bits on every algorithm", Op, gs::Sum, gs::Prod, gs::Avg) {
   at_worlds(std::string(Op::name) + " int32", {3, 5}, integer_all_reduce_wraps<Op, std::int32_t>);
+  if (test::under_tsan && !std::is_same_v<Op, gs::Sum>) return;
   at_worlds(std::string(Op::name) + " int64", {3, 5}, integer_all_reduce_wraps<Op, std::int64_t>);
 }
 
