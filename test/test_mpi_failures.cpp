@@ -42,7 +42,7 @@ std::string skipped_collective_message(auto algo) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK_MESSAGE(waited < 0.3 + 0.25, "rank ", comm.rank(), " took ", waited, " s to time out");
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
   return what;
 }
 
@@ -101,7 +101,7 @@ TEST_CASE_TEMPLATE("a rank that skips a call whose count differs makes every ran
   const std::string other = comm.rank() == 1 ? "called AllReduce #1 (" + algo + ", 1000 x" : "rank 1 called AllReduce #1 (" + algo + ", 7 x";
   check_disagreement(o, mine, other);
   // Nothing returned a wrong sum: no rank came back normally.
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
 }
 
 TEST_CASE_TEMPLATE("ranks that pass different roots to Broadcast all throw InvalidArgument", Algo, gs::Ring, gs::Tree,
@@ -115,7 +115,7 @@ TEST_CASE_TEMPLATE("ranks that pass different roots to Broadcast all throw Inval
   const std::string mine = "Broadcast #1 (" + algo + ", 100 x float, root " + std::to_string(root) + ")";
   const std::string other = comm.rank() == 1 ? "root 0)" : "rank 1 called Broadcast #1 (" + algo + ", 100 x float, root 1)";
   check_disagreement(o, mine, other);
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
 }
 
 TEST_CASE_TEMPLATE("AllReduce on one rank and AllGather on another throw InvalidArgument everywhere", Algo, gs::Ring,
@@ -133,7 +133,7 @@ TEST_CASE_TEMPLATE("AllReduce on one rank and AllGather on another throw Invalid
   const std::string mine = comm.rank() == 1 ? "AllGather #1" : "AllReduce #1";
   const std::string other = comm.rank() == 1 ? "called AllReduce #1" : "rank 1 called AllGather #1";
   check_disagreement(o, mine, other);
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
 }
 
 // The agreement goes through shared memory on one host, otherwise by
@@ -164,7 +164,7 @@ TEST_CASE("at any world size, the ranks agree call after call, and any one rank 
       const std::string odd_call = "rank " + std::to_string(odd) + " called AllReduce #2 (ring, 5 x";
       check_disagreement(o, comm.rank() == odd ? "AllReduce #2 (ring, 5 x" : "AllReduce #2 (ring, 4 x",
                          comm.rank() == odd ? "called AllReduce #2 (ring, 4 x" : odd_call);
-      MPI_Barrier(MPI_COMM_WORLD);
+      test::idle_barrier();
     }
     unsetenv("GRADSYNC_MPI_AGREEMENT");
   }
@@ -180,7 +180,7 @@ TEST_CASE("ranks that disagree only on the chunk size or on determinism throw In
     if (comm.rank() == 1 && !on_chunks) opt.deterministic = true;
     const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{opt}(comm, std::span<float>(x)); });
     check_disagreement(o, "AllReduce #1 (ring, 1000 x float, sum", on_chunks ? "chunks of 1024 B" : "deterministic");
-    MPI_Barrier(MPI_COMM_WORLD);
+    test::idle_barrier();
   }
 }
 
@@ -200,7 +200,7 @@ TEST_CASE("after a Timeout the communicator refuses every later call at once") {
     CHECK(again.what.find("AllReduce #1 (ring") != std::string::npos);
     CHECK(again.seconds < 0.05);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
 }
 
 TEST_CASE("a rank that fails makes the others fail fast, naming it") {
@@ -221,7 +221,7 @@ TEST_CASE("a rank that fails makes the others fail fast, naming it") {
     CHECK(o.what.find("AllReduce #2") != std::string::npos);
     CHECK(o.seconds < 2.0);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
 }
 
 TEST_CASE("a rank that leaves makes the others fail fast, naming it") {
@@ -239,7 +239,7 @@ TEST_CASE("a rank that leaves makes the others fail fast, naming it") {
     CHECK(o.what.find("rank 1 left (destroyed its communicator) after 1 calls") != std::string::npos);
     CHECK(o.seconds < 2.0);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
 }
 
 TEST_CASE("MpiOptions are taken at construction, and unchecked calls still work") {
@@ -273,7 +273,7 @@ TEST_CASE_TEMPLATE("a rank that skips a collective makes the others time out, na
 /// for a while, on every rank.
 void let_mpi_progress() {
   for (int i = 0; i < 20; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    test::idle_barrier();
     std::this_thread::sleep_for(5ms);
   }
 }
@@ -286,7 +286,7 @@ TEST_CASE("a Native call abandoned at its deadline never writes into the caller'
   // 64 MiB: rank 0 gives up while MPI's all-reduce is running (after the
   // agreement, given 3 ms), and the others follow on its notice.
   if (comm.rank() == 0) comm.set_timeout(3ms);
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::idle_barrier();
   const Outcome o = outcome([&] { gs::AllReduce<gs::Native>{}(comm, std::span<float>(x)); });
   INFO("rank ", comm.rank(), ": ", o.kind, ": ", o.what);
   if (o.kind == "none") {
@@ -382,8 +382,7 @@ int main(int argc, char** argv) {
     rc = ctx.run();
   }
   // Any failing rank fails the run.
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const int worst = test::idle_max(rc);
   MPI_Finalize();
   return worst;
 }

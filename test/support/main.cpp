@@ -47,6 +47,8 @@ int fail_if_no_case(int rc) {
 #ifdef GRADSYNC_TEST_MPI
 #include <mpi.h>
 
+#include "idle_mpi.hpp"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,8 +77,7 @@ int main(int argc, char** argv) {
   const int rc = fail_if_no_case(ctx.run());
   std::printf("rank %d of %d (mpi): %s, seed %llu\n", rank, size, rc ? "FAILED" : "passed",
               static_cast<unsigned long long>(seed));
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const int worst = test::idle_max(rc);
   MPI_Finalize();
   return worst;
 }

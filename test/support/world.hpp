@@ -16,6 +16,7 @@
 #include "gradsync/gradsync.hpp"
 #ifdef GRADSYNC_TEST_MPI
 #include "gradsync/backend/mpi.hpp"
+#include "idle_mpi.hpp"
 #endif
 #include "instances.hpp"
 

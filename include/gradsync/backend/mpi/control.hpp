@@ -22,9 +22,9 @@
 #include <random>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
+#include "gradsync/backend/mpi/idle_backoff.hpp"
 #include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
@@ -123,11 +123,12 @@ class Control {
       // A cancelled, unmatched receive completes at once (Open MPI), but a
       // destructor must not trust that with an unbounded MPI_Wait: give it a
       // second, then free the request and keep its buffer (busy).
+      const IdleBackoff backoff;
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
       int done = 0;
       while (MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
              std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::yield();
+        backoff.idle();
       }
       if (!done) busy = drop(r) || busy;
     }
@@ -221,11 +222,12 @@ class Control {
   /// the verdict, so that ranks calling different things are told so rather
   /// than shown what it did to MPI. Returns when they agree or cannot tell.
   void explain(std::chrono::nanoseconds timeout) {
+    const IdleBackoff backoff;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!agreed(timeout)) {
       if (std::chrono::steady_clock::now() > deadline) return abandon();
       progress();
-      std::this_thread::yield();
+      backoff.idle();
     }
   }
 
@@ -250,6 +252,7 @@ class Control {
   std::string after_timeout(std::string_view what, std::chrono::nanoseconds grace, int waiting_for) {
     State& s = *s_;
     tell(FailureKind::timeout, what, waiting_for);
+    const IdleBackoff backoff;
     const auto until = std::chrono::steady_clock::now() + grace;
     std::vector<bool> heard(static_cast<std::size_t>(s.size), false);
     heard[static_cast<std::size_t>(s.rank)] = true;
@@ -261,7 +264,7 @@ class Control {
       if (receive(n)) {
         heard[static_cast<std::size_t>(n.rank)] = true;
       } else {
-        std::this_thread::yield();
+        backoff.idle();
       }
     }
     std::string said, silent;
@@ -623,6 +626,7 @@ class Control {
     s.calls.assign(static_cast<std::size_t>(s.size), WireCall{});
     bool done = MPI_Iallgather(&s.wire, sizeof(WireCall), MPI_BYTE, s.calls.data(), sizeof(WireCall), MPI_BYTE, s.comm,
                                &s.gather) == MPI_SUCCESS;
+    const IdleBackoff backoff;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int flag = 0; done && !flag;) {
       if (MPI_Test(&s.gather, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = false;
@@ -630,7 +634,7 @@ class Control {
         s.abandoned = true;
         done = false;
       }
-      if (!flag) std::this_thread::yield();
+      if (!flag) backoff.idle();
     }
     if (done) {
       if (auto what = disagreement(s.rank, s.wire, s.calls)) throw InvalidArgument(*what);

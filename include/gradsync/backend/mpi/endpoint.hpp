@@ -23,6 +23,7 @@
 #include "gradsync/backend/mpi/control.hpp"
 #include "gradsync/backend/mpi/datatype.hpp"
 #include "gradsync/backend/mpi/environment.hpp"
+#include "gradsync/backend/mpi/idle_backoff.hpp"
 #include "gradsync/backend/mpi/mpi_options.hpp"
 #include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
@@ -520,8 +521,9 @@ class Endpoint {
 
   /// Polls `ready` until it holds: spinning for the spinner's budget, then
   /// yielding the core between polls, as Open MPI itself does when
-  /// oversubscribed (mpi_yield_when_idle). Spinning on a core the awaited
-  /// peer needs would hold that peer off for a whole time slice.
+  /// oversubscribed (mpi_yield_when_idle), and sleeping between them once
+  /// the wait is long (IdleBackoff). Spinning on a core the awaited peer
+  /// needs would hold that peer off for a whole time slice.
   template <class Ready, class Expired>
   void await(Ready&& ready, std::chrono::nanoseconds timeout, Expired&& expired) {
     // A small message often lands within a poll or two: answer it before
@@ -543,11 +545,12 @@ class Endpoint {
     }
     spinner_.spun_in_vain();
     const auto deadline = start + timeout;
+    const IdleBackoff backoff(start);
     for (;;) {
       if (ready()) return;
       control_.poll(timeout, waiting_for());
       if (std::chrono::steady_clock::now() > deadline) expired();
-      std::this_thread::yield();
+      backoff.idle();
     }
   }
 
@@ -598,6 +601,7 @@ class Endpoint {
       if (requests_[i] != MPI_REQUEST_NULL && ops_[i].kind != Op::send) MPI_Cancel(&requests_[i]);
     }
     const auto start = std::chrono::steady_clock::now();
+    const IdleBackoff backoff(start);
     for (bool pending = true; pending;) {
       pending = false;
       const auto waited = std::chrono::steady_clock::now() - start;
@@ -624,7 +628,7 @@ class Endpoint {
         }
         pending = true;
       }
-      if (pending) std::this_thread::yield();
+      if (pending) backoff.idle();
     }
     requests_.clear();
     ops_.clear();
