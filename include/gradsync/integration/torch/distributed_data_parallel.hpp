@@ -16,7 +16,9 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/torch.h>
+// nn::Module, not all of <torch/torch.h> (about
+// half the time to parse).
+#include <torch/nn/module.h>
 
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/collective/broadcast.hpp"

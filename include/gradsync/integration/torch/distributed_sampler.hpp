@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+// The sampler interface and its archives, not all of <torch/torch.h>
+// (about half the time to parse).
+#include <torch/data/samplers/base.h>
+#include <torch/serialize/archive.h>
 
 #include "gradsync/core/error.hpp"
 #include "gradsync/train/distributed_sampler.hpp"

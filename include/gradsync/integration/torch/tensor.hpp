@@ -10,7 +10,10 @@
 #include <string>
 #include <string_view>
 
-#include <torch/torch.h>
+// The tensor type alone (at::Tensor is at::Tensor): 2 s to parse, where
+// <torch/torch.h> takes 16 s.
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/error.hpp"
@@ -37,7 +40,7 @@ inline std::optional<DataType> data_type_of(c10::ScalarType t) noexcept {
 namespace detail {
 
 /// Why `t` cannot be handed to a host collective as one span, or empty.
-inline std::string unusable_reason(const torch::Tensor& t) {
+inline std::string unusable_reason(const at::Tensor& t) {
   if (!t.defined()) return "it is undefined";
   if (!t.is_contiguous()) return "it is not contiguous (call .contiguous() on it, or make the module's tensors contiguous)";
   if (!t.device().is_cpu()) return "it is on " + t.device().str() + ", and this backend moves host memory (CPU tensors)";
@@ -53,7 +56,7 @@ inline std::string unusable_reason(const torch::Tensor& t) {
 /// naming `what` if `t` is not contiguous, not on the CPU, or not of T's
 /// dtype.
 template <class T>
-std::span<T> tensor_span(const torch::Tensor& t, std::string_view what = "tensor") {
+std::span<T> tensor_span(const at::Tensor& t, std::string_view what = "tensor") {
   std::string why = detail::unusable_reason(t);
   if (why.empty() && *data_type_of(t.scalar_type()) != DataTypeOf<T>::value) {
     why = std::string("its dtype is ") + c10::toString(t.scalar_type()) + ", not the one asked for";
