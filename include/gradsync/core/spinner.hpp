@@ -47,7 +47,12 @@ class Spinner {
   /// can recover once the machine is quiet again.
   static constexpr std::chrono::nanoseconds probe{500};
 
-  explicit Spinner(bool oversubscribed) noexcept : budget_(oversubscribed ? probe : max_spin) {}
+  explicit Spinner(bool oversubscribed) noexcept
+      : budget_(oversubscribed ? probe : max_spin), oversubscribed_(oversubscribed) {}
+
+  /// Whether the ranks sharing this host outnumbered its cores when the
+  /// waits began: then a rank that waits takes a core some peer needs.
+  bool oversubscribed() const noexcept { return oversubscribed_; }
 
   std::chrono::nanoseconds budget() const noexcept { return budget_ > probe ? budget_ : probe; }
   void spun_enough() noexcept { budget_ = std::min(max_spin, budget_ * 2 + probe); }
@@ -55,6 +60,7 @@ class Spinner {
 
  private:
   std::chrono::nanoseconds budget_;
+  bool oversubscribed_;
 };
 
 }  // namespace gradsync::detail

@@ -521,9 +521,13 @@ class Endpoint {
 
   /// Polls `ready` until it holds: spinning for the spinner's budget, then
   /// yielding the core between polls, as Open MPI itself does when
-  /// oversubscribed (mpi_yield_when_idle), and sleeping between them once
-  /// the wait is long (IdleBackoff). Spinning on a core the awaited peer
-  /// needs would hold that peer off for a whole time slice.
+  /// oversubscribed (mpi_yield_when_idle). Spinning on a core the awaited
+  /// peer needs would hold that peer off for a whole time slice. When ranks
+  /// outnumber cores, a long wait sleeps between polls (IdleBackoff): its
+  /// yields would take the cores the other ranks need. With a core per
+  /// rank it keeps yielding: then nobody needs the core, and Open MPI moves
+  /// a message only inside this rank's MPI calls, so sparser polls could
+  /// stretch a large transfer that needs many of them (TCP's fragments).
   template <class Ready, class Expired>
   void await(Ready&& ready, std::chrono::nanoseconds timeout, Expired&& expired) {
     // A small message often lands within a poll or two: answer it before
@@ -546,11 +550,16 @@ class Endpoint {
     spinner_.spun_in_vain();
     const auto deadline = start + timeout;
     const IdleBackoff backoff(start);
+    const bool crowded = spinner_.oversubscribed();
     for (;;) {
       if (ready()) return;
       control_.poll(timeout, waiting_for());
       if (std::chrono::steady_clock::now() > deadline) expired();
-      backoff.idle();
+      if (crowded) {
+        backoff.idle();
+      } else {
+        std::this_thread::yield();
+      }
     }
   }
 
