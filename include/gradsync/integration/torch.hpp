@@ -3,9 +3,10 @@
 ///
 /// Include it and link LibTorch (torch, torch_cpu, c10); it brings
 /// <torch/torch.h>, the whole C++ frontend. gradsync/gradsync.hpp never
-/// includes it, so the rest of the library builds without torch. For CUDA tensors on Nccl, a CUDA translation unit
-/// also includes gradsync/integration/torch/nccl_device_communicator.hpp
-/// (never this header: see device_communicator.hpp).
+/// includes it, so the rest of the library builds without torch. For CUDA
+/// tensors on Nccl, a CUDA translation unit also includes
+/// gradsync/integration/torch/nccl_device_communicator.hpp (never this
+/// header: see device_communicator.hpp).
 
 // The frontend a user of DistributedDataParallel writes against (nn, optim,
 // data); the headers below include only the parts they use, so that one of

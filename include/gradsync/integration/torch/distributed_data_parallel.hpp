@@ -16,8 +16,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
-// nn::Module, not all of <torch/torch.h> (about
-// half the time to parse).
+// nn::Module, not all of <torch/torch.h> (about half the time to parse).
 #include <torch/nn/module.h>
 
 #include "gradsync/algorithm/tags.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-// The tensor type alone (at::Tensor is at::Tensor): 2 s to parse, where
+// The tensor type alone (torch::Tensor is at::Tensor): 2 s to parse, where
 // <torch/torch.h> takes 16 s.
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
