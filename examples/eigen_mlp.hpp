@@ -48,18 +48,17 @@ class EigenMlp {
     return u;
   }
 
-  /// Writes He-uniform initial weights (zero biases); keeps no views: a
-  /// step reaches the weights through its gradsync::StepContext.
-  void bind(std::span<const gradsync::UnitView<float>> units) {
-    std::mt19937_64 rng(seed_);
-    for (std::size_t l = 0; l < units.size(); ++l) {
-      const float bound = std::sqrt(6.0f / static_cast<float>(sizes_[l]));
-      std::uniform_real_distribution<float> dist(-bound, bound);
-      for (float& w : units[l].params[0].value) w = dist(rng);
-      for (float& b : units[l].params[1].value) b = 0.0f;
-    }
-    acts_.resize(sizes_.size());
-    deltas_.resize(sizes_.size());
+  /// Writes layer l's He-uniform initial weights (zero biases). The trainer
+  /// calls it for layers 0, 1, ... in order, so one generator runs across
+  /// them; unit by unit, a ShardedTrainer holds one layer in full at a time
+  /// while it builds its shards. Keeps no views: a step reaches the weights
+  /// through its gradsync::StepContext.
+  void init_unit(std::size_t l, const gradsync::UnitView<float>& unit) {
+    if (l == 0) rng_.seed(seed_);
+    const float bound = std::sqrt(6.0f / static_cast<float>(sizes_[l]));
+    std::uniform_real_distribution<float> dist(-bound, bound);
+    for (float& w : unit.params[0].value) w = dist(rng_);
+    for (float& b : unit.params[1].value) b = 0.0f;
   }
 
   std::size_t parameter_count() const {
@@ -151,6 +150,7 @@ class EigenMlp {
 
   std::vector<int> sizes_;
   std::uint64_t seed_;
+  std::mt19937_64 rng_;  // init_unit's, across the layers
   const float* x_ = nullptr;
   // acts_[l]: the output of layer l-1, after ReLU (acts_[0] unused: the
   // batch is read in place); deltas_[l]: dLoss/d that output before ReLU.

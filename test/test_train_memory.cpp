@@ -267,6 +267,113 @@ TEST_CASE("memory_budget: 0 is no limit, and a budget one byte short of the need
 
 namespace {
 
+/// Squares with bind() only: the same values, written all at once, so a
+/// sharded trainer holds every parameter at construction.
+struct BindSquares {
+  using value_type = float;
+  Squares model;
+
+  std::vector<gradsync::UnitSpec> units() const { return model.units(); }
+  void bind(std::span<const gradsync::UnitView<float>> views) {
+    for (std::size_t u = 0; u < views.size(); ++u) model.init_unit(u, views[u]);
+  }
+  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) {
+    return model.forward_backward(batch, ctx);
+  }
+};
+
+/// Rank 0's initial values, unit after unit: what every trainer must start from.
+std::vector<float> initial_values(const std::vector<std::size_t>& sizes, std::uint64_t seed) {
+  Squares m{sizes, seed};
+  std::vector<float> all(sum(sizes));
+  std::size_t at = 0;
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    gradsync::UnitView<float> v;
+    v.flat_params = std::span<float>(all).subspan(at, sizes[u]);
+    m.init_unit(u, v);
+    at += sizes[u];
+  }
+  return all;
+}
+
+}  // namespace
+
+// Construction: the model writes its initial values, rank 0's are broadcast
+// and each rank keeps its chunks. With init_unit a sharded trainer holds one
+// wrapped unit in full at a time, with bind every parameter, and under
+// NoShard nothing beside its shard, which is the model.
+TEST_CASE("memory: construction holds one wrapped unit (init_unit), every parameter (bind), nothing (NoShard)") {
+  at_worlds_with_sizes("memory construction", [&](int world, std::size_t, std::vector<std::size_t> sizes) {
+    // A unit without parameters is written and kept like any other.
+    sizes.insert(sizes.begin() + 1, 0);
+    const std::vector<float> expected = initial_values(sizes, 11);
+    for (const std::size_t min_params : {std::size_t{0}, std::size_t{30}}) {
+      CAPTURE(min_params);
+      for (const ShardingStrategy s : all_strategies) {
+        INFO("strategy = " << name(s));
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          ShardedTrainerOptions o = options_for(s, world);
+          if (min_params != 0) o.wrap = gradsync::WrapPolicy::size_based(min_params);
+          // Each rank writes its own values; rank 0's (seed 11) must win.
+          const std::uint64_t seed = 11 + 2 * static_cast<std::uint64_t>(comm.rank());
+          ShardedTrainer by_unit(comm, Squares{sizes, seed}, gradsync::Adam<float>(), o);
+          ShardedTrainer at_once(comm, BindSquares{Squares{sizes, seed}}, gradsync::Adam<float>(), o);
+          std::size_t largest = 0;
+          for (std::size_t w = 0; w < by_unit.unit_count(); ++w) largest = std::max(largest, by_unit.unit_size(w));
+          const bool sharded = s != ShardingStrategy::NoShard;
+          CHECK(by_unit.construction_bytes() == (sharded ? 4 * largest : 0));
+          CHECK(at_once.construction_bytes() == (sharded ? 4 * sum(sizes) : 0));
+          CHECK(by_unit.memory_need().construction == by_unit.construction_bytes());
+          CHECK(at_once.memory_need().construction == at_once.construction_bytes());
+          // A unit in full is never more than its gathered size: init_unit adds nothing to the need.
+          CHECK(by_unit.memory_need().total() == by_unit.memory_need().persistent() + by_unit.memory_need().transient());
+          const std::vector<float> a = by_unit.full_parameters(), b = at_once.full_parameters();
+          CHECK(bitwise_equal(a, expected));
+          CHECK(bitwise_equal(b, expected));
+          // And the shards train alike.
+          by_unit.step(Scale{1.0f});
+          at_once.step(Scale{1.0f});
+          CHECK(bitwise_equal(by_unit.full_parameters(), at_once.full_parameters()));
+        });
+      }
+    }
+  });
+}
+
+// Eight equal units under FullShard: bind's Ψ at construction is four times
+// the transient part (two units), so the budget that init_unit's need fits
+// exactly refuses the same model with bind only, saying why, on every rank.
+TEST_CASE("memory_budget: construction's full copy is counted; the refusal names init_unit") {
+  const std::vector<std::size_t> sizes(8, 97);
+  for (int world = 2; world <= 4; ++world) {
+    CAPTURE(world);
+    std::vector<std::string> refused(static_cast<std::size_t>(world));
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ShardedTrainer fits(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {});
+      const MemoryNeed need = fits.memory_need();
+      CHECK(need.construction < need.transient());
+      const std::size_t budget = need.total();
+      ShardedTrainer within(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {.memory_budget = budget});
+      within.step(Scale{1.0f});
+      CHECK(within.persistent_bytes() + within.peak_transient_bytes() <= budget);
+      CHECK(within.persistent_bytes() + within.construction_bytes() <= budget);
+      try {
+        ShardedTrainer at_once(comm, BindSquares{Squares{sizes, 1}}, gradsync::Sgd<float>(), {.memory_budget = budget});
+      } catch (const gradsync::InvalidArgument& e) {
+        refused[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (const std::string& what : refused) {
+      INFO(what);
+      CHECK(what.find("at construction, instead of the transient part, " + MemoryNeed::mib(4 * sum(sizes))) !=
+            std::string::npos);
+      CHECK(what.find("init_unit(u, view)") != std::string::npos);
+    }
+  }
+}
+
+namespace {
+
 using RingSharded = ShardedTrainer<Squares, gradsync::Sgd<float>, Communicator<Threads>, gradsync::Ring>;
 using RingReplicated = ReplicatedTrainer<Squares, gradsync::Sgd<float>, Communicator<Threads>, gradsync::Ring>;
 

@@ -27,6 +27,8 @@ struct Squares {
 
   std::vector<std::size_t> sizes;
   std::uint64_t seed = 1;
+  /// init_unit's draws, one sequence across the units.
+  std::mt19937 rng{};
 
   std::vector<gradsync::UnitSpec> units() const {
     std::vector<gradsync::UnitSpec> u;
@@ -34,14 +36,16 @@ struct Squares {
     return u;
   }
 
-  void bind(std::span<const gradsync::UnitView<float>> views) const {
+  /// Unit by unit (the trainer calls it for 0, 1, ... in order), so a
+  /// sharded trainer holds one wrapped unit in full at construction: the
+  /// budget case in test_train_memory.cpp counts on it.
+  void init_unit(std::size_t u, const gradsync::UnitView<float>& view) {
     // Uniform in [-1, 1) from the top 24 bits of each draw. Not
     // uniform_real_distribution: libstdc++'s computes long-double logs for
     // every value, and under the sanitizers the budget case in
     // test_train_memory.cpp spent most of its time there.
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    for (const auto& v : views)
-      for (float& x : v.flat_params) x = static_cast<float>(rng() >> 8) * 0x1p-23f - 1.0f;
+    if (u == 0) rng.seed(static_cast<std::uint32_t>(seed));
+    for (float& x : view.flat_params) x = static_cast<float>(rng() >> 8) * 0x1p-23f - 1.0f;
   }
 
   double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {

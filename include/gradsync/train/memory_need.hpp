@@ -31,18 +31,26 @@ struct MemoryNeed {
   /// Held in the offload space rather than on the compute side: parameter
   /// and gradient shards and the optimizer state (not in total()).
   std::size_t offloaded = 0;
+  /// Held only while the trainer is constructed, beside the persistent
+  /// part: the model's initial values in full before they are sharded (a
+  /// model with `bind`: every parameter; with `init_unit`: one wrapped unit).
+  /// Never held with the transient part, so total() counts the larger.
+  std::size_t construction = 0;
 
   std::size_t persistent() const noexcept { return params + grads + optimizer_state; }
   std::size_t transient() const noexcept { return gathered + gradient_buffers; }
-  std::size_t total() const noexcept { return persistent() + transient(); }
+  std::size_t total() const noexcept { return persistent() + std::max(transient(), construction); }
 
   /// "272.0 MiB (persistent 128.0 MiB: ..., transient 144.0 MiB: ...)",
-  /// and what is offloaded besides, if anything.
+  /// then the construction's part if it decides the total, and what is
+  /// offloaded besides, if anything.
   std::string describe() const {
     std::string s = mib(total()) + " (persistent " + mib(persistent()) + ": parameters " + mib(params) +
                     ", gradients " + mib(grads) + ", optimizer state " + mib(optimizer_state) + "; transient " +
                     mib(transient()) + ": gathered units " + mib(gathered) + ", gradient buffers " +
-                    mib(gradient_buffers) + ")";
+                    mib(gradient_buffers);
+    if (construction > transient()) s += "; at construction, instead of the transient part, " + mib(construction);
+    s += ")";
     if (offloaded != 0) s += " on the compute side, and " + mib(offloaded) + " offloaded";
     return s;
   }

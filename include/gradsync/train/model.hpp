@@ -141,21 +141,48 @@ template <class M>
 concept ModelBinds = ModelHasValueType<M> && requires(M& m, std::span<const UnitView<typename M::value_type>> v) {
   m.bind(v);
 };
+template <class M>
+concept ModelInitsUnits = ModelHasValueType<M> && requires(M& m, const UnitView<typename M::value_type>& v) {
+  m.init_unit(std::size_t{}, v);
+};
+template <class M>
+concept ModelWritesInitialValues = ModelBinds<M> || ModelInitsUnits<M>;
+
+/// Has the model write its initial values into `views` (one per unit, in
+/// declaration order): unit by unit if it can, else all at once.
+template <class M>
+void write_initial_values(M& model, std::span<const UnitView<typename M::value_type>> views) {
+  if constexpr (ModelInitsUnits<M>) {
+    for (std::size_t u = 0; u < views.size(); ++u) model.init_unit(u, views[u]);
+  } else {
+    model.bind(views);
+  }
+}
 }  // namespace detail
 
 /// A model a trainer can own:
 /// - `using value_type = float;` (or double): the element type of its storage;
 /// - `std::vector<UnitSpec> units() const`: its parameters and buffers,
 ///   grouped into units, in forward order;
-/// - `void bind(std::span<const UnitView<value_type>>)`: writes initial
-///   values (each rank may write different ones; a trainer replaces them
-///   with rank 0's). The views are valid only during bind(): a model must
-///   not keep them, and reaches its parameters in a step through
+/// - its initial values, written by one of
+///   - `void init_unit(std::size_t u, const UnitView<value_type>& view)`:
+///     unit u's. A trainer calls it once per unit, in declaration order
+///     (0, 1, ...), so the model may draw from one generator across units.
+///     A sharded trainer then needs only one wrapped unit in full at a time
+///     while it builds its shards;
+///   - `void bind(std::span<const UnitView<value_type>>)`: every unit's at
+///     once. A sharded trainer then holds the whole model's parameters once,
+///     at construction (MemoryNeed::construction).
+///
+///   A model with both is initialised by init_unit. Each rank may write
+///   different values: a trainer replaces them with rank 0's. The views are
+///   valid only during the call (their gradient views may be empty): a
+///   model must not keep them, and reaches its parameters in a step through
 ///   StepContext::params (a sharded trainer holds them only in shards).
 /// Its forward/backward is checked separately, per batch type (TrainableOn).
 template <class M>
-concept Model = detail::ModelHasValueType<M> && detail::ModelDeclaresUnits<M> && detail::ModelBinds<M> &&
-                std::move_constructible<M>;
+concept Model = detail::ModelHasValueType<M> && detail::ModelDeclaresUnits<M> &&
+                detail::ModelWritesInitialValues<M> && std::move_constructible<M>;
 
 /// A model that can train on `Batch`: `double forward_backward(const Batch&,
 /// const StepContext<value_type>&)` runs forward and backward, holding each

@@ -116,7 +116,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                                 o_.memory_budget,
                                 "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");
     allocate();
-    model_.bind(std::span<const UnitView<value_type>>(views_));
+    detail::write_initial_values(model_, std::span<const UnitView<value_type>>(views_));
     const Broadcast<Algo> broadcast{};
     broadcast(comm_, std::span<value_type>(params_), 0);
     if (!buffers_.empty()) broadcast(comm_, std::span<value_type>(buffers_), 0);

@@ -484,6 +484,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// this rank really held at once since construction or reset_peak_transient().
   std::size_t peak_transient_bytes() const noexcept { return peak_transient_; }
   void reset_peak_transient() noexcept { peak_transient_ = 0; }
+  /// What construction held beside the persistent part: the model's
+  /// initial values in full before they were sharded (one wrapped unit if
+  /// the model has init_unit, every parameter if it has only bind, nothing
+  /// under NoShard). memory_need().construction is its formula.
+  std::size_t construction_bytes() const noexcept { return construction_bytes_; }
 
   /// The last step (forward_backward() or its micro-steps, and
   /// optimizer_step()): time per phase, and elements and bytes sent as Ring
@@ -759,8 +764,14 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     return v;
   }
 
-  /// The model writes its initial values into full-size storage; rank 0's
-  /// are broadcast, and each rank keeps its chunks.
+  /// The model writes its initial values, rank 0's are broadcast, and each
+  /// rank keeps its chunks. Where they are written decides construction's
+  /// memory (construction_need()):
+  /// - NoShard: the shard is every unit whole, in order, so the model
+  ///   writes into it and it is broadcast in place;
+  /// - a model with init_unit: one wrapped unit at a time, into one buffer
+  ///   of the largest wrapped unit, broadcast, then its chunk kept;
+  /// - a model with bind only: every parameter at once, then the same.
   void initialise() {
     std::size_t nb = 0;
     for (const UnitSpec& s : specs_) {
@@ -768,34 +779,65 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       for (const TensorSpec& t : s.buffers) nb += t.count();
     }
     buffers_.assign(nb, value_type(0));
-    std::vector<value_type> params(total_, value_type(0)), grads(total_, value_type(0));
-    std::vector<UnitView<value_type>> views;
-    std::size_t at = 0;
-    for (std::size_t u = 0; u < specs_.size(); ++u) {
-      views.push_back(make_view(u, std::span<value_type>(params).subspan(at, model_sizes_[u]),
-                                std::span<value_type>(grads).subspan(at, model_sizes_[u])));
-      at += model_sizes_[u];
-    }
-    model_.bind(std::span<const UnitView<value_type>>(views));
     const Broadcast<Algo> broadcast{o_.collective};
-    broadcast(comm_, std::span<value_type>(params), 0);
-    if (!buffers_.empty()) broadcast(comm_, std::span<value_type>(buffers_), 0);
-    // A wrapped unit's members are consecutive, so it is one range of `params`.
-    at = 0;
-    for (std::size_t w = 0; w < groups_.size(); ++w) {
-      const auto [first, count] = owned_range(w);
-      std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(at + first), count,
-                  master().begin() + static_cast<std::ptrdiff_t>(offsets_[w]));
-      at += sizes_[w];
-    }
-    // NoShard: the shard is the unit, and the model sees it in place.
     if (!sharded()) {
+      // The model sees the shard in place, in steps too (check_offload refuses NoShard with offload).
+      std::vector<UnitView<value_type>> views;
       for (std::size_t u = 0; u < specs_.size(); ++u) {
         const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
         members_[u].view = make_view(u, std::span<value_type>(shard_params_).subspan(from, model_sizes_[u]),
                                      std::span<value_type>(shard_grads_).subspan(from, model_sizes_[u]));
+        views.push_back(members_[u].view);
+      }
+      detail::write_initial_values(model_, std::span<const UnitView<value_type>>(views));
+      broadcast(comm_, std::span<value_type>(shard_params_), 0);
+    } else if constexpr (detail::ModelInitsUnits<M>) {
+      // Rank 0 decides every value, so every rank broadcasts unit by unit alike.
+      std::vector<value_type> unit(std::ranges::max(sizes_));
+      construction_bytes_ = unit.size() * sizeof(value_type);
+      for (std::size_t w = 0; w < groups_.size(); ++w) {
+        const std::span<value_type> full = std::span<value_type>(unit).first(sizes_[w]);
+        for (std::size_t m = first_member(w); m <= last_member(w); ++m) {
+          model_.init_unit(m, make_view(m, full.subspan(member_offset_[m], model_sizes_[m]), {}));
+        }
+        if (full.empty()) continue;
+        broadcast(comm_, full, 0);
+        keep_owned(w, full);
+      }
+    } else {
+      std::vector<value_type> params(total_, value_type(0));
+      construction_bytes_ = params.size() * sizeof(value_type);
+      std::vector<UnitView<value_type>> views;
+      // A wrapped unit's members are consecutive, so it is one range of `params`.
+      std::size_t at = 0;
+      for (std::size_t u = 0; u < specs_.size(); ++u) {
+        views.push_back(make_view(u, std::span<value_type>(params).subspan(at, model_sizes_[u]), {}));
+        at += model_sizes_[u];
+      }
+      model_.bind(std::span<const UnitView<value_type>>(views));
+      broadcast(comm_, std::span<value_type>(params), 0);
+      at = 0;
+      for (std::size_t w = 0; w < groups_.size(); ++w) {
+        keep_owned(w, std::span<const value_type>(params).subspan(at, sizes_[w]));
+        at += sizes_[w];
       }
     }
+    if (!buffers_.empty()) broadcast(comm_, std::span<value_type>(buffers_), 0);
+  }
+
+  /// Copies this rank's part of wrapped unit w (its `full` values, unpadded) into its master chunk.
+  void keep_owned(std::size_t w, std::span<const value_type> full) {
+    const auto [first, count] = owned_range(w);
+    std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(first), count,
+                master().begin() + static_cast<std::ptrdiff_t>(offsets_[w]));
+  }
+
+  /// What initialise() holds besides the persistent part under `strategy`
+  /// (see it): the formula of MemoryNeed::construction.
+  std::size_t construction_need(ShardingStrategy strategy) const {
+    if (strategy == ShardingStrategy::NoShard) return 0;
+    const std::size_t elements = detail::ModelInitsUnits<M> ? std::ranges::max(sizes_) : total_;
+    return elements * sizeof(value_type);
   }
 
   void check_no_pending(const char* what) const {
@@ -1322,16 +1364,24 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
       n.offloaded -= n.optimizer_state;
     }
+    n.construction = construction_need(strategy);
     return n;
   }
 
   void check_budget() const {
     if (o_.memory_budget == 0) return;
     const MemoryNeed full = need(ShardingStrategy::FullShard);
-    const std::string advice =
+    const MemoryNeed mine = need(o_.strategy);
+    std::string advice =
         full_shard() ? "Smaller (wrapped) units lower the transient part, more ranks the persistent part."
                      : "FullShard would need " + full.describe() + ".";
-    detail::check_memory_budget(where(), need(o_.strategy), o_.memory_budget, advice);
+    if constexpr (!detail::ModelInitsUnits<M>) {
+      if (mine.construction > mine.transient()) {
+        advice += " The model writes its initial values with bind(), every parameter at once: with "
+                  "init_unit(u, view) construction would hold one wrapped unit at a time.";
+      }
+    }
+    detail::check_memory_budget(where(), mine, o_.memory_budget, advice);
   }
 
   /// Records the high-water mark of what gathered units and gradient
@@ -1425,6 +1475,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Wrapped units whose gradient buffer a reduction still holds, in submission order.
   std::vector<std::size_t> in_reduction_;
   std::size_t peak_transient_ = 0;
+  std::size_t construction_bytes_ = 0;
   /// Storage of freed gathered units and gradient buffers, kept for the
   /// next of the same size (take, give); with what is in use, at most
   /// spare_limit_ bytes, the transient need.

@@ -26,8 +26,9 @@ struct TrainerRequirements {
     static_assert(ModelDeclaresUnits<M>,
                   "gradsync trainer: the model must declare its parameters with "
                   "`std::vector<gradsync::UnitSpec> units() const`");
-    static_assert(ModelBinds<M>,
-                  "gradsync trainer: the model must accept its storage with "
+    static_assert(ModelWritesInitialValues<M>,
+                  "gradsync trainer: the model must write its initial values with "
+                  "`void init_unit(std::size_t, const gradsync::UnitView<value_type>&)` or "
                   "`void bind(std::span<const gradsync::UnitView<value_type>>)`");
     static_assert(std::move_constructible<M>, "gradsync trainer: the model must be move-constructible");
     // Without a value_type there is no element type to check the optimizer against.
