@@ -265,39 +265,6 @@ TEST_CASE("memory_budget: 0 is no limit, and a budget one byte short of the need
   }
 }
 
-namespace {
-
-/// Squares with bind() only: the same values, written all at once, so a
-/// sharded trainer holds every parameter at construction.
-struct BindSquares {
-  using value_type = float;
-  Squares model;
-
-  std::vector<gradsync::UnitSpec> units() const { return model.units(); }
-  void bind(std::span<const gradsync::UnitView<float>> views) {
-    for (std::size_t u = 0; u < views.size(); ++u) model.init_unit(u, views[u]);
-  }
-  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) {
-    return model.forward_backward(batch, ctx);
-  }
-};
-
-/// Rank 0's initial values, unit after unit: what every trainer must start from.
-std::vector<float> initial_values(const std::vector<std::size_t>& sizes, std::uint64_t seed) {
-  Squares m{sizes, seed};
-  std::vector<float> all(sum(sizes));
-  std::size_t at = 0;
-  for (std::size_t u = 0; u < sizes.size(); ++u) {
-    gradsync::UnitView<float> v;
-    v.flat_params = std::span<float>(all).subspan(at, sizes[u]);
-    m.init_unit(u, v);
-    at += sizes[u];
-  }
-  return all;
-}
-
-}  // namespace
-
 // Construction: the model writes its initial values, rank 0's are broadcast
 // and each rank keeps its chunks. With init_unit a sharded trainer holds one
 // wrapped unit in full at a time, with bind every parameter, and under

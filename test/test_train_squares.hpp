@@ -72,6 +72,36 @@ inline std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world, st
   return s;
 }
 
+/// Squares with bind() only: the same values, written all at once, so a
+/// sharded trainer holds every parameter at construction.
+struct BindSquares {
+  using value_type = float;
+  Squares model;
+
+  std::vector<gradsync::UnitSpec> units() const { return model.units(); }
+  void bind(std::span<const gradsync::UnitView<float>> views) {
+    for (std::size_t u = 0; u < views.size(); ++u) model.init_unit(u, views[u]);
+  }
+  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
+    return model.forward_backward(batch, ctx);
+  }
+};
+
+/// The initial values Squares{sizes, seed} writes, unit after unit: rank
+/// 0's are what every trainer must start from.
+inline std::vector<float> initial_values(const std::vector<std::size_t>& sizes, std::uint64_t seed) {
+  Squares m{sizes, seed};
+  std::vector<float> all;
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    std::vector<float> unit(sizes[u]);
+    gradsync::UnitView<float> v;
+    v.flat_params = std::span<float>(unit);
+    m.init_unit(u, v);
+    all.insert(all.end(), unit.begin(), unit.end());
+  }
+  return all;
+}
+
 /// "a, b, c": for the failure messages.
 inline std::string joined(const std::vector<std::size_t>& sizes) {
   std::string s;

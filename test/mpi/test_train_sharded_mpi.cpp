@@ -9,6 +9,7 @@
 #include <gradsync/backend/mpi.hpp>
 #include <gradsync/gradsync.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "../support/unit_disagreement.hpp"
 #include "../support/world.hpp"
 #include "../test_train_sharded_schedule.hpp"
+#include "../test_train_squares.hpp"
 
 // Everything in this file is in its own namespace: the Mpi suites compile it
 // in one translation unit with other test files (test/mpi/meson.build).
@@ -111,6 +113,43 @@ TEST_CASE("mpi trace: the collectives of one step, in order and counted, the sam
         // (HybridShard's collectives run on its split communicators).
         if (s != ShardingStrategy::HybridShard) CHECK(calls == expected.size() + 1);
       }
+    }
+  });
+}
+
+// Across processes, each rank writing its own values: every strategy starts
+// from rank 0's, whether the model writes them unit by unit (one wrapped unit
+// held at a time, one broadcast each) or all at once.
+TEST_CASE("mpi construction: init_unit and bind both start every strategy from rank 0's values") {
+  using test_squares::BindSquares;
+  using test_squares::Scale;
+  using test_squares::Squares;
+  const int world = test::mpi_size();
+  auto rng = test::rng_for("mpi construction");
+  const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world);
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world
+                               << ", sizes = " << test_squares::joined(sizes));
+  const std::vector<float> expected = test_squares::initial_values(sizes, 5);
+  test::run_world(world, [&](Communicator<Mpi>& comm) {
+    const std::uint64_t seed = 5 + 3 * static_cast<std::uint64_t>(comm.rank());
+    for (const ShardingStrategy s : strategies_for(world)) {
+      INFO("strategy = " << std::string(name(s)));
+      const ShardedTrainerOptions o = options_for(s, world);
+      ShardedTrainer by_unit(comm, Squares{sizes, seed}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      ShardedTrainer at_once(comm, BindSquares{Squares{sizes, seed}}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      std::size_t largest = 0;
+      for (std::size_t w = 0; w < by_unit.unit_count(); ++w) largest = std::max(largest, by_unit.unit_size(w));
+      const bool sharded = s != ShardingStrategy::NoShard;
+      CHECK(by_unit.construction_bytes() == (sharded ? largest * sizeof(float) : 0));
+      CHECK(at_once.construction_bytes() == (sharded ? expected.size() * sizeof(float) : 0));
+      const std::vector<float> a = by_unit.full_parameters(), b = at_once.full_parameters();
+      CHECK(bitwise_equal(a, expected));
+      CHECK(bitwise_equal(b, expected));
+      by_unit.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      at_once.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      const std::vector<float> after = by_unit.full_parameters();
+      CHECK(bitwise_equal(after, at_once.full_parameters()));
+      CHECK(same_on_every_rank(after));
     }
   });
 }
