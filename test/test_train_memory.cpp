@@ -654,4 +654,50 @@ TEST_CASE("step statistics: prefetch, mixed precision and accumulation keep the 
   });
 }
 
+// param_dtype bfloat16 under ShardGradOp: a unit kept from its forward to its
+// backward (and across NoSync micro-steps) is held in bfloat16, the values
+// the gather rounded, so the gathered part is 2·ΣG + 4·max G bytes, not 4·ΣG,
+// and the result is bitwise FullShard's, which gathers every time.
+TEST_CASE("memory: ShardGradOp keeps its gathered units in bfloat16 under param_dtype bfloat16, exactly") {
+  at_worlds_with_sizes("memory kept bf16", [&](int world, std::size_t n, const std::vector<std::size_t>& sizes) {
+    std::size_t g_max = 0, g_sum = 0;
+    for (const std::size_t p : sizes) {
+      g_max = std::max(g_max, gathered(p, n));
+      g_sum += gathered(p, n);
+    }
+    const std::size_t g_last = gathered(sizes.back(), n), r_last = gradient_buffer(sizes.back(), n);
+    for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
+      INFO("accumulation = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ShardedTrainerOptions o{.strategy = ShardingStrategy::ShardGradOp, .accumulation = mode};
+        o.collective.deterministic = true;
+        ShardedTrainer plain(comm, Squares{sizes, 7}, gradsync::Adam<float>({.lr = 0.01}), o);
+        o.param_dtype = gradsync::DataType::bfloat16;
+        ShardedTrainer kept(comm, Squares{sizes, 7}, gradsync::Adam<float>({.lr = 0.01}), o);
+        o.strategy = ShardingStrategy::FullShard;
+        ShardedTrainer regathered(comm, Squares{sizes, 7}, gradsync::Adam<float>({.lr = 0.01}), o);
+        const auto r = static_cast<float>(comm.rank());
+        for (int step = 0; step < 2; ++step) {
+          kept.accumulate(Scale{1.0f + r});
+          kept.step(Scale{0.5f * r});
+          plain.accumulate(Scale{1.0f + r});
+          plain.step(Scale{0.5f * r});
+          regathered.accumulate(Scale{1.0f + r});
+          regathered.step(Scale{0.5f * r});
+        }
+        CHECK(plain.memory_need().gathered == 4 * g_sum);
+        CHECK(kept.memory_need().gathered == 2 * g_sum + 4 * g_max);
+        CHECK(kept.peak_transient_bytes() <= kept.memory_need().transient());
+        // Backward starts with the last unit, still held in fp32 from its
+        // forward, and its gradient buffer; every other unit is in bfloat16.
+        CHECK(kept.peak_transient_bytes() >= 2 * (g_sum - g_last) + 4 * g_last + 4 * r_last);
+        CHECK(plain.peak_transient_bytes() >= 4 * g_sum + 4 * r_last);
+        // Stowing is not gathering: the same collectives as in fp32 storage.
+        CHECK(kept.last_step().sent_elements == plain.last_step().sent_elements);
+        CHECK(bitwise_equal(kept.full_parameters(), regathered.full_parameters()));
+      });
+    }
+  });
+}
+
 }  // namespace test_train_memory

@@ -82,6 +82,10 @@ struct ShardedMemoryShape {
   bool offload = false;
   std::size_t state_per_element = 0;
   std::size_t element_bytes = 4;
+  /// ShardGradOp with param_dtype bfloat16: bytes per element of a gathered
+  /// unit kept while the model does not hold it (2: stowed in bfloat16);
+  /// 0: element_bytes.
+  std::size_t kept_element_bytes = 0;
 };
 
 /// What ShardedTrainer holds per rank, from its wrapped units' sizes P_u,
@@ -95,7 +99,10 @@ struct ShardedMemoryShape {
 ///   previous unit's reduce-scatter has ended: (1 + d)·max G + max R.
 /// - ShardGradOp: every unit stays gathered from its forward to its
 ///   backward, and one reduction may be in flight while the next unit's
-///   gradient is filled: Σ G + 2·max R.
+///   gradient is filled: Σ G + 2·max R. With kept units in bfloat16 (k = 2
+///   bytes an element against e), the gathered part is k·Σ G + e·max G: the
+///   units kept, and the one the model holds in value_type (while it is
+///   stowed or unstowed, both copies of it).
 /// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
 ///   place of the above's gradient buffers. ShardGradOp then holds Σ G + Σ R
 ///   from the first micro-step's backward to the synced step's: it keeps
@@ -133,7 +140,12 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
     need.optimizer_state = e * shape.state_per_element * chunks;
   }
   if (shape.sharded) {
-    need.gathered = e * (shape.keeps_forward_gathers ? gathered_sum : (shape.prefetch ? 2 : 1) * gathered_max);
+    const std::size_t k = shape.kept_element_bytes;
+    if (shape.keeps_forward_gathers && k != 0 && k < e) {
+      need.gathered = k * gathered_sum + e * gathered_max;
+    } else {
+      need.gathered = e * (shape.keeps_forward_gathers ? gathered_sum : (shape.prefetch ? 2 : 1) * gathered_max);
+    }
     need.gradient_buffers =
         e * (shape.keeps_unsharded_grads ? buffer_sum : (shape.keeps_forward_gathers ? 2 : 1) * buffer_max);
   }

@@ -118,6 +118,8 @@ struct ShardedTrainerOptions {
   /// the master shard once per gather and halves the gather's bytes. The
   /// model still sees value_type views (holding the rounded values) and
   /// computes in value_type: the model protocol's views are value_type.
+  /// A unit kept gathered while the model does not hold it (ShardGradOp's,
+  /// from forward to backward) is kept in bfloat16, half the bytes.
   std::optional<DataType> param_dtype{};
   /// The element type gradients are reduced in: the master type unless set
   /// (DataType::bfloat16 halves the bytes and rounds each rank's gradient
@@ -221,7 +223,8 @@ struct ShardedTraceEvent {
 ///
 /// Mixed precision: param_dtype bfloat16 gathers the fp32 master shard
 /// rounded to bfloat16 (half the gather's bytes; the model sees value_type
-/// views of the rounded values); reduce_dtype bfloat16 reduces gradients in
+/// views of the rounded values, and ShardGradOp keeps the units it holds on
+/// to between forward and backward in bfloat16); reduce_dtype bfloat16 reduces gradients in
 /// it. Both default to the master type. NoShard gathers nothing, so
 /// param_dtype does not apply to it.
 ///
@@ -585,6 +588,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   struct WrappedState {
     // Aligned alike in every process: the model's math runs on them (see shard_params_).
     Storage full;  ///< gathered parameters, N·c (empty when resharded)
+    /// param_dtype bfloat16: the gathered unit while the model does not hold
+    /// it but will ask again (ShardGradOp, see stow); `full` is then empty.
+    std::vector<bfloat16> low;
     Storage grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
     std::size_t held = 0;          ///< members the model holds
     std::size_t ready = 0;         ///< members reported ready in this backward
@@ -915,7 +921,50 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   /// Frees wrapped unit w's gathered parameters.
-  void free_unit(std::size_t w) noexcept { give(wrapped_[w].full); }
+  void free_unit(std::size_t w) noexcept {
+    give(wrapped_[w].full);
+    std::vector<bfloat16>().swap(wrapped_[w].low);
+  }
+
+  /// Bytes of gathered units and gradient buffers held now (spares aside).
+  std::size_t transient_held() const noexcept {
+    std::size_t held = 0;
+    for (const WrappedState& s : wrapped_) {
+      held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type) + s.low.capacity() * sizeof(bfloat16);
+    }
+    return held;
+  }
+
+  /// With param_dtype bfloat16, a gathered unit the model let go of but
+  /// will ask for again (ShardGradOp: from its forward to its backward, and
+  /// across NoSync micro-steps) is kept in bfloat16: the gather rounded its
+  /// values to bfloat16, so this is exact, and it holds half the bytes. The
+  /// unit is stowed at the next ask of another unit (release() cannot
+  /// allocate: it runs in the model's handle's destructor), and unstowed
+  /// into value_type when asked for.
+  void stow(std::size_t w) {
+    WrappedState& s = wrapped_[w];
+    if (s.full.empty() || s.held > 0) return;
+    s.low.assign(s.full.begin(), s.full.end());
+    track_transient();
+    give(s.full);
+  }
+
+  /// Stows the units released since the last ask, other than `except` (asked for again).
+  void stow_released(std::size_t except) {
+    for (const std::size_t w : stowing_) {
+      if (w != except) stow(w);
+    }
+    stowing_.clear();
+  }
+
+  void unstow(std::size_t w) {
+    WrappedState& s = wrapped_[w];
+    s.full = take(s.low.size(), false);
+    track_transient();
+    for (std::size_t i = 0; i < s.low.size(); ++i) s.full[i] = to_value(s.low[i]);
+    std::vector<bfloat16>().swap(s.low);
+  }
 
   /// Storage for a gathered unit or a gradient buffer of n elements: a
   /// spare of exactly that capacity if one was kept, else a new one. Fresh
@@ -953,8 +1002,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// `more` bytes, is within the transient need (memory_need()): spares
   /// never take the trainer past the need that the budget was checked against.
   void trim_spares(std::size_t more) noexcept {
-    std::size_t held = more;
-    for (const WrappedState& s : wrapped_) held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type);
+    std::size_t held = more + transient_held();
     for (const auto& x : spares_) held += x.capacity() * sizeof(value_type);
     std::size_t drop = 0;
     for (; drop < spares_.size() && held > spare_limit_; ++drop) held -= spares_[drop].capacity() * sizeof(value_type);
@@ -993,9 +1041,17 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       ++ws.held;
       return s.view;
     }
-    // A unit whose forward ended goes once another is asked for.
+    // A unit whose forward ended goes once another is asked for; one kept
+    // for its backward is stowed in bfloat16 (param_dtype).
     free_lingering(w);
-    if (ws.full.empty()) gather(w);
+    stow_released(w);
+    if (ws.full.empty()) {
+      if (ws.low.empty()) {
+        gather(w);
+      } else {
+        unstow(w);
+      }
+    }
     // The next unit's gather overlaps this one's use: decided from the
     // model's asks alone, so every rank issues the same gathers in one order.
     if (!evaluating_ && !backward && o_.forward_prefetch && w + 1 < wrapped_.size()) prefetch(w + 1);
@@ -1066,7 +1122,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
 
   /// Gathers w ahead of its ask, unless it is gathered or the limit is reached.
   void prefetch(std::size_t w) {
-    if (!wrapped_[w].full.empty()) return;
+    if (!wrapped_[w].full.empty() || !wrapped_[w].low.empty()) return;
     if (o_.limit_all_gathers != 0 && gathered_units() >= o_.limit_all_gathers) return;
     gather(w);
   }
@@ -1083,7 +1139,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Wrapped units whose parameters are gathered (or being gathered) now.
   std::size_t gathered_units() const noexcept {
     std::size_t n = 0;
-    for (const WrappedState& s : wrapped_) n += !s.full.empty() ? 1 : 0;
+    for (const WrappedState& s : wrapped_) n += !s.full.empty() || !s.low.empty() ? 1 : 0;
     return n;
   }
 
@@ -1109,7 +1165,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     }
     if (s.asks == 1) {
       // ShardGradOp keeps forward's gather for the backward.
-      if (!full_shard()) return;
+      if (!full_shard()) {
+        if (param_bf16_ && members_asked(w, 1)) stowing_.push_back(w);
+        return;
+      }
       // FullShard reshards after forward; the unit released last in forward
       // stays until another is asked for (keep_last_forward_unit), as does
       // one some of whose members have not been asked for yet.
@@ -1120,7 +1179,12 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       }
       return;
     }
-    if (members_asked(w, 2) && !keeps_gathered()) free_unit(w);
+    if (!members_asked(w, 2)) return;
+    if (!keeps_gathered()) {
+      free_unit(w);
+    } else if (param_bf16_) {
+      stowing_.push_back(w);
+    }
   }
 
   /// ShardGradOp in a NoSync micro-step keeps each unit gathered until the
@@ -1293,7 +1357,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       first = drain();
     }
     // A micro-step that failed keeps no gather: what follows may be anything (a checkpoint load).
-    release_all(keep_grads, keep_grads && keeps_gathered() && !first && missing.empty());
+    const bool keep_gathered = keep_grads && keeps_gathered() && !first && missing.empty();
+    if (keep_gathered) stow_released(wrapped_.size());
+    release_all(keep_grads, keep_gathered);
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
       throw InvalidArgument(where() + ": backward reported no gradient for " + missing +
@@ -1317,12 +1383,14 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// `keep_gathered`: the gathered units stay too (keeps_gathered()).
   void release_all(bool keep_grads, bool keep_gathered = false) noexcept {
     lingering_.clear();
+    stowing_.clear();
     in_reduction_.clear();
-    for (WrappedState& s : wrapped_) {
+    for (std::size_t w = 0; w < wrapped_.size(); ++w) {
+      WrappedState& s = wrapped_[w];
       s.request = Request();
       s.gathering = Request();
       if (!keep_grads) give(s.grad);
-      if (sharded() && !keep_gathered) give(s.full);
+      if (sharded() && !keep_gathered) free_unit(w);
       s.held = 0;
     }
     for (MemberState& m : members_) m.held = false;
@@ -1358,7 +1426,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
          .keeps_unsharded_grads = o_.accumulation == AccumulationMode::NoSync,
          .offload = offloaded(),
          .state_per_element = optimizer_state_per_element(),
-         .element_bytes = sizeof(value_type)});
+         .element_bytes = sizeof(value_type),
+         .kept_element_bytes = param_bf16_ ? sizeof(bfloat16) : 0});
     if (offloaded() && !state_in_space()) {
       // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
       n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
@@ -1387,9 +1456,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Records the high-water mark of what gathered units and gradient
   /// buffers hold; called after each allocation, where the sum can only have grown.
   void track_transient() noexcept {
-    std::size_t held = 0;
-    for (const WrappedState& s : wrapped_) held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type);
-    peak_transient_ = std::max(peak_transient_, held);
+    peak_transient_ = std::max(peak_transient_, transient_held());
   }
 
   /// Frees the gradient buffers of finished reductions, oldest first,
@@ -1458,6 +1525,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// FullShard: wrapped units kept gathered after their forward until
   /// another is asked for (keep_last_forward_unit, or members not yet asked).
   std::vector<std::size_t> lingering_;
+  /// Released units to stow in bfloat16 at the next ask (stow).
+  std::vector<std::size_t> stowing_;
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
   /// accumulate() calls since the last step.
