@@ -4,6 +4,7 @@
 // Threads backend, or the mpirun world with --backend mpi.
 //
 //   fsdp_step [--steps S] [--ranks 1,2,4] [--large-only|--small-only] [--sizes 784,1024,1024,10]
+//             [--param-dtype fp32|bf16]
 //   mpirun -np 4 fsdp_step --backend mpi [...]     (built with MPI)
 //
 // Models: the MLP 784-1024-1024-10 (1.86M parameters) and 784-2048-2048-2048-10
@@ -21,7 +22,13 @@
 //             2(N-1)/N·Ψ elements of 4 bytes, c = ⌈P/N⌉ per unit (padding counted)
 //   peak      MiB per rank: persistent + the most transient bytes held at once (rank 0),
 //             against FSDP.md's formula: DDP (8+S)Ψ, FullShard (8+S)Σc + 4U + 4U,
-//             ShardGradOp (8+S)Σc + 4Ψ + 4U (S = 8 for Adam, U the largest unit)
+//             ShardGradOp (8+S)Σc + 4Ψ + 4U (S = 8 for Adam, U the largest unit);
+//             with --param-dtype bf16 (gathers in bfloat16, and ShardGradOp keeps
+//             its units in it where that holds less) ShardGradOp's is
+//             (8+S)Σc + min(2Ψ + 4U, 4Ψ) + 4U: the bfloat16 copies and the unit in
+//             use in fp32, or the fp32 units as before; and the gradient buffer.
+//             With bfloat16 copies the peak can move to where a second gradient
+//             buffer is held (one reduction in flight), up to 4U over this.
 // Exits 1 if any run's bytes differ from the formula (timings are never checked).
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
@@ -99,7 +106,7 @@ double sent_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n
 }
 
 /// FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest unit.
-double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n) {
+double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n, bool bf16) {
   std::size_t psi = 0, u_max = 0, c = 0;
   const std::size_t s = k == Kind::hybrid_shard ? 2 : n;
   for (const std::size_t p : units) {
@@ -110,7 +117,11 @@ double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t
   switch (k) {
     case Kind::ddp:
     case Kind::no_shard: return 16.0 * double(psi);
-    case Kind::shard_grad_op: return 16.0 * double(c) + 4.0 * double(psi) + 4.0 * double(u_max);
+    case Kind::shard_grad_op: {
+      // bfloat16 copies are kept only where they hold less than fp32 ones (detail::keeping_low_pays).
+      const double fp32 = 4.0 * double(psi), low = 2.0 * double(psi) + 4.0 * double(u_max);
+      return 16.0 * double(c) + (bf16 ? std::min(low, fp32) : fp32) + 4.0 * double(u_max);
+    }
     case Kind::full_shard:
     case Kind::hybrid_shard: return 16.0 * double(c) + 8.0 * double(u_max);
   }
@@ -146,7 +157,7 @@ Row run(Comm& comm, Trainer& trainer, const example::Batch& b, int steps) {
 
 /// One kind on `comm`'s ranks; the row is rank 0's.
 template <class Comm>
-Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps) {
+Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, bool bf16) {
   const gradsync::FlushDenormals flush(true);
   const bench::RandomBatch data(sizes, comm.rank());
   const example::Batch b = data.batch();
@@ -162,17 +173,18 @@ Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps) {
                : kind == Kind::full_shard    ? ShardingStrategy::FullShard
                                              : ShardingStrategy::HybridShard;
   if (kind == Kind::hybrid_shard) o.shard_size = 2;
+  if (bf16) o.param_dtype = gradsync::DataType::bfloat16;
   gradsync::ShardedTrainer<example::EigenMlp, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(
       comm, example::EigenMlp(sizes, 1), adam, o);
   return run(comm, trainer, b, steps);
 }
 
 /// Prints a row; returns false if its bytes differ from the formula.
-bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units) {
+bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units, bool bf16) {
   const auto ranks = static_cast<std::size_t>(n);
   const double formula = sent_formula(kind, units, ranks);
   const bool exact = r.sent_all == formula;
-  const double mem = memory_formula(kind, units, ranks);
+  const double mem = memory_formula(kind, units, ranks, bf16);
   const double mb = 4.0 / double(n) / 1e6;
   std::printf("%3d  %-11s %8.2f %5.2f %8.2f %8.2f %8.2f %7.2f %8.2f %8.2f %8.2f %8.2f%s %8.1f %8.1f %5.3f\n", n,
               name(kind), 1e3 * r.step, ddp_step > 0 ? r.step / ddp_step : 1.0, 1e3 * r.gather, 1e3 * r.compute,
@@ -185,7 +197,7 @@ bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vecto
 
 constexpr const char* usage_text =
     "usage: fsdp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
-    "                 [--sizes 784,1024,1024,10]\n";
+    "                 [--sizes 784,1024,1024,10] [--param-dtype fp32|bf16]\n";
 
 std::vector<Kind> kinds_for(int n) {
   std::vector<Kind> k{Kind::ddp, Kind::no_shard, Kind::shard_grad_op, Kind::full_shard};
@@ -193,9 +205,11 @@ std::vector<Kind> kinds_for(int n) {
   return k;
 }
 
-void header(const std::vector<int>& m, const char* backend, int steps) {
-  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, %d steps; ms per step (rank 0)\n", bench::describe(m).c_str(),
-              backend, steps);
+void header(const std::vector<int>& m, const char* backend, int steps, bool bf16) {
+  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, param_dtype %s, %d steps; ms per step (rank 0)\n",
+              bench::describe(m).c_str(), backend, bf16 ? "bfloat16" : "fp32", steps);
+  // The sent columns count elements (as StepStats does) at 4 bytes.
+  if (bf16) std::printf("# sent: elements x 4 B; the gathers among them move 2 B each\n");
   std::printf("#  N trainer         step   xDDP   gather  compute   reduce   optim  exposed   hidden  sent MB  "
               "formula  peakMiB  formula  ratio\n");
 }
@@ -204,8 +218,16 @@ void header(const std::vector<int>& m, const char* backend, int steps) {
 
 int main(int argc, char** argv) {
   Eigen::setNbThreads(1);
-  const bench::StepOptions opt = bench::parse_step_options(argc, argv, "fsdp_step", usage_text, 10,
-                                                           [](const std::string&, const char*, bool&) { return false; });
+  bool bf16 = false;
+  const bench::StepOptions opt = bench::parse_step_options(
+      argc, argv, "fsdp_step", usage_text, 10, [&](const std::string& key, const char* value, bool& consumed) {
+        if (key != "--param-dtype") return false;
+        const std::string v = value ? value : "";
+        if (v != "fp32" && v != "bf16") bench::usage("fsdp_step", usage_text, "--param-dtype takes fp32 or bf16");
+        bf16 = v == "bf16";
+        consumed = true;
+        return true;
+      });
   const int steps = opt.steps;
   const std::string& backend = opt.backend;
   const std::vector<std::vector<int>> models = opt.models();
@@ -216,17 +238,17 @@ int main(int argc, char** argv) {
   if (backend == "threads") {
     for (const auto& m : models) {
       const int s = steps_for(m);
-      header(m, "Threads", s);
+      header(m, "Threads", s, bf16);
       for (const int n : opt.ranks) {
         double ddp = 0;
         for (const Kind kind : kinds_for(n)) {
           Row row;
           gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-            const Row r = measure(comm, kind, m, s);
+            const Row r = measure(comm, kind, m, s, bf16);
             if (comm.rank() == 0) row = r;
           });
           if (kind == Kind::ddp) ddp = row.step;
-          all_exact = print_row(n, kind, row, ddp, unit_sizes(m)) && all_exact;
+          all_exact = print_row(n, kind, row, ddp, unit_sizes(m), bf16) && all_exact;
         }
       }
     }
@@ -235,12 +257,12 @@ int main(int argc, char** argv) {
     gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
     for (const auto& m : models) {
       const int s = steps_for(m);
-      if (comm.rank() == 0) header(m, "Mpi", s);
+      if (comm.rank() == 0) header(m, "Mpi", s, bf16);
       double ddp = 0;
       for (const Kind kind : kinds_for(comm.size())) {
-        const Row row = measure(comm, kind, m, s);
+        const Row row = measure(comm, kind, m, s, bf16);
         if (kind == Kind::ddp) ddp = row.step;
-        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m)) && all_exact;
+        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m), bf16) && all_exact;
       }
     }
     int bad = all_exact ? 0 : 1;

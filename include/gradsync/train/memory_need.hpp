@@ -82,9 +82,9 @@ struct ShardedMemoryShape {
   bool offload = false;
   std::size_t state_per_element = 0;
   std::size_t element_bytes = 4;
-  /// ShardGradOp with param_dtype bfloat16: bytes per element of a gathered
-  /// unit kept while the model does not hold it (2: stowed in bfloat16);
-  /// 0: element_bytes.
+  /// ShardGradOp with param_dtype bfloat16, where keeping_low_pays: bytes
+  /// per element of a gathered unit kept while the model does not hold it
+  /// (2: its bfloat16 copy); 0: element_bytes.
   std::size_t kept_element_bytes = 0;
 };
 
@@ -100,9 +100,9 @@ struct ShardedMemoryShape {
 /// - ShardGradOp: every unit stays gathered from its forward to its
 ///   backward, and one reduction may be in flight while the next unit's
 ///   gradient is filled: Σ G + 2·max R. With kept units in bfloat16 (k = 2
-///   bytes an element against e), the gathered part is k·Σ G + e·max G: the
-///   units kept, and the one the model holds in value_type (while it is
-///   stowed or unstowed, both copies of it).
+///   bytes an element against e), the gathered part is k·Σ G + e·max G:
+///   every unit's bfloat16 copy, and the value_type copy of the one the
+///   model holds.
 /// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
 ///   place of the above's gradient buffers. ShardGradOp then holds Σ G + Σ R
 ///   from the first micro-step's backward to the synced step's: it keeps
@@ -150,6 +150,21 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
         e * (shape.keeps_unsharded_grads ? buffer_sum : (shape.keeps_forward_gathers ? 2 : 1) * buffer_max);
   }
   return need;
+}
+
+/// Whether ShardGradOp should keep its gathered units as their k-byte
+/// (bfloat16) copies, the one in use also in e bytes, rather than in e
+/// bytes alone: k·Σ G + e·max G < e·Σ G (see sharded_memory_need). Not
+/// where one unit is most of the model, as in a three-layer MLP whose
+/// middle layer is half of it.
+inline bool keeping_low_pays(std::span<const std::size_t> unit_sizes, std::size_t n, std::size_t e, std::size_t k) {
+  std::size_t gathered_max = 0, gathered_sum = 0;
+  for (const std::size_t p : unit_sizes) {
+    const std::size_t g = n * ((p + n - 1) / n);
+    gathered_max = std::max(gathered_max, g);
+    gathered_sum += g;
+  }
+  return k * gathered_sum + e * gathered_max < e * gathered_sum;
 }
 
 /// Throws InvalidArgument when `need` exceeds `budget` bytes (0: no budget).

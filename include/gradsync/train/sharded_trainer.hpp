@@ -588,8 +588,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   struct WrappedState {
     // Aligned alike in every process: the model's math runs on them (see shard_params_).
     Storage full;  ///< gathered parameters, N·c (empty when resharded)
-    /// param_dtype bfloat16: the gathered unit while the model does not hold
-    /// it but will ask again (ShardGradOp, see stow); `full` is then empty.
+    /// param_dtype bfloat16 under ShardGradOp: the gathered unit as it was
+    /// gathered, kept from its forward to its backward while `full` (its
+    /// value_type copy, for the model) exists only while the model holds it.
     std::vector<bfloat16> low;
     Storage grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
     std::size_t held = 0;          ///< members the model holds
@@ -725,6 +726,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     }
     members_.resize(specs_.size());
     wrapped_.resize(groups_.size());
+    keep_low_ = param_bf16_ && o_.strategy == ShardingStrategy::ShardGradOp &&
+                detail::keeping_low_pays(sizes_, n, sizeof(value_type), sizeof(bfloat16));
     make_plan();
   }
 
@@ -935,35 +938,22 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     return held;
   }
 
-  /// With param_dtype bfloat16, a gathered unit the model let go of but
-  /// will ask for again (ShardGradOp: from its forward to its backward, and
-  /// across NoSync micro-steps) is kept in bfloat16: the gather rounded its
-  /// values to bfloat16, so this is exact, and it holds half the bytes. The
-  /// unit is stowed at the next ask of another unit (release() cannot
-  /// allocate: it runs in the model's handle's destructor), and unstowed
-  /// into value_type when asked for.
-  void stow(std::size_t w) {
-    WrappedState& s = wrapped_[w];
-    if (s.full.empty() || s.held > 0) return;
-    s.low.assign(s.full.begin(), s.full.end());
-    track_transient();
-    give(s.full);
-  }
+  /// param_dtype bfloat16 under ShardGradOp: a unit kept gathered from its
+  /// forward to its backward (and across NoSync micro-steps) keeps the
+  /// bfloat16 copy its gather received (`low`); the value_type copy the
+  /// model's views point into goes when the model lets go of the unit and
+  /// is widened again from `low` at its next ask. Exact, since the values
+  /// are bfloat16's, and a kept unit holds half the bytes; done only where
+  /// it holds less in all (detail::keeping_low_pays: not where one unit is
+  /// most of the model, whose two copies would outweigh the others' savings).
+  bool keeps_low() const noexcept { return keep_low_; }
 
-  /// Stows the units released since the last ask, other than `except` (asked for again).
-  void stow_released(std::size_t except) {
-    for (const std::size_t w : stowing_) {
-      if (w != except) stow(w);
-    }
-    stowing_.clear();
-  }
-
-  void unstow(std::size_t w) {
+  /// The value_type copy of kept unit w, widened from its bfloat16 one.
+  void widen(std::size_t w) {
     WrappedState& s = wrapped_[w];
     s.full = take(s.low.size(), false);
     track_transient();
     for (std::size_t i = 0; i < s.low.size(); ++i) s.full[i] = to_value(s.low[i]);
-    std::vector<bfloat16>().swap(s.low);
   }
 
   /// Storage for a gathered unit or a gradient buffer of n elements: a
@@ -1041,15 +1031,13 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       ++ws.held;
       return s.view;
     }
-    // A unit whose forward ended goes once another is asked for; one kept
-    // for its backward is stowed in bfloat16 (param_dtype).
+    // A unit whose forward ended goes once another is asked for.
     free_lingering(w);
-    stow_released(w);
     if (ws.full.empty()) {
       if (ws.low.empty()) {
         gather(w);
       } else {
-        unstow(w);
+        widen(w);
       }
     }
     // The next unit's gather overlaps this one's use: decided from the
@@ -1083,7 +1071,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
     s.full = take(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), false);
+    // ShardGradOp keeps the bfloat16 copy it receives (keeps_low); otherwise it is the worker's scratch.
+    if (keeps_low()) s.low = std::vector<bfloat16>(s.full.size());
     track_transient();
+    const std::span<bfloat16> kept(s.low);
     const bool low = param_bf16_;
     const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
     trace_.push_back({Collective::all_gather, w, gathered_units(), s.full.size() * e});
@@ -1098,7 +1089,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     // The worker's time in the gather is gather_seconds; the caller's wait for it (wait_gathered) is exposed.
     s.gathering = worker_->submit("ShardedTrainer gather of " + wrapped_name(w),
                                   detail::timed(&step_.gather_seconds,
-                                                [all_gather, home, out, low, space](Communicator<backend_type>& c) {
+                                                [all_gather, home, out, kept, low, space](Communicator<backend_type>& c) {
                                                   std::span<const value_type> in = home;
                                                   if (space) {
                                                     // Into its own block of the unit, gathered in place.
@@ -1111,9 +1102,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                                                   if (!low) return all_gather(c, in, out);
                                                   // param_dtype bfloat16: rounded once, half the bytes.
                                                   const std::vector<bfloat16> mine(in.begin(), in.end());
-                                                  std::vector<bfloat16> all(out.size());
-                                                  all_gather(c, std::span<const bfloat16>(mine),
-                                                             std::span<bfloat16>(all));
+                                                  std::vector<bfloat16> scratch(kept.empty() ? out.size() : 0);
+                                                  const std::span<bfloat16> all = kept.empty() ? scratch : kept;
+                                                  all_gather(c, std::span<const bfloat16>(mine), all);
                                                   for (std::size_t i = 0; i < out.size(); ++i) {
                                                     out[i] = to_value(all[i]);
                                                   }
@@ -1166,7 +1157,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     if (s.asks == 1) {
       // ShardGradOp keeps forward's gather for the backward.
       if (!full_shard()) {
-        if (param_bf16_ && members_asked(w, 1)) stowing_.push_back(w);
+        if (keeps_low()) give(ws.full);
         return;
       }
       // FullShard reshards after forward; the unit released last in forward
@@ -1182,8 +1173,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     if (!members_asked(w, 2)) return;
     if (!keeps_gathered()) {
       free_unit(w);
-    } else if (param_bf16_) {
-      stowing_.push_back(w);
+    } else if (keeps_low()) {
+      give(ws.full);
     }
   }
 
@@ -1357,9 +1348,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       first = drain();
     }
     // A micro-step that failed keeps no gather: what follows may be anything (a checkpoint load).
-    const bool keep_gathered = keep_grads && keeps_gathered() && !first && missing.empty();
-    if (keep_gathered) stow_released(wrapped_.size());
-    release_all(keep_grads, keep_gathered);
+    release_all(keep_grads, keep_grads && keeps_gathered() && !first && missing.empty());
     if (first) std::rethrow_exception(first);
     if (!missing.empty()) {
       throw InvalidArgument(where() + ": backward reported no gradient for " + missing +
@@ -1383,7 +1372,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// `keep_gathered`: the gathered units stay too (keeps_gathered()).
   void release_all(bool keep_grads, bool keep_gathered = false) noexcept {
     lingering_.clear();
-    stowing_.clear();
     in_reduction_.clear();
     for (std::size_t w = 0; w < wrapped_.size(); ++w) {
       WrappedState& s = wrapped_[w];
@@ -1427,7 +1415,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
          .offload = offloaded(),
          .state_per_element = optimizer_state_per_element(),
          .element_bytes = sizeof(value_type),
-         .kept_element_bytes = param_bf16_ ? sizeof(bfloat16) : 0});
+         .kept_element_bytes = keep_low_ ? sizeof(bfloat16) : 0});
     if (offloaded() && !state_in_space()) {
       // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
       n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
@@ -1525,8 +1513,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// FullShard: wrapped units kept gathered after their forward until
   /// another is asked for (keep_last_forward_unit, or members not yet asked).
   std::vector<std::size_t> lingering_;
-  /// Released units to stow in bfloat16 at the next ask (stow).
-  std::vector<std::size_t> stowing_;
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
   /// accumulate() calls since the last step.
@@ -1537,6 +1523,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   value_type local_scale_ = value_type(1);
   /// param_dtype / reduce_dtype are bfloat16 (else the master type).
   bool param_bf16_ = false, reduce_bf16_ = false;
+  /// ShardGradOp keeps its gathered units' bfloat16 copies (keeps_low).
+  bool keep_low_ = false;
   TrainerStats stats_{};
   /// HybridShard's groups; declared before worker_, which runs on the first.
   std::optional<Comm> shard_comm_, replica_comm_;
