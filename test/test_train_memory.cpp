@@ -316,16 +316,16 @@ TEST_CASE("memory_budget: construction's full copy is counted; the refusal names
     CAPTURE(world);
     std::vector<std::string> refused(static_cast<std::size_t>(world));
     gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-      ShardedTrainer fits(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {});
+      ShardedTrainer fits(comm, Squares{sizes, 1}, gradsync::Adam<float>(), {});
       const MemoryNeed need = fits.memory_need();
       CHECK(need.construction < need.transient());
       const std::size_t budget = need.total();
-      ShardedTrainer within(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {.memory_budget = budget});
+      ShardedTrainer within(comm, Squares{sizes, 1}, gradsync::Adam<float>(), {.memory_budget = budget});
       within.step(Scale{1.0f});
       CHECK(within.persistent_bytes() + within.peak_transient_bytes() <= budget);
       CHECK(within.persistent_bytes() + within.construction_bytes() <= budget);
       try {
-        ShardedTrainer at_once(comm, BindSquares{Squares{sizes, 1}}, gradsync::Sgd<float>(), {.memory_budget = budget});
+        ShardedTrainer at_once(comm, BindSquares{Squares{sizes, 1}}, gradsync::Adam<float>(), {.memory_budget = budget});
       } catch (const gradsync::InvalidArgument& e) {
         refused[static_cast<std::size_t>(comm.rank())] = e.what();
       }

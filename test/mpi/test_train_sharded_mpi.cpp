@@ -117,11 +117,11 @@ TEST_CASE("mpi trace: the collectives of one step, in order and counted, the sam
   });
 }
 
-// Across processes, each rank writing its own values: every strategy starts
-// from rank 0's, whether the model writes them unit by unit (one wrapped unit
-// held at a time, one broadcast each) or all at once.
-TEST_CASE("mpi construction: init_unit and bind both start every strategy from rank 0's values") {
-  using test_squares::BindSquares;
+// Across processes, each rank writing its own values unit by unit (init_unit:
+// one wrapped unit held at a time, one broadcast each): every strategy starts
+// from rank 0's. (bind's path is the parity cases': their Mlp binds, with
+// values that differ by rank.)
+TEST_CASE("mpi construction: init_unit starts every strategy from rank 0's values, a wrapped unit at a time") {
   using test_squares::Scale;
   using test_squares::Squares;
   const int world = test::mpi_size();
@@ -134,22 +134,13 @@ TEST_CASE("mpi construction: init_unit and bind both start every strategy from r
     const std::uint64_t seed = 5 + 3 * static_cast<std::uint64_t>(comm.rank());
     for (const ShardingStrategy s : strategies_for(world)) {
       INFO("strategy = " << std::string(name(s)));
-      const ShardedTrainerOptions o = options_for(s, world);
-      ShardedTrainer by_unit(comm, Squares{sizes, seed}, gradsync::Sgd<float>({.lr = 0.1}), o);
-      ShardedTrainer at_once(comm, BindSquares{Squares{sizes, seed}}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      ShardedTrainer trainer(comm, Squares{sizes, seed}, gradsync::Sgd<float>({.lr = 0.1}), options_for(s, world));
       std::size_t largest = 0;
-      for (std::size_t w = 0; w < by_unit.unit_count(); ++w) largest = std::max(largest, by_unit.unit_size(w));
-      const bool sharded = s != ShardingStrategy::NoShard;
-      CHECK(by_unit.construction_bytes() == (sharded ? largest * sizeof(float) : 0));
-      CHECK(at_once.construction_bytes() == (sharded ? expected.size() * sizeof(float) : 0));
-      const std::vector<float> a = by_unit.full_parameters(), b = at_once.full_parameters();
-      CHECK(bitwise_equal(a, expected));
-      CHECK(bitwise_equal(b, expected));
-      by_unit.step(Scale{1.0f + static_cast<float>(comm.rank())});
-      at_once.step(Scale{1.0f + static_cast<float>(comm.rank())});
-      const std::vector<float> after = by_unit.full_parameters();
-      CHECK(bitwise_equal(after, at_once.full_parameters()));
-      CHECK(same_on_every_rank(after));
+      for (std::size_t w = 0; w < trainer.unit_count(); ++w) largest = std::max(largest, trainer.unit_size(w));
+      CHECK(trainer.construction_bytes() == (s != ShardingStrategy::NoShard ? largest * sizeof(float) : 0));
+      CHECK(bitwise_equal(trainer.full_parameters(), expected));
+      trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+      CHECK(same_on_every_rank(trainer.full_parameters()));
     }
   });
 }
