@@ -562,18 +562,26 @@ class Endpoint {
     }
   };
 
+  /// A disagreement with any peer is named before a peer that left: it is
+  /// the cause, the leaving only its consequence.
   PeerProblem peer_problem(const CallInfo& call) const {
     for (int q = 0; q < size(); ++q) {
-      if (q == rank_) continue;
       CallInfo theirs;
-      if (world_->log(q).read(call.seq, theirs) && !(theirs == call)) return {mismatch_message(call, q, theirs), true};
-      const std::uint64_t left = world_->left_after(q);
-      if (left != World::still_here && left < call.seq) {
-        return {"gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because rank " +
-                    std::to_string(q) + " left (its communicator was destroyed) after " + std::to_string(left) +
-                    " calls, so it will never join",
-                false};
-      }
+      if (q != rank_ && world_->log(q).read(call.seq, theirs) && !(theirs == call))
+        return {mismatch_message(call, q, theirs), true};
+    }
+    for (int q = 0; q < size(); ++q) {
+      const std::uint64_t left = q == rank_ ? World::still_here : world_->left_after(q);
+      if (left == World::still_here || left >= call.seq) continue;
+      // A rank that fails marks the world failed before it leaves, and
+      // reading its leave (acquire) makes that mark visible. So read the mark
+      // again: it may have been set after this rank's own check, and then the
+      // failure, not the leaving it caused, is what this call died of.
+      if (world_->aborted_for(call.seq)) return aborted_problem(call);
+      return {"gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because rank " +
+                  std::to_string(q) + " left (its communicator was destroyed) after " + std::to_string(left) +
+                  " calls, so it will never join",
+              false};
     }
     return {};
   }
@@ -603,10 +611,12 @@ class Endpoint {
 
   /// Fails the way the world failed: a disagreement is InvalidArgument on
   /// every rank, with the text that names both calls.
-  [[noreturn]] void throw_aborted(const CallInfo& call) const {
-    const AbortInfo a = world_->abort_info();
-    if (a.kind == FailureKind::invalid_argument) throw InvalidArgument(a.reason);
-    throw Aborted("gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because " + a.reason);
+  [[noreturn]] void throw_aborted(const CallInfo& call) const { aborted_problem(call).raise(); }
+
+  PeerProblem aborted_problem(const CallInfo& call) const {
+    AbortInfo a = world_->abort_info();
+    if (a.kind == FailureKind::invalid_argument) return {std::move(a.reason), true};
+    return {"gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because " + a.reason, false};
   }
 
   /// " (rank 2 has not started it: its last call was #3)", for every peer
