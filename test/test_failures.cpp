@@ -608,7 +608,9 @@ TEST_CASE("on 3 to 5 ranks every rank names a disagreement at once, whatever it 
           INFO("try " << i << ", rank " << r << ": " << o.kind << ": " << o.what);
           CHECK(o.kind == "InvalidArgument");
           CHECK((contains(o.what, "disagree") || contains(o.what, "different arguments")));
-          CHECK(o.seconds < 1.0);
+          // Under half the 5 s deadline: found, not timed out. No tighter:
+          // CI runs this under ThreadSanitizer at nice 19 beside other tests.
+          CHECK(o.seconds < 2.5);
         }
       }
     }
@@ -685,7 +687,9 @@ TEST_CASE("after a failure a communicator refuses every later call at once, nami
           INFO(e.what());
           CHECK(contains(e.what(), "refused"));
           CHECK(contains(e.what(), "AllReduce #1"));
-          CHECK(seconds_since(t0) < 0.01);
+          // Refused without waiting: a tenth of the 5 s deadline leaves room
+          // for a sanitizer build's thread that the scheduler set aside.
+          CHECK(seconds_since(t0) < 0.5);
           ++refused;
         }
       });

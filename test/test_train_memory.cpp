@@ -6,8 +6,11 @@
 #include <gradsync/gradsync.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -709,6 +712,138 @@ TEST_CASE("memory: ShardGradOp keeps its gathered units in bfloat16 under param_
     check(world, n, std::vector<std::size_t>(8, 30));
     check(world, n, {5, 200, 7});
   });
+}
+
+// A model whose compute_type is bfloat16 (LowSquares) sees each gathered
+// unit in bfloat16 and writes bfloat16 gradients: gathered units and the
+// gradient being filled take 2 bytes an element, the master shard, the
+// optimizer and the reduction (reduce_dtype unset) stay fp32.
+TEST_CASE("bfloat16 compute: the model sees bfloat16 units, trains within bfloat16 tolerance, holds half the gathered bytes") {
+  using gradsync::bfloat16;
+  const auto adam = gradsync::Adam<float>({.lr = 0.01});
+  at_worlds_with_sizes("bf16 compute", [&](int world, std::size_t n_world, const std::vector<std::size_t>& sizes) {
+    for (const ShardingStrategy strategy :
+         {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard}) {
+      for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
+        INFO("strategy = " << name(strategy)
+                           << ", accumulation = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
+        ShardedTrainerOptions o = options_for(strategy, world);
+        o.accumulation = mode;
+        // Ranks a unit is split over.
+        const std::size_t n = o.shard_size != 0 ? static_cast<std::size_t>(o.shard_size) : n_world;
+        std::size_t g_max = 0, g_sum = 0;
+        for (const std::size_t p : sizes) {
+          g_max = std::max(g_max, gathered(p, n));
+          g_sum += gathered(p, n);
+        }
+        std::vector<std::vector<float>> lows(n_world);
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          ShardedTrainer plain(comm, Squares{sizes, 7}, adam, o);
+          ShardedTrainer low(comm, LowSquares{Squares{sizes, 7}}, adam, o);
+          CHECK(low.options().param_dtype == std::nullopt);
+          // Offloaded (NoSync: sharded accumulation refuses offload), the
+          // same bfloat16 units are gathered from copies of the shards.
+          ShardedTrainerOptions off = o;
+          off.offload = std::make_shared<gradsync::HostOffloadSpace>();
+          std::optional<ShardedTrainer<LowSquares, gradsync::Adam<float>, Communicator<Threads>>> low_off;
+          if (mode == AccumulationMode::NoSync) low_off.emplace(comm, LowSquares{Squares{sizes, 7}}, adam, off);
+          const auto r = static_cast<float>(comm.rank());
+          for (int step = 0; step < 3; ++step) {
+            plain.accumulate(Scale{1.0f + r});
+            plain.step(Scale{0.5f * r});
+            low.accumulate(Scale{1.0f + r});
+            low.step(Scale{0.5f * r});
+            if (low_off) {
+              low_off->accumulate(Scale{1.0f + r});
+              low_off->step(Scale{0.5f * r});
+            }
+          }
+          if (low_off) CHECK(bitwise_equal(low_off->full_parameters(), low.full_parameters()));
+          // Memory: the persistent part is fp32's; the gathered units are
+          // in 2 bytes, and the model's gradient adds 2·max G.
+          const MemoryNeed fp32 = plain.memory_need(), bf16 = low.memory_need();
+          CHECK(bf16.persistent() == fp32.persistent());
+          CHECK(low.persistent_bytes() == plain.persistent_bytes());
+          CHECK(fp32.gathered == 4 * (strategy == ShardingStrategy::ShardGradOp ? g_sum : g_max));
+          CHECK(bf16.gathered == 2 * (strategy == ShardingStrategy::ShardGradOp ? g_sum : g_max));
+          CHECK(bf16.gradient_buffers == fp32.gradient_buffers + 2 * g_max);
+          CHECK(low.peak_transient_bytes() <= bf16.transient());
+          // FullShard's largest unit holds it, its bfloat16 gradient and its
+          // fp32 buffer at once when it is folded: the need, exactly.
+          if (strategy != ShardingStrategy::ShardGradOp && mode == AccumulationMode::Sharded) {
+            CHECK(low.peak_transient_bytes() == bf16.transient());
+          }
+          CHECK(low.plan().units.front().gathered_bytes == 2 * gathered(sizes.front(), n));
+          // The wire: gathers in bfloat16, the reduction in fp32.
+          for (const auto& e : low.trace()) {
+            const std::size_t g = gathered(sizes[e.unit], n);
+            if (e.collective == gradsync::Collective::all_gather) CHECK(e.bytes == 2 * g);
+            if (e.collective == gradsync::Collective::reduce_scatter) CHECK(e.bytes == 4 * g);
+          }
+          // What the model sees is the fp32 master rounded to bfloat16, once.
+          const std::vector<float> master = low.full_parameters();
+          lows[static_cast<std::size_t>(comm.rank())] = master;
+          low.evaluate([&](const gradsync::StepContext<bfloat16>& ctx) {
+            std::size_t at = 0;
+            for (std::size_t u = 0; u < sizes.size(); ++u) {
+              const auto p = ctx.params(u);
+              for (const bfloat16 x : p->flat_params) CHECK(x == bfloat16(master[at++]));
+            }
+          });
+          // Each parameter the model sees and each gradient it writes is
+          // rounded to 2^-9 relative; Adam's update is lr·m/√v, which that
+          // moves by at most about lr·2^-8, so 3 steps stay within
+          // 3·lr·2^-8 = 1.2e-4 (measured at N = 1..4: 4e-6 to 7.5e-6).
+          const std::vector<float> reference = plain.full_parameters();
+          const double drift = worst_relative(master, reference);
+          CAPTURE(drift);
+          CHECK(drift <= 3 * 0.01 * std::ldexp(1.0, -8));
+          CHECK(!bitwise_equal(master, reference));
+        });
+        for (const auto& x : lows) CHECK(bitwise_equal(x, lows.front()));
+      }
+    }
+  });
+}
+
+namespace {
+
+/// LowSquares with a buffer in its first unit.
+struct LowSquaresWithBuffer : LowSquares {
+  std::vector<gradsync::UnitSpec> units() const {
+    std::vector<gradsync::UnitSpec> u = LowSquares::units();
+    u.front().buffers.push_back({"running_mean", {3}});
+    return u;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bfloat16 compute: NoShard, a float32 param_dtype and buffers throw on every rank") {
+  for (int world = 1; world <= 3; ++world) {
+    CAPTURE(world);
+    auto refused = [&](auto model, ShardedTrainerOptions o, const char* needle) {
+      INFO("expected: " << std::string(needle));
+      std::vector<std::string> messages(static_cast<std::size_t>(world));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        try {
+          ShardedTrainer trainer(comm, model, gradsync::Sgd<float>(), o);
+        } catch (const gradsync::InvalidArgument& e) {
+          messages[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+      });
+      for (const std::string& m : messages) {
+        INFO(m);
+        CHECK(m.find(needle) != std::string::npos);
+      }
+    };
+    const LowSquares model{Squares{{5, 8}, 3}};
+    refused(model, {.strategy = ShardingStrategy::NoShard}, "NoShard lends the model the float master");
+    ShardedTrainerOptions f32;
+    f32.param_dtype = gradsync::DataType::float32;
+    refused(model, f32, "leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not float");
+    refused(LowSquaresWithBuffer{model}, {}, "declares buffers (unit 'u0', 'running_mean')");
+  }
 }
 
 }  // namespace test_train_memory

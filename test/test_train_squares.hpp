@@ -63,6 +63,39 @@ struct Squares {
   }
 };
 
+/// Squares computed in bfloat16 (compute_type): a sharded trainer lends it
+/// each gathered unit in bfloat16 and takes its gradient in bfloat16; its
+/// initial values, the master shard and the optimizer stay float. Its
+/// arithmetic is float's on the bfloat16 values, rounded once into the
+/// gradient, as a bfloat16 GEMM accumulates in float.
+struct LowSquares {
+  using value_type = float;
+  using compute_type = gradsync::bfloat16;
+  Squares model;
+
+  std::vector<gradsync::UnitSpec> units() const { return model.units(); }
+  void init_unit(std::size_t u, const gradsync::UnitView<float>& view) { model.init_unit(u, view); }
+  double forward_backward(const Scale& batch, const gradsync::StepContext<gradsync::bfloat16>& ctx) const {
+    double loss = 0;
+    for (std::size_t u = 0; u < model.sizes.size(); ++u) {
+      const auto p = ctx.params(u);
+      for (const gradsync::bfloat16 x : p->flat_params) {
+        const auto v = static_cast<double>(static_cast<float>(x));
+        loss += 0.5 * double(batch.factor) * v * v;
+      }
+    }
+    for (std::size_t u = model.sizes.size(); u-- > 0;) {
+      const auto p = ctx.params(u);
+      for (std::size_t i = 0; i < p->flat_params.size(); ++i) {
+        gradsync::bfloat16& g = p->flat_grads[i];
+        g = static_cast<float>(g) + batch.factor * static_cast<float>(p->flat_params[i]);
+      }
+      ctx.ready(u);
+    }
+    return loss;
+  }
+};
+
 /// Four units of 1..largest elements, and one of fewer elements than N (some
 /// ranks' chunks then hold only padding).
 inline std::vector<std::size_t> random_sizes(std::mt19937_64& rng, int world, std::size_t largest = 40) {

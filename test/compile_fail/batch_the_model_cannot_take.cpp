@@ -1,5 +1,5 @@
 // step() with a batch type the model has no forward_backward for.
-// expect: the model has no `double forward_backward(const Batch&, const gradsync::StepContext<value_type>&)` for this batch type
+// expect: the model has no `double forward_backward(const Batch&, const gradsync::StepContext<compute_type>&)` for this batch type
 #include <gradsync/gradsync.hpp>
 
 struct Images {};

@@ -86,6 +86,10 @@ struct ShardedMemoryShape {
   /// per element of a gathered unit kept while the model does not hold it
   /// (2: its bfloat16 copy); 0: element_bytes.
   std::size_t kept_element_bytes = 0;
+  /// A model computing in bfloat16 (compute_type): bytes per element of
+  /// its gathered units and of the gradient it writes (2); 0: element_bytes,
+  /// the model computes in the master type.
+  std::size_t compute_element_bytes = 0;
 };
 
 /// What ShardedTrainer holds per rank, from its wrapped units' sizes P_u,
@@ -103,6 +107,11 @@ struct ShardedMemoryShape {
 ///   bytes an element against e), the gathered part is k·Σ G + e·max G:
 ///   every unit's bfloat16 copy, and the value_type copy of the one the
 ///   model holds.
+/// - A model computing in bfloat16 (h = 2 bytes): its gathered units are
+///   h·G_u each, with no e-byte copy, and it writes its gradient into an
+///   h·R_u buffer, which is added into the e-byte one once the unit is
+///   ready; the gathered part above is then in h bytes, and the gradient
+///   buffers part gains h·max R (the unit being filled).
 /// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
 ///   place of the above's gradient buffers. ShardGradOp then holds Σ G + Σ R
 ///   from the first micro-step's backward to the synced step's: it keeps
@@ -141,13 +150,17 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
   }
   if (shape.sharded) {
     const std::size_t k = shape.kept_element_bytes;
-    if (shape.keeps_forward_gathers && k != 0 && k < e) {
+    const std::size_t h = shape.compute_element_bytes;
+    if (h != 0) {
+      need.gathered = h * (shape.keeps_forward_gathers ? gathered_sum : (shape.prefetch ? 2 : 1) * gathered_max);
+    } else if (shape.keeps_forward_gathers && k != 0 && k < e) {
       need.gathered = k * gathered_sum + e * gathered_max;
     } else {
       need.gathered = e * (shape.keeps_forward_gathers ? gathered_sum : (shape.prefetch ? 2 : 1) * gathered_max);
     }
     need.gradient_buffers =
-        e * (shape.keeps_unsharded_grads ? buffer_sum : (shape.keeps_forward_gathers ? 2 : 1) * buffer_max);
+        e * (shape.keeps_unsharded_grads ? buffer_sum : (shape.keeps_forward_gathers ? 2 : 1) * buffer_max) +
+        h * gathered_max;
   }
   return need;
 }

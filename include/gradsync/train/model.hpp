@@ -14,8 +14,11 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "gradsync/core/bfloat16.hpp"
 
 namespace gradsync {
 
@@ -133,6 +136,30 @@ class StepContext {
 namespace detail {
 template <class M>
 concept ModelHasValueType = requires { typename M::value_type; } && std::floating_point<typename M::value_type>;
+
+/// The element type a model computes in: `M::compute_type` where it
+/// declares one, else its value_type.
+template <class M>
+struct ComputeType {
+  using type = typename M::value_type;
+};
+template <class M>
+  requires requires { typename M::compute_type; }
+struct ComputeType<M> {
+  using type = typename M::compute_type;
+};
+template <class M>
+using compute_t = typename ComputeType<M>::type;
+
+/// A compute_type, if declared, is the value_type or bfloat16.
+template <class M>
+concept ModelComputeType = ModelHasValueType<M> && (std::same_as<compute_t<M>, typename M::value_type> ||
+                                                     std::same_as<compute_t<M>, bfloat16>);
+
+/// The model's steps see value_type views (no compute_type of its own).
+template <class M>
+concept ModelComputesInValueType = ModelHasValueType<M> && std::same_as<compute_t<M>, typename M::value_type>;
+
 template <class M>
 concept ModelDeclaresUnits = requires(const M& m) {
   { m.units() } -> std::convertible_to<std::vector<UnitSpec>>;
@@ -161,7 +188,16 @@ void write_initial_values(M& model, std::span<const UnitView<typename M::value_t
 }  // namespace detail
 
 /// A model a trainer can own:
-/// - `using value_type = float;` (or double): the element type of its storage;
+/// - `using value_type = float;` (or double): the element type of its
+///   storage: of its master parameters, which the optimizer steps, and of
+///   the views its initial values are written into;
+/// - optionally `using compute_type = gradsync::bfloat16;`: the element type
+///   of the views its steps see (StepContext<compute_type>), value_type if
+///   not declared. A model that computes in bfloat16 trains under
+///   ShardedTrainer's sharded strategies, which gather its units in
+///   bfloat16 and take its bfloat16 gradients (FSDP's param_dtype);
+///   ReplicatedTrainer, which lends the model its own storage, and NoShard
+///   refuse it;
 /// - `std::vector<UnitSpec> units() const`: its parameters and buffers,
 ///   grouped into units, in forward order;
 /// - its initial values, written by one of
@@ -181,17 +217,17 @@ void write_initial_values(M& model, std::span<const UnitView<typename M::value_t
 ///   StepContext::params (a sharded trainer holds them only in shards).
 /// Its forward/backward is checked separately, per batch type (TrainableOn).
 template <class M>
-concept Model = detail::ModelHasValueType<M> && detail::ModelDeclaresUnits<M> &&
+concept Model = detail::ModelHasValueType<M> && detail::ModelComputeType<M> && detail::ModelDeclaresUnits<M> &&
                 detail::ModelWritesInitialValues<M> && std::move_constructible<M>;
 
 /// A model that can train on `Batch`: `double forward_backward(const Batch&,
-/// const StepContext<value_type>&)` runs forward and backward, holding each
+/// const StepContext<compute_type>&)` runs forward and backward, holding each
 /// unit's parameters through `ctx.params(u)` while it uses them, adds (+=)
 /// the gradient of its mean loss into the grad views, calls `ctx.ready(u)`
 /// once per unit that received a gradient, and returns the loss.
 template <class M, class Batch>
 concept TrainableOn =
-    Model<M> && requires(M& m, const Batch& b, const StepContext<typename M::value_type>& ctx) {
+    Model<M> && requires(M& m, const Batch& b, const StepContext<detail::compute_t<M>>& ctx) {
       { m.forward_backward(b, ctx) } -> std::convertible_to<double>;
     };
 

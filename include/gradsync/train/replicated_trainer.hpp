@@ -104,6 +104,11 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                 "parameters, gradients and buffers in host vectors and steps the optimizer on the host, which "
                 "cannot work on device pointers. On a device-memory backend (Nccl), train with your own device "
                 "buffers and the primitives (AllReduce, Broadcast).");
+  // (A model without a value_type is reported by TrainerBase's own check.)
+  static_assert(!detail::ModelHasValueType<M> || detail::ModelComputesInValueType<M>,
+                "gradsync::ReplicatedTrainer lends the model its own value_type storage, so the model must compute "
+                "in its value_type. A model whose compute_type is bfloat16 trains under ShardedTrainer with "
+                "FullShard, ShardGradOp or HybridShard, which gather its units in bfloat16.");
 
  public:
   using typename Base::backend_type;

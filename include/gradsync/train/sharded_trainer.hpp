@@ -115,11 +115,15 @@ struct ShardedTrainerOptions {
   std::size_t limit_all_gathers = 2;
   /// The element type parameters are gathered in: the master type
   /// (value_type; unset, the default) or DataType::bfloat16, which rounds
-  /// the master shard once per gather and halves the gather's bytes. The
-  /// model still sees value_type views (holding the rounded values) and
-  /// computes in value_type: the model protocol's views are value_type.
-  /// A unit kept gathered while the model does not hold it (ShardGradOp's,
-  /// from forward to backward) is kept in bfloat16, half the bytes.
+  /// the master shard once per gather and halves the gather's bytes.
+  /// - A model that computes in bfloat16 (`using compute_type =
+  ///   gradsync::bfloat16;`) sees the gathered bfloat16 unit itself and
+  ///   writes bfloat16 gradients: gathered units and the gradient it fills
+  ///   take half the bytes. Unset, param_dtype is then bfloat16.
+  /// - A model that computes in value_type sees value_type views holding
+  ///   the rounded values; a unit kept gathered while the model does not
+  ///   hold it (ShardGradOp's, from forward to backward) is kept in
+  ///   bfloat16 where that holds less.
   std::optional<DataType> param_dtype{};
   /// The element type gradients are reduced in: the master type unless set
   /// (DataType::bfloat16 halves the bytes and rounds each rank's gradient
@@ -222,11 +226,17 @@ struct ShardedTraceEvent {
 /// timing, so every rank queues the same collectives in the same order.
 ///
 /// Mixed precision: param_dtype bfloat16 gathers the fp32 master shard
-/// rounded to bfloat16 (half the gather's bytes; the model sees value_type
-/// views of the rounded values, and ShardGradOp keeps the units it holds on
-/// to between forward and backward in bfloat16); reduce_dtype bfloat16 reduces gradients in
-/// it. Both default to the master type. NoShard gathers nothing, so
-/// param_dtype does not apply to it.
+/// rounded to bfloat16 (half the gather's bytes). A model whose
+/// compute_type is bfloat16 computes on the gathered bfloat16 unit and
+/// writes bfloat16 gradients, which are added into a master-type buffer
+/// once its unit is ready and reduced from there (FSDP's param_dtype with
+/// the master type as reduce_dtype); it needs a sharded strategy and no
+/// buffers. A model computing in value_type sees value_type views of the
+/// rounded values (and ShardGradOp keeps the units it holds on to between
+/// forward and backward in bfloat16). reduce_dtype bfloat16 reduces
+/// gradients in it. Both default to the master type, param_dtype to
+/// bfloat16 for a bfloat16 model. NoShard gathers nothing, so param_dtype
+/// does not apply to it.
 ///
 /// Memory: memory_need() is the formula (persistent bytes exactly, the
 /// transient peak as a bound), peak_transient_bytes() what was really held,
@@ -256,6 +266,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
  public:
   using typename Base::backend_type;
   using typename Base::value_type;
+  /// The element type of the views the model sees in a step: its
+  /// compute_type, value_type unless it declares bfloat16.
+  using compute_type = detail::compute_t<M>;
 
   ShardedTrainer(Comm& comm, M model, Opt optimizer, ShardedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
@@ -266,6 +279,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."};
     detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget, {&offload, 1});
     precision();
+    check_compute();
     check_offload();
     split();
     layout();
@@ -398,7 +412,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         t.step_ = step;
       }
     } end{*this, step_};
-    const StepContext<value_type> ctx(provider_);
+    const StepContext<compute_type> ctx(provider_);
     return std::forward<F>(f)(ctx);
   }
 
@@ -552,7 +566,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
  private:
   /// A model unit in this step.
   struct MemberState {
-    UnitView<value_type> view;  ///< what the model sees while it holds the unit
+    UnitView<compute_type> view;  ///< what the model sees while it holds the unit
     int asks = 0;               ///< in this step: 1 = forward, 2 = backward
     bool held = false;
     bool ready = false;
@@ -591,8 +605,12 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     /// param_dtype bfloat16 under ShardGradOp: the gathered unit as it was
     /// gathered, kept from its forward to its backward while `full` (its
     /// value_type copy, for the model) exists only while the model holds it.
+    /// A model computing in bfloat16: the gathered unit itself (no `full`).
     std::vector<bfloat16> low;
     Storage grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
+    /// A model computing in bfloat16: its gradient of this backward, N·c,
+    /// added into `grad` once every member is ready (fold_low_grad).
+    std::vector<bfloat16> low_grad;
     std::size_t held = 0;          ///< members the model holds
     std::size_t ready = 0;         ///< members reported ready in this backward
     Request request;               ///< the gradient's reduction
@@ -600,10 +618,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   };
 
   /// Lends the model its units: gathers on demand, frees on release.
-  class Provider final : public detail::UnitProvider<value_type> {
+  class Provider final : public detail::UnitProvider<compute_type> {
    public:
     explicit Provider(ShardedTrainer& t) : t_(t) {}
-    const UnitView<value_type>& acquire(std::size_t u) override { return t_.acquire(u); }
+    const UnitView<compute_type>& acquire(std::size_t u) override { return t_.acquire(u); }
     void release(std::size_t u) noexcept override { t_.release(u); }
     void ready(std::size_t u) override { t_.ready(u); }
 
@@ -612,6 +630,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   };
 
   std::size_t optimizer_state_per_element() const noexcept { return detail::optimizer_state_per_element(opt_); }
+
+  /// The model computes in bfloat16 (compute_type): its units are gathered
+  /// into bfloat16 storage that its views point into, and it writes its
+  /// gradients in bfloat16.
+  static constexpr bool computes_low = !std::is_same_v<compute_type, value_type>;
 
   bool sharded() const noexcept { return o_.strategy != ShardingStrategy::NoShard; }
   bool full_shard() const noexcept {
@@ -656,6 +679,32 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     };
     param_bf16_ = low(o_.param_dtype, "ShardedTrainerOptions::param_dtype");
     reduce_bf16_ = low(o_.reduce_dtype, "ShardedTrainerOptions::reduce_dtype");
+  }
+
+  /// A model computing in bfloat16 is gathered in it, on a sharded
+  /// strategy, and has no buffers. Every rank has the same model type and
+  /// units, so every rank throws alike, before anything is allocated.
+  void check_compute() {
+    if constexpr (computes_low) {
+      const std::string why = where() + ": the model computes in bfloat16 (its compute_type)";
+      if (o_.param_dtype && !param_bf16_) {
+        throw InvalidArgument(why + ", so its units are gathered in bfloat16: leave ShardedTrainerOptions::"
+                                    "param_dtype unset or make it bfloat16, not " +
+                              std::string(name(*o_.param_dtype)));
+      }
+      param_bf16_ = true;
+      if (!sharded()) {
+        throw InvalidArgument(why + ", and NoShard lends the model the " + std::string(name(data_type_v<value_type>)) +
+                              " master parameters in place: use FullShard, ShardGradOp or HybridShard");
+      }
+      for (const UnitSpec& u : specs_) {
+        if (!u.buffers.empty()) {
+          throw InvalidArgument(why + " and declares buffers (unit '" + u.name + "', '" + u.buffers.front().name +
+                                "'), which are kept in " + std::string(name(data_type_v<value_type>)) +
+                                " and lent in place: a bfloat16 model with buffers is not supported");
+        }
+      }
+    }
   }
 
   /// HybridShard: the shard group and the replica group of this rank, both
@@ -726,7 +775,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     }
     members_.resize(specs_.size());
     wrapped_.resize(groups_.size());
-    keep_low_ = param_bf16_ && o_.strategy == ShardingStrategy::ShardGradOp &&
+    keep_low_ = !computes_low && param_bf16_ && o_.strategy == ShardingStrategy::ShardGradOp &&
                 detail::keeping_low_pays(sizes_, n, sizeof(value_type), sizeof(bfloat16));
     make_plan();
   }
@@ -748,28 +797,32 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       u.shard = chunks_[w];
       u.padding = sharded() ? n * chunks_[w] - sizes_[w] : 0;
       u.bytes_per_rank = (2 + plan_.state_per_element) * sizeof(value_type) * chunks_[w];
-      u.gathered_bytes = sharded() ? n * chunks_[w] * sizeof(value_type) : 0;
+      u.gathered_bytes = sharded() ? n * chunks_[w] * sizeof(compute_type) : 0;
       plan_.units.push_back(std::move(u));
     }
   }
 
-  /// Views of unit u over `params` (P elements) and `grads` (P or none), and its buffers.
-  UnitView<value_type> make_view(std::size_t u, std::span<value_type> params, std::span<value_type> grads) {
-    UnitView<value_type> v;
+  /// Views of unit u over `params` (P elements) and `grads` (P or none),
+  /// and its buffers (value_type ones: a bfloat16 model has none, check_compute).
+  template <class T>
+  UnitView<T> make_view(std::size_t u, std::span<T> params, std::type_identity_t<std::span<T>> grads) {
+    UnitView<T> v;
     std::size_t p = 0;
     for (const TensorSpec& t : specs_[u].params) {
-      const std::span<value_type> g = grads.empty() ? std::span<value_type>() : grads.subspan(p, t.count());
+      const std::span<T> g = grads.empty() ? std::span<T>() : grads.subspan(p, t.count());
       v.params.push_back({params.subspan(p, t.count()), g, &t});
       p += t.count();
     }
-    std::size_t b = 0;
-    for (const TensorSpec& t : specs_[u].buffers) {
-      v.buffers.push_back({std::span<value_type>(buffers_).subspan(buffer_offsets_[u] + b, t.count()), {}, &t});
-      b += t.count();
-    }
     v.flat_params = params;
     v.flat_grads = grads;
-    v.flat_buffers = std::span<value_type>(buffers_).subspan(buffer_offsets_[u], b);
+    if constexpr (std::is_same_v<T, value_type>) {
+      std::size_t b = 0;
+      for (const TensorSpec& t : specs_[u].buffers) {
+        v.buffers.push_back({std::span<value_type>(buffers_).subspan(buffer_offsets_[u] + b, t.count()), {}, &t});
+        b += t.count();
+      }
+      v.flat_buffers = std::span<value_type>(buffers_).subspan(buffer_offsets_[u], b);
+    }
     return v;
   }
 
@@ -794,9 +847,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       std::vector<UnitView<value_type>> views;
       for (std::size_t u = 0; u < specs_.size(); ++u) {
         const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
-        members_[u].view = make_view(u, std::span<value_type>(shard_params_).subspan(from, model_sizes_[u]),
-                                     std::span<value_type>(shard_grads_).subspan(from, model_sizes_[u]));
-        views.push_back(members_[u].view);
+        views.push_back(make_view(u, std::span<value_type>(shard_params_).subspan(from, model_sizes_[u]),
+                                  std::span<value_type>(shard_grads_).subspan(from, model_sizes_[u])));
+        // A bfloat16 model never gets here (check_compute refuses NoShard).
+        if constexpr (!computes_low) members_[u].view = views.back();
       }
       detail::write_initial_values(model_, std::span<const UnitView<value_type>>(views));
       broadcast(comm_, std::span<value_type>(shard_params_), 0);
@@ -873,7 +927,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     const double exposed_before = step_.exposed_comm_seconds;
     double loss = 0;
     try {
-      const StepContext<value_type> ctx(provider_);
+      const StepContext<compute_type> ctx(provider_);
       loss = static_cast<double>(model_.forward_backward(batch, ctx));
     } catch (...) {
       abandon_step();
@@ -929,11 +983,30 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     std::vector<bfloat16>().swap(wrapped_[w].low);
   }
 
+  /// A model computing in bfloat16: wrapped unit w's gradient, final in its
+  /// bfloat16 buffer, is added into the value_type buffer that is reduced
+  /// (under NoSync, the one kept across micro-steps), and the bfloat16 one
+  /// goes. Each rank's gradient is rounded once, by the model's arithmetic;
+  /// the reduction and the accumulation are in reduce_dtype and value_type.
+  void fold_low_grad(std::size_t w) {
+    WrappedState& s = wrapped_[w];
+    if (s.grad.empty()) {
+      // As acquire's buffer for a value_type model: FullShard holds one at a time.
+      retire_reductions(full_shard() ? 0 : 1);
+      const std::size_t n = static_cast<std::size_t>(shard_comm().size()) + (offloaded() ? 1 : 0);
+      s.grad = take(chunks_[w] * n, true);
+      track_transient();
+    }
+    for (std::size_t i = 0; i < s.low_grad.size(); ++i) s.grad[i] += to_value(s.low_grad[i]);
+    std::vector<bfloat16>().swap(s.low_grad);
+  }
+
   /// Bytes of gathered units and gradient buffers held now (spares aside).
   std::size_t transient_held() const noexcept {
     std::size_t held = 0;
     for (const WrappedState& s : wrapped_) {
-      held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type) + s.low.capacity() * sizeof(bfloat16);
+      held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type) +
+              (s.low.capacity() + s.low_grad.capacity()) * sizeof(bfloat16);
     }
     return held;
   }
@@ -1011,7 +1084,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
 
   /// Model unit u's views; the first ask of any member of a wrapped unit
   /// gathers the whole wrapped unit, which its other members then share.
-  const UnitView<value_type>& acquire(std::size_t u) {
+  const UnitView<compute_type>& acquire(std::size_t u) {
     check_unit(u, "asked for");
     MemberState& s = members_[u];
     const std::size_t w = member_of_[u];
@@ -1033,7 +1106,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     }
     // A unit whose forward ended goes once another is asked for.
     free_lingering(w);
-    if (ws.full.empty()) {
+    if (computes_low) {
+      if (ws.low.empty()) gather(w);
+    } else if (ws.full.empty()) {
       if (ws.low.empty()) {
         gather(w);
       } else {
@@ -1045,6 +1120,21 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     if (!evaluating_ && !backward && o_.forward_prefetch && w + 1 < wrapped_.size()) prefetch(w + 1);
     if (backward && o_.backward_prefetch == BackwardPrefetch::BackwardPre && w > 0) prefetch(w - 1);
     wait_gathered(w);
+    if constexpr (computes_low) {
+      std::span<bfloat16> grads;
+      if (backward) {
+        // Zeroed per backward: the model adds into it; NoSync's sum is in `grad`.
+        if (ws.low_grad.empty()) {
+          ws.low_grad.assign(ws.low.size(), bfloat16(0.0f));
+          track_transient();
+        }
+        grads = std::span<bfloat16>(ws.low_grad).subspan(member_offset_[u], model_sizes_[u]);
+      }
+      s.view = make_view(u, std::span<bfloat16>(ws.low).subspan(member_offset_[u], model_sizes_[u]), grads);
+      s.held = true;
+      ++ws.held;
+      return s.view;
+    }
     std::span<value_type> grads;
     if (backward) {
       // Under NoSync the gradient of earlier micro-steps is still there.
@@ -1061,7 +1151,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       }
       grads = std::span<value_type>(ws.grad).subspan(member_offset_[u], model_sizes_[u]);
     }
-    s.view = make_view(u, std::span<value_type>(ws.full).subspan(member_offset_[u], model_sizes_[u]), grads);
+    if constexpr (!computes_low) {
+      s.view = make_view(u, std::span<value_type>(ws.full).subspan(member_offset_[u], model_sizes_[u]), grads);
+    }
     s.held = true;
     ++ws.held;
     return s.view;
@@ -1070,15 +1162,21 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Starts gathering wrapped unit w on the worker, behind what is queued there.
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
-    s.full = take(chunks_[w] * static_cast<std::size_t>(shard_comm().size()), false);
-    // ShardGradOp keeps the bfloat16 copy it receives (keeps_low); otherwise it is the worker's scratch.
-    if (keeps_low()) s.low = std::vector<bfloat16>(s.full.size());
+    const std::size_t g = chunks_[w] * static_cast<std::size_t>(shard_comm().size());
+    if (computes_low) {
+      // The model's views point into what the gather receives.
+      s.low.assign(g, bfloat16(0.0f));
+    } else {
+      s.full = take(g, false);
+      // ShardGradOp keeps the bfloat16 copy it receives (keeps_low); otherwise it is the worker's scratch.
+      if (keeps_low()) s.low = std::vector<bfloat16>(g);
+    }
     track_transient();
     const std::span<bfloat16> kept(s.low);
     const bool low = param_bf16_;
     const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
-    trace_.push_back({Collective::all_gather, w, gathered_units(), s.full.size() * e});
-    count_sent(Collective::all_gather, s.full.size(), shard_comm(), e);
+    trace_.push_back({Collective::all_gather, w, gathered_units(), g * e});
+    count_sent(Collective::all_gather, g, shard_comm(), e);
     const std::span<const value_type> home = unit_shard(w);
     const std::span<value_type> out(s.full);
     const AllGather<Algo> all_gather{o_.collective};
@@ -1091,10 +1189,18 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                                   detail::timed(&step_.gather_seconds,
                                                 [all_gather, home, out, kept, low, space](Communicator<backend_type>& c) {
                                                   std::span<const value_type> in = home;
+                                                  std::vector<value_type> staged;
                                                   if (space) {
-                                                    // Into its own block of the unit, gathered in place.
-                                                    const std::span<value_type> own = out.subspan(
-                                                        static_cast<std::size_t>(c.rank()) * home.size(), home.size());
+                                                    // Into its own block of the unit, gathered in place; a
+                                                    // bfloat16 model's unit has no value_type block to use.
+                                                    std::span<value_type> own;
+                                                    if (computes_low) {
+                                                      staged.resize(home.size());
+                                                      own = staged;
+                                                    } else {
+                                                      own = out.subspan(static_cast<std::size_t>(c.rank()) * home.size(),
+                                                                        home.size());
+                                                    }
                                                     space->copy_in(own.data(), home.data(), home.size_bytes());
                                                     space->wait();
                                                     in = own;
@@ -1205,6 +1311,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     m.ready = true;
     const std::size_t u_w = member_of_[u];
     if (++wrapped_[u_w].ready < last_member(u_w) - first_member(u_w) + 1) return;
+    if constexpr (computes_low) fold_low_grad(u_w);
     if (sharded() && o_.backward_prefetch == BackwardPrefetch::BackwardPost && u_w > 0) prefetch(u_w - 1);
     if (!reducing_) return;
     reduce(u_w);
@@ -1378,6 +1485,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       s.request = Request();
       s.gathering = Request();
       if (!keep_grads) give(s.grad);
+      // Folded at ready; one is left only by a backward that failed part-way.
+      std::vector<bfloat16>().swap(s.low_grad);
       if (sharded() && !keep_gathered) free_unit(w);
       s.held = 0;
     }
@@ -1415,7 +1524,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
          .offload = offloaded(),
          .state_per_element = optimizer_state_per_element(),
          .element_bytes = sizeof(value_type),
-         .kept_element_bytes = keep_low_ ? sizeof(bfloat16) : 0});
+         .kept_element_bytes = keep_low_ ? sizeof(bfloat16) : 0,
+         .compute_element_bytes = computes_low ? sizeof(bfloat16) : 0});
     if (offloaded() && !state_in_space()) {
       // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
       n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();

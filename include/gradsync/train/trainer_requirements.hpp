@@ -23,6 +23,11 @@ struct TrainerRequirements {
   static consteval bool model_and_optimizer() {
     static_assert(ModelHasValueType<M>,
                   "gradsync trainer: the model must declare `using value_type = float;` (or double)");
+    if constexpr (ModelHasValueType<M>) {
+      static_assert(ModelComputeType<M>,
+                    "gradsync trainer: the model's compute_type, if it declares one, must be its value_type or "
+                    "gradsync::bfloat16");
+    }
     static_assert(ModelDeclaresUnits<M>,
                   "gradsync trainer: the model must declare its parameters with "
                   "`std::vector<gradsync::UnitSpec> units() const`");
@@ -45,7 +50,8 @@ struct TrainerRequirements {
   static consteval bool batch() {
     static_assert(TrainableOn<M, Batch>,
                   "gradsync trainer: the model has no `double forward_backward(const Batch&, "
-                  "const gradsync::StepContext<value_type>&)` for this batch type");
+                  "const gradsync::StepContext<compute_type>&)` for this batch type (compute_type: the "
+                  "model's value_type unless it declares one)");
     return true;
   }
 };
