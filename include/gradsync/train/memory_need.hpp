@@ -90,6 +90,9 @@ struct ShardedMemoryShape {
   /// its gathered units and of the gradient it writes (2); 0: element_bytes,
   /// the model computes in the master type.
   std::size_t compute_element_bytes = 0;
+  /// With compute_element_bytes: each gradient is reduced from the buffer
+  /// the model wrote (reduce_dtype bfloat16), with no e-byte buffer.
+  bool reduces_in_compute_type = false;
 };
 
 /// What ShardedTrainer holds per rank, from its wrapped units' sizes P_u,
@@ -111,7 +114,10 @@ struct ShardedMemoryShape {
 ///   h·G_u each, with no e-byte copy, and it writes its gradient into an
 ///   h·R_u buffer, which is added into the e-byte one once the unit is
 ///   ready; the gathered part above is then in h bytes, and the gradient
-///   buffers part gains h·max R (the unit being filled).
+///   buffers part gains h·max R (the unit being filled). Reduced in h
+///   bytes too (reduces_in_compute_type), the e-byte buffers go: the
+///   gradient buffers part is h·max R under FullShard, 2h·max R under
+///   ShardGradOp (one reduction in flight while the next is filled).
 /// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
 ///   place of the above's gradient buffers. ShardGradOp then holds Σ G + Σ R
 ///   from the first micro-step's backward to the synced step's: it keeps
@@ -158,9 +164,13 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
     } else {
       need.gathered = e * (shape.keeps_forward_gathers ? gathered_sum : (shape.prefetch ? 2 : 1) * gathered_max);
     }
-    need.gradient_buffers =
-        e * (shape.keeps_unsharded_grads ? buffer_sum : (shape.keeps_forward_gathers ? 2 : 1) * buffer_max) +
-        h * gathered_max;
+    if (h != 0 && shape.reduces_in_compute_type) {
+      need.gradient_buffers = h * (shape.keeps_forward_gathers ? 2 : 1) * gathered_max;
+    } else {
+      need.gradient_buffers =
+          e * (shape.keeps_unsharded_grads ? buffer_sum : (shape.keeps_forward_gathers ? 2 : 1) * buffer_max) +
+          h * gathered_max;
+    }
   }
   return need;
 }

@@ -119,7 +119,9 @@ struct ShardedTrainerOptions {
   /// - A model that computes in bfloat16 (`using compute_type =
   ///   gradsync::bfloat16;`) sees the gathered bfloat16 unit itself and
   ///   writes bfloat16 gradients: gathered units and the gradient it fills
-  ///   take half the bytes. Unset, param_dtype is then bfloat16.
+  ///   take half the bytes, and with reduce_dtype bfloat16 the gradient is
+  ///   reduced from there, with no master-type copy. Unset, param_dtype is
+  ///   then bfloat16.
   /// - A model that computes in value_type sees value_type views holding
   ///   the rounded values; a unit kept gathered while the model does not
   ///   hold it (ShardGradOp's, from forward to backward) is kept in
@@ -230,7 +232,9 @@ struct ShardedTraceEvent {
 /// compute_type is bfloat16 computes on the gathered bfloat16 unit and
 /// writes bfloat16 gradients, which are added into a master-type buffer
 /// once its unit is ready and reduced from there (FSDP's param_dtype with
-/// the master type as reduce_dtype); it needs a sharded strategy and no
+/// the master type as reduce_dtype), or with reduce_dtype bfloat16 are
+/// reduce-scattered from the model's bfloat16 buffer itself, which halves
+/// FullShard's transient bytes; it needs a sharded strategy and no
 /// buffers. A model computing in value_type sees value_type views of the
 /// rounded values (and ShardGradOp keeps the units it holds on to between
 /// forward and backward in bfloat16). reduce_dtype bfloat16 reduces
@@ -635,6 +639,17 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// into bfloat16 storage that its views point into, and it writes its
   /// gradients in bfloat16.
   static constexpr bool computes_low = !std::is_same_v<compute_type, value_type>;
+
+  /// A model computing in bfloat16 with reduce_dtype bfloat16: each unit's
+  /// gradient is reduce-scattered from the bfloat16 buffer the model wrote,
+  /// with no value_type buffer at all (FSDP's param_dtype = reduce_dtype =
+  /// bfloat16). Not where the gradient must outlive the step in value_type
+  /// (NoSync) or be copied out to an offload space, nor on one rank, which
+  /// rounds nothing for a wire: there it is folded (fold_low_grad).
+  bool reduces_low_grad() const noexcept {
+    return computes_low && reduce_bf16_ && comm_.size() > 1 && !offloaded() &&
+           o_.accumulation != AccumulationMode::NoSync;
+  }
 
   bool sharded() const noexcept { return o_.strategy != ShardingStrategy::NoShard; }
   bool full_shard() const noexcept {
@@ -1125,6 +1140,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       if (backward) {
         // Zeroed per backward: the model adds into it; NoSync's sum is in `grad`.
         if (ws.low_grad.empty()) {
+          // Reduced from itself: FullShard holds one at a time, as a value_type buffer below.
+          if (reduces_low_grad()) retire_reductions(full_shard() ? 0 : 1);
           ws.low_grad.assign(ws.low.size(), bfloat16(0.0f));
           track_transient();
         }
@@ -1311,7 +1328,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     m.ready = true;
     const std::size_t u_w = member_of_[u];
     if (++wrapped_[u_w].ready < last_member(u_w) - first_member(u_w) + 1) return;
-    if constexpr (computes_low) fold_low_grad(u_w);
+    if constexpr (computes_low) {
+      if (!reduces_low_grad()) fold_low_grad(u_w);
+    }
     if (sharded() && o_.backward_prefetch == BackwardPrefetch::BackwardPost && u_w > 0) prefetch(u_w - 1);
     if (!reducing_) return;
     reduce(u_w);
@@ -1353,13 +1372,18 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     // Its gradient buffer is freed once this reduction is over (retire_reductions).
     in_reduction_.push_back(u);
     const std::size_t count = sizes_[u];
-    const std::span<value_type> storage = std::span<value_type>(s.grad).first(n * chunks_[u]);
+    // A bfloat16 model's gradient is reduced from its own buffer (reduces_low_grad), else from `grad`.
+    const bool direct = reduces_low_grad();
+    const std::span<value_type> storage =
+        direct ? std::span<value_type>() : std::span<value_type>(s.grad).first(n * chunks_[u]);
+    const std::span<const bfloat16> low_in = direct ? std::span<const bfloat16>(s.low_grad) : std::span<const bfloat16>();
     // Offloaded, the result lands in the buffer's tail and is copied out to `home`.
     OffloadSpace* const space = o_.offload.get();
     const std::span<value_type> home = grad_shard().subspan(offsets_[u], chunks_[u]);
     const std::span<value_type> mine = space ? std::span<value_type>(s.grad).subspan(n * chunks_[u]) : home;
     if (space) step_.offload_out_bytes += home.size_bytes();
     if (scale != value_type(1)) {
+      // NoSync's step only, which folds into `grad` (never direct).
       for (value_type& x : storage.first(count)) x *= scale;
     }
     // The replica communicator is used only here, on the shard group's
@@ -1374,12 +1398,12 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
                              : "ShardedTrainer reduce-scatter of ") +
             wrapped_name(u),
-        detail::timed(&step_.reduce_seconds, [opts, storage, count, mine, replicas, divisor, add, low, space,
-                                              home](Communicator<backend_type>& c) {
+        detail::timed(&step_.reduce_seconds, [opts, storage, low_in, count, mine, replicas, divisor, add, low,
+                                              space, home](Communicator<backend_type>& c) {
           if (low) {
-            reduce_in<bfloat16>(c, opts, storage, count, mine, replicas, divisor, add);
+            reduce_in<bfloat16>(c, opts, storage, low_in, count, mine, replicas, divisor, add);
           } else {
-            reduce_in<value_type>(c, opts, storage, count, mine, replicas, divisor, add);
+            reduce_in<value_type>(c, opts, storage, {}, count, mine, replicas, divisor, add);
           }
           if (space) {
             space->copy_out(home.data(), mine.data(), mine.size_bytes());
@@ -1403,10 +1427,13 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// group, a sum across `replicas` and one division. In the master type and
   /// not adding, the reduce-scatter writes straight into `mine` (its padding
   /// gets the sum of zeros); adding (sharded accumulation) it writes into a
-  /// c-element sum first, and in bfloat16 into the packed copy's tail.
+  /// c-element sum first, and in bfloat16 into the packed copy's tail. A
+  /// bfloat16 model's gradient (`low_in`, N·c, reduces_low_grad) is reduced
+  /// as it is, in place of `storage`, into a c-element bfloat16 result.
   template <class E>
   static void reduce_in(Communicator<backend_type>& c, const Options& opts, std::span<value_type> storage,
-                        std::size_t count, std::span<value_type> mine, Comm* replicas, value_type divisor, bool add) {
+                        std::span<const bfloat16> low_in, std::size_t count, std::span<value_type> mine,
+                        Comm* replicas, value_type divisor, bool add) {
     const std::size_t chunk = mine.size();
     std::vector<E> packed;
     std::vector<value_type> sum;
@@ -1420,6 +1447,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       } else {
         out = mine;
       }
+    } else if (!low_in.empty()) {
+      packed.assign(chunk, E(0.0f));
+      in = low_in;
+      out = std::span<E>(packed);
     } else {
       packed.assign(storage.size() + chunk, E(0.0f));
       for (std::size_t i = 0; i < count; ++i) packed[i] = E(static_cast<float>(storage[i]));
@@ -1525,7 +1556,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
          .state_per_element = optimizer_state_per_element(),
          .element_bytes = sizeof(value_type),
          .kept_element_bytes = keep_low_ ? sizeof(bfloat16) : 0,
-         .compute_element_bytes = computes_low ? sizeof(bfloat16) : 0});
+         .compute_element_bytes = computes_low ? sizeof(bfloat16) : 0,
+         .reduces_in_compute_type = reduces_low_grad()});
     if (offloaded() && !state_in_space()) {
       // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
       n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
@@ -1576,6 +1608,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         if (!over) break;
       }
       give(s.grad);
+      std::vector<bfloat16>().swap(s.low_grad);
     }
     in_reduction_.erase(in_reduction_.begin(), in_reduction_.begin() + static_cast<std::ptrdiff_t>(done));
   }
