@@ -156,7 +156,7 @@ TEST_CASE("memory: bf16 compression's bucket buffers are DDP's transient bytes, 
 // Adam, N = 4, 256 MiB per rank. DDP needs 16Ψ = 512 MiB, ShardGradOp
 // 16·Σ⌈U/4⌉ + 4·N·Σ⌈U/4⌉ + 2 gradient buffers = 288 MiB; FullShard
 // 16·Σ⌈U/4⌉ + 4U + 4U = 160 MiB (U is a multiple of 4: no padding).
-TEST_CASE("memory_budget: at 256 MiB per rank DDP and ShardGradOp are refused, FullShard trains within its need") {
+TEST_CASE("memory_budget: at 256 MiB per rank DDP and ShardGradOp are refused, FullShard trains, and so does a bfloat16 model's ShardGradOp") {
   // Under the sanitizers, the same case 64 times smaller (8.0, 4.5 and 2.5
   // MiB against 4 MiB): instrumented, the full size's passes over 33.6M
   // elements per rank take minutes. (test::sanitized, not __SANITIZE_*:
@@ -223,6 +223,22 @@ TEST_CASE("memory_budget: at 256 MiB per rank DDP and ShardGradOp are refused, F
     CHECK(peak[i] <= budget);
     CHECK(static_cast<double>(peak[i]) <= 1.05 * static_cast<double>(formula));
   }
+
+  // A model computing in bfloat16 (compute_type): ShardGradOp's gathered
+  // units take 2·ΣG bytes, its gradient 2·max G more beside the two fp32
+  // buffers, and it trains in the budget fp32 ShardGradOp was refused
+  // (232.1 MiB at full size, 3.8 MiB under the sanitizers).
+  const std::size_t g = world * c;
+  const std::size_t low_need = 16 * chunks + 2 * 8 * g + 2 * 4 * g + 2 * g;
+  CHECK(low_need < budget);
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ShardedTrainer trainer(comm, LowSquares{Squares{sizes, 3}}, gradsync::Adam<float>(),
+                           {.strategy = ShardingStrategy::ShardGradOp, .memory_budget = budget});
+    trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
+    trainer.step(Scale{1.0f});
+    CHECK(trainer.memory_need().total() == low_need);
+    CHECK(trainer.persistent_bytes() + trainer.peak_transient_bytes() <= low_need);
+  });
 }
 
 TEST_CASE("memory_budget: 0 is no limit, and a budget one byte short of the need is refused on every rank") {
