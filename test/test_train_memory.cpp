@@ -64,6 +64,12 @@ void at_worlds_with_sizes(const std::string& salt, Body body) {
 std::size_t gathered(std::size_t p, std::size_t n) { return n * ((p + n - 1) / n); }
 std::size_t gradient_buffer(std::size_t p, std::size_t n) { return gathered(p, n); }
 
+/// On each trainer in turn: a micro-step of factor 1 + r, then a step of r/2.
+template <class... Trainers>
+void accumulate_then_step(float r, Trainers&... trainers) {
+  ((trainers.accumulate(Scale{1.0f + r}), trainers.step(Scale{0.5f * r})), ...);
+}
+
 template <class Opt>
 void check_persistent_and_peak(const char* opt_name, Opt opt, std::size_t state) {
   INFO("optimizer = " << std::string(opt_name));
@@ -701,14 +707,7 @@ TEST_CASE("memory: ShardGradOp keeps its gathered units in bfloat16 under param_
         o.strategy = ShardingStrategy::FullShard;
         ShardedTrainer regathered(comm, Squares{sizes, 7}, gradsync::Adam<float>({.lr = 0.01}), o);
         const auto r = static_cast<float>(comm.rank());
-        for (int step = 0; step < 2; ++step) {
-          kept.accumulate(Scale{1.0f + r});
-          kept.step(Scale{0.5f * r});
-          plain.accumulate(Scale{1.0f + r});
-          plain.step(Scale{0.5f * r});
-          regathered.accumulate(Scale{1.0f + r});
-          regathered.step(Scale{0.5f * r});
-        }
+        for (int step = 0; step < 2; ++step) accumulate_then_step(r, kept, plain, regathered);
         CHECK(plain.memory_need().gathered == 4 * g_sum);
         CHECK(kept.memory_need().gathered == (low ? 2 * g_sum + 4 * g_max : 4 * g_sum));
         CHECK(kept.peak_transient_bytes() <= kept.memory_need().transient());
@@ -770,16 +769,8 @@ TEST_CASE("bfloat16 compute: the model sees bfloat16 units, trains within bfloat
           ShardedTrainer low_rb(comm, LowSquares{Squares{sizes, 7}}, adam, rb);
           const auto r = static_cast<float>(comm.rank());
           for (int step = 0; step < 3; ++step) {
-            plain.accumulate(Scale{1.0f + r});
-            plain.step(Scale{0.5f * r});
-            low.accumulate(Scale{1.0f + r});
-            low.step(Scale{0.5f * r});
-            low_rb.accumulate(Scale{1.0f + r});
-            low_rb.step(Scale{0.5f * r});
-            if (low_off) {
-              low_off->accumulate(Scale{1.0f + r});
-              low_off->step(Scale{0.5f * r});
-            }
+            accumulate_then_step(r, plain, low, low_rb);
+            if (low_off) accumulate_then_step(r, *low_off);
           }
           if (low_off) CHECK(bitwise_equal(low_off->full_parameters(), low.full_parameters()));
           // Memory: the persistent part is fp32's; the gathered units are

@@ -25,6 +25,7 @@
 #include "test_train_checkpoint.hpp"
 #include "test_train_model.hpp"
 #include "test_train_sharded_schedule.hpp"
+#include "test_train_squares.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
 // it in one translation unit with other test files (a unity build).
@@ -374,6 +375,57 @@ void flip_byte(const fs::path& file, std::uint64_t at) {
 }
 
 }  // namespace
+
+// A model computing in bfloat16 (compute_type) checkpoints what a float one
+// does: the fp32 master shard and the optimizer's state; its bfloat16 views
+// live only inside a step. Resumed from either layout, bitwise the run that
+// did not stop, the bfloat16 reduction included.
+TEST_CASE("resume: a bfloat16 model's fp32 master and Adam state, saved and loaded, bitwise, full and sharded") {
+  using test_squares::LowSquares;
+  using test_squares::Scale;
+  using test_squares::Squares;
+  constexpr int world = 3;
+  const std::vector<std::size_t> sizes{5, 14, 16, 2};
+  for (const CheckpointFormat format : {CheckpointFormat::full, CheckpointFormat::sharded}) {
+    CAPTURE(format_name(format));
+    TempDir dir;
+    std::vector<RankState> straight(world), resumed(world);
+    auto make = [&](Communicator<Threads>& comm, std::uint64_t s) {
+      ShardedTrainerOptions o = exact(ShardingStrategy::FullShard);
+      o.reduce_dtype = gradsync::DataType::bfloat16;
+      return ShardedTrainer(comm, LowSquares{Squares{sizes, s}}, adam(0.01), o);
+    };
+    auto steps = [](auto& t, int from, int to) {
+      const auto r = static_cast<float>(t.communicator().rank());
+      for (int k = from; k < to; ++k) t.step(Scale{1.0f + r + 0.25f * static_cast<float>(k)});
+    };
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      auto t = make(comm, 11);
+      DistributedSampler sampler(dataset, comm.size(), comm.rank());
+      steps(t, 0, 6);
+      straight[std::size_t(comm.rank())] = rank_state(t, sampler);
+    });
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      auto t = make(comm, 11);
+      DistributedSampler sampler(dataset, comm.size(), comm.rank());
+      steps(t, 0, 3);
+      gradsync::save_checkpoint(t, sampler, dir.path, {}, {.format = format});
+    });
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      auto t = make(comm, 99);
+      DistributedSampler sampler(dataset, comm.size(), comm.rank());
+      gradsync::load_checkpoint(t, sampler, dir.path);
+      CHECK(t.step_count() == 3);
+      steps(t, 3, 6);
+      resumed[std::size_t(comm.rank())] = rank_state(t, sampler);
+    });
+    for (std::size_t r = 0; r < straight.size(); ++r) {
+      CAPTURE(r);
+      CHECK(test_schedule::bitwise_equal(resumed[r].shard, straight[r].shard));
+      CHECK(resumed[r] == straight[r]);
+    }
+  }
+}
 
 TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the tensor; nothing loaded, no hang") {
   const std::uint64_t seed = test_seed();
