@@ -845,6 +845,47 @@ TEST_CASE("bfloat16 compute: the model sees bfloat16 units, trains within bfloat
   });
 }
 
+// ReplicatedTrainer lends a bfloat16 model bfloat16 copies of every
+// parameter and gradient: the model's arithmetic is the same as under a
+// sharded trainer, so under the deterministic option the two are bitwise
+// equal, as for a float model.
+TEST_CASE("bfloat16 compute under ReplicatedTrainer: bitwise FullShard's when deterministic; 4·Ψ more bytes kept") {
+  using gradsync::bfloat16;
+  const auto adam = gradsync::Adam<float>({.lr = 0.01});
+  at_worlds_with_sizes("bf16 compute replicated", [&](int world, std::size_t, const std::vector<std::size_t>& sizes) {
+    const std::size_t psi = sum(sizes);
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ShardedTrainerOptions o{.strategy = ShardingStrategy::FullShard, .accumulation = AccumulationMode::NoSync};
+      o.collective.deterministic = true;
+      gradsync::ReplicatedTrainerOptions ro;
+      ro.sync.collective.deterministic = true;
+      ShardedTrainer sharded(comm, LowSquares{Squares{sizes, 7}}, adam, o);
+      ReplicatedTrainer replicated(comm, LowSquares{Squares{sizes, 7}}, adam, ro);
+      ReplicatedTrainer plain(comm, Squares{sizes, 7}, adam, ro);
+      const auto r = static_cast<float>(comm.rank());
+      for (int step = 0; step < 3; ++step) accumulate_then_step(r, sharded, replicated, plain);
+      const std::vector<float> params(replicated.parameters().begin(), replicated.parameters().end());
+      CHECK(bitwise_equal(sharded.full_parameters(), params));
+      const std::vector<float> reference(plain.parameters().begin(), plain.parameters().end());
+      CHECK(!bitwise_equal(params, reference));
+      CHECK(worst_relative(params, reference) <= 3 * 0.01 * std::ldexp(1.0, -7));
+      // Adam: (2 + 2)·4·Ψ, and the bfloat16 parameters and gradients.
+      CHECK(replicated.persistent_bytes() == 16 * psi + 4 * psi);
+      CHECK(replicated.memory_need().persistent() == replicated.persistent_bytes());
+      // The model sees the master rounded to bfloat16, also after the
+      // parameters were changed outside a step.
+      replicated.parameters()[0] = 1.0f + 0x1p-12f;
+      replicated.evaluate([&](const gradsync::StepContext<bfloat16>& ctx) {
+        std::size_t at = 0;
+        for (std::size_t u = 0; u < sizes.size(); ++u) {
+          const auto p = ctx.params(u);
+          for (const bfloat16 x : p->flat_params) CHECK(x == bfloat16(replicated.parameters()[at++]));
+        }
+      });
+    });
+  });
+}
+
 namespace {
 
 /// LowSquares with a buffer in its first unit.
@@ -858,7 +899,7 @@ struct LowSquaresWithBuffer : LowSquares {
 
 }  // namespace
 
-TEST_CASE("bfloat16 compute: NoShard, a float32 param_dtype and buffers throw on every rank") {
+TEST_CASE("bfloat16 compute: NoShard, a float32 param_dtype and buffers (both trainers) throw on every rank") {
   for (int world = 1; world <= 3; ++world) {
     CAPTURE(world);
     auto refused = [&](auto model, ShardedTrainerOptions o, const char* needle) {
@@ -882,6 +923,15 @@ TEST_CASE("bfloat16 compute: NoShard, a float32 param_dtype and buffers throw on
     f32.param_dtype = gradsync::DataType::float32;
     refused(model, f32, "leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not float");
     refused(LowSquaresWithBuffer{model}, {}, "declares buffers (unit 'u0', 'running_mean')");
+    std::vector<std::string> messages(static_cast<std::size_t>(world));
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      try {
+        ReplicatedTrainer trainer(comm, LowSquaresWithBuffer{model}, gradsync::Sgd<float>());
+      } catch (const gradsync::InvalidArgument& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (const std::string& m : messages) CHECK(m.find("declares buffers (unit 'u0', 'running_mean')") != std::string::npos);
   }
 }
 

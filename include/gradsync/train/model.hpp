@@ -156,10 +156,6 @@ template <class M>
 concept ModelComputeType = ModelHasValueType<M> && (std::same_as<compute_t<M>, typename M::value_type> ||
                                                      std::same_as<compute_t<M>, bfloat16>);
 
-/// The model's steps see value_type views (no compute_type of its own).
-template <class M>
-concept ModelComputesInValueType = ModelHasValueType<M> && std::same_as<compute_t<M>, typename M::value_type>;
-
 template <class M>
 concept ModelDeclaresUnits = requires(const M& m) {
   { m.units() } -> std::convertible_to<std::vector<UnitSpec>>;
@@ -193,11 +189,13 @@ void write_initial_values(M& model, std::span<const UnitView<typename M::value_t
 ///   the views its initial values are written into;
 /// - optionally `using compute_type = gradsync::bfloat16;`: the element type
 ///   of the views its steps see (StepContext<compute_type>), value_type if
-///   not declared. A model that computes in bfloat16 trains under
-///   ShardedTrainer's sharded strategies, which gather its units in
-///   bfloat16 and take its bfloat16 gradients (FSDP's param_dtype);
-///   ReplicatedTrainer, which lends the model its own storage, and NoShard
-///   refuse it;
+///   not declared. A model that computes in bfloat16 sees bfloat16
+///   parameters rounded from the value_type master and writes bfloat16
+///   gradients, which the trainer adds into value_type ones as each unit
+///   is ready: ReplicatedTrainer keeps bfloat16 copies of all of them;
+///   ShardedTrainer's sharded strategies gather each unit in bfloat16
+///   (FSDP's param_dtype); NoShard refuses it, and so do both trainers
+///   for a model with buffers;
 /// - `std::vector<UnitSpec> units() const`: its parameters and buffers,
 ///   grouped into units, in forward order;
 /// - its initial values, written by one of

@@ -19,8 +19,10 @@
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/aligned_allocator.hpp"
 #include "gradsync/core/backend_traits.hpp"
+#include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/types.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
@@ -104,19 +106,18 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                 "parameters, gradients and buffers in host vectors and steps the optimizer on the host, which "
                 "cannot work on device pointers. On a device-memory backend (Nccl), train with your own device "
                 "buffers and the primitives (AllReduce, Broadcast).");
-  // (A model without a value_type is reported by TrainerBase's own check.)
-  static_assert(!detail::ModelHasValueType<M> || detail::ModelComputesInValueType<M>,
-                "gradsync::ReplicatedTrainer lends the model its own value_type storage, so the model must compute "
-                "in its value_type. A model whose compute_type is bfloat16 trains under ShardedTrainer with "
-                "FullShard, ShardGradOp or HybridShard, which gather its units in bfloat16.");
 
  public:
   using typename Base::backend_type;
   using typename Base::value_type;
+  /// The element type of the views the model sees in a step: its
+  /// compute_type, value_type unless it declares bfloat16.
+  using compute_type = detail::compute_t<M>;
 
   ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
     detail::check_trainer_units(comm_, specs_, "ReplicatedTrainer", o_.memory_budget);
+    check_compute();
     detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
                                 o_.memory_budget,
                                 "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");
@@ -242,7 +243,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// throws. Returns what f returns.
   template <class F>
   decltype(auto) evaluate(F&& f) {
-    const StepContext<value_type> ctx(eval_provider_);
+    round_parameters();
+    const StepContext<compute_type> ctx(eval_provider_);
     return std::forward<F>(f)(ctx);
   }
 
@@ -282,11 +284,13 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// Bytes this rank keeps between steps: parameters, gradients and the
   /// optimizer's state on them, (2 + S)·sizeof(T)·Ψ, S being the optimizer's
   /// state elements per parameter (`state_per_element()`: 0 for SGD, 1 with
-  /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say).
-  /// GradSync's bucket staging and buffers are left out, as in
-  /// ShardedTrainer::persistent_bytes.
+  /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say);
+  /// for a model computing in bfloat16, 2·2·Ψ more (its parameters and
+  /// gradients in bfloat16). GradSync's bucket staging and buffers are left
+  /// out, as in ShardedTrainer::persistent_bytes.
   std::size_t persistent_bytes() const noexcept {
-    return (2 + state_per_element()) * sizeof(value_type) * params_.size();
+    return (2 + state_per_element()) * sizeof(value_type) * params_.size() +
+           (low_params_.size() + low_grads_.size()) * sizeof(bfloat16);
   }
 
   /// Optimizer steps taken (what a checkpoint saves as `trainer.step`).
@@ -299,7 +303,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   bool between_steps() const noexcept { return !pending_ && micro_steps_ == 0; }
 
   /// What this rank needs: parameters, gradients and optimizer state on all
-  /// Ψ elements, (2 + S)·sizeof(T)·Ψ (persistent_bytes()), and GradSync's
+  /// Ψ elements, (2 + S)·sizeof(T)·Ψ, with a bfloat16 model's copies of the
+  /// parameters and gradients (2·2·Ψ) counted in the first two
+  /// (persistent_bytes()), and GradSync's
   /// bucket buffers, which exist only with bf16 compression (2 bytes per
   /// element), buckets otherwise being reduced in place in the gradients.
   MemoryNeed memory_need() const {
@@ -307,8 +313,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     for (const UnitSpec& u : specs_)
       for (const TensorSpec& t : u.params) psi += t.count();
     MemoryNeed need;
-    need.params = sizeof(value_type) * psi;
-    need.grads = sizeof(value_type) * psi;
+    const std::size_t low = computes_low ? sizeof(bfloat16) : 0;
+    need.params = (sizeof(value_type) + low) * psi;
+    need.grads = (sizeof(value_type) + low) * psi;
     need.optimizer_state = sizeof(value_type) * state_per_element() * psi;
     if (o_.sync.compression == Compression::bf16) need.gradient_buffers = sizeof(bfloat16) * psi;
     return need;
@@ -332,6 +339,59 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
 
  private:
   std::size_t state_per_element() const noexcept { return detail::optimizer_state_per_element(opt_); }
+
+  /// The model computes in bfloat16 (compute_type): it sees a bfloat16
+  /// copy of the parameters, rounded from the master before each step, and
+  /// writes bfloat16 gradients, which each unit's ready adds into the
+  /// value_type gradient that GradSync averages and the optimizer steps on.
+  static constexpr bool computes_low = !std::is_same_v<compute_type, value_type>;
+
+  /// A model computing in bfloat16 has no buffers: they are value_type,
+  /// lent in place. Every rank has the same model type and units, so every
+  /// rank throws alike, before anything is allocated.
+  void check_compute() const {
+    if constexpr (computes_low) {
+      for (const UnitSpec& u : specs_) {
+        if (!u.buffers.empty()) {
+          throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()) +
+                                ": the model computes in bfloat16 (its compute_type) and declares buffers (unit '" +
+                                u.name + "', '" + u.buffers.front().name + "'), which are kept in " +
+                                std::string(name(data_type_v<value_type>)) +
+                                " and lent in place: a bfloat16 model with buffers is not supported");
+        }
+      }
+    }
+  }
+
+  /// The model's views in a step: the value_type storage itself, or its bfloat16 copy.
+  const std::vector<UnitView<compute_type>>& compute_views() const noexcept {
+    if constexpr (computes_low) {
+      return low_views_;
+    } else {
+      return views_;
+    }
+  }
+
+  /// A bfloat16 model: its copy of the parameters, rounded from the master
+  /// (which the optimizer, a checkpoint's load or the user may have changed).
+  void round_parameters() {
+    if constexpr (computes_low) {
+      for (std::size_t i = 0; i < params_.size(); ++i) low_params_[i] = bfloat16(static_cast<float>(params_[i]));
+    }
+  }
+
+  /// A bfloat16 model's unit u is ready: its gradient is added into the
+  /// value_type one, and its bfloat16 buffer zeroed for the next backward.
+  void fold_low_grad(std::size_t u) {
+    if constexpr (computes_low) {
+      const UnitView<bfloat16>& low = low_views_[u];
+      const std::span<value_type> grads = views_[u].flat_grads;
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        grads[i] += static_cast<value_type>(static_cast<float>(low.flat_grads[i]));
+        low.flat_grads[i] = bfloat16(0.0f);
+      }
+    }
+  }
 
   void allocate() {
     std::size_t np = 0, nb = 0;
@@ -360,12 +420,35 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       v.flat_grads = std::span<value_type>(grads_).subspan(p0, p - p0);
       v.flat_buffers = std::span<value_type>(buffers_).subspan(b0, b - b0);
     }
+    if constexpr (computes_low) {
+      // The same layout over the bfloat16 copies (a bfloat16 model has no buffers).
+      low_params_.assign(np, bfloat16(0.0f));
+      low_grads_.assign(np, bfloat16(0.0f));
+      low_views_.resize(specs_.size());
+      p = 0;
+      for (std::size_t i = 0; i < specs_.size(); ++i) {
+        UnitView<bfloat16>& v = low_views_[i];
+        const std::size_t p0 = p;
+        for (const TensorSpec& t : specs_[i].params) {
+          v.params.push_back({std::span<bfloat16>(low_params_).subspan(p, t.count()),
+                              std::span<bfloat16>(low_grads_).subspan(p, t.count()), &t});
+          p += t.count();
+        }
+        v.flat_params = std::span<bfloat16>(low_params_).subspan(p0, p - p0);
+        v.flat_grads = std::span<bfloat16>(low_grads_).subspan(p0, p - p0);
+      }
+    }
   }
 
   template <class Batch>
   double run_model(const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
-    const StepContext<value_type> ctx(provider_);
+    if constexpr (computes_low) {
+      round_parameters();
+      // A backward that threw part-way may have left gradients here.
+      std::ranges::fill(low_grads_, bfloat16(0.0f));
+    }
+    const StepContext<compute_type> ctx(provider_);
     const double loss = static_cast<double>(model_.forward_backward(batch, ctx));
     stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return loss;
@@ -405,16 +488,16 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
 
   /// Lends the model its own storage: every unit is resident, so asking
   /// for it costs a virtual call and releasing it nothing.
-  class Provider final : public detail::UnitProvider<value_type> {
+  class Provider final : public detail::UnitProvider<compute_type> {
    public:
     explicit Provider(ReplicatedTrainer& t, bool evaluating = false) : t_(t), evaluating_(evaluating) {}
-    const UnitView<value_type>& acquire(std::size_t u) override {
+    const UnitView<compute_type>& acquire(std::size_t u) override {
       if (u >= t_.views_.size()) {
         throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(t_.comm_.rank()) +
                               ": the model asked for unit " + std::to_string(u) + ", which does not exist (" +
                               std::to_string(t_.views_.size()) + " units)");
       }
-      return t_.views_[u];
+      return t_.compute_views()[u];
     }
     void release(std::size_t) noexcept override {}
     void ready(std::size_t u) override {
@@ -423,6 +506,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                               ": the model reported unit " + std::to_string(u) +
                               " ready, but evaluation runs no backward");
       }
+      if (u < t_.views_.size()) t_.fold_low_grad(u);
       t_.sync_->ready(u);
     }
 
@@ -441,6 +525,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   // the same order wherever the heap put them (see AlignedAllocator).
   std::vector<value_type, detail::AlignedAllocator<value_type>> params_, grads_, buffers_;
   std::vector<UnitView<value_type>> views_;
+  /// A model computing in bfloat16: the copies its steps see (else empty).
+  std::vector<bfloat16> low_params_, low_grads_;
+  std::vector<UnitView<compute_type>> low_views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
   std::size_t micro_steps_ = 0;
   /// forward_backward() ran and optimizer_step() has not.

@@ -710,7 +710,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       param_bf16_ = true;
       if (!sharded()) {
         throw InvalidArgument(why + ", and NoShard lends the model the " + std::string(name(data_type_v<value_type>)) +
-                              " master parameters in place: use FullShard, ShardGradOp or HybridShard");
+                              " master parameters in place: use FullShard, ShardGradOp or HybridShard (or ReplicatedTrainer, "
+                              "which keeps a bfloat16 copy)");
       }
       for (const UnitSpec& u : specs_) {
         if (!u.buffers.empty()) {
