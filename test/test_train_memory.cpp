@@ -849,7 +849,7 @@ TEST_CASE("bfloat16 compute: the model sees bfloat16 units, trains within bfloat
 // parameter and gradient: the model's arithmetic is the same as under a
 // sharded trainer, so under the deterministic option the two are bitwise
 // equal, as for a float model.
-TEST_CASE("bfloat16 compute under ReplicatedTrainer: bitwise FullShard's when deterministic; 4·Ψ more bytes kept") {
+TEST_CASE("bfloat16 compute under ReplicatedTrainer and NoShard: bitwise FullShard's when deterministic; 4·Ψ more bytes kept") {
   using gradsync::bfloat16;
   const auto adam = gradsync::Adam<float>({.lr = 0.01});
   at_worlds_with_sizes("bf16 compute replicated", [&](int world, std::size_t, const std::vector<std::size_t>& sizes) {
@@ -860,12 +860,24 @@ TEST_CASE("bfloat16 compute under ReplicatedTrainer: bitwise FullShard's when de
       gradsync::ReplicatedTrainerOptions ro;
       ro.sync.collective.deterministic = true;
       ShardedTrainer sharded(comm, LowSquares{Squares{sizes, 7}}, adam, o);
+      o.strategy = ShardingStrategy::NoShard;
+      ShardedTrainer no_shard(comm, LowSquares{Squares{sizes, 7}}, adam, o);
       ReplicatedTrainer replicated(comm, LowSquares{Squares{sizes, 7}}, adam, ro);
       ReplicatedTrainer plain(comm, Squares{sizes, 7}, adam, ro);
       const auto r = static_cast<float>(comm.rank());
-      for (int step = 0; step < 3; ++step) accumulate_then_step(r, sharded, replicated, plain);
+      for (int step = 0; step < 3; ++step) accumulate_then_step(r, sharded, no_shard, replicated, plain);
       const std::vector<float> params(replicated.parameters().begin(), replicated.parameters().end());
       CHECK(bitwise_equal(sharded.full_parameters(), params));
+      CHECK(bitwise_equal(no_shard.full_parameters(), params));
+      CHECK(no_shard.persistent_bytes() == 16 * psi + 4 * psi);
+      CHECK(no_shard.memory_need().persistent() == no_shard.persistent_bytes());
+      no_shard.evaluate([&](const gradsync::StepContext<bfloat16>& ctx) {
+        std::size_t at = 0;
+        for (std::size_t u = 0; u < sizes.size(); ++u) {
+          const auto p = ctx.params(u);
+          for (const bfloat16 x : p->flat_params) CHECK(x == bfloat16(params[at++]));
+        }
+      });
       const std::vector<float> reference(plain.parameters().begin(), plain.parameters().end());
       CHECK(!bitwise_equal(params, reference));
       CHECK(worst_relative(params, reference) <= 3 * 0.01 * std::ldexp(1.0, -7));
@@ -899,7 +911,7 @@ struct LowSquaresWithBuffer : LowSquares {
 
 }  // namespace
 
-TEST_CASE("bfloat16 compute: NoShard, a float32 param_dtype and buffers (both trainers) throw on every rank") {
+TEST_CASE("bfloat16 compute: a float32 param_dtype and buffers (both trainers) throw on every rank") {
   for (int world = 1; world <= 3; ++world) {
     CAPTURE(world);
     auto refused = [&](auto model, ShardedTrainerOptions o, const char* needle) {
@@ -918,7 +930,6 @@ TEST_CASE("bfloat16 compute: NoShard, a float32 param_dtype and buffers (both tr
       }
     };
     const LowSquares model{Squares{{5, 8}, 3}};
-    refused(model, {.strategy = ShardingStrategy::NoShard}, "NoShard lends the model the float master");
     ShardedTrainerOptions f32;
     f32.param_dtype = gradsync::DataType::float32;
     refused(model, f32, "leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not float");

@@ -192,10 +192,10 @@ void write_initial_values(M& model, std::span<const UnitView<typename M::value_t
 ///   not declared. A model that computes in bfloat16 sees bfloat16
 ///   parameters rounded from the value_type master and writes bfloat16
 ///   gradients, which the trainer adds into value_type ones as each unit
-///   is ready: ReplicatedTrainer keeps bfloat16 copies of all of them;
-///   ShardedTrainer's sharded strategies gather each unit in bfloat16
-///   (FSDP's param_dtype); NoShard refuses it, and so do both trainers
-///   for a model with buffers;
+///   is ready: ReplicatedTrainer (and NoShard) keeps bfloat16 copies of
+///   all of them; ShardedTrainer's sharded strategies gather each unit in
+///   bfloat16 (FSDP's param_dtype). Both trainers refuse such a model if
+///   it has buffers;
 /// - `std::vector<UnitSpec> units() const`: its parameters and buffers,
 ///   grouped into units, in forward order;
 /// - its initial values, written by one of

@@ -234,8 +234,9 @@ struct ShardedTraceEvent {
 /// once its unit is ready and reduced from there (FSDP's param_dtype with
 /// the master type as reduce_dtype), or with reduce_dtype bfloat16 are
 /// reduce-scattered from the model's bfloat16 buffer itself, which halves
-/// FullShard's transient bytes; it needs a sharded strategy and no
-/// buffers. A model computing in value_type sees value_type views of the
+/// FullShard's transient bytes; under NoShard it sees bfloat16 copies of
+/// the shard, as under ReplicatedTrainer; it may have no buffers. A model
+/// computing in value_type sees value_type views of the
 /// rounded values (and ShardGradOp keeps the units it holds on to between
 /// forward and backward in bfloat16). reduce_dtype bfloat16 reduces
 /// gradients in it. Both default to the master type, param_dtype to
@@ -416,6 +417,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         t.step_ = step;
       }
     } end{*this, step_};
+    round_parameters(false);
     const StepContext<compute_type> ctx(provider_);
     return std::forward<F>(f)(ctx);
   }
@@ -491,10 +493,13 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// through `state_per_element()`). Buffers are replicated and left out.
   /// With offload these are in the offload space, and this is 0 (the
   /// optimizer's state if it cannot be lent storage, see bind_state).
+  /// NoShard with a bfloat16 model adds its copies of the parameters and
+  /// gradients, 2·2·Ψ.
   std::size_t persistent_bytes() const noexcept {
     const std::size_t state = optimizer_state_per_element() * sizeof(value_type) * master().size();
     if (offloaded()) return state_in_space() ? 0 : state;
-    return 2 * sizeof(value_type) * shard_params_.size() + state;
+    return 2 * sizeof(value_type) * shard_params_.size() + state +
+           (low_params_.size() + low_grads_.size()) * sizeof(bfloat16);
   }
 
   /// What this rank needs, by the formula (detail::sharded_memory_need):
@@ -647,7 +652,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// (NoSync) or be copied out to an offload space, nor on one rank, which
   /// rounds nothing for a wire: there it is folded (fold_low_grad).
   bool reduces_low_grad() const noexcept {
-    return computes_low && reduce_bf16_ && comm_.size() > 1 && !offloaded() &&
+    return computes_low && sharded() && reduce_bf16_ && comm_.size() > 1 && !offloaded() &&
            o_.accumulation != AccumulationMode::NoSync;
   }
 
@@ -696,9 +701,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     reduce_bf16_ = low(o_.reduce_dtype, "ShardedTrainerOptions::reduce_dtype");
   }
 
-  /// A model computing in bfloat16 is gathered in it, on a sharded
-  /// strategy, and has no buffers. Every rank has the same model type and
-  /// units, so every rank throws alike, before anything is allocated.
+  /// A model computing in bfloat16 is gathered in it and has no buffers.
+  /// Every rank has the same model type and units, so every rank throws
+  /// alike, before anything is allocated.
   void check_compute() {
     if constexpr (computes_low) {
       const std::string why = where() + ": the model computes in bfloat16 (its compute_type)";
@@ -708,11 +713,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                               std::string(name(*o_.param_dtype)));
       }
       param_bf16_ = true;
-      if (!sharded()) {
-        throw InvalidArgument(why + ", and NoShard lends the model the " + std::string(name(data_type_v<value_type>)) +
-                              " master parameters in place: use FullShard, ShardGradOp or HybridShard (or ReplicatedTrainer, "
-                              "which keeps a bfloat16 copy)");
-      }
       for (const UnitSpec& u : specs_) {
         if (!u.buffers.empty()) {
           throw InvalidArgument(why + " and declares buffers (unit '" + u.name + "', '" + u.buffers.front().name +
@@ -865,8 +865,17 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
         views.push_back(make_view(u, std::span<value_type>(shard_params_).subspan(from, model_sizes_[u]),
                                   std::span<value_type>(shard_grads_).subspan(from, model_sizes_[u])));
-        // A bfloat16 model never gets here (check_compute refuses NoShard).
         if constexpr (!computes_low) members_[u].view = views.back();
+      }
+      if constexpr (computes_low) {
+        // A bfloat16 model sees copies of the shard (every unit whole), as under ReplicatedTrainer.
+        low_params_.assign(shard_params_.size(), bfloat16(0.0f));
+        low_grads_.assign(shard_grads_.size(), bfloat16(0.0f));
+        for (std::size_t u = 0; u < specs_.size(); ++u) {
+          const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
+          members_[u].view = make_view(u, std::span<bfloat16>(low_params_).subspan(from, model_sizes_[u]),
+                                       std::span<bfloat16>(low_grads_).subspan(from, model_sizes_[u]));
+        }
       }
       detail::write_initial_values(model_, std::span<const UnitView<value_type>>(views));
       broadcast(comm_, std::span<value_type>(shard_params_), 0);
@@ -943,6 +952,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     const double exposed_before = step_.exposed_comm_seconds;
     double loss = 0;
     try {
+      round_parameters(true);
       const StepContext<compute_type> ctx(provider_);
       loss = static_cast<double>(model_.forward_backward(batch, ctx));
     } catch (...) {
@@ -999,6 +1009,19 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     std::vector<bfloat16>().swap(wrapped_[w].low);
   }
 
+  /// NoShard with a bfloat16 model: its copy of the parameters, rounded
+  /// from the shard (which the optimizer, a checkpoint's load or the user
+  /// may have changed); `zero_grads`: a step's, whose gradients start at 0.
+  void round_parameters(bool zero_grads) {
+    if constexpr (computes_low) {
+      if (sharded()) return;
+      for (std::size_t i = 0; i < shard_params_.size(); ++i) {
+        low_params_[i] = bfloat16(static_cast<float>(shard_params_[i]));
+      }
+      if (zero_grads) std::ranges::fill(low_grads_, bfloat16(0.0f));
+    }
+  }
+
   /// A model computing in bfloat16: wrapped unit w's gradient, final in its
   /// bfloat16 buffer, is added into the value_type buffer that is reduced
   /// (under NoSync, the one kept across micro-steps), and the bfloat16 one
@@ -1006,6 +1029,16 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// the reduction and the accumulation are in reduce_dtype and value_type.
   void fold_low_grad(std::size_t w) {
     WrappedState& s = wrapped_[w];
+    if (!sharded()) {
+      // NoShard: into the whole unit's gradient in the shard, reduced in place.
+      const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[w], sizes_[w]);
+      const std::span<bfloat16> low = std::span<bfloat16>(low_grads_).subspan(offsets_[w], sizes_[w]);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] += to_value(low[i]);
+        low[i] = bfloat16(0.0f);
+      }
+      return;
+    }
     if (s.grad.empty()) {
       // As acquire's buffer for a value_type model: FullShard holds one at a time.
       retire_reductions(full_shard() ? 0 : 1);
@@ -1564,6 +1597,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
       n.offloaded -= n.optimizer_state;
     }
+    if (computes_low && strategy == ShardingStrategy::NoShard) {
+      // The bfloat16 copies of every parameter and gradient the model sees.
+      n.params += sizeof(bfloat16) * total_;
+      n.grads += sizeof(bfloat16) * total_;
+    }
     n.construction = construction_need(strategy);
     return n;
   }
@@ -1644,6 +1682,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   Offloaded off_params_, off_grads_;
   /// Offload: the optimizer's state, lent to it by bind_state (empty if it has none).
   Offloaded off_state_;
+  /// NoShard with a bfloat16 model: the copies its steps see (else empty).
+  std::vector<bfloat16> low_params_, low_grads_;
   /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
   /// model unit u lies in wrapped unit member_of_[u] at member_offset_[u].
   std::vector<std::pair<std::size_t, std::size_t>> groups_;
