@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -142,6 +143,60 @@ TEST_CASE("mpi construction: init_unit starts every strategy from rank 0's value
       trainer.step(Scale{1.0f + static_cast<float>(comm.rank())});
       CHECK(same_on_every_rank(trainer.full_parameters()));
     }
+  });
+}
+
+// A model computing in bfloat16 over MPI: every strategy, and
+// ReplicatedTrainer, which under the deterministic option the non-hybrid
+// strategies equal bitwise (NoSync accumulation, as ReplicatedTrainer's).
+TEST_CASE("mpi bfloat16 compute: every strategy and ReplicatedTrainer agree, bitwise when deterministic") {
+  using test_squares::LowSquares;
+  using test_squares::Scale;
+  using test_squares::Squares;
+  const int world = test::mpi_size();
+  auto rng = test::rng_for("mpi bf16 compute");
+  const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world);
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world
+                               << ", sizes = " << test_squares::joined(sizes));
+  const auto adam = gradsync::Adam<float>({.lr = 0.01});
+  test::run_world(world, [&](Communicator<Mpi>& comm) {
+    const auto r = static_cast<float>(comm.rank());
+    auto train = [&](auto& t) {
+      for (int k = 0; k < 3; ++k) {
+        t.accumulate(Scale{1.0f + r});
+        t.step(Scale{0.5f * r});
+      }
+    };
+    gradsync::ReplicatedTrainerOptions ro;
+    ro.sync.collective.deterministic = true;
+    ReplicatedTrainer replicated(comm, LowSquares{Squares{sizes, 5}}, adam, ro);
+    train(replicated);
+    const std::vector<float> reference(replicated.parameters().begin(), replicated.parameters().end());
+    CHECK(same_on_every_rank(reference));
+    for (const ShardingStrategy s : strategies_for(world)) {
+      INFO("strategy = " << std::string(name(s)));
+      ShardedTrainerOptions o = options_for(s, world);
+      o.accumulation = gradsync::AccumulationMode::NoSync;
+      o.collective.deterministic = true;
+      ShardedTrainer trainer(comm, LowSquares{Squares{sizes, 5}}, adam, o);
+      train(trainer);
+      const std::vector<float> p = trainer.full_parameters();
+      CHECK(same_on_every_rank(p));
+      if (s != ShardingStrategy::HybridShard) {
+        CHECK(bitwise_equal(p, reference));
+      } else {
+        // Summed in another order, the master may round to another bfloat16.
+        CHECK(worst_relative(p, reference) <= 3 * 0.01 * std::ldexp(1.0, -7));
+      }
+    }
+    // Reduced in bfloat16 from the model's own gradient buffer.
+    ShardedTrainerOptions rb = options_for(ShardingStrategy::FullShard, world);
+    rb.reduce_dtype = gradsync::DataType::bfloat16;
+    ShardedTrainer low_reduced(comm, LowSquares{Squares{sizes, 5}}, adam, rb);
+    train(low_reduced);
+    const std::vector<float> p = low_reduced.full_parameters();
+    CHECK(same_on_every_rank(p));
+    CHECK(worst_relative(p, reference) <= 3 * 0.01 * std::ldexp(1.0, -6));
   });
 }
 
