@@ -4,7 +4,7 @@
 // Threads backend, or the mpirun world with --backend mpi.
 //
 //   fsdp_step [--steps S] [--ranks 1,2,4] [--large-only|--small-only] [--sizes 784,1024,1024,10]
-//             [--param-dtype fp32|bf16]
+//             [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16]
 //   mpirun -np 4 fsdp_step --backend mpi [...]     (built with MPI)
 //
 // Models: the MLP 784-1024-1024-10 (1.86M parameters) and 784-2048-2048-2048-10
@@ -29,6 +29,11 @@
 //             use in fp32, or the fp32 units as before; and the gradient buffer.
 //             With bfloat16 copies the peak can move to where a second gradient
 //             buffer is held (one reduction in flight), up to 4U over this.
+//             With --compute-dtype bf16 (the model, BasicEigenMlp<bfloat16>, sees
+//             bfloat16 parameters and writes bfloat16 gradients; its arithmetic is
+//             float's, one layer widened at a time): DDP and NoShard (8+S)Ψ + 4Ψ (the
+//             bfloat16 copies), FullShard (8+S)Σc + 2U + 4U + 2U (the unit, its fp32
+//             gradient buffer, the bfloat16 gradient), ShardGradOp (8+S)Σc + 2Ψ + 8U + 2U.
 // Exits 1 if any run's bytes differ from the formula (timings are never checked).
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
@@ -105,14 +110,24 @@ double sent_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n
   return 0;
 }
 
-/// FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest unit.
-double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n, bool bf16) {
+/// FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest
+/// unit; `bf16` param_dtype, `low` a model computing in bfloat16.
+double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n, bool bf16, bool low) {
   std::size_t psi = 0, u_max = 0, c = 0;
   const std::size_t s = k == Kind::hybrid_shard ? 2 : n;
   for (const std::size_t p : units) {
     psi += p;
     u_max = std::max(u_max, p);
     c += (p + s - 1) / s;
+  }
+  if (low) {
+    switch (k) {
+      case Kind::ddp:
+      case Kind::no_shard: return 20.0 * double(psi);
+      case Kind::shard_grad_op: return 16.0 * double(c) + 2.0 * double(psi) + 10.0 * double(u_max);
+      case Kind::full_shard:
+      case Kind::hybrid_shard: return 16.0 * double(c) + 8.0 * double(u_max);
+    }
   }
   switch (k) {
     case Kind::ddp:
@@ -155,16 +170,16 @@ Row run(Comm& comm, Trainer& trainer, const example::Batch& b, int steps) {
   return row;
 }
 
-/// One kind on `comm`'s ranks; the row is rank 0's.
-template <class Comm>
-Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, bool bf16) {
+/// One kind on `comm`'s ranks, with model type Model; the row is rank 0's.
+template <class Model, class Comm>
+Row measure_model(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, bool bf16) {
   const gradsync::FlushDenormals flush(true);
   const bench::RandomBatch data(sizes, comm.rank());
   const example::Batch b = data.batch();
   const gradsync::Adam<float> adam({.lr = 1e-3});
   if (kind == Kind::ddp) {
-    gradsync::ReplicatedTrainer<example::EigenMlp, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(
-        comm, example::EigenMlp(sizes, 1), adam);
+    gradsync::ReplicatedTrainer<Model, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(comm, Model(sizes, 1),
+                                                                                            adam);
     return run(comm, trainer, b, steps);
   }
   gradsync::ShardedTrainerOptions o;
@@ -174,17 +189,24 @@ Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, boo
                                              : ShardingStrategy::HybridShard;
   if (kind == Kind::hybrid_shard) o.shard_size = 2;
   if (bf16) o.param_dtype = gradsync::DataType::bfloat16;
-  gradsync::ShardedTrainer<example::EigenMlp, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(
-      comm, example::EigenMlp(sizes, 1), adam, o);
+  gradsync::ShardedTrainer<Model, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(comm, Model(sizes, 1), adam, o);
   return run(comm, trainer, b, steps);
 }
 
+/// `low`: the model computes in bfloat16.
+template <class Comm>
+Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, bool bf16, bool low) {
+  if (low) return measure_model<example::BasicEigenMlp<gradsync::bfloat16>>(comm, kind, sizes, steps, bf16);
+  return measure_model<example::EigenMlp>(comm, kind, sizes, steps, bf16);
+}
+
 /// Prints a row; returns false if its bytes differ from the formula.
-bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units, bool bf16) {
+bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units, bool bf16,
+               bool low) {
   const auto ranks = static_cast<std::size_t>(n);
   const double formula = sent_formula(kind, units, ranks);
   const bool exact = r.sent_all == formula;
-  const double mem = memory_formula(kind, units, ranks, bf16);
+  const double mem = memory_formula(kind, units, ranks, bf16, low);
   const double mb = 4.0 / double(n) / 1e6;
   std::printf("%3d  %-11s %8.2f %5.2f %8.2f %8.2f %8.2f %7.2f %8.2f %8.2f %8.2f %8.2f%s %8.1f %8.1f %5.3f\n", n,
               name(kind), 1e3 * r.step, ddp_step > 0 ? r.step / ddp_step : 1.0, 1e3 * r.gather, 1e3 * r.compute,
@@ -197,7 +219,7 @@ bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vecto
 
 constexpr const char* usage_text =
     "usage: fsdp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
-    "                 [--sizes 784,1024,1024,10] [--param-dtype fp32|bf16]\n";
+    "                 [--sizes 784,1024,1024,10] [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16]\n";
 
 std::vector<Kind> kinds_for(int n) {
   std::vector<Kind> k{Kind::ddp, Kind::no_shard, Kind::shard_grad_op, Kind::full_shard};
@@ -205,9 +227,9 @@ std::vector<Kind> kinds_for(int n) {
   return k;
 }
 
-void header(const std::vector<int>& m, const char* backend, int steps, bool bf16) {
-  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, param_dtype %s, %d steps; ms per step (rank 0)\n",
-              bench::describe(m).c_str(), backend, bf16 ? "bfloat16" : "fp32", steps);
+void header(const std::vector<int>& m, const char* backend, int steps, bool bf16, bool low) {
+  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, param_dtype %s, compute %s, %d steps; ms per step (rank 0)\n",
+              bench::describe(m).c_str(), backend, bf16 ? "bfloat16" : "fp32", low ? "bfloat16" : "fp32", steps);
   // The sent columns count elements (as StepStats does) at 4 bytes.
   if (bf16) std::printf("# sent: elements x 4 B; the gathers among them move 2 B each\n");
   std::printf("#  N trainer         step   xDDP   gather  compute   reduce   optim  exposed   hidden  sent MB  "
@@ -218,16 +240,18 @@ void header(const std::vector<int>& m, const char* backend, int steps, bool bf16
 
 int main(int argc, char** argv) {
   Eigen::setNbThreads(1);
-  bool bf16 = false;
+  bool bf16 = false, low = false;
   const bench::StepOptions opt = bench::parse_step_options(
       argc, argv, "fsdp_step", usage_text, 10, [&](const std::string& key, const char* value, bool& consumed) {
-        if (key != "--param-dtype") return false;
+        if (key != "--param-dtype" && key != "--compute-dtype") return false;
         const std::string v = value ? value : "";
-        if (v != "fp32" && v != "bf16") bench::usage("fsdp_step", usage_text, "--param-dtype takes fp32 or bf16");
-        bf16 = v == "bf16";
+        if (v != "fp32" && v != "bf16") bench::usage("fsdp_step", usage_text, key + " takes fp32 or bf16");
+        (key == "--param-dtype" ? bf16 : low) = v == "bf16";
         consumed = true;
         return true;
       });
+  // A model computing in bfloat16 is gathered in it.
+  if (low) bf16 = true;
   const int steps = opt.steps;
   const std::string& backend = opt.backend;
   const std::vector<std::vector<int>> models = opt.models();
@@ -238,17 +262,17 @@ int main(int argc, char** argv) {
   if (backend == "threads") {
     for (const auto& m : models) {
       const int s = steps_for(m);
-      header(m, "Threads", s, bf16);
+      header(m, "Threads", s, bf16, low);
       for (const int n : opt.ranks) {
         double ddp = 0;
         for (const Kind kind : kinds_for(n)) {
           Row row;
           gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-            const Row r = measure(comm, kind, m, s, bf16);
+            const Row r = measure(comm, kind, m, s, bf16, low);
             if (comm.rank() == 0) row = r;
           });
           if (kind == Kind::ddp) ddp = row.step;
-          all_exact = print_row(n, kind, row, ddp, unit_sizes(m), bf16) && all_exact;
+          all_exact = print_row(n, kind, row, ddp, unit_sizes(m), bf16, low) && all_exact;
         }
       }
     }
@@ -257,12 +281,12 @@ int main(int argc, char** argv) {
     gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
     for (const auto& m : models) {
       const int s = steps_for(m);
-      if (comm.rank() == 0) header(m, "Mpi", s, bf16);
+      if (comm.rank() == 0) header(m, "Mpi", s, bf16, low);
       double ddp = 0;
       for (const Kind kind : kinds_for(comm.size())) {
-        const Row row = measure(comm, kind, m, s, bf16);
+        const Row row = measure(comm, kind, m, s, bf16, low);
         if (kind == Kind::ddp) ddp = row.step;
-        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m), bf16) && all_exact;
+        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m), bf16, low) && all_exact;
       }
     }
     int bad = all_exact ? 0 : 1;

@@ -4,7 +4,10 @@
 // flat storage; a step lends the model a layer's views through its
 // gradsync::StepContext, and the model keeps none (gradsync::Model).
 //
-// Shared by examples/ddp_mlp.cpp and bench/ddp_step.cpp.
+// Shared by examples/ddp_mlp.cpp and bench/ddp_step.cpp. BasicEigenMlp<bfloat16>
+// computes in bfloat16 (its compute_type): the trainer lends it bfloat16
+// parameters and takes bfloat16 gradients, while its arithmetic is float's, one
+// layer widened at a time, as a CPU without bfloat16 units does it.
 
 // First: its pragma reaches the intrinsics header only if nothing included it before.
 #include "eigen_dense.hpp"
@@ -18,6 +21,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace example {
@@ -29,15 +33,19 @@ struct Batch {
   int count = 0;
 };
 
-class EigenMlp {
+/// \tparam C  the element type of the parameters and gradients a step sees:
+///            float, or gradsync::bfloat16 (float arithmetic on them).
+template <class C = float>
+class BasicEigenMlp {
  public:
   using value_type = float;
+  using compute_type = C;
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>;
   using MatrixMap = Eigen::Map<Matrix>;
   using VectorMap = Eigen::Map<Eigen::VectorXf>;
 
   /// Layer widths, input first, classes last: {784, 1024, 1024, 10}.
-  explicit EigenMlp(std::vector<int> sizes, std::uint64_t seed) : sizes_(std::move(sizes)), seed_(seed) {}
+  explicit BasicEigenMlp(std::vector<int> sizes, std::uint64_t seed) : sizes_(std::move(sizes)), seed_(seed) {}
 
   std::vector<gradsync::UnitSpec> units() const {
     std::vector<gradsync::UnitSpec> u;
@@ -69,7 +77,7 @@ class EigenMlp {
 
   /// Mean cross-entropy over the batch; adds its gradient into the grad
   /// views and reports each layer ready as soon as its gradient is final.
-  double forward_backward(const Batch& batch, const gradsync::StepContext<float>& ctx) {
+  double forward_backward(const Batch& batch, const gradsync::StepContext<C>& ctx) {
     const int n = batch.count;
     const std::size_t L = layers();
     forward(batch, ctx);
@@ -87,14 +95,25 @@ class EigenMlp {
       const Matrix& d = l + 1 == L ? acts_[L] : deltas_[l + 1];
       const Eigen::Ref<const Matrix> a = input(l, n);
       const auto p = ctx.params(l);
-      MatrixMap gw(p->params[0].grad.data(), out, in);
-      VectorMap gb(p->params[1].grad.data(), out);
-      gw.noalias() += d * a.transpose();
-      gb.noalias() += d.rowwise().sum();
+      if constexpr (std::is_same_v<C, float>) {
+        MatrixMap gw(p->params[0].grad.data(), out, in);
+        VectorMap gb(p->params[1].grad.data(), out);
+        gw.noalias() += d * a.transpose();
+        gb.noalias() += d.rowwise().sum();
+      } else {
+        // In float, then added into the bfloat16 gradient, rounded once.
+        scratch_.resize(std::size_t(out) * std::size_t(in + 1));
+        MatrixMap gw(scratch_.data(), out, in);
+        VectorMap gb(scratch_.data() + std::size_t(out) * std::size_t(in), out);
+        gw.noalias() = d * a.transpose();
+        gb.noalias() = d.rowwise().sum();
+        add_rounded(p->params[0].grad, scratch_.data());
+        add_rounded(p->params[1].grad, gb.data());
+      }
       ctx.ready(l);
       if (l > 0) {
         // Through the weights, then the ReLU: zero where the activation was.
-        const MatrixMap w(p->params[0].value.data(), out, in);
+        const auto w = weights(*p, l);
         deltas_[l].noalias() = w.transpose() * d;
         deltas_[l].array() *= (a.array() > 0.0f).cast<float>();
       }
@@ -104,7 +123,7 @@ class EigenMlp {
 
   /// Number of samples in `batch` classified correctly; `ctx` from the
   /// trainer's evaluate().
-  int correct(const Batch& batch, const gradsync::StepContext<float>& ctx) {
+  int correct(const Batch& batch, const gradsync::StepContext<C>& ctx) {
     forward(batch, ctx);
     const Matrix& p = acts_[layers()];
     int ok = 0;
@@ -125,17 +144,45 @@ class EigenMlp {
 
   std::size_t layers() const { return sizes_.size() - 1; }
 
-  void forward(const Batch& batch, const gradsync::StepContext<float>& ctx) {
+  /// Layer l's weights as a float matrix: the view itself, or (bfloat16)
+  /// its values widened into one layer's scratch, with the bias after them.
+  Eigen::Map<const Matrix> weights(const gradsync::UnitView<C>& unit, std::size_t l) {
+    const auto in = sizes_[l], out = sizes_[l + 1];
+    if constexpr (std::is_same_v<C, float>) {
+      return {unit.params[0].value.data(), out, in};
+    } else {
+      wide_.resize(std::size_t(out) * std::size_t(in + 1));
+      float* w = wide_.data();
+      for (const C x : unit.params[0].value) *w++ = static_cast<float>(x);
+      for (const C x : unit.params[1].value) *w++ = static_cast<float>(x);
+      return {wide_.data(), out, in};
+    }
+  }
+  /// Layer l's bias, after weights(unit, l).
+  Eigen::Map<const Eigen::VectorXf> bias(const gradsync::UnitView<C>& unit, std::size_t l) const {
+    const auto in = sizes_[l], out = sizes_[l + 1];
+    if constexpr (std::is_same_v<C, float>) {
+      return {unit.params[1].value.data(), out};
+    } else {
+      return {wide_.data() + std::size_t(out) * std::size_t(in), out};
+    }
+  }
+
+  /// grad += float values, rounded to C once per element.
+  static void add_rounded(std::span<C> grad, const float* values) {
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = C(static_cast<float>(grad[i]) + values[i]);
+  }
+
+  void forward(const Batch& batch, const gradsync::StepContext<C>& ctx) {
     const int n = batch.count;
     const std::size_t L = layers();
     acts_.resize(sizes_.size());
     deltas_.resize(sizes_.size());
     x_ = batch.x;
     for (std::size_t l = 0; l < L; ++l) {
-      const auto in = sizes_[l], out = sizes_[l + 1];
       const auto p = ctx.params(l);
-      const MatrixMap w(p->params[0].value.data(), out, in);
-      const VectorMap b(p->params[1].value.data(), out);
+      const auto w = weights(*p, l);
+      const auto b = bias(*p, l);
       acts_[l + 1].noalias() = w * input(l, n);
       acts_[l + 1].colwise() += b;
       if (l + 1 < L) acts_[l + 1] = acts_[l + 1].cwiseMax(0.0f);
@@ -156,6 +203,12 @@ class EigenMlp {
   // batch is read in place); deltas_[l]: dLoss/d that output before ReLU.
   // Each keeps its size from step to step: a step resizes none of them.
   std::vector<Matrix> acts_, deltas_;
+  // bfloat16 only: one layer's weights and bias widened to float, and one
+  // layer's gradient in float before it is rounded (the model's, like its
+  // activations: not counted in a trainer's memory_need).
+  std::vector<float> wide_, scratch_;
 };
+
+using EigenMlp = BasicEigenMlp<float>;
 
 }  // namespace example
