@@ -28,6 +28,9 @@
 namespace test_train_sharded_mpi {
 
 using gradsync::Mpi;
+using test_squares::LowSquares;
+using test_squares::Scale;
+using test_squares::Squares;
 using test_train::Declared;
 using namespace test_schedule;
 
@@ -46,6 +49,18 @@ bool same_on_every_rank(const void* p, std::size_t bytes) {
 }
 bool same_on_every_rank(const std::vector<float>& v) { return same_on_every_rank(v.data(), v.size() * sizeof(float)); }
 bool same_on_every_rank(const std::string& s) { return same_on_every_rank(s.data(), s.size()); }
+
+/// Random Squares unit sizes for this world, drawn from `salt`'s generator.
+std::vector<std::size_t> squares_sizes(const char* salt) {
+  auto rng = test::rng_for(salt);
+  return test_squares::random_sizes(rng, test::mpi_size());
+}
+
+/// What a Squares case prints on failure.
+std::string squares_case(const std::vector<std::size_t>& sizes) {
+  return "GRADSYNC_TEST_SEED = " + std::to_string(test::test_seed()) + ", world = " +
+         std::to_string(test::mpi_size()) + ", sizes = " + test_squares::joined(sizes);
+}
 
 /// The strategies this world runs: HybridShard where it splits into groups.
 std::vector<ShardingStrategy> strategies_for(int world) {
@@ -123,13 +138,9 @@ TEST_CASE("mpi trace: the collectives of one step, in order and counted, the sam
 // from rank 0's. (bind's path is the parity cases': their Mlp binds, with
 // values that differ by rank.)
 TEST_CASE("mpi construction: init_unit starts every strategy from rank 0's values, a wrapped unit at a time") {
-  using test_squares::Scale;
-  using test_squares::Squares;
   const int world = test::mpi_size();
-  auto rng = test::rng_for("mpi construction");
-  const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world);
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world
-                               << ", sizes = " << test_squares::joined(sizes));
+  const std::vector<std::size_t> sizes = squares_sizes("mpi construction");
+  INFO(squares_case(sizes));
   const std::vector<float> expected = test_squares::initial_values(sizes, 5);
   test::run_world(world, [&](Communicator<Mpi>& comm) {
     const std::uint64_t seed = 5 + 3 * static_cast<std::uint64_t>(comm.rank());
@@ -150,14 +161,9 @@ TEST_CASE("mpi construction: init_unit starts every strategy from rank 0's value
 // ReplicatedTrainer, which under the deterministic option the non-hybrid
 // strategies equal bitwise (NoSync accumulation, as ReplicatedTrainer's).
 TEST_CASE("mpi bfloat16 compute: every strategy and ReplicatedTrainer agree, bitwise when deterministic") {
-  using test_squares::LowSquares;
-  using test_squares::Scale;
-  using test_squares::Squares;
   const int world = test::mpi_size();
-  auto rng = test::rng_for("mpi bf16 compute");
-  const std::vector<std::size_t> sizes = test_squares::random_sizes(rng, world);
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world
-                               << ", sizes = " << test_squares::joined(sizes));
+  const std::vector<std::size_t> sizes = squares_sizes("mpi bf16 compute");
+  INFO(squares_case(sizes));
   const auto adam = gradsync::Adam<float>({.lr = 0.01});
   test::run_world(world, [&](Communicator<Mpi>& comm) {
     const auto r = static_cast<float>(comm.rank());
