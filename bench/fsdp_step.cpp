@@ -4,7 +4,7 @@
 // Threads backend, or the mpirun world with --backend mpi.
 //
 //   fsdp_step [--steps S] [--ranks 1,2,4] [--large-only|--small-only] [--sizes 784,1024,1024,10]
-//             [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16]
+//             [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16] [--reduce-dtype fp32|bf16]
 //   mpirun -np 4 fsdp_step --backend mpi [...]     (built with MPI)
 //
 // Models: the MLP 784-1024-1024-10 (1.86M parameters) and 784-2048-2048-2048-10
@@ -34,6 +34,10 @@
 //             float's, one layer widened at a time): DDP and NoShard (8+S)Ψ + 4Ψ (the
 //             bfloat16 copies), FullShard (8+S)Σc + 2U + 4U + 2U (the unit, its fp32
 //             gradient buffer, the bfloat16 gradient), ShardGradOp (8+S)Σc + 2Ψ + 8U + 2U.
+//             With --reduce-dtype bf16 too (reduced from the model's bfloat16 gradient,
+//             no fp32 buffer): FullShard (8+S)Σc + 2U + 2U, ShardGradOp (8+S)Σc + 2Ψ + 4U.
+//             --reduce-dtype bf16 alone (an fp32 model) reduces in bfloat16 without
+//             changing what is held, beyond the worker's packed copies.
 // Exits 1 if any run's bytes differ from the formula (timings are never checked).
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
@@ -110,9 +114,14 @@ double sent_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n
   return 0;
 }
 
-/// FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest
-/// unit; `bf16` param_dtype, `low` a model computing in bfloat16.
-double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n, bool bf16, bool low) {
+/// What a run sets: param_dtype and reduce_dtype bfloat16, a model computing in bfloat16.
+struct Precision {
+  bool params = false, reduce = false, compute = false;
+};
+
+/// FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest unit.
+double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n, const Precision& p) {
+  const bool bf16 = p.params, low = p.compute;
   std::size_t psi = 0, u_max = 0, c = 0;
   const std::size_t s = k == Kind::hybrid_shard ? 2 : n;
   for (const std::size_t p : units) {
@@ -124,9 +133,10 @@ double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t
     switch (k) {
       case Kind::ddp:
       case Kind::no_shard: return 20.0 * double(psi);
-      case Kind::shard_grad_op: return 16.0 * double(c) + 2.0 * double(psi) + 10.0 * double(u_max);
+      case Kind::shard_grad_op:
+        return 16.0 * double(c) + 2.0 * double(psi) + (p.reduce && n > 1 ? 4.0 : 10.0) * double(u_max);
       case Kind::full_shard:
-      case Kind::hybrid_shard: return 16.0 * double(c) + 8.0 * double(u_max);
+      case Kind::hybrid_shard: return 16.0 * double(c) + (p.reduce && n > 1 ? 4.0 : 8.0) * double(u_max);
     }
   }
   switch (k) {
@@ -134,8 +144,8 @@ double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t
     case Kind::no_shard: return 16.0 * double(psi);
     case Kind::shard_grad_op: {
       // bfloat16 copies are kept only where they hold less than fp32 ones (detail::keeping_low_pays).
-      const double fp32 = 4.0 * double(psi), low = 2.0 * double(psi) + 4.0 * double(u_max);
-      return 16.0 * double(c) + (bf16 ? std::min(low, fp32) : fp32) + 4.0 * double(u_max);
+      const double fp32 = 4.0 * double(psi), kept = 2.0 * double(psi) + 4.0 * double(u_max);
+      return 16.0 * double(c) + (bf16 ? std::min(kept, fp32) : fp32) + 4.0 * double(u_max);
     }
     case Kind::full_shard:
     case Kind::hybrid_shard: return 16.0 * double(c) + 8.0 * double(u_max);
@@ -172,7 +182,7 @@ Row run(Comm& comm, Trainer& trainer, const example::Batch& b, int steps) {
 
 /// One kind on `comm`'s ranks, with model type Model; the row is rank 0's.
 template <class Model, class Comm>
-Row measure_model(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, bool bf16) {
+Row measure_model(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, const Precision& p) {
   const gradsync::FlushDenormals flush(true);
   const bench::RandomBatch data(sizes, comm.rank());
   const example::Batch b = data.batch();
@@ -188,25 +198,25 @@ Row measure_model(Comm& comm, Kind kind, const std::vector<int>& sizes, int step
                : kind == Kind::full_shard    ? ShardingStrategy::FullShard
                                              : ShardingStrategy::HybridShard;
   if (kind == Kind::hybrid_shard) o.shard_size = 2;
-  if (bf16) o.param_dtype = gradsync::DataType::bfloat16;
+  if (p.params) o.param_dtype = gradsync::DataType::bfloat16;
+  if (p.reduce) o.reduce_dtype = gradsync::DataType::bfloat16;
   gradsync::ShardedTrainer<Model, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(comm, Model(sizes, 1), adam, o);
   return run(comm, trainer, b, steps);
 }
 
-/// `low`: the model computes in bfloat16.
 template <class Comm>
-Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, bool bf16, bool low) {
-  if (low) return measure_model<example::BasicEigenMlp<gradsync::bfloat16>>(comm, kind, sizes, steps, bf16);
-  return measure_model<example::EigenMlp>(comm, kind, sizes, steps, bf16);
+Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, const Precision& p) {
+  if (p.compute) return measure_model<example::BasicEigenMlp<gradsync::bfloat16>>(comm, kind, sizes, steps, p);
+  return measure_model<example::EigenMlp>(comm, kind, sizes, steps, p);
 }
 
 /// Prints a row; returns false if its bytes differ from the formula.
-bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units, bool bf16,
-               bool low) {
+bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units,
+               const Precision& p) {
   const auto ranks = static_cast<std::size_t>(n);
   const double formula = sent_formula(kind, units, ranks);
   const bool exact = r.sent_all == formula;
-  const double mem = memory_formula(kind, units, ranks, bf16, low);
+  const double mem = memory_formula(kind, units, ranks, p);
   const double mb = 4.0 / double(n) / 1e6;
   std::printf("%3d  %-11s %8.2f %5.2f %8.2f %8.2f %8.2f %7.2f %8.2f %8.2f %8.2f %8.2f%s %8.1f %8.1f %5.3f\n", n,
               name(kind), 1e3 * r.step, ddp_step > 0 ? r.step / ddp_step : 1.0, 1e3 * r.gather, 1e3 * r.compute,
@@ -219,7 +229,8 @@ bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vecto
 
 constexpr const char* usage_text =
     "usage: fsdp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
-    "                 [--sizes 784,1024,1024,10] [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16]\n";
+    "                 [--sizes 784,1024,1024,10] [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16]\n"
+    "                 [--reduce-dtype fp32|bf16]\n";
 
 std::vector<Kind> kinds_for(int n) {
   std::vector<Kind> k{Kind::ddp, Kind::no_shard, Kind::shard_grad_op, Kind::full_shard};
@@ -227,11 +238,14 @@ std::vector<Kind> kinds_for(int n) {
   return k;
 }
 
-void header(const std::vector<int>& m, const char* backend, int steps, bool bf16, bool low) {
-  std::printf("# %s, per-rank batch 64, Adam, Ring, %s, param_dtype %s, compute %s, %d steps; ms per step (rank 0)\n",
-              bench::describe(m).c_str(), backend, bf16 ? "bfloat16" : "fp32", low ? "bfloat16" : "fp32", steps);
+void header(const std::vector<int>& m, const char* backend, int steps, const Precision& p) {
+  auto type = [](bool low) { return low ? "bfloat16" : "fp32"; };
+  std::printf(
+      "# %s, per-rank batch 64, Adam, Ring, %s, param_dtype %s, reduce_dtype %s, compute %s, %d steps; ms per step "
+      "(rank 0)\n",
+      bench::describe(m).c_str(), backend, type(p.params), type(p.reduce), type(p.compute), steps);
   // The sent columns count elements (as StepStats does) at 4 bytes.
-  if (bf16) std::printf("# sent: elements x 4 B; the gathers among them move 2 B each\n");
+  if (p.params || p.reduce) std::printf("# sent: elements x 4 B; those in bfloat16 collectives move 2 B each\n");
   std::printf("#  N trainer         step   xDDP   gather  compute   reduce   optim  exposed   hidden  sent MB  "
               "formula  peakMiB  formula  ratio\n");
 }
@@ -240,18 +254,22 @@ void header(const std::vector<int>& m, const char* backend, int steps, bool bf16
 
 int main(int argc, char** argv) {
   Eigen::setNbThreads(1);
-  bool bf16 = false, low = false;
+  Precision precision;
   const bench::StepOptions opt = bench::parse_step_options(
       argc, argv, "fsdp_step", usage_text, 10, [&](const std::string& key, const char* value, bool& consumed) {
-        if (key != "--param-dtype" && key != "--compute-dtype") return false;
+        bool* flag = key == "--param-dtype"     ? &precision.params
+                     : key == "--reduce-dtype"  ? &precision.reduce
+                     : key == "--compute-dtype" ? &precision.compute
+                                                : nullptr;
+        if (flag == nullptr) return false;
         const std::string v = value ? value : "";
         if (v != "fp32" && v != "bf16") bench::usage("fsdp_step", usage_text, key + " takes fp32 or bf16");
-        (key == "--param-dtype" ? bf16 : low) = v == "bf16";
+        *flag = v == "bf16";
         consumed = true;
         return true;
       });
   // A model computing in bfloat16 is gathered in it.
-  if (low) bf16 = true;
+  if (precision.compute) precision.params = true;
   const int steps = opt.steps;
   const std::string& backend = opt.backend;
   const std::vector<std::vector<int>> models = opt.models();
@@ -262,17 +280,17 @@ int main(int argc, char** argv) {
   if (backend == "threads") {
     for (const auto& m : models) {
       const int s = steps_for(m);
-      header(m, "Threads", s, bf16, low);
+      header(m, "Threads", s, precision);
       for (const int n : opt.ranks) {
         double ddp = 0;
         for (const Kind kind : kinds_for(n)) {
           Row row;
           gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-            const Row r = measure(comm, kind, m, s, bf16, low);
+            const Row r = measure(comm, kind, m, s, precision);
             if (comm.rank() == 0) row = r;
           });
           if (kind == Kind::ddp) ddp = row.step;
-          all_exact = print_row(n, kind, row, ddp, unit_sizes(m), bf16, low) && all_exact;
+          all_exact = print_row(n, kind, row, ddp, unit_sizes(m), precision) && all_exact;
         }
       }
     }
@@ -281,12 +299,12 @@ int main(int argc, char** argv) {
     gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
     for (const auto& m : models) {
       const int s = steps_for(m);
-      if (comm.rank() == 0) header(m, "Mpi", s, bf16, low);
+      if (comm.rank() == 0) header(m, "Mpi", s, precision);
       double ddp = 0;
       for (const Kind kind : kinds_for(comm.size())) {
-        const Row row = measure(comm, kind, m, s, bf16, low);
+        const Row row = measure(comm, kind, m, s, precision);
         if (kind == Kind::ddp) ddp = row.step;
-        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m), bf16, low) && all_exact;
+        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m), precision) && all_exact;
       }
     }
     int bad = all_exact ? 0 : 1;
