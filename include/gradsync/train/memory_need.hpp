@@ -112,12 +112,13 @@ struct ShardedMemoryShape {
 ///   model holds.
 /// - A model computing in bfloat16 (h = 2 bytes): its gathered units are
 ///   h·G_u each, with no e-byte copy, and it writes its gradient into an
-///   h·R_u buffer, which is added into the e-byte one once the unit is
+///   h·G_u buffer, which is added into the e-byte one once the unit is
 ///   ready; the gathered part above is then in h bytes, and the gradient
-///   buffers part gains h·max R (the unit being filled). Reduced in h
-///   bytes too (reduces_in_compute_type), the e-byte buffers go: the
-///   gradient buffers part is h·max R under FullShard, 2h·max R under
-///   ShardGradOp (one reduction in flight while the next is filled).
+///   buffers part gains h·max G (the unit being filled). Reduced in h
+///   bytes too (reduces_in_compute_type; never with offload), the e-byte
+///   buffers go: the gradient buffers part is h·max G under FullShard,
+///   2h·max G under ShardGradOp (one reduction in flight while the next is
+///   filled).
 /// - NoSync accumulation: every unit's gradient buffer at once, Σ R, in
 ///   place of the above's gradient buffers. ShardGradOp then holds Σ G + Σ R
 ///   from the first micro-step's backward to the synced step's: it keeps
