@@ -23,6 +23,7 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
@@ -346,20 +347,11 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// value_type gradient that GradSync averages and the optimizer steps on.
   static constexpr bool computes_low = !std::is_same_v<compute_type, value_type>;
 
-  /// A model computing in bfloat16 has no buffers: they are value_type,
-  /// lent in place. Every rank has the same model type and units, so every
-  /// rank throws alike, before anything is allocated.
+  /// A model computing in bfloat16 has no buffers, refused before anything is allocated.
   void check_compute() const {
     if constexpr (computes_low) {
-      for (const UnitSpec& u : specs_) {
-        if (!u.buffers.empty()) {
-          throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()) +
-                                ": the model computes in bfloat16 (its compute_type) and declares buffers (unit '" +
-                                u.name + "', '" + u.buffers.front().name + "'), which are kept in " +
-                                std::string(name(data_type_v<value_type>)) +
-                                " and lent in place: a bfloat16 model with buffers is not supported");
-        }
-      }
+      detail::refuse_buffers_of_low_model("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()),
+                                          specs_, data_type_v<value_type>);
     }
   }
 
@@ -376,20 +368,15 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// (which the optimizer, a checkpoint's load or the user may have changed).
   void round_parameters() {
     if constexpr (computes_low) {
-      for (std::size_t i = 0; i < params_.size(); ++i) low_params_[i] = bfloat16(static_cast<float>(params_[i]));
+      detail::round_into(std::span<const value_type>(params_), std::span<bfloat16>(low_params_));
     }
   }
 
   /// A bfloat16 model's unit u is ready: its gradient is added into the
-  /// value_type one, and its bfloat16 buffer zeroed for the next backward.
+  /// value_type one (run_model zeroes the bfloat16 ones before each backward).
   void fold_low_grad(std::size_t u) {
     if constexpr (computes_low) {
-      const UnitView<bfloat16>& low = low_views_[u];
-      const std::span<value_type> grads = views_[u].flat_grads;
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        grads[i] += static_cast<value_type>(static_cast<float>(low.flat_grads[i]));
-        low.flat_grads[i] = bfloat16(0.0f);
-      }
+      detail::add_widened(views_[u].flat_grads, std::span<const bfloat16>(low_views_[u].flat_grads));
     }
   }
 

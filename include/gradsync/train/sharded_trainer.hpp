@@ -35,6 +35,7 @@
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/accumulation_mode.hpp"
 #include "gradsync/train/backward_prefetch.hpp"
+#include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
@@ -284,7 +285,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."};
     detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget, {&offload, 1});
     precision();
-    check_compute();
     check_offload();
     split();
     layout();
@@ -688,7 +688,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   Comm& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
   const Comm& shard_comm() const noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
 
-  /// Reads param_dtype and reduce_dtype: the master type or bfloat16.
+  /// Reads param_dtype and reduce_dtype: the master type or bfloat16
+  /// (param_dtype bfloat16, whether set or not, for a bfloat16 model).
   void precision() {
     auto low = [&](const std::optional<DataType>& d, const char* what) {
       if (!d || *d == data_type_v<value_type>) return false;
@@ -699,27 +700,18 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     };
     param_bf16_ = low(o_.param_dtype, "ShardedTrainerOptions::param_dtype");
     reduce_bf16_ = low(o_.reduce_dtype, "ShardedTrainerOptions::reduce_dtype");
-  }
-
-  /// A model computing in bfloat16 is gathered in it and has no buffers.
-  /// Every rank has the same model type and units, so every rank throws
-  /// alike, before anything is allocated.
-  void check_compute() {
     if constexpr (computes_low) {
-      const std::string why = where() + ": the model computes in bfloat16 (its compute_type)";
+      // A model computing in bfloat16 is gathered in it, and has no buffers.
+      // Every rank has the same model type, units and options, so every rank
+      // throws alike, before anything is allocated.
       if (o_.param_dtype && !param_bf16_) {
-        throw InvalidArgument(why + ", so its units are gathered in bfloat16: leave ShardedTrainerOptions::"
-                                    "param_dtype unset or make it bfloat16, not " +
+        throw InvalidArgument(where() +
+                              ": the model computes in bfloat16 (its compute_type), so its units are gathered in "
+                              "bfloat16: leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not " +
                               std::string(name(*o_.param_dtype)));
       }
       param_bf16_ = true;
-      for (const UnitSpec& u : specs_) {
-        if (!u.buffers.empty()) {
-          throw InvalidArgument(why + " and declares buffers (unit '" + u.name + "', '" + u.buffers.front().name +
-                                "'), which are kept in " + std::string(name(data_type_v<value_type>)) +
-                                " and lent in place: a bfloat16 model with buffers is not supported");
-        }
-      }
+      detail::refuse_buffers_of_low_model(where(), specs_, data_type_v<value_type>);
     }
   }
 
@@ -819,7 +811,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   /// Views of unit u over `params` (P elements) and `grads` (P or none),
-  /// and its buffers (value_type ones: a bfloat16 model has none, check_compute).
+  /// and its buffers (value_type ones: a bfloat16 model has none, precision()).
   template <class T>
   UnitView<T> make_view(std::size_t u, std::span<T> params, std::type_identity_t<std::span<T>> grads) {
     UnitView<T> v;
@@ -1015,9 +1007,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   void round_parameters(bool zero_grads) {
     if constexpr (computes_low) {
       if (sharded()) return;
-      for (std::size_t i = 0; i < shard_params_.size(); ++i) {
-        low_params_[i] = bfloat16(static_cast<float>(shard_params_[i]));
-      }
+      detail::round_into(std::span<const value_type>(shard_params_), std::span<bfloat16>(low_params_));
       if (zero_grads) std::ranges::fill(low_grads_, bfloat16(0.0f));
     }
   }
@@ -1030,13 +1020,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   void fold_low_grad(std::size_t w) {
     WrappedState& s = wrapped_[w];
     if (!sharded()) {
-      // NoShard: into the whole unit's gradient in the shard, reduced in place.
-      const std::span<value_type> g = std::span<value_type>(shard_grads_).subspan(offsets_[w], sizes_[w]);
-      const std::span<bfloat16> low = std::span<bfloat16>(low_grads_).subspan(offsets_[w], sizes_[w]);
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        g[i] += to_value(low[i]);
-        low[i] = bfloat16(0.0f);
-      }
+      // NoShard: into the whole unit's gradient in the shard, reduced in place
+      // (round_parameters zeroes the bfloat16 ones before each backward).
+      detail::add_widened(std::span<value_type>(shard_grads_).subspan(offsets_[w], sizes_[w]),
+                          std::span<const bfloat16>(low_grads_).subspan(offsets_[w], sizes_[w]));
       return;
     }
     if (s.grad.empty()) {
@@ -1046,7 +1033,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       s.grad = take(chunks_[w] * n, true);
       track_transient();
     }
-    for (std::size_t i = 0; i < s.low_grad.size(); ++i) s.grad[i] += to_value(s.low_grad[i]);
+    detail::add_widened(std::span<value_type>(s.grad).first(s.low_grad.size()), std::span<const bfloat16>(s.low_grad));
     std::vector<bfloat16>().swap(s.low_grad);
   }
 
