@@ -124,10 +124,10 @@ double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t
   const bool bf16 = p.params, low = p.compute;
   std::size_t psi = 0, u_max = 0, c = 0;
   const std::size_t s = k == Kind::hybrid_shard ? 2 : n;
-  for (const std::size_t p : units) {
-    psi += p;
-    u_max = std::max(u_max, p);
-    c += (p + s - 1) / s;
+  for (const std::size_t u : units) {
+    psi += u;
+    u_max = std::max(u_max, u);
+    c += (u + s - 1) / s;
   }
   if (low) {
     switch (k) {
