@@ -6,12 +6,15 @@
 #include <gradsync/core/endpoint_of.hpp>
 #include <gradsync/gradsync.hpp>
 
+#include "support/common.hpp"
 #include "support/world.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -254,6 +257,79 @@ TEST_CASE("MpiOptions are taken at construction, and unchecked calls still work"
   checked.barrier();
   gs::AllReduce<gs::Tree>{}(checked, std::span<float>(x));
   CHECK(x[0] == static_cast<float>(comm.size() * comm.size() * comm.size()));
+}
+
+/// Every Native collective on `staged` (throw_error: MPI works on the
+/// endpoint's buffer) and on `direct` (abort_job: on the caller's), with the
+/// same inputs: small integers, so every result is exact whatever MPI's
+/// order. Each rank draws every rank's input from the job's seed.
+template <class T, class Op>
+void native_on_both(gs::Communicator<gs::Mpi>& staged, gs::Communicator<gs::Mpi>& direct, std::uint64_t seed,
+                    std::size_t count, bool deterministic) {
+  const int n = staged.size(), rank = staged.rank();
+  CAPTURE(seed);
+  CAPTURE(count);
+  CAPTURE(deterministic);
+  INFO("element type of ", sizeof(T), " bytes, op ", Op::name, ", rank ", rank, " of ", n);
+  std::mt19937_64 g(seed ^ (count * 0x9E3779B97F4A7C15ull));
+  std::uniform_int_distribution<int> value(-1000, 1000);
+  const std::size_t total = count * static_cast<std::size_t>(n);
+  // all[r]: rank r's input of `total` elements (AllReduce uses the first `count`).
+  std::vector<std::vector<T>> all(static_cast<std::size_t>(n), std::vector<T>(total));
+  for (auto& v : all)
+    for (T& x : v) x = static_cast<T>(value(g));
+  const std::vector<T>& mine = all[static_cast<std::size_t>(rank)];
+  const int root = static_cast<int>(g() % static_cast<std::uint64_t>(n));
+  auto reduced = [&](std::size_t i) {
+    T acc = all[0][i];
+    for (int r = 1; r < n; ++r) acc = Op::apply(acc, all[static_cast<std::size_t>(r)][i]);
+    if constexpr (requires { Op::finish(acc, n); }) acc = Op::finish(acc, n);
+    return acc;
+  };
+  const gs::Options opt{.deterministic = deterministic};
+  for (gs::Communicator<gs::Mpi>* comm : {&staged, &direct}) {
+    const char* which = comm == &staged ? "throw_error (staged)" : "abort_job (caller's buffers)";
+    INFO(which);
+    std::vector<T> out(count), inplace(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(count));
+    gs::AllReduce<gs::Native>{opt}(*comm, std::span<const T>(mine.data(), count), std::span<T>(out), Op{});
+    gs::AllReduce<gs::Native>{opt}(*comm, std::span<T>(inplace), Op{});
+    for (std::size_t i = 0; i < count; ++i) {
+      REQUIRE(out[i] == reduced(i));
+      REQUIRE(inplace[i] == reduced(i));
+    }
+    std::vector<T> block(count);
+    gs::ReduceScatter<gs::Native>{opt}(*comm, std::span<const T>(mine), std::span<T>(block), Op{});
+    for (std::size_t i = 0; i < count; ++i) REQUIRE(block[i] == reduced(static_cast<std::size_t>(rank) * count + i));
+    std::vector<T> gathered(total), own(total);
+    gs::AllGather<gs::Native>{}(*comm, std::span<const T>(mine.data(), count), std::span<T>(gathered));
+    std::copy_n(mine.begin(), count, own.begin() + static_cast<std::ptrdiff_t>(rank * count));
+    gs::AllGather<gs::Native>{}(*comm, std::span<const T>(own.data() + rank * count, count), std::span<T>(own));
+    for (std::size_t i = 0; i < total; ++i) {
+      REQUIRE(gathered[i] == all[i / count][i % count]);
+      REQUIRE(own[i] == all[i / count][i % count]);
+    }
+    std::vector<T> bcast(rank == root ? mine : std::vector<T>(total, T(-1)));
+    gs::Broadcast<gs::Native>{}(*comm, std::span<T>(bcast), root);
+    for (std::size_t i = 0; i < total; ++i) REQUIRE(bcast[i] == all[static_cast<std::size_t>(root)][i]);
+  }
+}
+
+TEST_CASE("under abort_job, Native runs on the caller's buffers and returns what it returns under throw_error") {
+  // A failed call under abort_job ends the job before it returns, so MPI may
+  // work on the caller's buffers; the results must not change.
+  gs::Communicator<gs::Mpi> staged(MPI_COMM_WORLD);
+  gs::Communicator<gs::Mpi> direct(MPI_COMM_WORLD,
+                                   gs::MpiOptions{.failure_policy = gs::MpiFailurePolicy::abort_job});
+  std::uint64_t seed = test::test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  std::mt19937_64 g(seed);
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1} + g() % 5000}) {
+    for (bool deterministic : {false, true}) {
+      native_on_both<float, gs::Sum>(staged, direct, seed, count, deterministic);
+      native_on_both<std::int32_t, gs::Avg>(staged, direct, seed + 1, count, deterministic);
+      native_on_both<double, gs::Max>(staged, direct, seed + 2, count, deterministic);
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("a rank that skips a collective makes the others time out, naming it", Algo, gs::Ring, gs::Tree,

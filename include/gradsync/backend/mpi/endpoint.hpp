@@ -211,24 +211,36 @@ class Endpoint {
   // do not match are undefined behaviour (Open MPI may kill the job).
 
   // MPI cannot cancel a collective, and keeps writing into its buffers
-  // after a wait gave up on it (a peer never joined). So they run on
-  // buffers the endpoint owns (copy in, collective, copy out): an abandoned
-  // one keeps its buffer, in abandoned_, for as long as MPI may use it, and
-  // the user's memory is never touched after the call throws. The buffer is
-  // reused and only grows. Cost of the copies, native AllReduce of float sum,
-  // before / after: 64 MiB out of place 110-116 / 126-158 ms; 64 MiB in
-  // place 265-272 / 160-170 ms (faster: MPI now always runs out of place);
-  // 1 MiB within noise (1.2-4.4 / 3.6-4.3 ms). `mpirun -np 2 mpi_interleaved
-  // -r 9 1M 64M`, column native, two alternating runs each, on the 2-core
-  // development VM (2026-12-01, load 6-8 from other builds).
+  // after a wait gave up on it (a peer never joined). Under throw_error the
+  // caller regains control and may free them, so Native runs on buffers the
+  // endpoint owns (copy in, collective, copy out): an abandoned call keeps
+  // its buffer, in abandoned_, for as long as MPI may use it, and the user's
+  // memory is never touched after the call throws. The buffer is reused and
+  // only grows. Under abort_job a failed call never returns (fail() ends the
+  // job from inside Communicator::run, before any caller frame unwinds), so
+  // MPI gets the caller's buffers and the copies go: at 16 MiB and 256 MiB
+  // out of place the copies made Native 1.6-1.7x slower (docs/PERFORMANCE.md,
+  // "Native on Mpi without the copies").
+  //
+  // Cost of the copies, native AllReduce of float sum, before / after: 64 MiB
+  // out of place 110-116 / 126-158 ms; 64 MiB in place 265-272 / 160-170 ms
+  // (faster: MPI now always runs out of place); 1 MiB within noise (1.2-4.4 /
+  // 3.6-4.3 ms). `mpirun -np 2 mpi_interleaved -r 9 1M 64M`, column native,
+  // two alternating runs each, on the 2-core development VM (2026-12-01, load
+  // 6-8 from other builds).
+
+  /// Whether Native may hand MPI the caller's buffers: only when a failure
+  /// ends the job, so no caller code runs while MPI may still use them.
+  bool native_on_caller_buffers() const noexcept { return failure_policy == MpiFailurePolicy::abort_job; }
 
   /// MPI_Iallreduce and MPI_Ireduce_scatter_block take the same arguments,
   /// and both end with call.count results to finish (integer Avg).
   using StartReduction = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm, MPI_Request*);
 
-  /// A native reduction of `in_count` elements in, call.count out, through
-  /// the reused buffer. Out of place: Open MPI's in-place MPI_Iallreduce is
-  /// 1.2-3x slower.
+  /// A native reduction of `in_count` elements in, call.count out. MPI always
+  /// runs it out of place: Open MPI's in-place MPI_Iallreduce is 1.2-3x
+  /// slower. So an in-place call lands in the endpoint's buffer and is copied
+  /// back, even on the caller's buffers; otherwise those need no copy.
   template <class T>
   void native_reduction(StartReduction start, const char* name, const T* in, std::size_t in_count, T* out,
                         const CallInfo& call, std::chrono::nanoseconds timeout) {
@@ -236,14 +248,21 @@ class Endpoint {
     check_count(call.count);
     const std::size_t unit = size_of(call.type);
     const std::size_t in_bytes = in_count * unit, out_bytes = call.count * unit;
-    std::byte* buf = native_buffer(in_bytes + out_bytes);
-    if (in_bytes) std::memcpy(buf, in, in_bytes);
+    const bool direct = native_on_caller_buffers();
+    const bool stage_in = !direct, stage_out = !direct || static_cast<const void*>(in) == out;
+    std::byte* buf = (stage_in || stage_out) ? native_buffer((stage_in ? in_bytes : 0) + out_bytes) : nullptr;
+    const void* send = in;
+    void* recv = out;
+    if (stage_in) {
+      if (in_bytes) std::memcpy(buf, in, in_bytes);
+      send = buf;
+    }
+    if (stage_out) recv = buf + (stage_in ? in_bytes : 0);
     MPI_Request req = MPI_REQUEST_NULL;
-    check(start(buf, buf + in_bytes, static_cast<int>(call.count), datatype(call.type), op(call.op, call.type), comm_,
-                &req),
+    check(start(send, recv, static_cast<int>(call.count), datatype(call.type), op(call.op, call.type), comm_, &req),
           name);
-    poll(req, call, timeout, name, true);
-    if (out_bytes) std::memcpy(out, buf + in_bytes, out_bytes);
+    poll(req, call, timeout, name, buf != nullptr);
+    if (stage_out && out_bytes) std::memcpy(out, recv, out_bytes);
     local_finish(out, call.count, call.type, call.op);
   }
 
@@ -261,27 +280,31 @@ class Endpoint {
     settle(call, timeout);
     check_count(call.count);
     const std::size_t bytes = call.count * size_of(call.type);
-    std::byte* buf = native_buffer(bytes * static_cast<std::size_t>(size_));
-    if (bytes) std::memcpy(buf + bytes * static_cast<std::size_t>(rank_), in, bytes);
-    MPI_Request req = MPI_REQUEST_NULL;
     const int n = static_cast<int>(call.count);
+    const bool direct = native_on_caller_buffers();
+    std::byte* buf = direct ? reinterpret_cast<std::byte*>(out) : native_buffer(bytes * static_cast<std::size_t>(size_));
+    // In place (`in` is out's own block) needs no copy on the caller's buffers.
+    std::byte* mine = buf + bytes * static_cast<std::size_t>(rank_);
+    if (bytes && static_cast<const void*>(in) != mine) std::memcpy(mine, in, bytes);
+    MPI_Request req = MPI_REQUEST_NULL;
     check(MPI_Iallgather(MPI_IN_PLACE, n, datatype(call.type), buf, n, datatype(call.type), comm_, &req),
           "MPI_Iallgather");
-    poll(req, call, timeout, "MPI_Iallgather", true);
-    if (bytes) std::memcpy(out, buf, bytes * static_cast<std::size_t>(size_));
+    poll(req, call, timeout, "MPI_Iallgather", !direct);
+    if (!direct && bytes) std::memcpy(out, buf, bytes * static_cast<std::size_t>(size_));
   }
   template <class T>
   void native_broadcast(T* data, const CallInfo& call, std::chrono::nanoseconds timeout) {
     settle(call, timeout);
     check_count(call.count);
     const std::size_t bytes = call.count * size_of(call.type);
-    std::byte* buf = native_buffer(bytes);
+    const bool direct = native_on_caller_buffers();
+    std::byte* buf = direct ? reinterpret_cast<std::byte*>(data) : native_buffer(bytes);
     const bool root = call.root == rank_;
-    if (root && bytes) std::memcpy(buf, data, bytes);
+    if (!direct && root && bytes) std::memcpy(buf, data, bytes);
     MPI_Request req = MPI_REQUEST_NULL;
     check(MPI_Ibcast(buf, static_cast<int>(call.count), datatype(call.type), call.root, comm_, &req), "MPI_Ibcast");
-    poll(req, call, timeout, "MPI_Ibcast", true);
-    if (!root && bytes) std::memcpy(data, buf, bytes);
+    poll(req, call, timeout, "MPI_Ibcast", !direct);
+    if (!direct && !root && bytes) std::memcpy(data, buf, bytes);
   }
 
  private:
