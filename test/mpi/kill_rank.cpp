@@ -2,7 +2,11 @@
 // kills itself (SIGKILL) mid-loop. Run by kill_rank.py under
 // `mpirun --enable-recovery`, which checks what the survivors say and when.
 //
-//   mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S
+//   mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S [ring|native]
+//
+// native: the loop's all-reduce is Native, MPI's own; under abort the ranks
+// hand MPI their own buffer (no copy), which is safe only because a failed
+// call ends the job instead of returning.
 //
 // Lines it prints (wall-clock times, so the script can compare processes):
 //   KILL <t>                          rank 2, just before it dies
@@ -37,12 +41,13 @@ void survived(int rank, const char* kind, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S [ring|native]\n");
     return 2;
   }
   const std::string policy = argv[1];
   const double deadline = std::atof(argv[2]);
+  const bool native = argc == 4 && std::string(argv[3]) == "native";
   gs::MpiOptions options;
   options.failure_policy = policy == "abort" ? gs::MpiFailurePolicy::abort_job : gs::MpiFailurePolicy::throw_error;
   gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, options);
@@ -55,7 +60,11 @@ int main(int argc, char** argv) {
       kill(getpid(), SIGKILL);
     }
     try {
-      gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x), gs::Max{});
+      if (native) {
+        gs::AllReduce<gs::Native>{}(comm, std::span<float>(x), gs::Max{});
+      } else {
+        gs::AllReduce<gs::Ring>{}(comm, std::span<float>(x), gs::Max{});
+      }
     } catch (const gs::Timeout& e) {
       survived(comm.rank(), "Timeout", e.what());
     } catch (const gs::Aborted& e) {
