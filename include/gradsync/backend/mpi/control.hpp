@@ -234,6 +234,24 @@ class Control {
   /// Whether the agreement for the current call is still in flight.
   bool pending() const noexcept { return s_->pending; }
 
+  /// The ranks whose shared-memory slot does not show the current call yet
+  /// ("2" or "2, 3"), for a timeout's message. Empty across hosts, where the
+  /// agreement's messages fold many ranks into one and cannot name them.
+  std::string not_joined() {
+    State& s = *s_;
+    std::string who;
+    if (!s.slots) return who;
+    const std::size_t b = s.call.seq & 1;
+    for (int q = 0; q < s.size; ++q) {
+      if (q == s.rank) continue;
+      // A rank already past this call (its other half holds a later one)
+      // has joined it: compare, do not test for equality.
+      if (std::atomic_ref<std::uint64_t>(s.slots[q].seq[b]).load(std::memory_order_acquire) < s.call.seq)
+        who += (who.empty() ? "" : ", ") + std::to_string(q);
+    }
+    return who;
+  }
+
   /// Gives up on the agreement in flight; the destructor takes back its
   /// receives.
   void abandon() noexcept { s_->pending = false; }

@@ -509,8 +509,12 @@ class Endpoint {
   void settle(const CallInfo& call, std::chrono::nanoseconds timeout) {
     if (!control_.pending()) return;
     await([&] { return control_.agreed(timeout); }, timeout, [&] {
+      const std::string missing = control_.not_joined();
       control_.abandon();
-      timed_out(call, timeout, " waiting for every rank to join it (some rank has not called it)");
+      timed_out(call, timeout,
+                " waiting for every rank to join it (" +
+                    (missing.empty() ? std::string("some rank has not called it") : "rank " + missing + " has not called it") +
+                    ")");
     });
   }
 
