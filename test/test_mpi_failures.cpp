@@ -284,7 +284,7 @@ void native_on_both(gs::Communicator<gs::Mpi>& staged, gs::Communicator<gs::Mpi>
   auto reduced = [&](std::size_t i) {
     T acc = all[0][i];
     for (int r = 1; r < n; ++r) acc = Op::apply(acc, all[static_cast<std::size_t>(r)][i]);
-    if constexpr (requires { Op::finish(acc, n); }) acc = Op::finish(acc, n);
+    if constexpr (gs::detail::HasFinish<Op>) acc = Op::finish(acc, n);
     return acc;
   };
   const gs::Options opt{.deterministic = deterministic};
