@@ -581,6 +581,20 @@ TEST_CASE("on 3 to 5 ranks every rank names a disagreement at once, whatever it 
          std::vector<double> x(77, 1.0);
          gs::Broadcast<gs::RecursiveHalvingDoubling>{}(c, std::span<double>(x), odd ? 1 : 0);
        }},
+      {"AllReduce<Ring> of equal counts with different labels",
+       [](Comm& c, bool odd) { all_reduce_of<gs::Ring>(c, 64, {.label = {.id = odd ? 5u : 3u}}); }},
+      {"AllGather<Native> of equal counts with different label settings",
+       [](Comm& c, bool odd) {
+         std::vector<float> in(4, 1.0f), out(4 * static_cast<std::size_t>(c.size()));
+         gs::AllGather<gs::Native>{{.label = {.id = 9, .setting = odd ? 2u : 1u}}}(c, std::span<const float>(in),
+                                                                                 std::span<float>(out));
+       }},
+      {"ReduceScatter<Tree> labelled on one rank only",
+       [](Comm& c, bool odd) {
+         std::vector<double> in(3 * static_cast<std::size_t>(c.size()), 1.0), out(3);
+         gs::ReduceScatter<gs::Tree>{{.label = {.id = odd ? 1u : 0u}}}(c, std::span<const double>(in),
+                                                                       std::span<double>(out));
+       }},
       {"a skipped call (calls of different sizes)",
        [](Comm& c, bool odd) {
          if (!odd) all_reduce_of<gs::Ring>(c, 5);
@@ -734,10 +748,42 @@ TEST_CASE("after a failure, a new run_threads works normally") {
 
 // Mpi and Nccl name a disagreement from every rank's gathered WireCall with
 // one function; here it is held to its contract without a transport.
+namespace {
+/// Labels as a trainer writes them: the unit's index in the low word.
+struct UnitNames final : gs::LabelNames {
+  std::string describe(std::uint64_t id, std::uint64_t setting) const override {
+    return "gather of unit 'fc" + std::to_string(id) + "', step " + std::to_string(setting);
+  }
+};
+}  // namespace
+
+TEST_CASE("a label mismatch is named in the caller's words on every rank") {
+  auto rng = test::rng_for("label names");
+  CAPTURE(test::test_seed());
+  static const UnitNames names;
+  for (int n = 3; n <= 5; ++n) {
+    const int faulty = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const std::uint64_t step = rng() % 100;
+    INFO("N = " << n << ", odd rank " << faulty << ", step " << step);
+    const std::vector<Outcome> got = outcomes(n, faulty, [&](Comm& c, bool odd) {
+      all_reduce_of<gs::Ring>(c, 32, {.label = {.id = odd ? 3u : 2u, .setting = step, .names = &names}});
+    });
+    for (int r = 0; r < n; ++r) {
+      const Outcome& o = got[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << o.kind << ": " << o.what);
+      CHECK(o.kind == "InvalidArgument");
+      CHECK(contains(o.what, "gather of unit 'fc2', step " + std::to_string(step)));
+      CHECK(contains(o.what, "gather of unit 'fc3', step " + std::to_string(step)));
+      CHECK(contains(o.what, "rank " + std::to_string(faulty) + " called"));
+    }
+  }
+}
+
 TEST_CASE("WireCall: a call survives the wire, and the first differing rank is named") {
   gs::detail::CallInfo a{.collective = gs::Collective::all_reduce, .algorithm = "ring",
                          .type = gs::DataType::float32, .op = gs::OpKind::sum, .count = 1000, .root = -1,
                          .deterministic = true, .chunk_bytes = 4096, .seq = 7};
+  a.label.id = 5;
   const auto wa = gs::detail::WireCall::of(a);
   CHECK(wa.call() == a);
   std::vector<gs::detail::WireCall> all(5, wa);
@@ -753,6 +799,8 @@ TEST_CASE("WireCall: a call survives the wire, and the first differing rank is n
       [](auto& c) { c.deterministic = false; },
       [](auto& c) { c.chunk_bytes = 8192; },
       [](auto& c) { c.seq = 8; },
+      [](auto& c) { c.label.id = 3; },
+      [](auto& c) { c.label.setting = 0x3fb999999999999aull; },
   };
   for (std::size_t k = 0; k < edits.size(); ++k) {
     CAPTURE(k);

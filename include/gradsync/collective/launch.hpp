@@ -38,6 +38,7 @@ void launch(Communicator<B>& comm, const Operands& o, std::size_t count) {
   } else {
     CallInfo call{C, Algo::name, o.out.type(), o.op, count, o.root, o.options->deterministic};
     call.chunk_bytes = chunk_bytes(*o.options);
+    call.label = o.options->label;
     RunCall::run(comm, call, [&](CallView<B>& view) { entry<Algorithm<Algo>, C>(view, o); });
   }
 }

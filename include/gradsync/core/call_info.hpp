@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "gradsync/core/call_label.hpp"
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
@@ -26,8 +27,14 @@ struct CallInfo {
   bool deterministic = false;
   std::size_t chunk_bytes = 0;  ///< the pipelining chunk the algorithm cuts messages into
   std::uint64_t seq = 0;        ///< this communicator's call number, from 1
+  CallLabel label{};            ///< what the call moves, in the caller's terms
 
-  friend bool operator==(const CallInfo&, const CallInfo&) = default;
+  /// Equal calls: every field ranks compare (a label's names are each rank's own).
+  friend bool operator==(const CallInfo& a, const CallInfo& b) noexcept {
+    return a.collective == b.collective && a.algorithm == b.algorithm && a.type == b.type && a.op == b.op &&
+           a.count == b.count && a.root == b.root && a.deterministic == b.deterministic &&
+           a.chunk_bytes == b.chunk_bytes && a.seq == b.seq && a.label.same_as(b.label);
+  }
 };
 
 /// The op's own name (Sum::name, ...); "?" for a value no op has.
@@ -35,8 +42,10 @@ constexpr std::string_view name(OpKind k) noexcept {
   return k <= OpKind::prod ? visit(k, []<class Op>(Op) { return Op::name; }) : std::string_view("?");
 }
 
-/// "AllReduce #3 (ring, 1000 x float, sum)".
-inline std::string describe(const CallInfo& c) {
+/// "AllReduce #3 (ring, 1000 x float, sum)", and its label put in words by
+/// `names` ("AllReduce #3 (ring, 1000 x float, sum; step 2, bucket 0 …)"). A
+/// peer's call is described with this rank's names: the peer's may be gone.
+inline std::string describe(const CallInfo& c, const LabelNames* names) {
   std::string s(name(c.collective));
   // seq 0: a call not numbered yet (refused before it started).
   if (c.seq) s += " #" + std::to_string(c.seq);
@@ -54,8 +63,12 @@ inline std::string describe(const CallInfo& c) {
   if (c.deterministic) s += ", deterministic";
   // Only a chunk size someone chose is worth a word in a message.
   if (c.chunk_bytes && c.chunk_bytes != default_chunk_bytes) s += ", chunks of " + std::to_string(c.chunk_bytes) + " B";
+  if (!c.label.empty()) s += "; " + c.label.describe(names);
   s += ")";
   return s;
 }
+
+/// A call of this rank's, described with its own label names.
+inline std::string describe(const CallInfo& c) { return describe(c, c.label.names); }
 
 }  // namespace gradsync::detail

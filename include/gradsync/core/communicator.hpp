@@ -26,6 +26,8 @@ namespace gradsync {
 namespace detail {
 struct RunCall;
 struct EndpointAccess;
+template <Backend B>
+class LabelScope;
 }  // namespace detail
 
 /// The color that puts a rank in no sub-communicator: its split() returns
@@ -64,6 +66,7 @@ class Communicator {
         timeout_(o.timeout_),
         seq_(o.seq_),
         call_(o.call_),
+        label_(o.label_),
         scratch_(std::move(o.scratch_)),
         failure_(std::move(o.failure_)) {}
 
@@ -142,6 +145,7 @@ class Communicator {
  private:
   friend struct detail::RunCall;
   friend struct detail::EndpointAccess;
+  friend class detail::LabelScope<B>;
 
   /// Runs one collective: stamps it with the next sequence number, and if it
   /// throws, abandons what is in flight and tells the other ranks, so they
@@ -170,6 +174,11 @@ class Communicator {
       ~Release() { busy.store(false, std::memory_order_release); }
     } release{busy_};
     call.seq = ++seq_;
+    // A collective that names no label of its own moves what the caller's
+    // LabelScope says; barrier and split move nothing.
+    if (call.label.empty() && call.collective != Collective::barrier && call.collective != Collective::split) {
+      call.label = label_;
+    }
     call_ = call;
     try {
       // begin_call/end_call are protocol hooks, not capabilities: a backend
@@ -206,6 +215,7 @@ class Communicator {
   duration timeout_ = default_timeout;
   std::uint64_t seq_ = 0;
   detail::CallInfo call_{};
+  CallLabel label_{};  ///< set by detail::LabelScope around a caller's collectives
   detail::ScratchPool scratch_;
   std::string failure_;  ///< empty until a call fails
   std::atomic<bool> busy_{false};

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstddef>
 
+#include "gradsync/core/call_label.hpp"
+
 namespace gradsync {
 
 /// Options a primitive carries: `AllReduce<Ring>{{.deterministic = true}}`.
@@ -18,6 +20,10 @@ struct Options {
 
   /// Largest piece a pipelined algorithm sends at once. 0 picks the default.
   std::size_t chunk_bytes = 0;
+
+  /// What this call moves (CallLabel): ranks that pass different labels get
+  /// InvalidArgument on every rank, as for different counts. Empty: none.
+  CallLabel label{};
 };
 
 namespace detail {

@@ -21,12 +21,15 @@ struct WireCall {
   std::uint64_t count = 0;
   std::uint64_t chunk_bytes = 0;
   std::uint64_t seq = 0;
+  std::uint64_t label_id = 0;
+  std::uint64_t label_setting = 0;
   std::int32_t root = 0;
   std::uint8_t collective = 0;
   std::uint8_t type = 0;
   std::uint8_t op = 0;
   std::uint8_t deterministic = 0;
-  char algorithm[32] = {};
+  /// The algorithm's name ("ring", "native"): the longest is 6 characters.
+  char algorithm[16] = {};
 
   static WireCall of(const CallInfo& c) noexcept {
     WireCall w;
@@ -38,6 +41,8 @@ struct WireCall {
     w.type = static_cast<std::uint8_t>(c.type);
     w.op = static_cast<std::uint8_t>(c.op);
     w.deterministic = c.deterministic ? 1 : 0;
+    w.label_id = c.label.id;
+    w.label_setting = c.label.setting;
     // The name's content, not its address: each process has its own copy.
     std::memcpy(w.algorithm, c.algorithm.data(), std::min(c.algorithm.size(), sizeof(w.algorithm) - 1));
     return w;
@@ -55,6 +60,8 @@ struct WireCall {
     c.deterministic = deterministic != 0;
     c.chunk_bytes = chunk_bytes;
     c.seq = seq;
+    c.label.id = label_id;
+    c.label.setting = label_setting;
     return c;
   }
 
@@ -81,12 +88,14 @@ static_assert(sizeof(WireCall) == 64, "WireCall must have no padding: ranks comp
 
 /// The verdict on calls every rank gathered: nothing when all equal `mine`,
 /// otherwise the message every rank throws as InvalidArgument, naming this
-/// rank's call and the first rank whose call differs from it.
-inline std::optional<std::string> disagreement(int rank, const WireCall& mine, std::span<const WireCall> all) {
+/// rank's call and the first rank whose call differs from it, their labels
+/// in words through this rank's `names`.
+inline std::optional<std::string> disagreement(int rank, const WireCall& mine, std::span<const WireCall> all,
+                                               const LabelNames* names = nullptr) {
   for (std::size_t q = 0; q < all.size(); ++q) {
     if (all[q] == mine) continue;
     return "gradsync: ranks disagree on a collective: rank " + std::to_string(rank) + " called " +
-           describe(mine.call()) + ", rank " + std::to_string(q) + " called " + describe(all[q].call());
+           describe(mine.call(), names) + ", rank " + std::to_string(q) + " called " + describe(all[q].call(), names);
   }
   return std::nullopt;
 }

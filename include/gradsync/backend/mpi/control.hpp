@@ -655,7 +655,7 @@ class Control {
       if (!flag) backoff.idle();
     }
     if (done) {
-      if (auto what = disagreement(s.rank, s.wire, s.calls)) throw InvalidArgument(*what);
+      if (auto what = disagreement(s.rank, s.wire, s.calls, s.call.label.names)) throw InvalidArgument(*what);
     }
     throw InvalidArgument(mine + ", and another rank called something else (which, the ranks could not tell in time)");
   }

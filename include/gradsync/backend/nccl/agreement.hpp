@@ -110,7 +110,8 @@ class Agreement {
       abort();
       throw;
     }
-    if (auto what = disagreement(rank_, *mine, std::span<const WireCall>(host_calls_, static_cast<std::size_t>(size_)))) {
+    if (auto what = disagreement(rank_, *mine, std::span<const WireCall>(host_calls_, static_cast<std::size_t>(size_)),
+                                 call.label.names)) {
       throw InvalidArgument(*what);
     }
   }

@@ -606,7 +606,7 @@ class Endpoint {
 
   std::string mismatch_message(const CallInfo& mine, int their_rank, const CallInfo& theirs) const {
     return "gradsync: ranks disagree on a collective: rank " + std::to_string(rank_) + " called " + describe(mine) +
-           ", rank " + std::to_string(their_rank) + " called " + describe(theirs);
+           ", rank " + std::to_string(their_rank) + " called " + describe(theirs, mine.label.names);
   }
 
   /// Fails the way the world failed: a disagreement is InvalidArgument on

@@ -84,6 +84,8 @@ class alignas(64) CallLog {
     // every rank of the process, so their address is a stable identity.
     e.words[3].store(reinterpret_cast<std::uintptr_t>(c.algorithm.data()), std::memory_order_release);
     e.words[4].store(c.algorithm.size(), std::memory_order_release);
+    e.words[5].store(c.label.id, std::memory_order_release);
+    e.words[6].store(c.label.setting, std::memory_order_release);
     e.seq.store(c.seq, std::memory_order_release);
     latest_.store(c.seq, std::memory_order_seq_cst);
   }
@@ -95,8 +97,8 @@ class alignas(64) CallLog {
   bool read(std::uint64_t seq, CallInfo& out) const noexcept {
     const Entry& e = entries_[seq % depth];
     if (e.seq.load(std::memory_order_acquire) != seq) return false;
-    std::uint64_t w[5];
-    for (int i = 0; i < 5; ++i) w[i] = e.words[i].load(std::memory_order_acquire);
+    std::uint64_t w[words];
+    for (std::size_t i = 0; i < words; ++i) w[i] = e.words[i].load(std::memory_order_acquire);
     if (e.seq.load(std::memory_order_relaxed) != seq) return false;
     out.collective = static_cast<Collective>(w[0] & 0xff);
     out.type = static_cast<DataType>(w[0] >> 8 & 0xff);
@@ -106,14 +108,17 @@ class alignas(64) CallLog {
     out.count = w[1];
     out.chunk_bytes = w[2];
     out.algorithm = std::string_view(reinterpret_cast<const char*>(static_cast<std::uintptr_t>(w[3])), w[4]);
+    out.label.id = w[5];
+    out.label.setting = w[6];
     out.seq = seq;
     return true;
   }
 
  private:
+  static constexpr std::size_t words = 7;
   struct Entry {
     std::atomic<std::uint64_t> seq{0};
-    std::atomic<std::uint64_t> words[5]{};
+    std::atomic<std::uint64_t> words[CallLog::words]{};
   };
   std::atomic<std::uint64_t> latest_{0};
   Entry entries_[depth];
