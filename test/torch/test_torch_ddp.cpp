@@ -1,6 +1,6 @@
-// DistributedDataParallel for LibTorch modules (issue 15): parity with one
-// process on the concatenated batch, no_sync accumulation, unused
-// parameters, overlap, buffers, wrong use, and the data-loader sampler.
+// DistributedDataParallel for LibTorch modules: parity with one process on
+// the concatenated batch, no_sync accumulation, unused parameters, overlap,
+// frozen parameters, buffers, wrong use, and the data-loader sampler.
 //
 // Every rank's result is collected and checked on the main thread after
 // run_threads, so a failing rank never leaves the others waiting.
@@ -67,6 +67,15 @@ double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch
     const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
     const double ref = b[i].to(torch::kDouble).norm().item<double>();
     worst = std::max(worst, ref > 0 ? diff / ref : diff);
+  }
+  return worst;
+}
+
+/// max |a − b| over all tensors.
+double max_abs(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
   }
   return worst;
 }
@@ -304,6 +313,115 @@ TEST_CASE("DistributedDataParallel: buckets start while backward runs, in revers
     CHECK(early[i] >= 1);
     // Bucket 0 holds the last registered parameter (fc3.bias).
     CHECK(plans[i][0].last_unit == 5);
+  }
+}
+
+TEST_CASE("DistributedDataParallel: a frozen first layer and BatchNorm statistics start as rank 0's, and N ranks "
+          "match one process on the N·b batch") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 4;
+  const int steps = 4;
+  auto rng = test::rng_for("ddp frozen init");
+  for (int n : {3, 4, 5}) {
+    CAPTURE(n);
+    // Every rank starts from weights and statistics of its own; rank 0's are the reference's.
+    std::vector<std::vector<torch::Tensor>> init;
+    for (int r = 0; r < n; ++r) init.push_back(backbone_state(rng()));
+    const Data d = typed_data(n * b, "ddp frozen data", torch::kDouble);
+    // Fine-tuning: fc1 frozen, the BatchNorm in eval mode (its running
+    // statistics normalise), so one process on the N·b batch computes what
+    // the ranks do. Double and SGD (see the parity case above).
+    BackboneNet ref;
+    load_state(*ref, init[0]);
+    ref->freeze_fc1();
+    ref->eval();
+    auto ref_opt = make_sgd(*ref);
+    train(ref, ref_opt, d.x, d.y, steps);
+    const auto expected = state(*ref);
+
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      BackboneNet m;
+      load_state(*m, init[static_cast<std::size_t>(comm.rank())]);
+      m->freeze_fc1();
+      m->eval();
+      gradsync::DistributedDataParallel ddp(comm, m);
+      auto opt = make_sgd(*m);
+      train(ddp, opt, rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b), steps);
+      return state(*m);
+    });
+    double spread = 0;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+      spread = std::max(spread, max_abs(got.params[static_cast<std::size_t>(r)], got.params[0]));
+      CHECK(bitwise_equal(got.params[static_cast<std::size_t>(r)], got.params[0]));
+    }
+    const double error = max_relative(got.params[0], expected), error_abs = max_abs(got.params[0], expected);
+    CAPTURE(spread);
+    CAPTURE(error);
+    CAPTURE(error_abs);
+    CHECK(error <= 1e-12);
+    // fc1 (parameters 0 and 1) and the statistics (from 6 on) did not move: the rest did.
+    CHECK(torch::equal(got.params[0][0], init[0][0]));
+    CHECK(torch::equal(got.params[0][7], init[0][7]));
+    CHECK(max_relative({got.params[0][4]}, {init[0][4]}) >= 1e-3);
+  }
+}
+
+TEST_CASE("DistributedDataParallel: a parameter frozen or unfrozen after construction is named at the next forward") {
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const std::int64_t b = 4;
+  const auto init = initial_weights("ddp refreeze init");
+  const Data d = make_data(n * b, "ddp refreeze data");
+  struct Case {
+    const char* name;
+    bool frozen_at_construction;
+    const char* was;
+    const char* now;
+  };
+  for (const Case c : {Case{"frozen after construction", false, "trainable (requires_grad true)", "frozen (requires_grad false)"},
+                       Case{"unfrozen after construction", true, "frozen (requires_grad false)", "trainable (requires_grad true)"}}) {
+    const std::string case_name = c.name;
+    CAPTURE(case_name);
+    std::vector<std::string> message(n);
+    std::vector<std::vector<torch::Tensor>> after_first_step(n);
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const Data mine{rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b)};
+      // Only rank 0 starts from `init`: a parameter frozen at construction must be broadcast too.
+      Mlp m;
+      if (r == 0) load(*m, init);
+      m->fc1->weight.requires_grad_(!c.frozen_at_construction);
+      {
+        gradsync::DistributedDataParallel ddp(comm, m);
+        auto opt = make_optimizer(Opt::sgd_momentum, *m);
+        train(ddp, *opt, mine.x, mine.y, 1);
+        after_first_step[r] = snapshot(*m);
+        m->fc1->weight.requires_grad_(c.frozen_at_construction);
+        try {
+          ddp(mine.x);
+        } catch (const gradsync::InvalidArgument& e) {
+          message[r] = e.what();
+        }
+      }
+      // What the message asks for: a new DistributedDataParallel over the new set.
+      gradsync::DistributedDataParallel ddp(comm, m);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      train(ddp, *opt, mine.x, mine.y, 2);
+      return snapshot(*m);
+    });
+    for (int r = 0; r < n; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      CAPTURE(r);
+      REQUIRE(got.errors[i] == "");
+      CAPTURE(message[i]);
+      CHECK(message[i].find("parameter 'fc1.weight' was " + std::string(c.was)) != std::string::npos);
+      CHECK(message[i].find("is now " + std::string(c.now)) != std::string::npos);
+      CHECK(message[i].find("construct a new one") != std::string::npos);
+      CHECK(bitwise_equal(after_first_step[i], after_first_step[0]));
+      CHECK(bitwise_equal(got.params[i], got.params[0]));
+    }
   }
 }
 

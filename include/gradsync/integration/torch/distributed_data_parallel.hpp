@@ -111,13 +111,20 @@ consteval bool host_communicator() {
 /// the training loop is unchanged.
 ///
 /// Construction is collective: every rank must wrap the same parameters and
-/// buffers (names, shapes, dtypes, in the same order), else InvalidArgument
-/// on every rank naming the first difference; then rank 0's parameters and
-/// buffers are broadcast. Parameters must be contiguous CPU tensors of one
-/// floating dtype (float, double, bfloat16 or half): the flat gradient has
-/// that dtype, and a model that mixes dtypes is refused, naming the first
-/// parameter that differs. A parameter that breaks this, or that changes
-/// shape later, is named in the error.
+/// buffers (names, shapes, dtypes, which parameters are frozen, in the same
+/// order), else InvalidArgument on every rank naming the first difference;
+/// then rank 0's parameters, frozen ones included, and buffers are broadcast,
+/// as PyTorch's DDP does. Parameters that require a gradient must be
+/// contiguous CPU tensors of one floating dtype (float, double, bfloat16 or
+/// half): the flat gradient has that dtype, and a model that mixes dtypes is
+/// refused, naming the first parameter that differs. A parameter that breaks
+/// this, or that changes shape later, is named in the error.
+///
+/// Frozen parameters (requires_grad false at construction) are broadcast
+/// then, and neither reduced nor hooked after. Which parameters are frozen is
+/// fixed at construction, as in PyTorch's DDP, whose buckets are built once:
+/// a forward after a parameter was frozen or unfrozen throws InvalidArgument
+/// naming it; build a new DistributedDataParallel for the new set instead.
 ///
 /// bfloat16 and half gradients are reduced as they are, with no float copy:
 /// each addition of the all-reduce widens to float and rounds back to 16
@@ -174,7 +181,7 @@ class DistributedDataParallel {
     {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> all;
-      for (const Param& p : params_) all.push_back(p.tensor);
+      for (const Named& p : every_param_) all.push_back(p.tensor);
       for (auto& b : base().named_buffers(true)) all.push_back(b.value());
       broadcast(all);
     }
@@ -201,8 +208,8 @@ class DistributedDataParallel {
     }
   }
 
-  /// The forward pass: broadcasts rank 0's buffers (when asked), checks
-  /// that no parameter changed shape or storage, then calls
+  /// The forward pass: checks that no parameter changed shape, storage or
+  /// requires_grad, broadcasts rank 0's buffers (when asked), then calls
   /// `module->forward(args...)`.
   ///
   /// With find_unused_parameters, a Tensor result's autograd graph is
@@ -312,7 +319,16 @@ class DistributedDataParallel {
   void collect() {
     for (auto& np : base().named_parameters(true)) {
       const torch::Tensor& t = np.value();
-      if (!t.requires_grad()) continue;  // frozen: neither reduced nor hooked, as in PyTorch DDP
+      every_param_.push_back({np.key(), t});
+      requires_grad_.push_back(t.requires_grad());
+      if (!t.requires_grad()) {
+        // Frozen: neither reduced nor hooked, as in PyTorch DDP, but broadcast.
+        if (std::string why = unusable_reason(t); !why.empty()) {
+          throw InvalidArgument(where() + ": frozen parameter '" + np.key() + "' cannot be broadcast from rank 0: " +
+                                why);
+        }
+        continue;
+      }
       if (std::string why = unusable_reason(t); !why.empty()) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' cannot be synchronised: " + why);
       }
@@ -348,7 +364,9 @@ class DistributedDataParallel {
     auto describe = [](const std::string& kind, const std::string& name, const torch::Tensor& t) {
       return kind + " " + name + " " + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes());
     };
-    for (const Param& p : params_) declared.push_back(describe("parameter", p.name, p.tensor));
+    for (const Named& p : every_param_) {
+      declared.push_back(describe(p.tensor.requires_grad() ? "parameter" : "frozen parameter", p.name, p.tensor));
+    }
     for (auto& b : base().named_buffers(true)) {
       if (std::string why = unusable_reason(b.value()); !why.empty()) {
         throw InvalidArgument(where() + ": buffer '" + b.key() + "' cannot be broadcast: " + why);
@@ -357,7 +375,7 @@ class DistributedDataParallel {
     }
     constexpr std::string_view fix =
         "Every rank must wrap the same module: the same parameters and buffers, with the same names, dtypes and "
-        "shapes, in the same order.";
+        "shapes, in the same order, and the same parameters frozen (requires_grad false).";
     if constexpr (on_device) {
       comm_.check_agree(declared, "DistributedDataParallel", fix);
     } else {
@@ -491,6 +509,18 @@ class DistributedDataParallel {
   }
 
   void check_parameters() const {
+    for (std::size_t i = 0; i < every_param_.size(); ++i) {
+      if (every_param_[i].tensor.requires_grad() != requires_grad_[i]) {
+        auto state = [](bool trainable) {
+          return std::string(trainable ? "trainable (requires_grad true)" : "frozen (requires_grad false)");
+        };
+        throw InvalidArgument(where() + ": parameter '" + every_param_[i].name + "' was " + state(requires_grad_[i]) +
+                              " when DistributedDataParallel was built and is now " + state(!requires_grad_[i]) +
+                              "; which gradients are averaged is fixed at construction, as in PyTorch's DDP. "
+                              "Destroy this DistributedDataParallel and construct a new one over the module after "
+                              "freezing or unfreezing parameters");
+      }
+    }
     for (const Param& p : params_) {
       if (p.tensor.sizes().vec() != p.shape || p.tensor.data_ptr() != p.data) {
         throw InvalidArgument(where() + ": parameter '" + p.name + "' changed " +
@@ -597,11 +627,19 @@ class DistributedDataParallel {
     std::visit([](auto& s) { s->finish(); }, sync_);
   }
 
+  /// A parameter of the module, trainable or frozen.
+  struct Named {
+    std::string name;
+    torch::Tensor tensor;
+  };
+
   Comm& comm_;
   Module module_;
   DistributedDataParallelOptions o_;
   std::shared_ptr<HookState> state_;
-  std::vector<Param> params_;
+  std::vector<Named> every_param_;  ///< every parameter, in registration order
+  std::vector<bool> requires_grad_;  ///< every_param_'s flags at construction
+  std::vector<Param> params_;        ///< those that require a gradient
   torch::Tensor flat_grad_;
   typename detail::TorchGradSyncs<Comm, Algo>::type sync_;
   bool finish_queued_ = false;
