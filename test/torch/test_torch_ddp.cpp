@@ -368,6 +368,98 @@ TEST_CASE("DistributedDataParallel: a frozen first layer and BatchNorm statistic
   }
 }
 
+TEST_CASE("DistributedDataParallel: buffers are broadcast before a forward exactly when PyTorch's DDP does so") {
+  // A BatchNorm in training mode first, so each forward moves its running
+  // statistics by its own rank's batch.
+  struct NetImpl : torch::nn::Module {
+    NetImpl() : bn(register_module("bn", torch::nn::BatchNorm1d(12))), fc(register_module("fc", torch::nn::Linear(12, 5))) {
+      to(torch::kDouble);
+    }
+    torch::Tensor forward(torch::Tensor x) { return fc(bn(x)); }
+    torch::nn::BatchNorm1d bn;
+    torch::nn::Linear fc;
+  };
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const std::int64_t b = 4;
+  struct Forward {
+    bool grad, synced;
+  };
+  // No gradients (a NoGradGuard, as when re-estimating statistics), or under
+  // no_sync: then the next forward keeps each rank's own statistics.
+  const std::vector<Forward> plan = {{true, true},  {true, false}, {true, false}, {true, true},
+                                     {false, true}, {false, true}, {true, true},  {true, true}};
+  const auto forwards = static_cast<std::int64_t>(plan.size());
+  const Data d = typed_data(n * forwards * b, "ddp buffer schedule data", torch::kDouble);
+  auto batch = [&](int r, std::size_t k) { return (static_cast<std::int64_t>(k) * n + r) * b; };
+  for (bool broadcast_buffers : {true, false}) {
+    CAPTURE(broadcast_buffers);
+    // Each rank's running mean and variance after each forward.
+    std::vector<std::vector<torch::Tensor>> seen(n, std::vector<torch::Tensor>(plan.size()));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      const int r = comm.rank();
+      auto net = std::make_shared<NetImpl>();
+      {
+        torch::NoGradGuard no_grad;
+        net->bn->running_mean.fill_(r + 1.0);
+        net->bn->running_var.fill_(r + 2.0);
+      }
+      gradsync::DistributedDataParallelOptions o;
+      o.broadcast_buffers = broadcast_buffers;
+      gradsync::DistributedDataParallel ddp(comm, net, o);
+      for (std::size_t k = 0; k < plan.size(); ++k) {
+        const torch::Tensor x = rows(d.x, batch(r, k), b), y = rows(d.y, batch(r, k), b);
+        if (!plan[k].grad) {
+          torch::NoGradGuard no_grad;
+          ddp(x);
+        } else if (!plan[k].synced) {
+          auto guard = ddp.no_sync();
+          torch::nn::functional::cross_entropy(ddp(x), y).backward();
+        } else {
+          torch::nn::functional::cross_entropy(ddp(x), y).backward();
+        }
+        seen[static_cast<std::size_t>(r)][k] = torch::cat({net->bn->running_mean, net->bn->running_var}).clone();
+      }
+      return snapshot(*net);
+    });
+    for (int r = 0; r < n; ++r) REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+
+    // PyTorch's rule, replayed on one BatchNorm per rank: construction gives
+    // every rank rank 0's statistics; a forward starts from rank 0's when the
+    // one before it ran with gradients and synced (and at the first).
+    std::vector<torch::nn::BatchNorm1d> replay;
+    for (int r = 0; r < n; ++r) {
+      replay.emplace_back(12);
+      replay.back()->to(torch::kDouble);
+      torch::NoGradGuard no_grad;
+      replay.back()->running_mean.fill_(1.0);
+      replay.back()->running_var.fill_(2.0);
+    }
+    bool from_rank0 = true;
+    for (std::size_t k = 0; k < plan.size(); ++k) {
+      CAPTURE(k);
+      torch::NoGradGuard no_grad;
+      if (broadcast_buffers && from_rank0) {
+        for (int r = 1; r < n; ++r) {
+          replay[static_cast<std::size_t>(r)]->running_mean.copy_(replay[0]->running_mean);
+          replay[static_cast<std::size_t>(r)]->running_var.copy_(replay[0]->running_var);
+        }
+      }
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        auto& bn = replay[static_cast<std::size_t>(r)];
+        bn(rows(d.x, batch(r, k), b));
+        const torch::Tensor want = torch::cat({bn->running_mean, bn->running_var});
+        const torch::Tensor& have = seen[static_cast<std::size_t>(r)][k];
+        const double diff = (have - want).abs().max().item<double>();
+        CAPTURE(diff);
+        CHECK(diff <= 1e-12);
+      }
+      from_rank0 = plan[k].grad && plan[k].synced;
+    }
+  }
+}
+
 TEST_CASE("DistributedDataParallel: a parameter frozen or unfrozen after construction is named at the next forward") {
   CAPTURE(test::test_seed());
   const int n = 3;
@@ -425,7 +517,7 @@ TEST_CASE("DistributedDataParallel: a parameter frozen or unfrozen after constru
   }
 }
 
-TEST_CASE("DistributedDataParallel: buffers are rank 0's after construction and at every forward") {
+TEST_CASE("DistributedDataParallel: buffers are rank 0's after construction and at the first forward") {
   struct NetImpl : torch::nn::Module {
     NetImpl() : fc(register_module("fc", torch::nn::Linear(4, 3))), bn(register_module("bn", torch::nn::BatchNorm1d(3))) {}
     torch::Tensor forward(torch::Tensor x) { return bn(fc(x)); }
@@ -436,6 +528,7 @@ TEST_CASE("DistributedDataParallel: buffers are rank 0's after construction and 
   std::vector<torch::Tensor> after_ctor(n), after_forward(n);
   PerRank got = run_ranks(n, [&](Comm& comm) {
     auto net = std::make_shared<NetImpl>();
+    // A NoGradGuard over the forward too: the first forward broadcasts all the same.
     torch::NoGradGuard no_grad;
     net->bn->running_mean.fill_(comm.rank() + 1.0);
     gradsync::DistributedDataParallel ddp(comm, net);

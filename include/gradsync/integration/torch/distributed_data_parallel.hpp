@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -49,8 +50,12 @@ struct DistributedDataParallelOptions {
   /// A parameter that got no gradient in a synced backward contributes
   /// zeros. Off: that backward throws InvalidArgument naming it.
   bool find_unused_parameters = false;
-  /// Broadcast rank 0's buffers (BatchNorm statistics...) before every
-  /// forward through operator().
+  /// Broadcast rank 0's buffers (BatchNorm statistics...) before a forward
+  /// through operator(), when PyTorch's DDP would: before the first, and
+  /// before each that follows a forward run with gradients enabled and
+  /// outside no_sync(). A forward under torch::NoGradGuard or no_sync()
+  /// leaves the next one on this rank's own buffers. Construction broadcasts
+  /// the buffers whatever this says.
   bool broadcast_buffers = true;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};
@@ -209,7 +214,8 @@ class DistributedDataParallel {
   }
 
   /// The forward pass: checks that no parameter changed shape, storage or
-  /// requires_grad, broadcasts rank 0's buffers (when asked), then calls
+  /// requires_grad, broadcasts rank 0's buffers (see
+  /// DistributedDataParallelOptions::broadcast_buffers), then calls
   /// `module->forward(args...)`.
   ///
   /// With find_unused_parameters, a Tensor result's autograd graph is
@@ -222,13 +228,18 @@ class DistributedDataParallel {
     // A backward that failed never ran its final callback: start clean.
     finish_queued_ = false;
     std::fill(got_.begin(), got_.end(), 0);
-    if (o_.broadcast_buffers && comm_.size() > 1) {
+    // PyTorch 1.13, torch/nn/parallel/distributed.py, forward(): buffers are
+    // synced before the module runs when require_forward_param_sync, which
+    // starts true and is set after every forward to
+    // `torch.is_grad_enabled() and self.require_backward_grad_sync`.
+    if (o_.broadcast_buffers && broadcast_buffers_next_ && comm_.size() > 1) {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> buffers;
       for (auto& b : base().named_buffers(true)) buffers.push_back(b.value());
       broadcast(buffers);
     }
     auto out = module_->forward(std::forward<Args>(args)...);
+    broadcast_buffers_next_ = c10::GradMode::is_enabled() && sync_enabled();
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
       if (o_.find_unused_parameters) find_unreachable(out);
     }
@@ -643,6 +654,8 @@ class DistributedDataParallel {
   torch::Tensor flat_grad_;
   typename detail::TorchGradSyncs<Comm, Algo>::type sync_;
   bool finish_queued_ = false;
+  /// The next forward broadcasts rank 0's buffers (PyTorch's require_forward_param_sync).
+  bool broadcast_buffers_next_ = true;
   std::vector<unsigned char> got_;      ///< got a gradient in this backward
   std::vector<unsigned char> touched_;  ///< got one since the last synced backward
   std::vector<std::size_t> unreachable_;
