@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 // Everything in this file is in its own namespace: test/meson.build compiles
@@ -363,6 +364,7 @@ TEST_CASE("DistributedDataParallel: a frozen first layer and BatchNorm statistic
     CHECK(error <= 1e-12);
     // fc1 (parameters 0 and 1) and the statistics (from 6 on) did not move: the rest did.
     CHECK(torch::equal(got.params[0][0], init[0][0]));
+    CHECK(torch::equal(got.params[0][6], init[0][6]));
     CHECK(torch::equal(got.params[0][7], init[0][7]));
     CHECK(max_relative({got.params[0][4]}, {init[0][4]}) >= 1e-3);
   }
@@ -380,7 +382,6 @@ TEST_CASE("DistributedDataParallel: buffers are broadcast before a forward exact
     torch::nn::Linear fc;
   };
   CAPTURE(test::test_seed());
-  const int n = 3;
   const std::int64_t b = 4;
   struct Forward {
     bool grad, synced;
@@ -390,10 +391,13 @@ TEST_CASE("DistributedDataParallel: buffers are broadcast before a forward exact
   const std::vector<Forward> plan = {{true, true},  {true, false}, {true, false}, {true, true},
                                      {false, true}, {false, true}, {true, true},  {true, true}};
   const auto forwards = static_cast<std::int64_t>(plan.size());
-  const Data d = typed_data(n * forwards * b, "ddp buffer schedule data", torch::kDouble);
-  auto batch = [&](int r, std::size_t k) { return (static_cast<std::int64_t>(k) * n + r) * b; };
-  for (bool broadcast_buffers : {true, false}) {
+  for (const auto& c : {std::pair{3, true}, std::pair{5, true}, std::pair{3, false}}) {
+    const int n = c.first;
+    const bool broadcast_buffers = c.second;
+    CAPTURE(n);
     CAPTURE(broadcast_buffers);
+    const Data d = typed_data(n * forwards * b, "ddp buffer schedule data", torch::kDouble);
+    auto batch = [&](int r, std::size_t k) { return (static_cast<std::int64_t>(k) * n + r) * b; };
     // Each rank's running mean and variance after each forward.
     std::vector<std::vector<torch::Tensor>> seen(n, std::vector<torch::Tensor>(plan.size()));
     PerRank got = run_ranks(n, [&](Comm& comm) {
