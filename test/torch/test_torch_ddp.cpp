@@ -1,6 +1,6 @@
-// DistributedDataParallel for LibTorch modules (issue 15): parity with one
-// process on the concatenated batch, no_sync accumulation, unused
-// parameters, overlap, buffers, wrong use, and the data-loader sampler.
+// DistributedDataParallel for LibTorch modules: parity with one process on
+// the concatenated batch, no_sync accumulation, unused parameters, overlap,
+// frozen parameters, buffers, wrong use, and the data-loader sampler.
 //
 // Every rank's result is collected and checked on the main thread after
 // run_threads, so a failing rank never leaves the others waiting.
@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 // Everything in this file is in its own namespace: test/meson.build compiles
@@ -67,6 +68,15 @@ double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch
     const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
     const double ref = b[i].to(torch::kDouble).norm().item<double>();
     worst = std::max(worst, ref > 0 ? diff / ref : diff);
+  }
+  return worst;
+}
+
+/// max |a − b| over all tensors.
+double max_abs(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
   }
   return worst;
 }
@@ -307,7 +317,211 @@ TEST_CASE("DistributedDataParallel: buckets start while backward runs, in revers
   }
 }
 
-TEST_CASE("DistributedDataParallel: buffers are rank 0's after construction and at every forward") {
+TEST_CASE("DistributedDataParallel: a frozen first layer and BatchNorm statistics start as rank 0's, and N ranks "
+          "match one process on the N·b batch") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 4;
+  const int steps = 4;
+  auto rng = test::rng_for("ddp frozen init");
+  for (int n : {3, 4, 5}) {
+    CAPTURE(n);
+    // Every rank starts from weights and statistics of its own; rank 0's are the reference's.
+    std::vector<std::vector<torch::Tensor>> init;
+    for (int r = 0; r < n; ++r) init.push_back(backbone_state(rng()));
+    const Data d = typed_data(n * b, "ddp frozen data", torch::kDouble);
+    // Fine-tuning: fc1 frozen, the BatchNorm in eval mode (its running
+    // statistics normalise), so one process on the N·b batch computes what
+    // the ranks do. Double and SGD (see the parity case above).
+    BackboneNet ref;
+    load_state(*ref, init[0]);
+    ref->freeze_fc1();
+    ref->eval();
+    auto ref_opt = make_sgd(*ref);
+    train(ref, ref_opt, d.x, d.y, steps);
+    const auto expected = state(*ref);
+
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      BackboneNet m;
+      load_state(*m, init[static_cast<std::size_t>(comm.rank())]);
+      m->freeze_fc1();
+      m->eval();
+      gradsync::DistributedDataParallel ddp(comm, m);
+      auto opt = make_sgd(*m);
+      train(ddp, opt, rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b), steps);
+      return state(*m);
+    });
+    double spread = 0;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+      spread = std::max(spread, max_abs(got.params[static_cast<std::size_t>(r)], got.params[0]));
+      CHECK(bitwise_equal(got.params[static_cast<std::size_t>(r)], got.params[0]));
+    }
+    const double error = max_relative(got.params[0], expected), error_abs = max_abs(got.params[0], expected);
+    CAPTURE(spread);
+    CAPTURE(error);
+    CAPTURE(error_abs);
+    CHECK(error <= 1e-12);
+    // fc1 (parameters 0 and 1) and the statistics (from 6 on) did not move: the rest did.
+    CHECK(torch::equal(got.params[0][0], init[0][0]));
+    CHECK(torch::equal(got.params[0][6], init[0][6]));
+    CHECK(torch::equal(got.params[0][7], init[0][7]));
+    CHECK(max_relative({got.params[0][4]}, {init[0][4]}) >= 1e-3);
+  }
+}
+
+TEST_CASE("DistributedDataParallel: buffers are broadcast before a forward exactly when PyTorch's DDP does so") {
+  // A BatchNorm in training mode first, so each forward moves its running
+  // statistics by its own rank's batch.
+  struct NetImpl : torch::nn::Module {
+    NetImpl() : bn(register_module("bn", torch::nn::BatchNorm1d(12))), fc(register_module("fc", torch::nn::Linear(12, 5))) {
+      to(torch::kDouble);
+    }
+    torch::Tensor forward(torch::Tensor x) { return fc(bn(x)); }
+    torch::nn::BatchNorm1d bn;
+    torch::nn::Linear fc;
+  };
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 4;
+  struct Forward {
+    bool grad, synced;
+  };
+  // No gradients (a NoGradGuard, as when re-estimating statistics), or under
+  // no_sync: then the next forward keeps each rank's own statistics.
+  const std::vector<Forward> plan = {{true, true},  {true, false}, {true, false}, {true, true},
+                                     {false, true}, {false, true}, {true, true},  {true, true}};
+  const auto forwards = static_cast<std::int64_t>(plan.size());
+  for (const auto& c : {std::pair{3, true}, std::pair{5, true}, std::pair{3, false}}) {
+    const int n = c.first;
+    const bool broadcast_buffers = c.second;
+    CAPTURE(n);
+    CAPTURE(broadcast_buffers);
+    const Data d = typed_data(n * forwards * b, "ddp buffer schedule data", torch::kDouble);
+    auto batch = [&](int r, std::size_t k) { return (static_cast<std::int64_t>(k) * n + r) * b; };
+    // Each rank's running mean and variance after each forward.
+    std::vector<std::vector<torch::Tensor>> seen(n, std::vector<torch::Tensor>(plan.size()));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      const int r = comm.rank();
+      auto net = std::make_shared<NetImpl>();
+      {
+        torch::NoGradGuard no_grad;
+        net->bn->running_mean.fill_(r + 1.0);
+        net->bn->running_var.fill_(r + 2.0);
+      }
+      gradsync::DistributedDataParallelOptions o;
+      o.broadcast_buffers = broadcast_buffers;
+      gradsync::DistributedDataParallel ddp(comm, net, o);
+      for (std::size_t k = 0; k < plan.size(); ++k) {
+        const torch::Tensor x = rows(d.x, batch(r, k), b), y = rows(d.y, batch(r, k), b);
+        if (!plan[k].grad) {
+          torch::NoGradGuard no_grad;
+          ddp(x);
+        } else if (!plan[k].synced) {
+          auto guard = ddp.no_sync();
+          torch::nn::functional::cross_entropy(ddp(x), y).backward();
+        } else {
+          torch::nn::functional::cross_entropy(ddp(x), y).backward();
+        }
+        seen[static_cast<std::size_t>(r)][k] = torch::cat({net->bn->running_mean, net->bn->running_var}).clone();
+      }
+      return snapshot(*net);
+    });
+    for (int r = 0; r < n; ++r) REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+
+    // PyTorch's rule, replayed on one BatchNorm per rank: construction gives
+    // every rank rank 0's statistics; a forward starts from rank 0's when the
+    // one before it ran with gradients and synced (and at the first).
+    std::vector<torch::nn::BatchNorm1d> replay;
+    for (int r = 0; r < n; ++r) {
+      replay.emplace_back(12);
+      replay.back()->to(torch::kDouble);
+      torch::NoGradGuard no_grad;
+      replay.back()->running_mean.fill_(1.0);
+      replay.back()->running_var.fill_(2.0);
+    }
+    bool from_rank0 = true;
+    for (std::size_t k = 0; k < plan.size(); ++k) {
+      CAPTURE(k);
+      torch::NoGradGuard no_grad;
+      if (broadcast_buffers && from_rank0) {
+        for (int r = 1; r < n; ++r) {
+          replay[static_cast<std::size_t>(r)]->running_mean.copy_(replay[0]->running_mean);
+          replay[static_cast<std::size_t>(r)]->running_var.copy_(replay[0]->running_var);
+        }
+      }
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        auto& bn = replay[static_cast<std::size_t>(r)];
+        bn(rows(d.x, batch(r, k), b));
+        const torch::Tensor want = torch::cat({bn->running_mean, bn->running_var});
+        const torch::Tensor& have = seen[static_cast<std::size_t>(r)][k];
+        const double diff = (have - want).abs().max().item<double>();
+        CAPTURE(diff);
+        CHECK(diff <= 1e-12);
+      }
+      from_rank0 = plan[k].grad && plan[k].synced;
+    }
+  }
+}
+
+TEST_CASE("DistributedDataParallel: a parameter frozen or unfrozen after construction is named at the next forward") {
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const std::int64_t b = 4;
+  const auto init = initial_weights("ddp refreeze init");
+  const Data d = make_data(n * b, "ddp refreeze data");
+  struct Case {
+    const char* name;
+    bool frozen_at_construction;
+    const char* was;
+    const char* now;
+  };
+  for (const Case c : {Case{"frozen after construction", false, "trainable (requires_grad true)", "frozen (requires_grad false)"},
+                       Case{"unfrozen after construction", true, "frozen (requires_grad false)", "trainable (requires_grad true)"}}) {
+    const std::string case_name = c.name;
+    CAPTURE(case_name);
+    std::vector<std::string> message(n);
+    std::vector<std::vector<torch::Tensor>> after_first_step(n);
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const Data mine{rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b)};
+      // Only rank 0 starts from `init`: a parameter frozen at construction must be broadcast too.
+      Mlp m;
+      if (r == 0) load(*m, init);
+      m->fc1->weight.requires_grad_(!c.frozen_at_construction);
+      {
+        gradsync::DistributedDataParallel ddp(comm, m);
+        auto opt = make_optimizer(Opt::sgd_momentum, *m);
+        train(ddp, *opt, mine.x, mine.y, 1);
+        after_first_step[r] = snapshot(*m);
+        m->fc1->weight.requires_grad_(c.frozen_at_construction);
+        try {
+          ddp(mine.x);
+        } catch (const gradsync::InvalidArgument& e) {
+          message[r] = e.what();
+        }
+      }
+      // What the message asks for: a new DistributedDataParallel over the new set.
+      gradsync::DistributedDataParallel ddp(comm, m);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      train(ddp, *opt, mine.x, mine.y, 2);
+      return snapshot(*m);
+    });
+    for (int r = 0; r < n; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      CAPTURE(r);
+      REQUIRE(got.errors[i] == "");
+      CAPTURE(message[i]);
+      CHECK(message[i].find("parameter 'fc1.weight' was " + std::string(c.was)) != std::string::npos);
+      CHECK(message[i].find("is now " + std::string(c.now)) != std::string::npos);
+      CHECK(message[i].find("construct a new one") != std::string::npos);
+      CHECK(bitwise_equal(after_first_step[i], after_first_step[0]));
+      CHECK(bitwise_equal(got.params[i], got.params[0]));
+    }
+  }
+}
+
+TEST_CASE("DistributedDataParallel: buffers are rank 0's after construction and at the first forward") {
   struct NetImpl : torch::nn::Module {
     NetImpl() : fc(register_module("fc", torch::nn::Linear(4, 3))), bn(register_module("bn", torch::nn::BatchNorm1d(3))) {}
     torch::Tensor forward(torch::Tensor x) { return bn(fc(x)); }
@@ -318,6 +532,7 @@ TEST_CASE("DistributedDataParallel: buffers are rank 0's after construction and 
   std::vector<torch::Tensor> after_ctor(n), after_forward(n);
   PerRank got = run_ranks(n, [&](Comm& comm) {
     auto net = std::make_shared<NetImpl>();
+    // A NoGradGuard over the forward too: the first forward broadcasts all the same.
     torch::NoGradGuard no_grad;
     net->bn->running_mean.fill_(comm.rank() + 1.0);
     gradsync::DistributedDataParallel ddp(comm, net);

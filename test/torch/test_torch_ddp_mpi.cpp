@@ -1,8 +1,9 @@
 // DistributedDataParallel over Mpi, one process per rank (mpirun -np 2, 4),
-// with float, bfloat16 and half parameters: N ranks of batch b against one
-// LibTorch process on the N·b batch (each rank computes that reference
-// itself), bitwise alike across ranks. The 16-bit tolerance is the one
-// test_torch_ddp_half states: steps · one unit of least precision at 1.0.
+// with float, bfloat16 and half parameters, and with a frozen first layer
+// and BatchNorm statistics: N ranks of batch b against one LibTorch process
+// on the N·b batch (each rank computes that reference itself), bitwise alike
+// across ranks. The 16-bit tolerance is the one test_torch_ddp_half states:
+// steps · one unit of least precision at 1.0.
 
 #include <gradsync/backend/mpi.hpp>
 
@@ -29,6 +30,17 @@ std::int64_t fingerprint(const std::vector<torch::Tensor>& ps) {
     }
   }
   return static_cast<std::int64_t>(h);
+}
+
+/// Every rank's fingerprint of `ps` is rank 0's.
+bool alike_everywhere(gradsync::Communicator<gradsync::Mpi>& comm, const std::vector<torch::Tensor>& ps) {
+  const std::int64_t mine = fingerprint(ps);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+  gradsync::AllGather<gradsync::Auto>{}(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+  for (std::int64_t f : all) {
+    if (f != all[0]) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -74,10 +86,7 @@ TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters m
     const auto got = snapshot(*m);
     CHECK(std::string(c10::toString(m->fc1->weight.grad().scalar_type())) == c10::toString(c.dtype));
 
-    const std::int64_t mine = fingerprint(got);
-    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
-    gradsync::AllGather<gradsync::Auto>{}(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
-    for (std::int64_t f : all) CHECK(f == all[0]);
+    CHECK(alike_everywhere(comm, got));
 
     const double error = relative(got, expected), moved = relative(expected, init);
     CAPTURE(error);
@@ -85,4 +94,43 @@ TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters m
     CHECK(moved >= 4 * c.tolerance);
     CHECK(error <= c.tolerance);
   }
+}
+
+TEST_CASE("DistributedDataParallel on Mpi: a frozen first layer and BatchNorm statistics start as rank 0's") {
+  CAPTURE(test::test_seed());
+  torch::set_num_threads(1);
+  gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
+  const int n = comm.size();
+  const std::int64_t b = 4;
+  const int steps = 4;
+  // The job's seed: every rank draws the same n states and data, and starts from its own state.
+  auto rng = test::rng_for("ddp mpi frozen");
+  std::vector<std::vector<torch::Tensor>> init;
+  for (int r = 0; r < n; ++r) init.push_back(backbone_state(rng()));
+  torch::manual_seed(rng());
+  const auto x = torch::randn({n * b, 12}, torch::kDouble);
+  const auto y = torch::randint(0, 5, {n * b}, torch::kInt64);
+
+  // fc1 frozen, the BatchNorm in eval mode: one process on the N·b batch computes what the ranks do.
+  BackboneNet ref;
+  load_state(*ref, init[0]);
+  ref->freeze_fc1();
+  ref->eval();
+  auto ref_opt = make_sgd(*ref);
+  train(ref, ref_opt, x, y, steps);
+  const auto expected = state(*ref);
+
+  BackboneNet m;
+  load_state(*m, init[static_cast<std::size_t>(comm.rank())]);
+  m->freeze_fc1();
+  m->eval();
+  gradsync::DistributedDataParallel ddp(comm, m);
+  auto opt = make_sgd(*m);
+  train(ddp, opt, x.narrow(0, comm.rank() * b, b), y.narrow(0, comm.rank() * b, b), steps);
+  const auto got = state(*m);
+
+  CHECK(alike_everywhere(comm, got));
+  const double error = relative(got, expected);
+  CAPTURE(error);
+  CHECK(error <= 1e-12);
 }

@@ -68,6 +68,55 @@ struct TypedMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(TypedMlp);
 
+/// fc1 (12 to 20), a BatchNorm1d over its outputs, tanh, fc2 (20 to 5), in
+/// double: a first layer to freeze, as when fine-tuning on a pre-trained
+/// backbone, and buffers (the BatchNorm's running statistics) to broadcast.
+struct BackboneNetImpl : torch::nn::Module {
+  BackboneNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(12, 20))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(20))),
+        fc2(register_module("fc2", torch::nn::Linear(20, 5))) {
+    to(torch::kDouble);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::tanh(bn(fc1(x)))); }
+  void freeze_fc1() {
+    fc1->weight.requires_grad_(false);
+    fc1->bias.requires_grad_(false);
+  }
+  torch::nn::Linear fc1;
+  torch::nn::BatchNorm1d bn;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(BackboneNet);
+
+/// Parameters, then buffers, copied to the host.
+inline std::vector<torch::Tensor> state(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
+  for (const auto& b : m.buffers()) out.push_back(b.detach().to(torch::kCPU).clone());
+  return out;
+}
+
+inline void load_state(torch::nn::Module& m, const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  auto tensors = m.parameters();
+  for (const auto& b : m.buffers()) tensors.push_back(b);
+  REQUIRE(tensors.size() == values.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(values[i]);
+}
+
+/// A BackboneNet's state from `seed`: LibTorch's initial weights, and
+/// running statistics as a pre-trained backbone would have them.
+inline std::vector<torch::Tensor> backbone_state(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  BackboneNet m;
+  torch::NoGradGuard no_grad;
+  m->bn->running_mean.normal_(0.0, 0.5);
+  m->bn->running_var.uniform_(0.5, 2.0);
+  m->bn->num_batches_tracked.fill_(static_cast<double>(seed % 1000));
+  return state(*m);
+}
+
 /// The parameters' values, copied to the host.
 inline std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;

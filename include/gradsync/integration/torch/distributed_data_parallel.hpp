@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -49,8 +50,12 @@ struct DistributedDataParallelOptions {
   /// A parameter that got no gradient in a synced backward contributes
   /// zeros. Off: that backward throws InvalidArgument naming it.
   bool find_unused_parameters = false;
-  /// Broadcast rank 0's buffers (BatchNorm statistics...) before every
-  /// forward through operator().
+  /// Broadcast rank 0's buffers (BatchNorm statistics...) before a forward
+  /// through operator(), when PyTorch's DDP would: before the first, and
+  /// before each that follows a forward run with gradients enabled and
+  /// outside no_sync(). A forward under torch::NoGradGuard or no_sync()
+  /// leaves the next one on this rank's own buffers. Construction broadcasts
+  /// the buffers whatever this says.
   bool broadcast_buffers = true;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};
@@ -111,13 +116,20 @@ consteval bool host_communicator() {
 /// the training loop is unchanged.
 ///
 /// Construction is collective: every rank must wrap the same parameters and
-/// buffers (names, shapes, dtypes, in the same order), else InvalidArgument
-/// on every rank naming the first difference; then rank 0's parameters and
-/// buffers are broadcast. Parameters must be contiguous CPU tensors of one
-/// floating dtype (float, double, bfloat16 or half): the flat gradient has
-/// that dtype, and a model that mixes dtypes is refused, naming the first
-/// parameter that differs. A parameter that breaks this, or that changes
-/// shape later, is named in the error.
+/// buffers (names, shapes, dtypes, which parameters are frozen, in the same
+/// order), else InvalidArgument on every rank naming the first difference;
+/// then rank 0's parameters, frozen ones included, and buffers are broadcast,
+/// as PyTorch's DDP does. Parameters that require a gradient must be
+/// contiguous CPU tensors of one floating dtype (float, double, bfloat16 or
+/// half): the flat gradient has that dtype, and a model that mixes dtypes is
+/// refused, naming the first parameter that differs. A parameter that breaks
+/// this, or that changes shape later, is named in the error.
+///
+/// Frozen parameters (requires_grad false at construction) are broadcast
+/// then, and neither reduced nor hooked after. Which parameters are frozen is
+/// fixed at construction, as in PyTorch's DDP, whose buckets are built once:
+/// a forward after a parameter was frozen or unfrozen throws InvalidArgument
+/// naming it; build a new DistributedDataParallel for the new set instead.
 ///
 /// bfloat16 and half gradients are reduced as they are, with no float copy:
 /// each addition of the all-reduce widens to float and rounds back to 16
@@ -174,7 +186,7 @@ class DistributedDataParallel {
     {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> all;
-      for (const Param& p : params_) all.push_back(p.tensor);
+      for (const Named& p : every_param_) all.push_back(p.tensor);
       for (auto& b : base().named_buffers(true)) all.push_back(b.value());
       broadcast(all);
     }
@@ -201,8 +213,9 @@ class DistributedDataParallel {
     }
   }
 
-  /// The forward pass: broadcasts rank 0's buffers (when asked), checks
-  /// that no parameter changed shape or storage, then calls
+  /// The forward pass: checks that no parameter changed shape, storage or
+  /// requires_grad, broadcasts rank 0's buffers (see
+  /// DistributedDataParallelOptions::broadcast_buffers), then calls
   /// `module->forward(args...)`.
   ///
   /// With find_unused_parameters, a Tensor result's autograd graph is
@@ -215,13 +228,18 @@ class DistributedDataParallel {
     // A backward that failed never ran its final callback: start clean.
     finish_queued_ = false;
     std::fill(got_.begin(), got_.end(), 0);
-    if (o_.broadcast_buffers && comm_.size() > 1) {
+    // PyTorch 1.13, torch/nn/parallel/distributed.py, forward(): buffers are
+    // synced before the module runs when require_forward_param_sync, which
+    // starts true and is set after every forward to
+    // `torch.is_grad_enabled() and self.require_backward_grad_sync`.
+    if (o_.broadcast_buffers && broadcast_buffers_next_ && comm_.size() > 1) {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> buffers;
       for (auto& b : base().named_buffers(true)) buffers.push_back(b.value());
       broadcast(buffers);
     }
     auto out = module_->forward(std::forward<Args>(args)...);
+    broadcast_buffers_next_ = c10::GradMode::is_enabled() && sync_enabled();
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
       if (o_.find_unused_parameters) find_unreachable(out);
     }
@@ -312,7 +330,16 @@ class DistributedDataParallel {
   void collect() {
     for (auto& np : base().named_parameters(true)) {
       const torch::Tensor& t = np.value();
-      if (!t.requires_grad()) continue;  // frozen: neither reduced nor hooked, as in PyTorch DDP
+      every_param_.push_back({np.key(), t});
+      requires_grad_.push_back(t.requires_grad());
+      if (!t.requires_grad()) {
+        // Frozen: neither reduced nor hooked, as in PyTorch DDP, but broadcast.
+        if (std::string why = unusable_reason(t); !why.empty()) {
+          throw InvalidArgument(where() + ": frozen parameter '" + np.key() + "' cannot be broadcast from rank 0: " +
+                                why);
+        }
+        continue;
+      }
       if (std::string why = unusable_reason(t); !why.empty()) {
         throw InvalidArgument(where() + ": parameter '" + np.key() + "' cannot be synchronised: " + why);
       }
@@ -348,7 +375,9 @@ class DistributedDataParallel {
     auto describe = [](const std::string& kind, const std::string& name, const torch::Tensor& t) {
       return kind + " " + name + " " + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes());
     };
-    for (const Param& p : params_) declared.push_back(describe("parameter", p.name, p.tensor));
+    for (const Named& p : every_param_) {
+      declared.push_back(describe(p.tensor.requires_grad() ? "parameter" : "frozen parameter", p.name, p.tensor));
+    }
     for (auto& b : base().named_buffers(true)) {
       if (std::string why = unusable_reason(b.value()); !why.empty()) {
         throw InvalidArgument(where() + ": buffer '" + b.key() + "' cannot be broadcast: " + why);
@@ -357,7 +386,7 @@ class DistributedDataParallel {
     }
     constexpr std::string_view fix =
         "Every rank must wrap the same module: the same parameters and buffers, with the same names, dtypes and "
-        "shapes, in the same order.";
+        "shapes, in the same order, and the same parameters frozen (requires_grad false).";
     if constexpr (on_device) {
       comm_.check_agree(declared, "DistributedDataParallel", fix);
     } else {
@@ -491,6 +520,18 @@ class DistributedDataParallel {
   }
 
   void check_parameters() const {
+    for (std::size_t i = 0; i < every_param_.size(); ++i) {
+      if (every_param_[i].tensor.requires_grad() != requires_grad_[i]) {
+        auto state = [](bool trainable) {
+          return std::string(trainable ? "trainable (requires_grad true)" : "frozen (requires_grad false)");
+        };
+        throw InvalidArgument(where() + ": parameter '" + every_param_[i].name + "' was " + state(requires_grad_[i]) +
+                              " when DistributedDataParallel was built and is now " + state(!requires_grad_[i]) +
+                              "; which gradients are averaged is fixed at construction, as in PyTorch's DDP. "
+                              "Destroy this DistributedDataParallel and construct a new one over the module after "
+                              "freezing or unfreezing parameters");
+      }
+    }
     for (const Param& p : params_) {
       if (p.tensor.sizes().vec() != p.shape || p.tensor.data_ptr() != p.data) {
         throw InvalidArgument(where() + ": parameter '" + p.name + "' changed " +
@@ -597,14 +638,24 @@ class DistributedDataParallel {
     std::visit([](auto& s) { s->finish(); }, sync_);
   }
 
+  /// A parameter of the module, trainable or frozen.
+  struct Named {
+    std::string name;
+    torch::Tensor tensor;
+  };
+
   Comm& comm_;
   Module module_;
   DistributedDataParallelOptions o_;
   std::shared_ptr<HookState> state_;
-  std::vector<Param> params_;
+  std::vector<Named> every_param_;  ///< every parameter, in registration order
+  std::vector<bool> requires_grad_;  ///< every_param_'s flags at construction
+  std::vector<Param> params_;        ///< those that require a gradient
   torch::Tensor flat_grad_;
   typename detail::TorchGradSyncs<Comm, Algo>::type sync_;
   bool finish_queued_ = false;
+  /// The next forward broadcasts rank 0's buffers (PyTorch's require_forward_param_sync).
+  bool broadcast_buffers_next_ = true;
   std::vector<unsigned char> got_;      ///< got a gradient in this backward
   std::vector<unsigned char> touched_;  ///< got one since the last synced backward
   std::vector<std::size_t> unreachable_;
