@@ -7,6 +7,7 @@
 //   ddp_mlp --no-flush-denormals  keep subnormal floats (slower from epoch 5)
 //   ddp_mlp --save DIR            checkpoint to DIR/checkpoint.safetensors after every epoch
 //   ddp_mlp --resume DIR          continue from it: same step, epoch and sample, optimizer state
+//   ddp_mlp --resume DIR --epochs 8       a finished 6-epoch run: 2 more (with 6: its test accuracy)
 //   ddp_mlp --max-steps 500 --save DIR    stop (and save) after 500 steps, mid-epoch
 //
 // Each rank trains on its DistributedSampler shard with batch 64 (effective

@@ -8,6 +8,7 @@
 //   fsdp_mlp --save DIR               checkpoint to DIR/checkpoint.safetensors after every epoch
 //   fsdp_mlp --save DIR --checkpoint-format sharded    ... as DIR/checkpoint.index.json + a file per rank
 //   fsdp_mlp --resume DIR             continue from either: same step, epoch and sample, Adam state
+//   fsdp_mlp --resume DIR --epochs 6  a finished 4-epoch run: 2 more (with 4: its test accuracy)
 //   fsdp_mlp --max-steps 50 --save DIR    stop (and save) after 50 steps, mid-epoch
 //
 // The model is 784 - hidden x depth - 10 (default 784-512-512-512-10, 0.93M

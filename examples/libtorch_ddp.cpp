@@ -3,6 +3,8 @@
 //   libtorch_ddp                          4 ranks (threads), built-in synthetic data
 //   libtorch_ddp --ranks 2 --epochs 3
 //   mpirun -np 4 libtorch_ddp --backend mpi    one rank per process (built with MPI)
+//   libtorch_ddp --save DIR               checkpoint to DIR/checkpoint.pt after every epoch
+//   libtorch_ddp --resume DIR             continue from it at the next epoch: weights, momentum, sampler
 //
 // The training loop is LibTorch's own: a torch::nn MLP, a data loader, SGD.
 // Three things make it data-parallel: the DistributedDataParallel wrapper
@@ -12,6 +14,8 @@
 // LibTorch on one thread: the parallelism is the ranks. The built-in
 // classes overlap, so no classifier gets near 100%: the default run (3
 // epochs, about 15 s on 2 cores) ends near 67% and asserts the 60% target.
+// A checkpoint is LibTorch's own archive: the module's, the optimizer's and
+// the sampler's save().
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/integration/torch.hpp>
@@ -20,21 +24,32 @@
 #include "torch_mlp.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
 
 struct Args : example::RunArgs {
   Args() : RunArgs{.epochs = 3, .hidden = 128, .lr = 0.05, .target = 0.60, .train_samples = 8192, .test_samples = 4096} {}
+  // Checkpoints: where to save (after every epoch) and what to resume from.
+  std::string save, resume;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  a.parse(argc, argv, "libtorch_ddp", "", [](example::ArgReader&) { return false; });
+  a.parse(argc, argv, "libtorch_ddp", " --save --resume", [&](example::ArgReader& r) {
+    const std::string& k = r.key();
+    if (k == "--save") a.save = r.value();
+    else if (k == "--resume") a.resume = r.value();
+    else return false;
+    return true;
+  });
   if (a.train_samples < 1 || a.test_samples < 1) throw std::runtime_error("the sample counts must be positive");
   return a;
 }
@@ -63,26 +78,121 @@ struct Synthetic : torch::data::datasets::Dataset<Synthetic> {
   torch::optional<std::size_t> size() const override { return static_cast<std::size_t>(x.size(0)); }
 };
 
+std::string checkpoint_file(const std::string& dir) { return (std::filesystem::path(dir) / "checkpoint.pt").string(); }
+
+/// Loads `net`'s weights from `archive` (read from `file`), refusing a
+/// tensor of another shape, which Module::load would take in silence.
+void load_weights(example::Net& net, torch::serialize::InputArchive& archive, const std::string& file) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes;
+  for (const auto& p : net->named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
+  net->load(archive);
+  for (const auto& [name, shape] : shapes) {
+    const auto loaded = net->named_parameters()[name].sizes();
+    if (loaded != c10::IntArrayRef(shape)) {
+      throw std::runtime_error(file + " holds " + name + " of shape " + c10::str(loaded) + ", this model's is " +
+                               c10::str(c10::IntArrayRef(shape)) + " (another --hidden?)");
+    }
+  }
+}
+
+/// How many of this rank's share of `test_set` `net` classifies right (the
+/// ranks' shares together are the whole set).
+template <class Comm>
+double count_correct(Comm& comm, example::Net& net, const Synthetic& test_set) {
+  net->eval();
+  torch::NoGradGuard no_grad;
+  const std::int64_t n_test = test_set.x.size(0);
+  const std::int64_t share = (n_test + comm.size() - 1) / comm.size();
+  const std::int64_t first = std::min(n_test, share * comm.rank());
+  const std::int64_t count = std::min(share, n_test - first);
+  if (count == 0) return 0;
+  return net->forward(test_set.x.narrow(0, first, count))
+      .argmax(1)
+      .eq(test_set.y.narrow(0, first, count))
+      .sum()
+      .item<double>();
+}
+
 template <class Comm>
 double train(Comm& comm, const Synthetic& train_set, const Synthetic& test_set, const Args& a) {
   torch::set_num_threads(1);
   torch::manual_seed(a.seed + static_cast<std::uint64_t>(comm.rank()));  // different inits: DDP makes them rank 0's
   example::Net net(a.hidden);
+  const auto n_train = static_cast<std::size_t>(train_set.x.size(0));
+  gradsync::TorchDistributedSampler sampler(n_train, comm.size(), comm.rank());
+  // Every rank reads the file; the weights before the wrapper is built,
+  // since loading may swap a parameter's storage for the file's.
+  torch::serialize::InputArchive checkpoint;
+  if (!a.resume.empty()) {
+    const std::string file = checkpoint_file(a.resume);
+    if (!std::filesystem::is_regular_file(file)) {
+      throw std::runtime_error("--resume " + a.resume + ": cannot open " + file + ", which --save DIR writes");
+    }
+    checkpoint.load_from(file);
+    torch::serialize::InputArchive model, state;
+    checkpoint.read("model", model);
+    load_weights(net, model, file);
+    checkpoint.read("sampler", state);
+    sampler.load(state);
+  }
   gradsync::DistributedDataParallel ddp(comm, net);
   // The linear scaling rule: N ranks of batch b take steps of an N·b batch.
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(a.lr * comm.size()).momentum(0.9));
-
-  const auto n_train = static_cast<std::size_t>(train_set.x.size(0));
-  auto loader = torch::data::make_data_loader(Synthetic(train_set).map(torch::data::transforms::Stack<>()),
-                                              gradsync::TorchDistributedSampler(n_train, comm.size(), comm.rank()),
-                                              torch::data::DataLoaderOptions(static_cast<std::size_t>(a.batch)));
+  if (!a.resume.empty()) {
+    torch::serialize::InputArchive state;
+    checkpoint.read("optimizer", state);
+    opt.load(state);
+    // The file's rate is its run's world size's: this run scales its own.
+    for (auto& group : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(a.lr * comm.size());
+  }
+  // A checkpoint is saved after an epoch: its sampler is at the next one's start.
+  const int first_epoch = static_cast<int>(sampler.epoch());
   if (comm.rank() == 0) {
     std::printf("MLP 784-%d-%d-10 (%zu parameters, %zu buckets), %d ranks x batch %d, SGD lr %.3g momentum 0.9\n",
                 a.hidden, a.hidden, static_cast<std::size_t>(torch::nn::utils::parameters_to_vector(net->parameters()).numel()),
                 ddp.buckets().size(), comm.size(), a.batch, a.lr * comm.size());
+    if (!a.resume.empty()) {
+      std::printf("resumed from %s after epoch %d\n", checkpoint_file(a.resume).c_str(), first_epoch);
+    }
+    std::fflush(stdout);
   }
+  if (first_epoch >= a.epochs) {
+    if (comm.rank() == 0) {
+      std::printf("nothing to train: the checkpoint is at epoch %d%s%d\n", first_epoch,
+                  first_epoch == a.epochs ? " of " : ", past --epochs ", a.epochs);
+      std::fflush(stdout);
+    }
+    std::vector<double> correct{count_correct(comm, net, test_set)};
+    gradsync::AllReduce<>{}(comm, correct, gradsync::Sum{});
+    return correct[0] / static_cast<double>(test_set.x.size(0));
+  }
+  // Rank 0 writes; a file's sampler state is the next epoch's start (the
+  // loader owns the one it runs).
+  auto save = [&](int done) {
+    if (a.save.empty() || comm.rank() != 0) return;
+    torch::serialize::OutputArchive out, model, optimizer, state;
+    net->save(model);
+    opt.save(optimizer);
+    gradsync::TorchDistributedSampler next(n_train, comm.size(), comm.rank());
+    next.set_epoch(static_cast<std::uint64_t>(done));
+    next.save(state);
+    out.write("model", model);
+    out.write("optimizer", optimizer);
+    out.write("sampler", state);
+    // Written whole, then renamed: a crash leaves the previous checkpoint.
+    std::filesystem::create_directories(a.save);
+    const std::string file = checkpoint_file(a.save);
+    out.save_to(file + ".tmp");
+    std::filesystem::rename(file + ".tmp", file);
+    std::printf("saved %s after epoch %d\n", file.c_str(), done);
+    std::fflush(stdout);
+  };
+
+  auto loader = torch::data::make_data_loader(Synthetic(train_set).map(torch::data::transforms::Stack<>()),
+                                              std::move(sampler),
+                                              torch::data::DataLoaderOptions(static_cast<std::size_t>(a.batch)));
   double accuracy = 0;
-  for (int epoch = 0; epoch < a.epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch < a.epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     ddp.reset_stats();
     net->train();
@@ -96,30 +206,17 @@ double train(Comm& comm, const Synthetic& train_set, const Synthetic& test_set, 
       samples += static_cast<double>(batch.data.size(0));
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    // This rank's share of the test set; the counts are summed over the ranks.
-    net->eval();
-    torch::NoGradGuard no_grad;
-    const std::int64_t n_test = test_set.x.size(0);
-    const std::int64_t share = (n_test + comm.size() - 1) / comm.size();
-    const std::int64_t first = std::min(n_test, share * comm.rank());
-    const std::int64_t count = std::min(share, n_test - first);
-    double correct = 0;
-    if (count > 0) {
-      correct = net->forward(test_set.x.narrow(0, first, count))
-                    .argmax(1)
-                    .eq(test_set.y.narrow(0, first, count))
-                    .sum()
-                    .item<double>();
-    }
-    std::vector<double> sums{loss_sum, samples, correct, static_cast<double>(ddp.stats().buckets_launched_early),
+    std::vector<double> sums{loss_sum, samples, count_correct(comm, net, test_set),
+                             static_cast<double>(ddp.stats().buckets_launched_early),
                              static_cast<double>(ddp.stats().buckets_launched)};
     gradsync::AllReduce<>{}(comm, sums, gradsync::Sum{});
-    accuracy = sums[2] / static_cast<double>(n_test);
+    accuracy = sums[2] / static_cast<double>(test_set.x.size(0));
     if (comm.rank() == 0) {
       std::printf("epoch %d  loss %.4f  test acc %5.2f%%  %7.0f samples/s  buckets started in backward %.0f of %.0f\n",
                   epoch + 1, sums[0] / sums[1], 100 * accuracy, sums[1] / seconds, sums[3], sums[4]);
       std::fflush(stdout);
     }
+    save(epoch + 1);
   }
   return accuracy;
 }
@@ -133,6 +230,10 @@ int main(int argc, char** argv) try {
   const example::Outcome outcome = example::run_on_backend(
       args.backend, args.ranks, [&](auto& comm) { return train(comm, train_set, test_set, args); });
   return example::finish(outcome, args.target);
+} catch (const c10::Error& e) {
+  // A file LibTorch cannot read, or of another model: its message, not its C++ backtrace.
+  std::fprintf(stderr, "libtorch_ddp: %s\n", e.what_without_backtrace());
+  return 2;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "libtorch_ddp: %s\n", e.what());
   return 2;

@@ -57,13 +57,32 @@ struct EpochHooks {
   std::function<void()> end = [] {};
 };
 
+/// Why a resumed run has no step left to take, or "" when it has one: its
+/// checkpoint is at the end of epoch `epochs` or past it, or at `max_steps`
+/// (0: none) or past it. `first_epoch` is the 0-based epoch it would start in.
+inline std::string nothing_left(const gradsync::DistributedSampler& sampler, int first_epoch, int epochs,
+                                std::size_t steps, std::uint64_t max_steps) {
+  if (first_epoch >= epochs) {
+    const std::uint64_t at = sampler.epoch() + 1;
+    return "the checkpoint is at epoch " + std::to_string(at) +
+           (at == std::uint64_t(epochs) ? " of " : ", past --epochs ") + std::to_string(epochs);
+  }
+  if (max_steps && steps >= max_steps) {
+    return "the checkpoint is at step " + std::to_string(steps) + (steps == max_steps ? ", " : ", past ") +
+           "--max-steps " + std::to_string(max_steps);
+  }
+  return "";
+}
+
 /// Trains from where `sampler` stands to the end of epoch `args.epochs` and
 /// returns the last epoch's test accuracy (the same on every rank). A
 /// resumed run starts in the epoch it stopped in, at the sample after the
-/// last one it took; `max_steps` (0: none) stops the run mid-epoch. Each
-/// epoch's learning rate decays by a cosine from `lr`; at its end rank 0
-/// prints the epoch's line, with the figures summed over all ranks (test
-/// accuracy: rank r scores its contiguous share of `test`).
+/// last one it took; `max_steps` (0: none) stops the run mid-epoch, counting
+/// the steps a resumed run took before. Each epoch's learning rate decays by
+/// a cosine from `lr`; at its end rank 0 prints the epoch's line, with the
+/// figures summed over all ranks (test accuracy: rank r scores its
+/// contiguous share of `test`). A run resumed where nothing is left to train
+/// says so and returns its model's test accuracy.
 template <class Comm, class Trainer>
 double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& sampler, const Dataset& train,
                     const Dataset& test, const RunArgs& args, double lr, std::uint64_t max_steps,
@@ -75,9 +94,19 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
   std::vector<int> yb(args.batch);
   const auto n = static_cast<std::size_t>(comm.size()), rank = static_cast<std::size_t>(comm.rank());
   const std::size_t test_begin = test.size() * rank / n, test_end = test.size() * (rank + 1) / n;
-  double accuracy = 0;
   bool stopped = false;
   const int first_epoch = static_cast<int>(sampler.epoch()) + (sampler.position() == sampler.num_samples() ? 1 : 0);
+  if (const std::string why = nothing_left(sampler, first_epoch, args.epochs, trainer.step_count(), max_steps);
+      !why.empty()) {
+    if (rank == 0) {
+      std::printf("nothing to train: %s\n", why.c_str());
+      std::fflush(stdout);
+    }
+    std::vector<double> correct{double(count_correct(trainer, test, test_begin, test_end))};
+    gradsync::AllReduce<>{}(comm, std::span<double>(correct), gradsync::Sum{});
+    return correct[0] / double(test.size());
+  }
+  double accuracy = 0;
   for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
     sampler.set_epoch(epoch);
     trainer.optimizer().set_lr(lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
