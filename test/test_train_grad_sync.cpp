@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/common.hpp"
 #include "support/instances.hpp"
 #include "support/unit_disagreement.hpp"
 
@@ -103,8 +104,11 @@ TEST_CASE("ProgressWorker runs collectives in submission order and wait() rethro
       CHECK(worker.in_flight() == 0);
       auto bad = worker.submit("bad", [](Communicator<Threads>&) { throw std::runtime_error("boom"); });
       CHECK_THROWS_WITH_AS(bad.wait(), "boom", std::runtime_error);
-      auto after = worker.submit("after", [](Communicator<Threads>&) {});
-      CHECK_THROWS_AS(after.wait(), gradsync::Aborted);
+      // Later work is not run, and fails with the first failure itself.
+      bool ran = false;
+      auto after = worker.submit("after", [&](Communicator<Threads>&) { ran = true; });
+      CHECK_THROWS_WITH_AS(after.wait(), "boom", std::runtime_error);
+      CHECK_FALSE(ran);
     }
     CHECK(order == std::vector<int>{1, 2});
     CHECK(a[0] == 6.0f);
@@ -326,16 +330,51 @@ TEST_CASE("no_sync: micro-steps do not communicate; the synced backward reduces 
 TEST_CASE("a collective that fails on the worker surfaces from finish() on every rank") {
   CHECK_THROWS_WITH_AS(gradsync::run_threads(3,
                                              [](Communicator<Threads>& comm) {
-                                               // Rank 2 alone compresses to bfloat16: the ranks' first
-                                               // bucket disagrees on its element type.
+                                               // Rank 2 alone will step with another learning rate: the
+                                               // ranks' first bucket disagrees on its label.
                                                std::vector<float> flat(10, 1.0f);
-                                               GradSyncOptions o;
-                                               if (comm.rank() == 2) o.compression = gradsync::Compression::bf16;
-                                               GradSync<Threads, float> sync(comm, {std::span<float>(flat)}, o);
+                                               GradSync<Threads, float> sync(comm, {std::span<float>(flat)});
+                                               sync.set_agreed_lr(comm.rank() == 2 ? 0.1 : 0.4);
                                                sync.ready(0);
                                                sync.finish();
                                              }),
                        doctest::Contains("disagree"), gradsync::InvalidArgument);
+}
+
+TEST_CASE("GradSync options that differ between ranks are named at construction, with each rank's value") {
+  auto rng = test::rng_for("GradSync options agreement");
+  CAPTURE(test::test_seed());
+  for (int n = 3; n <= 5; ++n) {
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const int which = static_cast<int>(rng() % 4);
+    CAPTURE(n);
+    CAPTURE(odd);
+    CAPTURE(which);
+    std::vector<std::string> what(static_cast<std::size_t>(n));
+    gradsync::run_threads(n, [&](Communicator<Threads>& comm) {
+      std::vector<float> flat(10, 1.0f);
+      GradSyncOptions o;
+      if (comm.rank() == odd) {
+        if (which == 0) o.compression = gradsync::Compression::bf16;
+        if (which == 1) o.bucket_cap_bytes = 1024;
+        if (which == 2) o.find_unused_parameters = true;
+        if (which == 3) o.collective.deterministic = true;
+      }
+      try {
+        GradSync<Threads, float> sync(comm, {std::span<float>(flat)}, o);
+      } catch (const gradsync::InvalidArgument& e) {
+        what[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    const char* field[] = {"compression", "bucket_cap_bytes", "find_unused_parameters", "collective.deterministic"};
+    const char* ours[] = {"none", "26214400", "false", "false"};
+    const char* theirs[] = {"bf16", "1024", "true", "true"};
+    INFO(what[0]);
+    CHECK(what[0].find(std::string("GradSyncOptions::") + field[which] + ": ") != std::string::npos);
+    CHECK(what[0].find(std::string(theirs[which]) + " on rank " + std::to_string(odd)) != std::string::npos);
+    CHECK(what[0].find(std::string(ours[which]) + " on ranks ") != std::string::npos);
+    for (const std::string& w : what) CHECK(w == what[0]);
+  }
 }
 
 TEST_CASE("ranks that register different units all throw at construction, naming the unit and the rank") {

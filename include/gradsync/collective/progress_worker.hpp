@@ -37,7 +37,7 @@ namespace gradsync {
 /// must).
 ///
 /// After a submitted collective fails, later ones are not run; their
-/// requests fail with Aborted naming the first failure.
+/// requests fail with that first failure itself (its type and words).
 template <Backend B>
 class ProgressWorker {
  public:
@@ -124,28 +124,25 @@ class ProgressWorker {
       Task task = std::move(queue_.front());
       queue_.pop_front();
       std::exception_ptr error;
-      if (stop_ || failure_) {
-        error = std::make_exception_ptr(Aborted(
-            "gradsync: rank " + std::to_string(comm_.rank()) + ": '" + task.state->label + "' was not run because " +
-            (failure_ ? "an earlier collective on this communicator failed: " + failure_what_
-                      : std::string("its ProgressWorker was destroyed first"))));
+      if (failure_) {
+        // The failure itself, not a wrapper: whichever request its owner
+        // waits on first, it learns what went wrong, as the type it was
+        // (a disagreement stays InvalidArgument on every rank).
+        error = failure_;
+      } else if (stop_) {
+        error = std::make_exception_ptr(Aborted("gradsync: rank " + std::to_string(comm_.rank()) + ": '" +
+                                                task.state->label +
+                                                "' was not run because its ProgressWorker was destroyed first"));
       } else {
         lock.unlock();
         task.state->start();
         const auto t0 = std::chrono::steady_clock::now();
         try {
           task.body(comm_);
-        } catch (const std::exception& e) {
-          error = std::current_exception();
-          lock.lock();
-          failure_ = true;
-          failure_what_ = e.what();
-          lock.unlock();
         } catch (...) {
           error = std::current_exception();
           lock.lock();
-          failure_ = true;
-          failure_what_ = "unknown exception";
+          failure_ = error;
           lock.unlock();
         }
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -166,8 +163,7 @@ class ProgressWorker {
   std::size_t in_flight_ = 0;
   double busy_seconds_ = 0;
   bool stop_ = false;
-  bool failure_ = false;
-  std::string failure_what_;
+  std::exception_ptr failure_;  ///< the first task's failure: every later task fails with it
   std::thread thread_;  // last: starts after every member it reads exists
 };
 

@@ -26,6 +26,7 @@ namespace gradsync {
 namespace detail {
 struct RunCall;
 struct EndpointAccess;
+struct FailAccess;
 template <Backend B>
 class LabelScope;
 }  // namespace detail
@@ -145,6 +146,7 @@ class Communicator {
  private:
   friend struct detail::RunCall;
   friend struct detail::EndpointAccess;
+  friend struct detail::FailAccess;
   friend class detail::LabelScope<B>;
 
   /// Runs one collective: stamps it with the next sequence number, and if it
@@ -195,6 +197,22 @@ class Communicator {
       record_failure(detail::FailureKind::error, "unknown exception");
       throw;
     }
+  }
+
+  /// Fails this idle communicator for a failure elsewhere (`what`, of
+  /// `kind`): its peers, waiting here or calling next, fail with the same
+  /// words and kind instead of seeing this rank leave. The call it names is
+  /// the next one, which no rank has made alike.
+  void fail_because(detail::FailureKind kind, const std::string& what) noexcept {
+    if (!failure_.empty()) return;
+    try {
+      failure_ = what;
+    } catch (...) {
+      failure_ = "a call failed";
+    }
+    detail::CallInfo next{};
+    next.seq = seq_ + 1;
+    ep_.fail(next, what, kind);
   }
 
   std::string describe_next(detail::CallInfo call) const {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,8 +24,10 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/float16.hpp"
+#include "gradsync/core/label_scope.hpp"
 #include "gradsync/core/request.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/all_reduce_average.hpp"
 #include "gradsync/train/bucket_plan.hpp"
 #include "gradsync/train/grad_sync_options.hpp"
@@ -122,10 +125,23 @@ class GradSync {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       declared.push_back(detail::describe_unit(names_.empty() ? std::string_view() : names_[u], units_[u].size()));
     }
+    // Ranks that bucket or round differently would reduce unrelated ranges
+    // or different values; say which option differs rather than "mismatched call".
+    const std::string same = "Give every rank the same GradSyncOptions.";
+    const std::vector<detail::AgreedValue> settings{
+        detail::setting("GradSyncOptions::bucket_cap_bytes", o_.bucket_cap_bytes, same),
+        detail::setting("GradSyncOptions::first_bucket_cap_bytes", o_.first_bucket_cap_bytes, same),
+        {"GradSyncOptions::compression", o_.compression == Compression::bf16 ? "bf16" : "none", same},
+        detail::flag("GradSyncOptions::find_unused_parameters", o_.find_unused_parameters, same),
+        detail::flag("GradSyncOptions::collective.deterministic", o_.collective.deterministic, same),
+        detail::setting("GradSyncOptions::collective.chunk_bytes", detail::chunk_bytes(o_.collective), same),
+    };
     detail::check_units_agree(comm_, declared, "GradSync",
-                              "Every rank must register the same gradient spans (sizes and names) in the same order.");
+                              "Every rank must register the same gradient spans (sizes and names) in the same order.",
+                              settings);
     plan_ = BucketPlan(std::span<const std::span<T>>(units_), o_.first_bucket_cap_bytes, o_.bucket_cap_bytes,
                        Reduction::in_place);
+    labels_.emplace("sync", "bucket", bucket_names(), "optimizer lr");
     tracker_ = ReadinessTracker(plan_);
     allocate();
     worker_ = ProgressWorker<B>::shared(comm_);
@@ -239,6 +255,12 @@ class GradSync {
     if (first) std::rethrow_exception(first);
   }
 
+  /// The learning rate this rank will step with after the next synced
+  /// backward: its buckets carry it, so ranks whose rates differ fail that
+  /// sync on every rank, naming both rates, instead of diverging. A trainer
+  /// sets it before each step; unset, nothing is compared.
+  void set_agreed_lr(double lr) noexcept { lr_bits_ = detail::bits_of(lr); }
+
   /// Disables synchronisation until the guard goes: backward then only
   /// accumulates locally, and the next synced backward reduces the sum.
   using NoSync = detail::NoSyncGuard<GradSync>;
@@ -289,6 +311,19 @@ class GradSync {
     return "unit " + std::to_string(u) + (names_.empty() ? std::string() : " ('" + names_[u] + "')");
   }
 
+  /// Bucket k in words for labels: "units 'fc3' to 'fc2'", "unit 'fc1'" (by
+  /// index without names).
+  std::vector<std::string> bucket_names() const {
+    std::vector<std::string> out;
+    auto one = [&](std::size_t u) { return names_.empty() ? std::to_string(u) : "'" + names_[u] + "'"; };
+    for (std::size_t k = 0; k < plan_.size(); ++k) {
+      const BucketInfo& b = plan_[k];
+      out.push_back(b.first_unit == b.last_unit ? "unit " + one(b.first_unit)
+                                                : "units " + one(b.first_unit) + " to " + one(b.last_unit));
+    }
+    return out;
+  }
+
   void allocate() {
     buckets_.resize(plan_.size());
     const int world = comm_.size();
@@ -326,9 +361,12 @@ class GradSync {
     // any other divisor is folded into the local scale before a sum.
     const bool mean = divisor == world;
     const scale_type scale = static_cast<scale_type>(mean ? avg_.local_scale : avg_.local_scale / divisor);
-    if (here) return reduce_bucket(comm_, k, mean, scale);
-    std::string label = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(plan_[k].count) + " elements)";
-    buckets_[k].request = worker_->submit(std::move(label), [this, k, mean, scale](Communicator<B>& c) {
+    // What the bucket moves: its index, in the sync that the ranks have
+    // counted alike, and the learning rate that follows it.
+    const CallLabel label = labels_->label(detail::LabelPhase::bucket, k, stats_.syncs + 1, lr_bits_);
+    if (here) return reduce_bucket(comm_, k, mean, scale, label);
+    std::string what = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(plan_[k].count) + " elements)";
+    buckets_[k].request = worker_->submit(std::move(what), [this, k, mean, scale, label](Communicator<B>& c) {
       // The worker is shared, so its own busy time is not ours to report.
       const auto t0 = std::chrono::steady_clock::now();
       struct Clock {
@@ -339,12 +377,14 @@ class GradSync {
                         std::memory_order_relaxed);
         }
       } clock{worker_seconds_, t0};
-      reduce_bucket(c, k, mean, scale);
+      reduce_bucket(c, k, mean, scale, label);
     });
   }
 
   /// Runs on the progress worker, or on the owner's thread from finish().
-  void reduce_bucket(Communicator<B>& c, std::size_t k, bool mean, scale_type scale) {
+  void reduce_bucket(Communicator<B>& c, std::size_t k, bool mean, scale_type scale, const CallLabel& label) {
+    // The reduction policy's collectives carry the bucket's label.
+    const detail::LabelScope<B> labelled(c, label);
     const BucketInfo& info = plan_[k];
     Bucket& b = buckets_[k];
     const ReducedPart part = Reduction::result(info.count, c.size(), c.rank());
@@ -432,6 +472,8 @@ class GradSync {
   bool sync_ = true;
   Averaging avg_{};
   GradSyncStats stats_{};
+  std::optional<detail::StepLabels> labels_;  ///< made with the plan; never moves (the labels point at it)
+  std::uint64_t lr_bits_ = 0;
   std::atomic<double> worker_seconds_{0};  ///< buckets run on the worker
   double inline_seconds_ = 0;              ///< buckets finish() ran on the caller's thread
   std::shared_ptr<ProgressWorker<B>> worker_;

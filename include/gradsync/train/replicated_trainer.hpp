@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -23,6 +24,7 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/types.hpp"
+#include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
 #include "gradsync/train/grad_sync.hpp"
@@ -30,6 +32,7 @@
 #include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/step_labels.hpp"
 #include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/trainer_base.hpp"
 #include "gradsync/train/trainer_requirements.hpp"
@@ -117,7 +120,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
 
   ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
-    detail::check_trainer_units(comm_, specs_, "ReplicatedTrainer", o_.memory_budget);
+    detail::check_trainer_units(comm_, specs_, "ReplicatedTrainer", o_.memory_budget, settings());
     check_compute();
     detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
                                 o_.memory_budget,
@@ -133,7 +136,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       grads.push_back(views_[u].flat_grads);
       names.push_back(specs_[u].name);
     }
-    sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, std::move(names));
+    sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, names);
+    labels_.emplace("step", "unit", std::move(names), "optimizer lr");
     // Every synced step all-reduces each bucket once.
     for (const BucketInfo& b : sync_->buckets()) {
       step_sent_ += detail::ring_sent(Collective::all_reduce, b.count, static_cast<std::size_t>(comm_.size()),
@@ -155,8 +159,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     const TrainerStats before = stats_;
     int active = comm_.size();
     if (o_.join) active = count_active(1);
-    if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
+    broadcast_buffers();
     sync_->set_sync(true);
+    sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
     sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
                           .divisor = o_.join ? active : 0});
     const double loss = run_model(batch);
@@ -173,16 +178,23 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
 
   /// Between forward_backward() and optimizer_step(): the norm of order p
   /// (infinity: the largest magnitude) of the averaged gradient, which every
-  /// rank holds whole, so every rank returns the same value without
-  /// communicating; if it exceeds max_norm, the gradient is scaled by
-  /// max_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.
+  /// rank holds whole, so every rank computes the same value; if it exceeds
+  /// max_norm, the gradient is scaled by max_norm / (norm + 1e-6), as
+  /// PyTorch's clip_grad_norm_. Collective: one 8-byte all-reduce labelled
+  /// with max_norm and p, so ranks that clip differently (or one that skips
+  /// the call) fail here, naming both, instead of stepping apart.
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ReplicatedTrainer", max_norm, p);
     if (!pending_) {
       throw InvalidArgument("gradsync: ReplicatedTrainer::clip_grad_norm on rank " + std::to_string(comm_.rank()) +
                             " needs the averaged gradient: call it between forward_backward() and optimizer_step()");
     }
-    const double total = detail::norm_total(detail::norm_partial(std::span<const value_type>(grads_), p), p);
+    double total = detail::norm_total(detail::norm_partial(std::span<const value_type>(grads_), p), p);
+    if (comm_.size() > 1) {
+      // Max of equal values changes nothing; the call is the agreement.
+      AllReduce<Algo>{{.label = labels_->clip_label(stats_.steps + 1, max_norm, p)}}(
+          comm_, std::span<double>(&total, 1), Max{});
+    }
     detail::clip_to(std::span<value_type>(grads_), total, max_norm);
     return total;
   }
@@ -226,12 +238,13 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     for (;;) {
       const int active = count_active(0);
       if (active == 0) return;
-      if (o_.broadcast_buffers && !buffers_.empty()) Broadcast<Algo>{}(comm_, std::span<value_type>(buffers_), 0);
+      broadcast_buffers();
       // What this rank accumulated but never stepped on is dropped: its
       // batch count is not the others'.
       std::fill(grads_.begin(), grads_.end(), value_type(0));
       micro_steps_ = 0;
       sync_->set_sync(true);
+      sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
       sync_->set_averaging({.local_scale = 1.0, .divisor = active});
       sync_->mark_all_ready();
       sync_grads();
@@ -449,6 +462,31 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     }
   }
 
+  /// What every rank must have been given alike besides its units.
+  std::vector<detail::AgreedValue> settings() const {
+    const std::string same = "Give every rank the same ReplicatedTrainerOptions.";
+    std::vector<detail::AgreedValue> v{
+        detail::flag("ReplicatedTrainerOptions::broadcast_buffers", o_.broadcast_buffers, same),
+        detail::setting("ReplicatedTrainerOptions::check_replicas_every", o_.check_replicas_every, same),
+        detail::flag("ReplicatedTrainerOptions::join", o_.join, same),
+        {"the model's value_type", std::string(detail::type_name<value_type>()),
+         "Build every rank with the same model type."},
+        {"the model's compute_type", std::string(detail::type_name<compute_type>()),
+         "Build every rank with the same model type."},
+    };
+    detail::add_optimizer_settings<value_type>(v, opt_);
+    return v;
+  }
+
+  /// Rank 0's buffers to every rank, labelled with the step and the
+  /// learning rate the step will use: the step's first collective.
+  void broadcast_buffers() {
+    if (!o_.broadcast_buffers || buffers_.empty()) return;
+    const CallLabel label =
+        labels_->label(detail::LabelPhase::buffers, 0, stats_.steps + 1, detail::bits_of(static_cast<double>(opt_.lr())));
+    Broadcast<Algo>{{.label = label}}(comm_, std::span<value_type>(buffers_), 0);
+  }
+
   void sync_grads() {
     const double wait0 = sync_->stats().wait_seconds;
     sync_->finish();
@@ -516,6 +554,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   std::vector<bfloat16> low_params_, low_grads_;
   std::vector<UnitView<compute_type>> low_views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
+  std::optional<detail::StepLabels> labels_;  ///< what the trainer's own collectives move
   std::size_t micro_steps_ = 0;
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;

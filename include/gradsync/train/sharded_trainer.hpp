@@ -28,12 +28,14 @@
 #include "gradsync/core/collective.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/fail_access.hpp"
 #include "gradsync/core/offload_space.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/accumulation_mode.hpp"
+#include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/backward_prefetch.hpp"
 #include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
@@ -42,6 +44,7 @@
 #include "gradsync/train/optimizer.hpp"
 #include "gradsync/train/replicated_trainer.hpp"
 #include "gradsync/train/shard_plan.hpp"
+#include "gradsync/train/step_labels.hpp"
 #include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/trainer_base.hpp"
 #include "gradsync/train/trainer_requirements.hpp"
@@ -280,10 +283,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
     // Offload decides where the shards live and so the compute side's need:
     // it must agree too, as the budget does.
-    const detail::AgreedValue offload{
-        "ShardedTrainerOptions::offload (1: a space, 0: none)", offloaded() ? 1u : 0u,
-        "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."};
-    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget, {&offload, 1});
+    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget, settings());
     precision();
     check_offload();
     split();
@@ -325,10 +325,12 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   double forward_backward(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("forward_backward");
-    if (o_.broadcast_buffers && !buffers_.empty()) {
-      Broadcast<Algo>{o_.collective}(comm_, std::span<value_type>(buffers_), 0);
-    }
-    const double loss = run_model(batch, true);
+    const double loss = failing_together([&] {
+      if (o_.broadcast_buffers && !buffers_.empty()) {
+        Broadcast<Algo>{labelled(detail::LabelPhase::buffers, 0)}(comm_, std::span<value_type>(buffers_), 0);
+      }
+      return run_model(batch, true);
+    });
     pending_ = true;
     return loss;
   }
@@ -349,7 +351,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                             "sharded accumulation would add every micro-step's reduced shard into the offloaded "
                             "gradient shard, which only copies reach (PyTorch FSDP refuses it with CPU offload too)");
     }
-    const double loss = run_model(batch, false);
+    const double loss = failing_together([&] { return run_model(batch, false); });
     ++micro_steps_;
     return loss;
   }
@@ -358,10 +360,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// order p of the averaged gradient (infinity: the largest magnitude).
   /// Each rank takes Σ|g|^p (or max|g|) over its shard, an AllReduce Sum (or
   /// Max) combines them, so every rank returns the same value; under NoShard
-  /// every rank holds the whole gradient and nothing is communicated (each
-  /// element counted once). If the norm exceeds max_norm, the gradient is
+  /// every rank holds the whole gradient (each element counted once). If the norm exceeds max_norm, the gradient is
   /// scaled by max_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.
-  /// Collective.
+  /// Collective, labelled with max_norm and p: ranks that clip differently
+  /// fail here on every rank, naming both (NoShard and HybridShard pay one
+  /// 8-byte all-reduce over all ranks for it).
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ShardedTrainer", max_norm, p);
     if (!pending_) {
@@ -370,14 +373,24 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                             "optimizer_step()");
     }
     double partial = detail::norm_partial(std::span<const value_type>(grad_shard()), p);
+    Options opts = o_.collective;
+    opts.label = labels_->clip_label(stats_.steps + 1, max_norm, p);
+    const AllReduce<Algo> all_reduce{opts};
     // Replicas hold the same shards: the shard group's partials are the whole.
     if (sharded() && shard_comm().size() > 1) {
-      const AllReduce<Algo> all_reduce{o_.collective};
-      if (std::isinf(p)) {
-        all_reduce(shard_comm(), std::span<double>(&partial, 1), Max{});
-      } else {
-        all_reduce(shard_comm(), std::span<double>(&partial, 1), Sum{});
-      }
+      failing_together([&] {
+        if (std::isinf(p)) {
+          all_reduce(shard_comm(), std::span<double>(&partial, 1), Max{});
+        } else {
+          all_reduce(shard_comm(), std::span<double>(&partial, 1), Sum{});
+        }
+      });
+    }
+    // Where that call did not span every rank (NoShard, HybridShard), one
+    // 8-byte Max of equal values over all of them is the agreement on
+    // max_norm and p: ranks that clip differently would step apart silently.
+    if (comm_.size() > 1 && !(sharded() && !shard_comm_)) {
+      failing_together([&] { all_reduce(comm_, std::span<double>(&partial, 1), Max{}); });
     }
     const double total = detail::norm_total(partial, p);
     detail::clip_to(grad_shard(), total, max_norm);
@@ -478,7 +491,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         o_.offload->wait();
         in = own;
       }
-      AllGather<Algo>{o_.collective}(shard_comm(), in, std::span<value_type>(full));
+      AllGather<Algo>{labelled(detail::LabelPhase::gather, u)}(shard_comm(), in, std::span<value_type>(full));
       all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(sizes_[u]));
     }
     return all;
@@ -569,7 +582,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       std::copy(chunk.begin(), chunk.end(), full.begin());
       return;
     }
-    AllGather<Algo>{o_.collective}(shard_comm(), chunk, full);
+    AllGather<Algo>{labelled(detail::LabelPhase::gather, u)}(shard_comm(), chunk, full);
   }
 
  private:
@@ -736,6 +749,78 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   std::string where() const { return "gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()); }
+
+  /// What every rank must have been given alike besides its units: the
+  /// options that decide which collectives run, in which order and
+  /// precision, and the optimizer.
+  std::vector<detail::AgreedValue> settings() const {
+    const std::string same = "Give every rank the same ShardedTrainerOptions.";
+    auto dtype = [](const std::optional<DataType>& d) { return d ? std::string(name(*d)) : std::string("unset"); };
+    static constexpr const char* accumulation[] = {"Sharded", "NoSync"};
+    static constexpr const char* prefetch[] = {"None", "BackwardPre", "BackwardPost"};
+    std::vector<detail::AgreedValue> v{
+        {"ShardedTrainerOptions::strategy", name(o_.strategy), same},
+        detail::setting("ShardedTrainerOptions::shard_size", static_cast<std::size_t>(o_.shard_size),
+                        "Give every rank the same shard_size: the shard groups are made from it."),
+        {"ShardedTrainerOptions::wrap", o_.wrap.describe(), same},
+        {"ShardedTrainerOptions::accumulation", accumulation[static_cast<int>(o_.accumulation)], same},
+        detail::flag("ShardedTrainerOptions::collective.deterministic", o_.collective.deterministic, same),
+        detail::setting("ShardedTrainerOptions::collective.chunk_bytes", detail::chunk_bytes(o_.collective), same),
+        detail::flag("ShardedTrainerOptions::broadcast_buffers", o_.broadcast_buffers, same),
+        detail::flag("ShardedTrainerOptions::keep_last_forward_unit", o_.keep_last_forward_unit, same),
+        detail::flag("ShardedTrainerOptions::forward_prefetch", o_.forward_prefetch, same),
+        {"ShardedTrainerOptions::backward_prefetch", prefetch[static_cast<int>(o_.backward_prefetch)], same},
+        detail::setting("ShardedTrainerOptions::limit_all_gathers", o_.limit_all_gathers, same),
+        {"ShardedTrainerOptions::param_dtype", dtype(o_.param_dtype), same},
+        {"ShardedTrainerOptions::reduce_dtype", dtype(o_.reduce_dtype), same},
+        {"ShardedTrainerOptions::offload", offloaded() ? "a space" : "none",
+         "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."},
+        {"the model's value_type", std::string(detail::type_name<value_type>()),
+         "Build every rank with the same model type."},
+        {"the model's compute_type", std::string(detail::type_name<compute_type>()),
+         "Build every rank with the same model type."},
+    };
+    detail::add_optimizer_settings<value_type>(v, opt_);
+    return v;
+  }
+
+  /// Runs f; if one of the trainer's communicators failed in it under
+  /// HybridShard, fails the other ones with the same words first. A disagreement found in one
+  /// shard or replica group would otherwise reach the other groups' ranks
+  /// only as this rank leaving (its communicators destroyed), not as what
+  /// went wrong.
+  template <class F>
+  decltype(auto) failing_together(F&& f) {
+    try {
+      return std::forward<F>(f)();
+    } catch (...) {
+      // Only a communicator's failure: a model's own exception, thrown alike
+      // on every rank, leaves the communicators usable.
+      if (shard_comm_ && (comm_.failed() || shard_comm_->failed() || (replica_comm_ && replica_comm_->failed()))) {
+        settle_all();
+        const detail::FailureKind kind = detail::current_failure_kind();
+        std::string what = "a collective failed";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        for (Comm* c : {&comm_, &*shard_comm_, replica_comm_ ? &*replica_comm_ : nullptr}) {
+          if (c) detail::FailAccess::fail(*c, kind, what);
+        }
+      }
+      throw;
+    }
+  }
+
+  /// The trainer's collective options, labelled with what the call moves in
+  /// this step and with the learning rate the step will use.
+  Options labelled(detail::LabelPhase phase, std::size_t index) const {
+    Options o = o_.collective;
+    o.label = labels_->label(phase, index, stats_.steps + 1, detail::bits_of(static_cast<double>(opt_.lr())));
+    return o;
+  }
   std::string unit_name(std::size_t u) const { return "unit " + std::to_string(u) + " ('" + specs_[u].name + "')"; }
   std::string wrapped_name(std::size_t w) const {
     return "wrapped unit " + std::to_string(w) + " ('" + plan_.units[w].name + "')";
@@ -808,6 +893,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       u.gathered_bytes = sharded() ? n * chunks_[w] * sizeof(compute_type) : 0;
       plan_.units.push_back(std::move(u));
     }
+    std::vector<std::string> names;
+    for (const ShardPlan::Unit& u : plan_.units) names.push_back("'" + u.name + "'");
+    labels_.emplace("step", "wrapped unit", std::move(names), "optimizer lr");
   }
 
   /// Views of unit u over `params` (P elements) and `grads` (P or none),
@@ -1217,7 +1305,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     count_sent(Collective::all_gather, g, shard_comm(), e);
     const std::span<const value_type> home = unit_shard(w);
     const std::span<value_type> out(s.full);
-    const AllGather<Algo> all_gather{o_.collective};
+    const AllGather<Algo> all_gather{labelled(detail::LabelPhase::gather, w)};
     // Offloaded, the chunk is copied in on the worker (behind, and so
     // overlapping, what the rank's thread does meanwhile).
     OffloadSpace* const space = o_.offload.get();
@@ -1360,7 +1448,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Reduces wrapped unit u's gradient to its owners, on the worker.
   void reduce(std::size_t u) {
     WrappedState& s = wrapped_[u];
-    const Options opts = o_.collective;
+    const Options opts = labelled(detail::LabelPhase::reduce, u);
+    const Options replica_opts = labelled(detail::LabelPhase::replica_reduce, u);
     // Sharded accumulation: after the first micro-step, add to the shard.
     const bool add = o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0;
     const value_type scale = local_scale_;
@@ -1419,12 +1508,12 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
                              : "ShardedTrainer reduce-scatter of ") +
             wrapped_name(u),
-        detail::timed(&step_.reduce_seconds, [opts, storage, low_in, count, mine, replicas, divisor, add, low,
-                                              space, home](Communicator<backend_type>& c) {
+        detail::timed(&step_.reduce_seconds, [opts, replica_opts, storage, low_in, count, mine, replicas, divisor,
+                                              add, low, space, home](Communicator<backend_type>& c) {
           if (low) {
-            reduce_in<bfloat16>(c, opts, storage, low_in, count, mine, replicas, divisor, add);
+            reduce_in<bfloat16>(c, opts, replica_opts, storage, low_in, count, mine, replicas, divisor, add);
           } else {
-            reduce_in<value_type>(c, opts, storage, {}, count, mine, replicas, divisor, add);
+            reduce_in<value_type>(c, opts, replica_opts, storage, {}, count, mine, replicas, divisor, add);
           }
           if (space) {
             space->copy_out(home.data(), mine.data(), mine.size_bytes());
@@ -1452,7 +1541,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// bfloat16 model's gradient (`low_in`, N·c, reduces_low_grad) is reduced
   /// as it is, in place of `storage`, into a c-element bfloat16 result.
   template <class E>
-  static void reduce_in(Communicator<backend_type>& c, const Options& opts, std::span<value_type> storage,
+  static void reduce_in(Communicator<backend_type>& c, const Options& opts, const Options& replica_opts,
+                        std::span<value_type> storage,
                         std::span<const bfloat16> low_in, std::size_t count, std::span<value_type> mine,
                         Comm* replicas, value_type divisor, bool add) {
     const std::size_t chunk = mine.size();
@@ -1485,7 +1575,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     } else {
       ReduceScatter<Algo>{opts}(c, in, out, Sum{});
     }
-    if (replicas && replicas->size() > 1) AllReduce<Algo>{opts}(*replicas, out, Sum{});
+    if (replicas && replicas->size() > 1) AllReduce<Algo>{replica_opts}(*replicas, out, Sum{});
     if constexpr (std::is_same_v<E, value_type>) {
       if (!add && !replicas) return;
     }
@@ -1676,6 +1766,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   std::vector<std::pair<std::size_t, std::size_t>> groups_;
   std::vector<std::size_t> member_of_, member_offset_, model_sizes_;
   ShardPlan plan_;
+  std::optional<detail::StepLabels> labels_;  ///< what each collective moves; made with the plan
   std::vector<MemberState> members_;
   std::vector<WrappedState> wrapped_;
   std::vector<ShardedTraceEvent> trace_;

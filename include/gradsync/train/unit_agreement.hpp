@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gradsync/algorithm/tags.hpp"
@@ -112,17 +113,99 @@ inline std::int64_t first_difference(const std::vector<std::string>& a, const st
   return a.size() == b.size() ? -1 : static_cast<std::int64_t>(n);
 }
 
-/// A number every rank must have been given alike (a trainer's
-/// memory_budget, whether it offloads), checked together with the units:
-/// it is part of the 8-byte fingerprint, so agreeing ranks pay nothing
-/// more for it.
+/// A setting every rank must have been given alike (a trainer's strategy,
+/// bucket sizes, dtypes, its optimizer's type and hyper-parameters),
+/// checked together with the units: it is part of the 8-byte fingerprint,
+/// so agreeing ranks pay nothing more for it.
 struct AgreedValue {
-  /// What it is, e.g. "ShardedTrainerOptions::memory_budget".
-  std::string_view name;
-  std::uint64_t value = 0;
+  /// What it is, e.g. "ShardedTrainerOptions::shard_size", "optimizer lr".
+  std::string name;
+  /// Its value in words, as the message prints it ("0.1", "FullShard").
+  std::string value;
   /// The sentence that ends the message when the ranks' values differ.
-  std::string_view fix;
+  std::string fix;
 };
+
+/// "rank 3", "ranks 0-2", "ranks 0, 2, 5-7".
+inline std::string rank_list(const std::vector<std::size_t>& ranks, std::string_view word = "rank") {
+  std::string s(word);
+  if (ranks.size() != 1) s += "s";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    s += (i ? ", " : " ") + std::to_string(ranks[i]);
+    if (j > i) s += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+/// The message for settings that differ: for each (by name, in the order
+/// first met) the ranks that hold each value, e.g. "optimizer lr: 0.4 on
+/// world ranks 0-2, 0.1 on world rank 3". `all[r]` is rank r's list of
+/// name and value pairs; a name a rank lacks reads "(none)". Empty when
+/// every rank holds the same values.
+inline std::string differing_values(const std::vector<std::vector<std::pair<std::string, std::string>>>& all,
+                                    std::string_view rank_word, std::string* fixes = nullptr,
+                                    std::span<const AgreedValue> mine = {}) {
+  std::vector<std::string> names;
+  for (const auto& list : all) {
+    for (const auto& [name, value] : list) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  std::string msg;
+  for (const std::string& name : names) {
+    std::vector<std::pair<std::string, std::vector<std::size_t>>> groups;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      std::string value = "(none)";
+      for (const auto& [n, v] : all[r]) {
+        if (n == name) value = v;
+      }
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == value; });
+      if (g == groups.end()) {
+        groups.push_back({value, {r}});
+      } else {
+        g->second.push_back(r);
+      }
+    }
+    if (groups.size() < 2) continue;
+    msg += (msg.empty() ? "" : "; ") + name + ":";
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      msg += (i ? ", " : " ") + groups[i].first + " on " + rank_list(groups[i].second, rank_word);
+    }
+    if (fixes) {
+      for (const AgreedValue& a : mine) {
+        if (a.name == name && !a.fix.empty() && fixes->find(a.fix) == std::string::npos) *fixes += " " + a.fix;
+      }
+    }
+  }
+  return msg;
+}
+
+/// Each rank's `texts`, on every rank: their lengths first, then the
+/// padded tables (an AllGather moves equal counts).
+template <Backend B>
+std::vector<std::vector<std::string>> gather_texts(Communicator<B>& comm, const std::vector<std::string>& texts,
+                                                   std::string_view who) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::int64_t> table = pack_units(texts);
+  const auto words = static_cast<std::int64_t>(table.size());
+  std::vector<std::int64_t> sizes(n);
+  const AllGather<Auto> all_gather{};
+  all_gather(comm, std::span<const std::int64_t>(&words, 1), std::span<std::int64_t>(sizes));
+  const std::int64_t most = *std::max_element(sizes.begin(), sizes.end());
+  table.resize(static_cast<std::size_t>(most), 0);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(most) * n);
+  all_gather(comm, std::span<const std::int64_t>(table), std::span<std::int64_t>(all));
+  std::vector<std::vector<std::string>> out;
+  for (std::size_t r = 0; r < n; ++r) {
+    out.push_back(unpack_units(std::span<const std::int64_t>(all).subspan(r * static_cast<std::size_t>(most),
+                                                                          static_cast<std::size_t>(sizes[r])),
+                               who));
+  }
+  return out;
+}
 
 /// Collective: checks that every rank of `comm` passed the same `units`
 /// (one description per unit, in order; see describe_unit). If not, throws
@@ -139,9 +222,9 @@ struct AgreedValue {
 /// verdict and none is left waiting.
 ///
 /// The values in `also` must agree too: if the units agree and a value
-/// does not, every rank throws the same InvalidArgument listing each
-/// rank's value of each that differs (a unit that differs is named first,
-/// as without them).
+/// does not, every rank throws the same InvalidArgument naming each
+/// setting that differs and which ranks hold which value (a unit that
+/// differs is named first, as without them).
 template <Backend B>
 void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& units, std::string_view who,
                        std::string_view fix, std::span<const AgreedValue> also = {}) {
@@ -154,7 +237,10 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
 
   const std::vector<std::int64_t> table = pack_units(units);
   std::uint64_t print = hash_bytes(table.data(), table.size() * sizeof(std::int64_t), 0x756e697473616772ull);
-  for (const AgreedValue& a : also) print = hash_bytes(&a.value, sizeof a.value, print);
+  for (const AgreedValue& a : also) {
+    print = hash_bytes(a.name.data(), a.name.size(), print);
+    print = hash_bytes(a.value.data(), a.value.size(), hash_bytes("=", 1, print));
+  }
   const std::int64_t mine = std::bit_cast<std::int64_t>(print);
   std::vector<std::int64_t> prints(n);
   all_gather(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(prints));
@@ -178,18 +264,15 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
 
   // Equal fingerprints are taken as equal tables; a different one has a
   // first difference (the unit count is part of the table) unless only
-  // values of `also` differ. Each rank's values travel beside its index.
+  // values of `also` differ.
   const std::int64_t at = prints[rank] == prints[ref] ? -1 : first_difference(units, ref_units);
-  const std::size_t stride = 1 + also.size();
-  std::vector<std::int64_t> sent{at};
-  for (const AgreedValue& a : also) sent.push_back(std::bit_cast<std::int64_t>(a.value));
-  std::vector<std::int64_t> firsts_and_values(stride * n);
-  all_gather(comm, std::span<const std::int64_t>(sent), std::span<std::int64_t>(firsts_and_values));
+  std::vector<std::int64_t> firsts(n);
+  all_gather(comm, std::span<const std::int64_t>(&at, 1), std::span<std::int64_t>(firsts));
   std::int64_t d = -1;
   std::size_t other = 0;
   std::vector<std::size_t> differ;
   for (std::size_t r = 0; r < n; ++r) {
-    const std::int64_t first = firsts_and_values[stride * r];
+    const std::int64_t first = firsts[r];
     if (first < 0) continue;
     differ.push_back(r);
     if (d < 0 || first < d) {
@@ -198,23 +281,24 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
     }
   }
   if (d < 0) {
-    // The tables are equal (or their hashes collided, which cannot be told apart): values differ.
-    std::string msg, fixes;
-    for (std::size_t k = 0; k < also.size(); ++k) {
-      auto value = [&](std::size_t r) { return firsts_and_values[stride * r + 1 + k]; };
-      bool same = true;
-      for (std::size_t r = 1; r < n; ++r) same = same && value(r) == value(0);
-      if (same) continue;
-      msg += msg.empty() ? "gradsync: " + std::string(who) + ": ranks were given different " : "; and different ";
-      msg += std::string(also[k].name) + ":";
-      for (std::size_t r = 0; r < n; ++r) {
-        msg += (r ? ", rank " : " rank ") + std::to_string(r) + " " +
-               std::to_string(std::bit_cast<std::uint64_t>(value(r)));
-      }
-      fixes += " " + std::string(also[k].fix);
+    // The tables are equal (or their hashes collided, which cannot be told
+    // apart): settings differ. Every rank's settings travel, so every rank
+    // writes the same message.
+    std::vector<std::string> texts;
+    for (const AgreedValue& a : also) {
+      texts.push_back(a.name);
+      texts.push_back(a.value);
     }
+    const std::vector<std::vector<std::string>> all = gather_texts(comm, texts, who);
+    std::vector<std::vector<std::pair<std::string, std::string>>> lists(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i + 1 < all[r].size(); i += 2) lists[r].push_back({all[r][i], all[r][i + 1]});
+    }
+    std::string fixes;
+    const std::string msg = differing_values(lists, "rank", &fixes, also);
     if (msg.empty()) return;
-    throw InvalidArgument(msg + "." + fixes);
+    throw InvalidArgument("gradsync: " + std::string(who) + ": ranks were given different settings: " + msg + "." +
+                          fixes);
   }
   const auto du = static_cast<std::size_t>(d);
 
@@ -266,9 +350,9 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
 template <Backend B>
 void check_trainer_units(Communicator<B>& comm, const std::vector<UnitSpec>& units, std::string_view trainer,
                          std::uint64_t memory_budget, std::span<const AgreedValue> also = {}) {
-  const std::string budget_name = std::string(trainer) + "Options::memory_budget (bytes)";
-  std::vector<AgreedValue> agreed{
-      {budget_name, memory_budget, "Give every rank the same memory_budget, so that all accept or refuse alike."}};
+  std::vector<AgreedValue> agreed{{std::string(trainer) + "Options::memory_budget (bytes)",
+                                   std::to_string(memory_budget),
+                                   "Give every rank the same memory_budget, so that all accept or refuse alike."}};
   agreed.insert(agreed.end(), also.begin(), also.end());
   check_units_agree(comm, describe_units(units), trainer,
                     "Every rank's model must declare the same units, with the same names and shapes, in the same "

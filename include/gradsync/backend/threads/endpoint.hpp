@@ -205,8 +205,11 @@ class Endpoint {
     std::string reason;
     try {
       reason = why;
-      // A disagreement's message already names both calls.
-      if (call.seq && kind != FailureKind::invalid_argument) reason += " (in " + describe(call) + ")";
+      // A disagreement's message already names both calls; a failure carried
+      // over from another communicator (a call not begun here) names its own.
+      if (call.seq && call.seq <= started_ && kind != FailureKind::invalid_argument) {
+        reason += " (in " + describe(call) + ")";
+      }
     } catch (...) {
     }
     world_->abort(rank_, call.seq, reason, kind);

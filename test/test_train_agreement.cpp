@@ -1,0 +1,363 @@
+// Ranks that would train different models while every count matches: units
+// asked for in another order, different options or optimizers, a learning
+// rate changed on one rank, clipping that differs. Each must end in the same
+// InvalidArgument on every rank, naming what differs and who, within the
+// deadline; none may return as if the step had worked.
+
+#include <doctest/doctest.h>
+
+#include <gradsync/gradsync.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/common.hpp"
+#include "test_train_squares.hpp"
+
+// Everything in this file is in its own namespace: test/meson.build compiles
+// the trainer tests as one unity translation unit.
+namespace test_train_agreement {
+
+using gradsync::Communicator;
+using gradsync::ShardedTrainer;
+using gradsync::ShardedTrainerOptions;
+using gradsync::ShardingStrategy;
+using gradsync::Threads;
+using test_squares::Scale;
+using Clock = std::chrono::steady_clock;
+
+/// Units fc0..fc{k-1} of equal size, loss ½·Σw². Forward and backward visit
+/// them in order, except that rank `odd` swaps units `a` and `b` in step
+/// `bad_step` (counted from 1): what a model with data-dependent control
+/// flow, or a bug, does. Equal sizes, so only the units' identity differs.
+struct Swapping {
+  using value_type = float;
+
+  std::size_t units_n = 4;
+  std::size_t size = 12;
+  int rank = 0, odd = -1;
+  std::size_t a = 1, b = 2, bad_step = 0;
+  mutable std::size_t steps = 0;
+
+  std::vector<gradsync::UnitSpec> units() const {
+    std::vector<gradsync::UnitSpec> u;
+    for (std::size_t i = 0; i < units_n; ++i) u.push_back({"fc" + std::to_string(i), {{"weight", {size}}}, {}});
+    return u;
+  }
+  void init_unit(std::size_t u, const gradsync::UnitView<float>& view) {
+    for (std::size_t i = 0; i < view.flat_params.size(); ++i) view.flat_params[i] = 0.01f * float(u + 1) + 0.001f * float(i);
+  }
+  std::vector<std::size_t> order() const {
+    std::vector<std::size_t> o(units_n);
+    for (std::size_t i = 0; i < units_n; ++i) o[i] = i;
+    if (rank == odd && steps == bad_step) std::swap(o[a], o[b]);
+    return o;
+  }
+  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
+    ++steps;
+    const std::vector<std::size_t> o = order();
+    double loss = 0;
+    for (const std::size_t u : o) {
+      const auto p = ctx.params(u);
+      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
+    }
+    for (std::size_t i = o.size(); i-- > 0;) {
+      const auto p = ctx.params(o[i]);
+      for (std::size_t k = 0; k < p->flat_params.size(); ++k) p->flat_grads[k] += batch.factor * p->flat_params[k];
+      ctx.ready(o[i]);
+    }
+    return loss;
+  }
+};
+
+struct Outcome {
+  std::string kind = "returned";
+  std::string what;
+};
+
+/// Runs body on n ranks with a 10 s deadline: each rank's outcome, and the
+/// slowest rank's seconds.
+std::pair<std::vector<Outcome>, double> run(int n, const std::function<void(Communicator<Threads>&)>& body) {
+  std::vector<Outcome> out(static_cast<std::size_t>(n));
+  const auto t0 = Clock::now();
+  try {
+    gradsync::run_threads(n, gradsync::ThreadsOptions{.timeout = std::chrono::seconds(10)}, [&](Communicator<Threads>& c) {
+      Outcome& o = out[static_cast<std::size_t>(c.rank())];
+      try {
+        body(c);
+      } catch (const gradsync::InvalidArgument& e) {
+        o = {"InvalidArgument", e.what()};
+        throw;
+      } catch (const std::exception& e) {
+        o = {"other", e.what()};
+        throw;
+      }
+    });
+  } catch (const std::exception&) {
+  }
+  return {out, std::chrono::duration<double>(Clock::now() - t0).count()};
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST_CASE("ShardedTrainer: a rank that asks for another unit of equal size fails every rank, naming both units") {
+  auto rng = test::rng_for("sharded unit identity");
+  CAPTURE(test::test_seed());
+  for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                          ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
+    for (int n = 3; n <= 5; ++n) {
+      const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+      const std::size_t a = rng() % 3, b = a + 1 + rng() % (3 - a);  // 0 <= a < b <= 3
+      const std::size_t bad_step = 1 + rng() % 3;
+      INFO(gradsync::name(strategy) << ", N = " << n << ", rank " << odd << " swaps fc" << a << " and fc" << b
+                                    << " in step " << bad_step);
+      const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+        Swapping m{.rank = comm.rank(), .odd = odd, .a = a, .b = b, .bad_step = bad_step};
+        ShardedTrainerOptions o{.strategy = strategy};
+        if (strategy == ShardingStrategy::HybridShard) o.shard_size = n == 4 ? 2 : 1;
+        ShardedTrainer trainer(comm, m, gradsync::Sgd<float>({.lr = 0.1}), o);
+        for (std::size_t s = 0; s < 4; ++s) trainer.step(Scale{1.0f});
+      });
+      for (int r = 0; r < n; ++r) {
+        const Outcome& o = got[static_cast<std::size_t>(r)];
+        INFO("rank " << r << ": " << o.kind << ": " << o.what);
+        CHECK(o.kind == "InvalidArgument");
+        CHECK(contains(o.what, "ranks disagree"));
+        CHECK(contains(o.what, "step " + std::to_string(bad_step) + ", "));
+        // Which pair is met first depends on the strategy (forward gathers,
+        // backward reductions): the swapped units are the ones named.
+        CHECK(contains(o.what, "'fc" + std::to_string(a) + "'"));
+        CHECK(contains(o.what, "'fc" + std::to_string(b) + "'"));
+        // Under HybridShard the groups number their ranks anew.
+        if (strategy != ShardingStrategy::HybridShard) CHECK(contains(o.what, "rank " + std::to_string(odd) + " called"));
+      }
+      CHECK(seconds < 5.0);
+    }
+  }
+}
+
+/// Each way a rank's configuration can differ, as a trainer body that
+/// builds the odd rank's trainer differently and takes two steps.
+struct Divergence {
+  const char* name;
+  const char* field;     ///< what the message names
+  std::string ours;      ///< the value on the other ranks, as printed
+  std::string theirs;    ///< the odd rank's
+  std::function<void(Communicator<Threads>&, bool odd)> body;
+};
+
+template <class Opt>
+void sharded_steps(Communicator<Threads>& comm, Opt opt, ShardedTrainerOptions o = {}) {
+  ShardedTrainer trainer(comm, test_squares::Squares{{10, 7, 3}, 1}, std::move(opt), o);
+  for (int s = 0; s < 2; ++s) trainer.step(Scale{1.0f});
+}
+
+template <class Opt>
+void replicated_steps(Communicator<Threads>& comm, Opt opt, gradsync::ReplicatedTrainerOptions o = {}) {
+  gradsync::ReplicatedTrainer trainer(comm, test_squares::Squares{{10, 7, 3}, 1}, std::move(opt), o);
+  for (int s = 0; s < 2; ++s) trainer.step(Scale{1.0f});
+}
+
+std::vector<Divergence> divergences() {
+  using gradsync::Adam;
+  using gradsync::AdamW;
+  using gradsync::Sgd;
+  return {
+      {"ShardedTrainer, Sgd lr", "optimizer lr", "0.4", "0.1",
+       [](auto& c, bool odd) { sharded_steps(c, Sgd<float>({.lr = odd ? 0.1 : 0.4})); }},
+      {"ReplicatedTrainer, Sgd lr", "optimizer lr", "0.4", "0.1",
+       [](auto& c, bool odd) { replicated_steps(c, Sgd<float>({.lr = odd ? 0.1 : 0.4})); }},
+      {"ReplicatedTrainer, Sgd momentum", "optimizer momentum", "0.9", "0",
+       [](auto& c, bool odd) { replicated_steps(c, Sgd<float>({.lr = 0.1, .momentum = odd ? 0.0 : 0.9})); }},
+      {"ShardedTrainer, Adam against AdamW", "optimizer", "Adam", "AdamW",
+       [](auto& c, bool odd) {
+         if (odd) {
+           sharded_steps(c, AdamW<float>());
+         } else {
+           sharded_steps(c, Adam<float>());
+         }
+       }},
+      {"ReplicatedTrainer, Adam beta2", "optimizer beta2", "0.999", "0.99",
+       [](auto& c, bool odd) { replicated_steps(c, Adam<float>({.beta2 = odd ? 0.99 : 0.999})); }},
+      {"ShardedTrainer, Adam eps", "optimizer eps", "1e-08", "1e-06",
+       [](auto& c, bool odd) { sharded_steps(c, Adam<float>({.eps = odd ? 1e-6 : 1e-8})); }},
+      {"ShardedTrainer, AdamW weight decay", "optimizer weight_decay", "0.01", "0.1",
+       [](auto& c, bool odd) { sharded_steps(c, AdamW<float>({.weight_decay = odd ? 0.1 : 0.01})); }},
+      {"ShardedTrainer, strategy", "ShardedTrainerOptions::strategy", "FullShard", "ShardGradOp",
+       [](auto& c, bool odd) {
+         sharded_steps(c, Sgd<float>(), {.strategy = odd ? ShardingStrategy::ShardGradOp : ShardingStrategy::FullShard});
+       }},
+      {"ShardedTrainer, HybridShard shard_size", "ShardedTrainerOptions::shard_size", "0", "1",
+       [](auto& c, bool odd) {
+         sharded_steps(c, Sgd<float>(), {.strategy = ShardingStrategy::HybridShard, .shard_size = odd ? 1 : 0});
+       }},
+      {"ShardedTrainer, accumulation mode", "ShardedTrainerOptions::accumulation", "Sharded", "NoSync",
+       [](auto& c, bool odd) {
+         sharded_steps(c, Sgd<float>(),
+                       {.accumulation = odd ? gradsync::AccumulationMode::NoSync : gradsync::AccumulationMode::Sharded});
+       }},
+      {"ShardedTrainer, param_dtype", "ShardedTrainerOptions::param_dtype", "unset", "bfloat16",
+       [](auto& c, bool odd) {
+         ShardedTrainerOptions o;
+         if (odd) o.param_dtype = gradsync::DataType::bfloat16;
+         sharded_steps(c, Sgd<float>(), o);
+       }},
+      {"ShardedTrainer, deterministic", "ShardedTrainerOptions::collective.deterministic", "false", "true",
+       [](auto& c, bool odd) { sharded_steps(c, Sgd<float>(), {.collective = {.deterministic = odd}}); }},
+      {"ShardedTrainer, backward prefetch", "ShardedTrainerOptions::backward_prefetch", "None", "BackwardPre",
+       [](auto& c, bool odd) {
+         sharded_steps(c, Sgd<float>(),
+                       {.backward_prefetch = odd ? gradsync::BackwardPrefetch::BackwardPre : gradsync::BackwardPrefetch::None});
+       }},
+      {"ShardedTrainer, wrap policy", "ShardedTrainerOptions::wrap", "per unit", "size-based (at least 8 parameters)",
+       [](auto& c, bool odd) {
+         sharded_steps(c, Sgd<float>(),
+                       {.wrap = odd ? gradsync::WrapPolicy::size_based(8) : gradsync::WrapPolicy::per_unit()});
+       }},
+      {"ReplicatedTrainer, bucket size", "GradSyncOptions::bucket_cap_bytes", "26214400", "64",
+       [](auto& c, bool odd) {
+         gradsync::ReplicatedTrainerOptions o;
+         if (odd) o.sync.bucket_cap_bytes = 64;
+         replicated_steps(c, Sgd<float>(), o);
+       }},
+      {"ReplicatedTrainer, bf16 compression", "GradSyncOptions::compression", "none", "bf16",
+       [](auto& c, bool odd) {
+         gradsync::ReplicatedTrainerOptions o;
+         if (odd) o.sync.compression = gradsync::Compression::bf16;
+         replicated_steps(c, Sgd<float>(), o);
+       }},
+  };
+}
+
+TEST_CASE("trainers agree on their options and optimizer at construction, naming each rank's value") {
+  auto rng = test::rng_for("trainer settings agreement");
+  CAPTURE(test::test_seed());
+  for (const Divergence& d : divergences()) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    INFO(d.name << ", N = " << n << ", odd rank " << odd);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) { d.body(comm, comm.rank() == odd); });
+    // "optimizer lr: 0.4 on ranks 0-1, 3, 0.1 on rank 2": the others' value first (rank 0 holds it unless odd).
+    std::vector<std::size_t> others;
+    for (int r = 0; r < n; ++r) {
+      if (r != odd) others.push_back(static_cast<std::size_t>(r));
+    }
+    const std::string ours = d.ours + " on " + gradsync::detail::rank_list(others);
+    const std::string theirs = d.theirs + " on rank " + std::to_string(odd);
+    const std::string expected = std::string(d.field) + ": " + (odd == 0 ? theirs + ", " + ours : ours + ", " + theirs);
+    for (int r = 0; r < n; ++r) {
+      const Outcome& o = got[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << o.kind << ": " << o.what);
+      CHECK(o.kind == "InvalidArgument");
+      CHECK(contains(o.what, "ranks were given different settings: "));
+      CHECK(contains(o.what, expected));
+      CHECK(o.what == got[0].what);
+    }
+    CHECK(seconds < 5.0);
+  }
+}
+
+TEST_CASE("a learning rate changed on one rank fails the next step on every rank, naming both rates") {
+  auto rng = test::rng_for("lr agreement per step");
+  CAPTURE(test::test_seed());
+  for (const int trainer : {0, 1, 2}) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const int change_at = 1 + static_cast<int>(rng() % 3);
+    INFO((trainer == 0 ? "ReplicatedTrainer" : trainer == 1 ? "ShardedTrainer FullShard" : "ShardedTrainer NoShard")
+         << ", N = " << n << ", rank " << odd << " sets lr 0.05 before step " << change_at);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      auto train = [&](auto& t) {
+        for (int s = 1; s <= 5; ++s) {
+          if (comm.rank() == odd && s == change_at) t.optimizer().set_lr(0.05);
+          t.step(Scale{1.0f});
+        }
+      };
+      const test_squares::Squares m{{10, 7, 3}, 1};
+      if (trainer == 0) {
+        gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.25}));
+        train(t);
+      } else {
+        ShardedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.25}),
+                         {.strategy = trainer == 1 ? ShardingStrategy::FullShard : ShardingStrategy::NoShard});
+        train(t);
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      const Outcome& o = got[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << o.kind << ": " << o.what);
+      CHECK(o.kind == "InvalidArgument");
+      CHECK(contains(o.what, "optimizer lr 0.25"));
+      CHECK(contains(o.what, "optimizer lr 0.05"));
+      CHECK(contains(o.what, " " + std::to_string(change_at) + ", "));
+    }
+    CHECK(seconds < 5.0);
+  }
+}
+
+TEST_CASE("clip_grad_norm with different max_norm on one rank fails every rank, naming both") {
+  auto rng = test::rng_for("clip agreement");
+  CAPTURE(test::test_seed());
+  for (const int trainer : {0, 1, 2}) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    INFO("trainer " << trainer << ", N = " << n << ", odd rank " << odd);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      auto train = [&](auto& t) {
+        for (int s = 0; s < 3; ++s) {
+          t.forward_backward(Scale{1.0f});
+          t.clip_grad_norm(comm.rank() == odd ? 0.5 : 1.0);
+          t.optimizer_step();
+        }
+      };
+      const test_squares::Squares m{{10, 7, 3}, 1};
+      if (trainer == 0) {
+        gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}));
+        train(t);
+      } else {
+        ShardedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}),
+                         {.strategy = trainer == 1 ? ShardingStrategy::FullShard : ShardingStrategy::NoShard});
+        train(t);
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      const Outcome& o = got[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << o.kind << ": " << o.what);
+      CHECK(o.kind == "InvalidArgument");
+      CHECK(contains(o.what, "clip_grad_norm(max_norm = 1, p = 2)"));
+      CHECK(contains(o.what, "clip_grad_norm(max_norm = 0.5, p = 2)"));
+    }
+    CHECK(seconds < 5.0);
+  }
+}
+
+TEST_CASE("ranks that agree train as before: labels and settings refuse nothing") {
+  // The same model on every rank, with every option that is agreed, set alike.
+  for (int n = 3; n <= 4; ++n) {
+    gradsync::run_threads(n, [&](Communicator<Threads>& comm) {
+      const test_squares::Squares m{{10, 7, 3}, 1};
+      ShardedTrainer s(comm, m, gradsync::AdamW<float>({.lr = 0.01}),
+                       {.strategy = ShardingStrategy::HybridShard, .shard_size = n == 4 ? 2 : 0});
+      gradsync::ReplicatedTrainer r(comm, m, gradsync::Sgd<float>({.lr = 0.1, .momentum = 0.9}));
+      for (int k = 0; k < 3; ++k) {
+        s.optimizer().set_lr(0.01 / (k + 1));
+        s.forward_backward(Scale{1.0f});
+        s.clip_grad_norm(0.5);
+        s.optimizer_step();
+        r.forward_backward(Scale{1.0f});
+        r.clip_grad_norm(0.5);
+        r.optimizer_step();
+      }
+      CHECK(s.stats().steps == 3);
+    });
+  }
+}
+
+}  // namespace test_train_agreement
