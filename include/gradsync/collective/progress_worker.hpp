@@ -89,6 +89,7 @@ class ProgressWorker {
     auto state = std::make_shared<detail::RequestState>();
     state->label = std::move(label);
     state->rank = comm_.rank();
+    state->names = detail::rank_names(comm_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(Task{state, std::function<void(Communicator<B>&)>(std::forward<F>(body))});
@@ -126,7 +127,7 @@ class ProgressWorker {
       std::exception_ptr error;
       if (stop_ || failure_) {
         error = std::make_exception_ptr(Aborted(
-            "gradsync: rank " + std::to_string(comm_.rank()) + ": '" + task.state->label + "' was not run because " +
+            "gradsync: " + detail::who(comm_) + ": '" + task.state->label + "' was not run because " +
             (failure_ ? "an earlier collective on this communicator failed: " + failure_what_
                       : std::string("its ProgressWorker was destroyed first"))));
       } else {
