@@ -383,8 +383,7 @@ TEST_CASE("a rank that never arrives: the others time out naming the rank, call 
       }
       INFO("N = " << n << ": " << message);
       CHECK(contains(message, "AllReduce #3"));
-      CHECK(contains(message, "rank 1 left"));
-      CHECK(contains(message, "after 2 calls"));
+      CHECK(contains(message, "rank 1 left after 2 calls (its run_threads body returned)"));
       CHECK(seconds_since(t0) < 0.5);
     }
   }
@@ -787,7 +786,8 @@ TEST_CASE("WireCall: a call survives the wire, and the first differing rank is n
   const auto wa = gs::detail::WireCall::of(a);
   CHECK(wa.call() == a);
   std::vector<gs::detail::WireCall> all(5, wa);
-  CHECK_FALSE(gs::detail::disagreement(2, wa, all).has_value());
+  const gs::detail::RankNames world;
+  CHECK_FALSE(gs::detail::disagreement(2, wa, all, world).has_value());
   // Each field alone must make calls differ, on the wire and in the hash.
   const std::vector<std::function<void(gs::detail::CallInfo&)>> edits = {
       [](auto& c) { c.collective = gs::Collective::all_gather; },
@@ -811,15 +811,30 @@ TEST_CASE("WireCall: a call survives the wire, and the first differing rank is n
     CHECK(wb.hash() != wa.hash());
     all.assign(5, wa);
     all[3] = wb;
-    const auto what = gs::detail::disagreement(1, wa, all);
+    const auto what = gs::detail::disagreement(1, wa, all, world);
     REQUIRE(what.has_value());
     CHECK(what->find("ranks disagree on a collective: rank 1 called " + gs::detail::describe(a)) != std::string::npos);
     CHECK(what->find("rank 3 called " + gs::detail::describe(b)) != std::string::npos);
     // Rank 3's own view names rank 0, the first whose call differs from its own.
-    const auto theirs = gs::detail::disagreement(3, wb, all);
+    const auto theirs = gs::detail::disagreement(3, wb, all, world);
     REQUIRE(theirs.has_value());
     CHECK(theirs->find("rank 0 called " + gs::detail::describe(a)) != std::string::npos);
   }
+  // On a group split from a split, the ranks are named by their world rank
+  // (the root's), then within the group, as the caller's names say.
+  const std::vector<int> halves{6, 4, 2, 0};  // the world ranks of a group's members
+  const gs::detail::RankNames group = world.split(halves, 1, "shard group 1");
+  const gs::detail::RankNames nested = group.split(std::vector<int>{3, 1}, 5, "");
+  all.assign(2, wa);
+  all[1].count = 999;
+  const auto named = gs::detail::disagreement(0, wa, all, nested);
+  REQUIRE(named.has_value());
+  CHECK(named->find("ranks disagree on a collective: world rank 0 (rank 0 of group of color 5 in shard group 1) "
+                    "called ") != std::string::npos);
+  CHECK(named->find(", world rank 4 (rank 1 of group of color 5 in shard group 1) called ") != std::string::npos);
+  CHECK(world.who(3) == "rank 3");
+  CHECK(group.who(1) == "world rank 4 (rank 1 of shard group 1)");
+  CHECK(group.split_unmapped(2, "").who(0) == "rank 0 of group of color 2 in shard group 1");
 }
 
 }  // namespace test_failures

@@ -1,4 +1,5 @@
-// Deadlines and faults on the Mpi backend, run under mpirun with 2..4 ranks.
+// Deadlines and faults on the Mpi backend, run under mpirun with 2..4 ranks;
+// at 4, on sub-communicators too, whose errors name world ranks.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -221,7 +222,8 @@ TEST_CASE("a rank that fails makes the others fail fast, naming it") {
     CHECK(o.kind == "Timeout");
   } else {
     CHECK((o.kind == "Timeout" || o.kind == "Aborted"));
-    CHECK(o.what.find("because rank 1 failed") != std::string::npos);
+    // Rank 1's own words, not "rank 1 failed: rank 1 timed out".
+    CHECK(o.what.find("because rank 1 timed out") != std::string::npos);
     CHECK(o.what.find("AllReduce #2") != std::string::npos);
     CHECK(o.seconds < 2.0);
   }
@@ -240,7 +242,7 @@ TEST_CASE("a rank that leaves makes the others fail fast, naming it") {
     const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(*comm, std::span<float>(x)); });
     INFO("rank ", rank, ": ", o.kind, ": ", o.what);
     CHECK(o.kind == "Aborted");
-    CHECK(o.what.find("rank 1 left (destroyed its communicator) after 1 calls") != std::string::npos);
+    CHECK(o.what.find("rank 1 left after 1 call (its communicator was destroyed)") != std::string::npos);
     CHECK(o.seconds < 2.0);
   }
   test::idle_barrier();
@@ -446,6 +448,143 @@ TEST_CASE("the communicator is a duplicate and knows the node-local rank") {
   CHECK(result == MPI_CONGRUENT);
   CHECK(comm.local_rank() >= 0);
   CHECK(comm.local_rank() < gs::detail::endpoint_of(comm).local_size());
+}
+
+namespace {
+
+/// The job's seed, the same on every rank.
+std::uint64_t job_seed() {
+  std::uint64_t seed = test::test_seed();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return seed;
+}
+
+/// Four ranks in two groups by parity, each ordered by the keys `key`:
+/// how errors on world rank q's group name it.
+std::string parity_name(int q, const std::vector<int>& key, const std::string& group) {
+  int i = 0;
+  for (int p = q % 2; p < 4; p += 2)
+    if (key[static_cast<std::size_t>(p)] < key[static_cast<std::size_t>(q)] ||
+        (key[static_cast<std::size_t>(p)] == key[static_cast<std::size_t>(q)] && p < q))
+      ++i;
+  return "world rank " + std::to_string(q) + " (rank " + std::to_string(i) + " of " + group + ")";
+}
+
+}  // namespace
+
+TEST_CASE("on a split communicator, ranks that disagree are named by world rank, then by rank in the group") {
+  if (test::mpi_size() != 4) return;
+  std::mt19937_64 g(job_seed());
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<int> key(4);
+    for (int& k : key) k = static_cast<int>(g() % 3);
+    const int faulty = static_cast<int>(g() % 4);
+    const bool named = g() % 2 == 0;
+    const bool native = g() % 2 == 0;
+    gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+    comm.set_timeout(10s);
+    const int r = comm.rank();
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(faulty);
+    CAPTURE(named);
+    CAPTURE(native);
+    auto group = [&](int q) { return (named ? "shard group " : "group of color ") + std::to_string(q % 2); };
+    std::optional<gs::Communicator<gs::Mpi>> half =
+        named ? comm.split(r % 2, key[static_cast<std::size_t>(r)], group(r)) : comm.split(r % 2, key[static_cast<std::size_t>(r)]);
+    std::vector<float> x(r == faulty ? 5 : 4, 1.0f);
+    const Outcome o = outcome([&] {
+      if (native) {
+        gs::AllReduce<gs::Native>{}(*half, std::span<float>(x));
+      } else {
+        gs::AllReduce<gs::Ring>{}(*half, std::span<float>(x));
+      }
+    });
+    INFO("rank ", r, ": ", o.kind, ": ", o.what);
+    if (r % 2 != faulty % 2) {
+      CHECK(o.kind == "none");
+    } else {
+      CHECK(o.kind == "InvalidArgument");
+      CHECK(o.what.find("gradsync: ranks disagree on a collective: " + parity_name(r, key, group(r)) +
+                        " called AllReduce #1") == 0);
+      // The other member of the group is the one whose call differs.
+      const int other = r == faulty ? (r + 2) % 4 : faulty;
+      CHECK(o.what.find(", " + parity_name(other, key, group(r)) + " called AllReduce #1") != std::string::npos);
+      CHECK(o.what.find(r == faulty ? ", 4 x float" : ", 5 x float") != std::string::npos);
+      CHECK(o.seconds < 2.0);
+    }
+    test::idle_barrier();
+  }
+}
+
+TEST_CASE_TEMPLATE("on a split communicator, a timeout names the rank that never came by world rank", Algo, gs::Ring,
+                   gs::Native) {
+  if (test::mpi_size() != 4) return;
+  std::mt19937_64 g(job_seed());
+  const int faulty = static_cast<int>(g() % 4);
+  CAPTURE(test::test_seed());
+  CAPTURE(faulty);
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  const int r = comm.rank();
+  const std::vector<int> key{0, 0, 0, 0};
+  const std::string group = "replica group " + std::to_string(r % 2);
+  std::optional<gs::Communicator<gs::Mpi>> half = comm.split(r % 2, 0, group);
+  half->set_timeout(300ms);
+  std::vector<float> x(100, 1.0f);
+  if (r == faulty) {
+    // Never comes, and stays past its peer's deadline: leaving would be named as leaving.
+    std::this_thread::sleep_for(700ms);
+  } else {
+    const Outcome o = outcome([&] { gs::AllReduce<Algo>{}(*half, std::span<float>(x)); });
+    INFO("rank ", r, ": ", o.kind, ": ", o.what);
+    if (r % 2 != faulty % 2) {
+      CHECK(o.kind == "none");
+    } else {
+      CHECK(o.kind == "Timeout");
+      CHECK(o.what.find("gradsync: " + parity_name(r, key, group) + " timed out after 0.3") == 0);
+      CHECK(o.what.find("AllReduce #1") != std::string::npos);
+      // Native waits for the agreement, whose shared slots tell who never came; Ring for its neighbour.
+      const std::string missing = parity_name(faulty, key, group);
+      CHECK(o.what.find(std::is_same_v<Algo, gs::Native> ? "(" + missing + " has not called it)"
+                                                         : "waiting for " + missing + " to") != std::string::npos);
+    }
+  }
+  half.reset();
+  test::idle_barrier();
+}
+
+TEST_CASE("on a split communicator, a member that destroys it is named by world rank, as leaving") {
+  if (test::mpi_size() != 4) return;
+  std::mt19937_64 g(job_seed());
+  const int faulty = static_cast<int>(g() % 4);
+  CAPTURE(test::test_seed());
+  CAPTURE(faulty);
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(20s);
+  const int r = comm.rank();
+  const std::vector<int> key{0, 0, 0, 0};
+  std::optional<gs::Communicator<gs::Mpi>> half = comm.split(r % 2, 0);
+  std::vector<float> x(100, 1.0f);
+  gs::AllReduce<gs::Ring>{}(*half, std::span<float>(x));
+  if (r == faulty) {
+    half.reset();
+  } else {
+    const Outcome o = outcome([&] { gs::AllReduce<gs::Ring>{}(*half, std::span<float>(x)); });
+    INFO("rank ", r, ": ", o.kind, ": ", o.what);
+    if (r % 2 != faulty % 2) {
+      CHECK(o.kind == "none");
+    } else {
+      const std::string group = "group of color " + std::to_string(r % 2);
+      CHECK(o.kind == "Aborted");
+      CHECK(o.what.find("gradsync: " + parity_name(r, key, group) + " abandoned AllReduce #2") == 0);
+      CHECK(o.what.find("because " + parity_name(faulty, key, group) +
+                        " left after 1 call (its communicator was destroyed), so it will never join it") !=
+            std::string::npos);
+      CHECK(o.seconds < 2.0);
+    }
+  }
+  half.reset();
+  test::idle_barrier();
 }
 
 int main(int argc, char** argv) {

@@ -2,25 +2,31 @@
 // color, ordered by key then rank, on every backend that declares split.
 // Their collectives give the right results while the parent still works; a
 // rank that calls something else or skips the split is named; a member that
-// throws makes its sub-communicator's peers fail fast. Built plainly it runs
+// throws makes its sub-communicator's peers fail fast. Every failure on a
+// sub-communicator names its ranks by their world rank first, then within
+// the group ("world rank 5 (rank 1 of shard group 2)"). Built plainly it runs
 // on Threads; with GRADSYNC_TEST_MPI (test/mpi/meson.build) on Mpi.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
 #include <optional>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gradsync/core/endpoint_of.hpp"
 #include "gradsync/gradsync.hpp"
+#include "support/common.hpp"
 #include "support/world.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
@@ -377,6 +383,407 @@ TEST_CASE("a sub-communicator may outlive its parent") {
     if (x[0] != 6.0) problems[static_cast<std::size_t>(comm.rank())] = "sum " + std::to_string(x[0]);
   });
   for (const auto& p : problems) CHECK(p.empty());
+}
+
+namespace {
+
+/// A random split of 4 to 6 ranks into groups of at least two members, and
+/// the world rank whose fault a test injects.
+struct Layout {
+  int n = 0;
+  std::vector<int> color, key;
+  int faulty = 0;
+
+  int color_of(int r) const { return color[static_cast<std::size_t>(r)]; }
+  /// World rank r's rank within its group: ordered by key, then world rank.
+  int group_rank(int r) const {
+    int i = 0;
+    for (int q = 0; q < n; ++q) {
+      const auto qq = static_cast<std::size_t>(q), rr = static_cast<std::size_t>(r);
+      if (color[qq] == color[rr] && (key[qq] < key[rr] || (key[qq] == key[rr] && q < r))) ++i;
+    }
+    return i;
+  }
+  /// Whether world rank r shares the faulty rank's group.
+  bool with_faulty(int r) const { return color_of(r) == color_of(faulty); }
+  /// How errors on a sub-communicator name world rank q: its group named
+  /// `group`, or by default after its color.
+  std::string name(int q, const std::string& group = "") const {
+    return "world rank " + std::to_string(q) + " (rank " + std::to_string(group_rank(q)) + " of " +
+           (group.empty() ? "group of color " + std::to_string(color_of(q)) : group) + ")";
+  }
+  std::string describe() const {
+    std::string s = "n = " + std::to_string(n) + ", faulty world rank " + std::to_string(faulty) + ", (color, key):";
+    for (int r = 0; r < n; ++r) s += " (" + std::to_string(color_of(r)) + ", " + std::to_string(key[r]) + ")";
+    return s;
+  }
+};
+
+Layout random_layout(std::mt19937_64& g) {
+  Layout l;
+  l.n = 4 + static_cast<int>(g() % 3);
+  const int groups = 1 + static_cast<int>(g() % static_cast<std::uint64_t>(l.n / 2));
+  std::vector<int> colors;
+  while (static_cast<int>(colors.size()) < groups) {
+    const int c = static_cast<int>(g() % 50);
+    if (std::find(colors.begin(), colors.end(), c) == colors.end()) colors.push_back(c);
+  }
+  std::vector<int> order(static_cast<std::size_t>(l.n));
+  for (int r = 0; r < l.n; ++r) order[static_cast<std::size_t>(r)] = r;
+  std::shuffle(order.begin(), order.end(), g);
+  l.color.assign(static_cast<std::size_t>(l.n), 0);
+  l.key.assign(static_cast<std::size_t>(l.n), 0);
+  // Two members for each group first, then the rest anywhere.
+  for (int i = 0; i < l.n; ++i) {
+    const int c = i < 2 * groups ? i / 2 : static_cast<int>(g() % static_cast<std::uint64_t>(groups));
+    l.color[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = colors[static_cast<std::size_t>(c)];
+  }
+  for (int& k : l.key) k = static_cast<int>(g() % 5) - 2;
+  l.faulty = static_cast<int>(g() % static_cast<std::uint64_t>(l.n));
+  return l;
+}
+
+/// How one world rank's part of a fault test ended.
+struct Ending {
+  std::string kind = "none";
+  std::string what;
+};
+
+/// Runs `body(world_rank, child, ending)` on every rank of `l`, with `child`
+/// split from the world by l's colors and keys inside the try, so that an
+/// exception leaving the body destroys it while it unwinds. What the body
+/// throws is recorded by class; the body may record an ending of its own.
+template <class Body>
+std::vector<Ending> run_layout(const Layout& l, Body body) {
+  std::vector<Ending> endings(static_cast<std::size_t>(l.n));
+  gs::run_threads(l.n, gs::ThreadsOptions{.timeout = std::chrono::seconds(30)}, [&](Comm& comm) {
+    const int r = comm.rank();
+    Ending& e = endings[static_cast<std::size_t>(r)];
+    try {
+      std::optional<Comm> child = comm.split(l.color_of(r), l.key[static_cast<std::size_t>(r)]);
+      body(r, child, e);
+    } catch (const gs::InvalidArgument& x) {
+      e = {"InvalidArgument", x.what()};
+    } catch (const gs::Timeout& x) {
+      e = {"Timeout", x.what()};
+    } catch (const gs::Aborted& x) {
+      e = {"Aborted", x.what()};
+    } catch (const std::exception& x) {
+      e = {"other", x.what()};
+    }
+  });
+  return endings;
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+/// One AllReduce on `comm`, by the algorithm `pick` chooses.
+void all_reduce_any(Comm& comm, std::span<float> x, std::uint64_t pick, gs::Options o = {}) {
+  switch (pick % 4) {
+    case 0: gs::AllReduce<gs::Ring>{o}(comm, x); break;
+    case 1: gs::AllReduce<gs::Tree>{o}(comm, x); break;
+    case 2: gs::AllReduce<gs::RecursiveHalvingDoubling>{o}(comm, x); break;
+    default: gs::AllReduce<gs::Native>{o}(comm, x); break;
+  }
+}
+
+/// A correct AllReduce on a group the fault is not in: "ok" if it summed.
+void all_reduce_ok(Comm& comm, Ending& e, std::uint64_t pick) {
+  std::vector<float> x(4, 1.0f);
+  all_reduce_any(comm, std::span<float>(x), pick);
+  e.what = x[0] == static_cast<float>(comm.size()) ? "ok" : "wrong sum";
+}
+
+/// What the ranks of groups without the fault must have seen: nothing.
+void check_other_groups(const Layout& l, const std::vector<Ending>& e) {
+  for (int r = 0; r < l.n; ++r) {
+    if (l.with_faulty(r)) continue;
+    CAPTURE(r);
+    CHECK_MESSAGE(e[static_cast<std::size_t>(r)].what == "ok", e[static_cast<std::size_t>(r)].what);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("on a split communicator, a disagreement names both ranks by world rank, then by rank in the group") {
+  std::mt19937_64 g = test::rng_for("split names: disagreement");
+  for (int trial = 0; trial < 12; ++trial) {
+    const Layout l = random_layout(g);
+    const std::uint64_t algo = g();
+    const bool by_label = g() % 2 == 0;
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(l.describe());
+    CAPTURE(algo % 4);
+    CAPTURE(by_label);
+    const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
+      if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
+      // Only the faulty rank's call differs: in its count or in its label.
+      std::vector<float> x(r == l.faulty && !by_label ? 5 : 4, 1.0f);
+      gs::Options o;
+      o.label.id = r == l.faulty && by_label ? 8 : 7;
+      all_reduce_any(*child, std::span<float>(x), algo, o);
+    });
+    for (int r = 0; r < l.n; ++r) {
+      if (!l.with_faulty(r)) continue;
+      const Ending& m = e[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      INFO(m.kind << ": " << m.what);
+      CHECK(m.kind == "InvalidArgument");
+      // Whichever rank saw it first, its words reach every rank: each names
+      // the faulty rank and a rank whose call differs from its, both in full.
+      CHECK(starts_with(m.what, "gradsync: ranks disagree on a collective: world rank "));
+      CHECK(contains(m.what, l.name(l.faulty) + " called AllReduce #1"));
+      CHECK(contains(m.what, "), world rank "));
+      CHECK(!contains(m.what, ": rank "));
+    }
+    check_other_groups(l, e);
+  }
+}
+
+TEST_CASE("on a split communicator, a timeout names the waiting rank and the rank that never came by world rank") {
+  std::mt19937_64 g = test::rng_for("split names: timeout");
+  for (int trial = 0; trial < 4; ++trial) {
+    const Layout l = random_layout(g);
+    const std::uint64_t algo = g();
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(l.describe());
+    CAPTURE(algo % 4);
+    std::atomic<int> given_up{0};
+    int waiting = 0;
+    for (int r = 0; r < l.n; ++r) waiting += l.with_faulty(r) && r != l.faulty ? 1 : 0;
+    const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
+      if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
+      child->set_timeout(std::chrono::milliseconds(300));
+      if (r == l.faulty) {
+        // Never comes to the call, and stays until its peers have given up:
+        // leaving earlier would be named as leaving.
+        const auto until = Clock::now() + std::chrono::seconds(20);
+        while (given_up.load() < waiting && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return;
+      }
+      try {
+        std::vector<float> x(4, 1.0f);
+        all_reduce_any(*child, std::span<float>(x), algo);
+      } catch (...) {
+        ++given_up;
+        throw;
+      }
+      ++given_up;
+    });
+    for (int r = 0; r < l.n; ++r) {
+      if (!l.with_faulty(r) || r == l.faulty) continue;
+      const Ending& m = e[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      INFO(m.kind << ": " << m.what);
+      // Its own deadline, or a peer's that passed first.
+      CHECK((m.kind == "Timeout" || m.kind == "Aborted"));
+      CHECK(starts_with(m.what, "gradsync: " + l.name(r) + (m.kind == "Timeout" ? " timed out" : " abandoned")));
+      CHECK(contains(m.what, "timed out after 0.3"));
+      CHECK(contains(m.what, l.name(l.faulty) + " has not started it (it has made no call)"));
+    }
+    check_other_groups(l, e);
+  }
+}
+
+TEST_CASE("on a split communicator, a member whose exception destroys it is named by world rank, as a failure") {
+  std::mt19937_64 g = test::rng_for("split names: throw");
+  for (int trial = 0; trial < 12; ++trial) {
+    const Layout l = random_layout(g);
+    const std::uint64_t algo = g();
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(l.describe());
+    CAPTURE(algo % 4);
+    const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
+      if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
+      std::vector<float> x(4, 1.0f);
+      all_reduce_any(*child, std::span<float>(x), algo);
+      if (r == l.faulty) throw std::runtime_error("the faulty rank's own failure");
+      all_reduce_any(*child, std::span<float>(x), algo);
+    });
+    for (int r = 0; r < l.n; ++r) {
+      if (!l.with_faulty(r)) continue;
+      const Ending& m = e[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      INFO(m.kind << ": " << m.what);
+      if (r == l.faulty) {
+        CHECK(m.what == "the faulty rank's own failure");
+        continue;
+      }
+      CHECK(m.kind == "Aborted");
+      CHECK(starts_with(m.what, "gradsync: " + l.name(r) + " abandoned AllReduce #2"));
+      CHECK(contains(m.what, "because " + l.name(l.faulty) +
+                                 " will never join it: an exception on that rank destroyed its communicator after 1 call"));
+      CHECK(!contains(m.what, " left"));
+    }
+    check_other_groups(l, e);
+  }
+}
+
+TEST_CASE("on a split communicator, a member that destroys it is named by world rank, as leaving") {
+  std::mt19937_64 g = test::rng_for("split names: leave");
+  for (int trial = 0; trial < 12; ++trial) {
+    const Layout l = random_layout(g);
+    const std::uint64_t algo = g();
+    const int calls = 1 + static_cast<int>(g() % 3);
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(l.describe());
+    CAPTURE(algo % 4);
+    CAPTURE(calls);
+    const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
+      if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
+      std::vector<float> x(4, 1.0f);
+      for (int c = 0; c < calls; ++c) all_reduce_any(*child, std::span<float>(x), algo);
+      if (r == l.faulty) {
+        child.reset();
+        return;
+      }
+      all_reduce_any(*child, std::span<float>(x), algo);
+    });
+    const std::string after = std::to_string(calls) + (calls == 1 ? " call" : " calls");
+    for (int r = 0; r < l.n; ++r) {
+      if (!l.with_faulty(r) || r == l.faulty) continue;
+      const Ending& m = e[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      INFO(m.kind << ": " << m.what);
+      CHECK(m.kind == "Aborted");
+      CHECK(starts_with(m.what, "gradsync: " + l.name(r) + " abandoned AllReduce #" + std::to_string(calls + 1)));
+      CHECK(contains(m.what, "because " + l.name(l.faulty) + " left after " + after +
+                                 " (its communicator was destroyed), so it will never join it"));
+    }
+    check_other_groups(l, e);
+  }
+}
+
+TEST_CASE("on a split communicator, bad arguments are named by world rank, before anything is sent") {
+  std::mt19937_64 g = test::rng_for("split names: bad arguments");
+  for (int trial = 0; trial < 12; ++trial) {
+    const Layout l = random_layout(g);
+    const std::uint64_t algo = g();
+    const int which = static_cast<int>(g() % 5);
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(l.describe());
+    CAPTURE(which);
+    const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
+      if (r == l.faulty) {
+        const int p = child->size();
+        std::vector<float> a(4, 1.0f), b(3, 1.0f), c(4 * static_cast<std::size_t>(p) + 1, 1.0f);
+        try {
+          switch (which) {
+            case 0: gs::AllReduce<gs::Ring>{}(*child, std::span<const float>(a), std::span<float>(b)); break;
+            case 1: gs::Broadcast<gs::Tree>{}(*child, std::span<float>(a), p); break;
+            case 2: gs::AllGather<gs::Native>{}(*child, std::span<const float>(a), std::span<float>(c)); break;
+            case 3: gs::ReduceScatter<gs::Ring>{}(*child, std::span<const float>(c), std::span<float>(a)); break;
+            default: (void)child->split(-3, 0); break;
+          }
+          mine = {"none", "no error"};
+        } catch (const gs::InvalidArgument& x) {
+          mine = {"InvalidArgument", x.what()};
+        }
+        if (child->sequence() != 0 || child->failed()) mine.what += "; the refused call counted as a call";
+      }
+      // The group still works: nothing was sent.
+      std::vector<float> x(4, 1.0f);
+      all_reduce_any(*child, std::span<float>(x), algo);
+      if (x[0] != static_cast<float>(child->size())) mine.what += "; wrong sum after";
+      if (r != l.faulty) mine.what = "ok";
+    });
+    const Ending& m = e[static_cast<std::size_t>(l.faulty)];
+    INFO(m.kind << ": " << m.what);
+    CHECK(m.kind == "InvalidArgument");
+    const char* collective[] = {"AllReduce", "Broadcast", "AllGather", "ReduceScatter"};
+    if (which < 4) {
+      CHECK(starts_with(m.what, "gradsync: " + std::string(collective[which]) + " on " + l.name(l.faulty) + ": "));
+    } else {
+      CHECK(starts_with(m.what, "gradsync: " + l.name(l.faulty) + ": split expects a color >= 0"));
+    }
+    for (int r = 0; r < l.n; ++r) {
+      if (r == l.faulty) continue;
+      CAPTURE(r);
+      CHECK(e[static_cast<std::size_t>(r)].what == "ok");
+    }
+  }
+}
+
+TEST_CASE("on a split communicator that failed, a later call is refused naming the rank by world rank") {
+  std::mt19937_64 g = test::rng_for("split names: refused");
+  for (int trial = 0; trial < 8; ++trial) {
+    const Layout l = random_layout(g);
+    const std::uint64_t algo = g();
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(l.describe());
+    CAPTURE(algo % 4);
+    const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
+      if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
+      std::vector<float> x(r == l.faulty ? 5 : 4, 1.0f);
+      try {
+        all_reduce_any(*child, std::span<float>(x), algo);
+      } catch (const gs::InvalidArgument&) {
+      }
+      x.resize(4);
+      all_reduce_any(*child, std::span<float>(x), algo);
+    });
+    for (int r = 0; r < l.n; ++r) {
+      if (!l.with_faulty(r)) continue;
+      const Ending& m = e[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      INFO(m.kind << ": " << m.what);
+      CHECK(m.kind == "Aborted");
+      CHECK(starts_with(m.what, "gradsync: " + l.name(r) + ": AllReduce #2 ("));
+      CHECK(contains(m.what, "refused: this communicator failed earlier"));
+      CHECK(contains(m.what, "(AllReduce #1 ("));
+    }
+    check_other_groups(l, e);
+  }
+}
+
+TEST_CASE("a group named at split, and a group split from it, are named so; world ranks stay the root's") {
+  std::mt19937_64 g = test::rng_for("split names: named and nested");
+  for (int trial = 0; trial < 8; ++trial) {
+    const Layout l = random_layout(g);
+    const std::uint64_t algo = g();
+    CAPTURE(test::test_seed());
+    CAPTURE(trial);
+    CAPTURE(l.describe());
+    CAPTURE(algo % 4);
+    std::vector<Ending> e(static_cast<std::size_t>(l.n));
+    gs::run_threads(l.n, gs::ThreadsOptions{.timeout = std::chrono::seconds(30)}, [&](Comm& comm) {
+      const int r = comm.rank();
+      Ending& mine = e[static_cast<std::size_t>(r)];
+      const std::string group = "shard group " + std::to_string(l.color_of(r));
+      std::optional<Comm> shard = comm.split(l.color_of(r), l.key[static_cast<std::size_t>(r)], group);
+      // One group of the shard group's members in reverse order, unnamed:
+      // named after its color within the shard group's name.
+      std::optional<Comm> reversed = shard->split(3, -shard->rank());
+      if (!l.with_faulty(r)) return all_reduce_ok(*reversed, mine, algo);
+      std::vector<float> x(r == l.faulty ? 5 : 4, 1.0f);
+      try {
+        all_reduce_any(*reversed, std::span<float>(x), algo);
+      } catch (const gs::InvalidArgument& ex) {
+        mine = {"InvalidArgument", ex.what()};
+      }
+    });
+    // Rank i of a shard group of m members is rank m - 1 - i of its reversal.
+    int m = 0;
+    for (int q = 0; q < l.n; ++q) m += l.with_faulty(q) ? 1 : 0;
+    const std::string shard = "shard group " + std::to_string(l.color_of(l.faulty));
+    const std::string faulty = "world rank " + std::to_string(l.faulty) + " (rank " +
+                               std::to_string(m - 1 - l.group_rank(l.faulty)) + " of group of color 3 in " + shard + ")";
+    for (int r = 0; r < l.n; ++r) {
+      if (!l.with_faulty(r)) continue;
+      const Ending& o = e[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      INFO(o.kind << ": " << o.what);
+      CHECK(o.kind == "InvalidArgument");
+      CHECK(contains(o.what, faulty + " called AllReduce #1"));
+    }
+    check_other_groups(l, e);
+  }
 }
 #endif
 

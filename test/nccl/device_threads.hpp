@@ -130,11 +130,11 @@ void run_device_threads(int world_size, int device, std::chrono::nanoseconds tim
       std::lock_guard<std::mutex> lock(mutex);
       if (!reaction) reaction = std::current_exception();
     } catch (const std::exception& e) {
-      world->abort(r, comm.sequence() + 1, e.what());
+      world->abort(r, detail::RankNames::world(), comm.sequence() + 1, e.what());
       std::lock_guard<std::mutex> lock(mutex);
       if (!first) first = std::current_exception();
     } catch (...) {
-      world->abort(r, comm.sequence() + 1, "unknown exception");
+      world->abort(r, detail::RankNames::world(), comm.sequence() + 1, "unknown exception");
       std::lock_guard<std::mutex> lock(mutex);
       if (!first) first = std::current_exception();
     }

@@ -55,7 +55,8 @@ class RecordingEndpoint {
     queue_.post({reduce ? PostedOp::recv_reduce : PostedOp::recv, nullptr, data, n, t, peer, tag, token, op});
   }
   std::uint32_t wait_any(const gradsync::detail::CallInfo& call, std::chrono::nanoseconds) {
-    return queue_.next(call, rank_, [&](std::span<const PostedOp> batch) { log_->issue(batch); });
+    return queue_.next(call, gradsync::detail::RankNames::world(), rank_,
+                       [&](std::span<const PostedOp> batch) { log_->issue(batch); });
   }
   std::size_t pending() const noexcept { return queue_.pending(); }
   void barrier(const gradsync::detail::CallInfo&, std::chrono::nanoseconds) {}

@@ -92,7 +92,9 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
     if (options.flush_denormals) flush.emplace();
     try {
       body(comm);
+      world->depart(r, detail::threads::Departure::returned);
     } catch (...) {
+      world->depart(r, detail::threads::Departure::threw);
       // An Aborted from a rank that was only reacting to the failure must
       // not hide the failure itself.
       std::exception_ptr e = std::current_exception();
@@ -104,9 +106,9 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
         aborted = true;
         secondary = world->aborted();
       } catch (const std::exception& ex) {
-        world->abort(r, comm.sequence() + 1, ex.what());
+        world->abort(r, detail::RankNames::world(), comm.sequence() + 1, ex.what());
       } catch (...) {
-        world->abort(r, comm.sequence() + 1, "unknown exception");
+        world->abort(r, detail::RankNames::world(), comm.sequence() + 1, "unknown exception");
       }
       // An Aborted is never the failure itself when there is one: a rank
       // whose body throws destroys its sub-communicators while unwinding,

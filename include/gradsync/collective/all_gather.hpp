@@ -31,14 +31,14 @@ struct AllGather {
     constexpr std::string_view what = "AllGather";
     const auto p = static_cast<std::size_t>(comm.size());
     if (out.size() != in.size() * p) {
-      detail::invalid(what, comm.rank(), "expected out.size() == in.size() * comm.size() = " + std::to_string(in.size()) +
+      detail::invalid(what, detail::who(comm), "expected out.size() == in.size() * comm.size() = " + std::to_string(in.size()) +
                                              " * " + std::to_string(p) + " = " + std::to_string(in.size() * p) +
                                              ", got out.size() = " + std::to_string(out.size()));
     }
     const auto own = std::span<const T>(out).subspan(in.size() * static_cast<std::size_t>(comm.rank()), in.size());
     const bool in_place = !in.empty() && in.data() == own.data();
     if (!in_place && detail::any_overlap(in, std::span<const T>(out))) {
-      detail::invalid(what, comm.rank(), "in overlaps out; pass out's own block (rank * in.size()) for in place, or a separate buffer");
+      detail::invalid(what, detail::who(comm), "in overlaps out; pass out's own block (rank * in.size()) for in place, or a separate buffer");
     }
     detail::launch<Collective::all_gather, Algo>(comm, {in, out, OpKind::sum, -1, &options}, in.size());
   }

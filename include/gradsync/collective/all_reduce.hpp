@@ -38,11 +38,11 @@ struct AllReduce {
   void operator()(Communicator<B>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op = {}) const {
     constexpr std::string_view what = "AllReduce";
     if (in.size() != out.size()) {
-      detail::invalid(what, comm.rank(), "in and out must have the same size, got in.size() = " +
+      detail::invalid(what, detail::who(comm), "in and out must have the same size, got in.size() = " +
                                              std::to_string(in.size()) + " and out.size() = " + std::to_string(out.size()));
     }
     if (detail::partially_overlap(in, std::span<const T>(out))) {
-      detail::invalid(what, comm.rank(), "in and out overlap without being the same buffer; pass one span for in place");
+      detail::invalid(what, detail::who(comm), "in and out overlap without being the same buffer; pass one span for in place");
     }
     detail::launch<Collective::all_reduce, Algo>(comm, {in, out, Op::kind, -1, &options}, in.size());
   }

@@ -28,7 +28,7 @@ struct Broadcast {
   template <class B, Element T>
   void operator()(Communicator<B>& comm, std::span<T> buf, int root) const {
     if (root < 0 || root >= comm.size()) {
-      detail::invalid("Broadcast", comm.rank(), "root must be in [0, " + std::to_string(comm.size()) + "), got " +
+      detail::invalid("Broadcast", detail::who(comm), "root must be in [0, " + std::to_string(comm.size()) + "), got " +
                                                     std::to_string(root));
     }
     detail::launch<Collective::broadcast, Algo>(comm, {buf, buf, OpKind::sum, root, &options}, buf.size());

@@ -89,6 +89,7 @@ class ProgressWorker {
     auto state = std::make_shared<detail::RequestState>();
     state->label = std::move(label);
     state->rank = comm_.rank();
+    state->names = detail::rank_names(comm_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(Task{state, std::function<void(Communicator<B>&)>(std::forward<F>(body))});
@@ -130,7 +131,7 @@ class ProgressWorker {
         // (a disagreement stays InvalidArgument on every rank).
         error = failure_;
       } else if (stop_) {
-        error = std::make_exception_ptr(Aborted("gradsync: rank " + std::to_string(comm_.rank()) + ": '" +
+        error = std::make_exception_ptr(Aborted("gradsync: " + detail::who(comm_) + ": '" +
                                                 task.state->label +
                                                 "' was not run because its ProgressWorker was destroyed first"));
       } else {

@@ -31,12 +31,12 @@ struct ReduceScatter {
     constexpr std::string_view what = "ReduceScatter";
     const auto p = static_cast<std::size_t>(comm.size());
     if (in.size() != out.size() * p) {
-      detail::invalid(what, comm.rank(), "expected in.size() == out.size() * comm.size() = " + std::to_string(out.size()) +
+      detail::invalid(what, detail::who(comm), "expected in.size() == out.size() * comm.size() = " + std::to_string(out.size()) +
                                              " * " + std::to_string(p) + " = " + std::to_string(out.size() * p) +
                                              ", got in.size() = " + std::to_string(in.size()));
     }
     if (detail::any_overlap(in, std::span<const T>(out))) {
-      detail::invalid(what, comm.rank(), "in and out overlap; reduce-scatter needs separate buffers");
+      detail::invalid(what, detail::who(comm), "in and out overlap; reduce-scatter needs separate buffers");
     }
     detail::launch<Collective::reduce_scatter, Algo>(comm, {in, out, Op::kind, -1, &options}, out.size());
   }

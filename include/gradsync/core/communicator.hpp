@@ -9,6 +9,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -19,6 +20,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
+#include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/types.hpp"
 
 namespace gradsync {
@@ -27,6 +29,7 @@ namespace detail {
 struct RunCall;
 struct EndpointAccess;
 struct FailAccess;
+struct RankNamesAccess;
 template <Backend B>
 class LabelScope;
 }  // namespace detail
@@ -111,26 +114,33 @@ class Communicator {
   /// later calls, not this communicator's (nor the reverse). It may outlive
   /// this communicator. Backends declare it in their Capabilities (split):
   /// Threads, Mpi and Nccl.
-  std::optional<Communicator> split(int color, int key = 0) {
+  ///
+  /// Its errors name each rank by its rank in the root communicator (the
+  /// one not made by split), then within the group: "world rank 5 (rank 1
+  /// of shard group 2)". `name` is the group's name there; empty, it is
+  /// "group of color 2" (and "… in <this group>" when this one was split).
+  std::optional<Communicator> split(int color, int key = 0, std::string_view name = {}) {
     if constexpr (!backend_traits<B>::split) {
       static_assert(backend_traits<B>::split,
                     "gradsync: this backend cannot split a communicator (its Capabilities leave split = false); "
                     "Threads, Mpi and Nccl can");
       return std::nullopt;
     } else {
-      static_assert(requires(endpoint_type& e, const detail::CallInfo& call, int c, duration t) {
-        { e.split(c, c, call, t) } -> std::same_as<std::optional<endpoint_type>>;
-      }, "gradsync: a backend that declares split = true needs Endpoint::split(color, key, call, timeout) "
-         "returning std::optional<Endpoint>");
+      static_assert(requires(endpoint_type& e, const endpoint_type& ce, const detail::CallInfo& call, int c,
+                             duration t, std::string_view n) {
+        { e.split(c, c, call, t, n) } -> std::same_as<std::optional<endpoint_type>>;
+        { ce.names() } -> std::same_as<const detail::RankNames&>;
+      }, "gradsync: a backend that declares split = true needs Endpoint::split(color, key, call, timeout, name) "
+         "returning std::optional<Endpoint>, and Endpoint::names() naming its ranks (detail::RankNames)");
       if (color < 0 && color != no_color) {
-        throw InvalidArgument("gradsync: rank " + std::to_string(rank()) +
-                              ": split expects a color >= 0 or gradsync::no_color, got " + std::to_string(color));
+        throw InvalidArgument("gradsync: " + who() + ": split expects a color >= 0 or gradsync::no_color, got " +
+                              std::to_string(color));
       }
       std::optional<Communicator> child;
       detail::CallInfo call{};
       call.collective = Collective::split;
       run(call, [&](const detail::CallView<B>& c) {
-        std::optional<endpoint_type> ep = ep_.split(color, key, c.call(), timeout_);
+        std::optional<endpoint_type> ep = ep_.split(color, key, c.call(), timeout_, name);
         if (!ep) return;
         child.emplace(std::move(*ep));
         child->timeout_ = timeout_;
@@ -147,6 +157,7 @@ class Communicator {
   friend struct detail::RunCall;
   friend struct detail::EndpointAccess;
   friend struct detail::FailAccess;
+  friend struct detail::RankNamesAccess;
   friend class detail::LabelScope<B>;
 
   /// Runs one collective: stamps it with the next sequence number, and if it
@@ -158,7 +169,7 @@ class Communicator {
   template <class F>
   void run(detail::CallInfo call, F&& body) {
     if (!failure_.empty()) {
-      throw Aborted("gradsync: rank " + std::to_string(rank()) + ": " + describe_next(call) +
+      throw Aborted("gradsync: " + who() + ": " + describe_next(call) +
                     " refused: this communicator failed earlier and cannot be used again (" + failure_ + ")");
     }
     // Two threads in one communicator would interleave sequence numbers and
@@ -166,7 +177,7 @@ class Communicator {
     // mismatch or a hang later.
     if (busy_.exchange(true, std::memory_order_acquire)) {
       // The other thread owns the sequence number; this call gets none.
-      throw InvalidArgument("gradsync: rank " + std::to_string(rank()) + ": Communicator used from two threads at once (" +
+      throw InvalidArgument("gradsync: " + who() + ": Communicator used from two threads at once (" +
                             describe(call) +
                             " started while another call was in progress); a communicator serves one thread at a "
                             "time: give each thread its own communicator");
@@ -214,6 +225,17 @@ class Communicator {
     next.seq = seq_ + 1;
     ep_.fail(next, what, kind);
   }
+  /// How errors name this communicator's ranks: a backend without split
+  /// has only the world's names.
+  const detail::RankNames& rank_names() const noexcept {
+    if constexpr (requires { ep_.names(); }) {
+      return ep_.names();
+    } else {
+      return detail::RankNames::world();
+    }
+  }
+  /// This rank as errors name it ("rank 3", "world rank 5 (rank 1 of shard group 2)").
+  std::string who() const { return rank_names().who(rank()); }
 
   std::string describe_next(detail::CallInfo call) const {
     call.seq = seq_ + 1;
@@ -240,6 +262,27 @@ class Communicator {
 };
 
 namespace detail {
+/// The one friend of Communicator that reads how its errors name ranks.
+struct RankNamesAccess {
+  template <Backend B>
+  static const RankNames& get(const Communicator<B>& comm) noexcept {
+    return comm.rank_names();
+  }
+};
+
+/// How errors name `comm`'s ranks, for the layers above the communicator.
+template <Backend B>
+const RankNames& rank_names(const Communicator<B>& comm) noexcept {
+  return RankNamesAccess::get(comm);
+}
+
+/// `comm`'s own rank as errors name it: "rank 3" on the world, "world rank 5
+/// (rank 1 of shard group 2)" on a communicator made by split.
+template <Backend B>
+std::string who(const Communicator<B>& comm) {
+  return rank_names(comm).who(comm.rank());
+}
+
 /// Whether C is a Communicator, and over which backend: what the trainers
 /// and integrations templated on a communicator type check first.
 template <class C>

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/rank_names.hpp"
 
 namespace gradsync {
 
@@ -26,6 +27,7 @@ struct RequestState {
   std::exception_ptr error;
   std::string label;  ///< what the request does, for a timeout message
   int rank = -1;
+  RankNames names;  ///< how the timeout message names `rank`
 
   void start() {
     {
@@ -85,7 +87,7 @@ class Request {
       if (state_->started) {
         const auto deadline = state_->start_time + timeout_ + grace;
         if (!state_->cv.wait_until(lock, deadline, [&] { return state_->done; })) {
-          throw Timeout("gradsync: rank " + std::to_string(state_->rank) + ": request '" + state_->label +
+          throw Timeout("gradsync: " + state_->names.who(state_->rank) + ": request '" + state_->label +
                         "' did not complete within the communicator's timeout (" +
                         std::to_string(std::chrono::duration<double>(timeout_).count()) + " s) after it started");
         }

@@ -11,8 +11,10 @@
 
 namespace gradsync::detail {
 
-[[noreturn]] inline void invalid(std::string_view collective, int rank, const std::string& what) {
-  throw InvalidArgument("gradsync: " + std::string(collective) + " on rank " + std::to_string(rank) + ": " + what);
+/// `who`: the rank as errors name it (detail::who(comm)), built only on
+/// this path, never for a call whose arguments are fine.
+[[noreturn]] inline void invalid(std::string_view collective, const std::string& who, const std::string& what) {
+  throw InvalidArgument("gradsync: " + std::string(collective) + " on " + who + ": " + what);
 }
 
 /// Spans that share memory without being the same span.

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "gradsync/core/call_info.hpp"
+#include "gradsync/core/rank_names.hpp"
 
 namespace gradsync::detail {
 
@@ -88,14 +89,15 @@ static_assert(sizeof(WireCall) == 64, "WireCall must have no padding: ranks comp
 
 /// The verdict on calls every rank gathered: nothing when all equal `mine`,
 /// otherwise the message every rank throws as InvalidArgument, naming this
-/// rank's call and the first rank whose call differs from it, their labels
-/// in words through this rank's `names`.
+/// rank's call and the first rank whose call differs from it: the ranks as
+/// `ranks` names them (world ranks on a communicator made by split), their
+/// labels in words through this rank's `names`.
 inline std::optional<std::string> disagreement(int rank, const WireCall& mine, std::span<const WireCall> all,
-                                               const LabelNames* names = nullptr) {
+                                               const RankNames& ranks, const LabelNames* names = nullptr) {
   for (std::size_t q = 0; q < all.size(); ++q) {
     if (all[q] == mine) continue;
-    return "gradsync: ranks disagree on a collective: rank " + std::to_string(rank) + " called " +
-           describe(mine.call(), names) + ", rank " + std::to_string(q) + " called " + describe(all[q].call(), names);
+    return "gradsync: ranks disagree on a collective: " + ranks.who(rank) + " called " + describe(mine.call(), names) +
+           ", " + ranks.who(static_cast<int>(q)) + " called " + describe(all[q].call(), names);
   }
   return std::nullopt;
 }

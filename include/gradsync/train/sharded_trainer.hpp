@@ -741,8 +741,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     if constexpr (requires(Comm& c) { c.split(0, 0); }) {
       const int r = comm_.rank();
       // Colors are never no_color, so both splits give a communicator.
-      if (auto g = comm_.split(r / s, r)) shard_comm_.emplace(std::move(*g));
-      if (auto g = comm_.split(r % s, r)) replica_comm_.emplace(std::move(*g));
+      if (auto g = comm_.split(r / s, r, "shard group " + std::to_string(r / s))) shard_comm_.emplace(std::move(*g));
+      if (auto g = comm_.split(r % s, r, "replica group " + std::to_string(r % s))) replica_comm_.emplace(std::move(*g));
     } else {
       throw InvalidArgument(where() + ": HybridShard needs Communicator::split, which this backend lacks");
     }

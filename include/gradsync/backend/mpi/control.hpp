@@ -17,17 +17,20 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gradsync/backend/mpi/idle_backoff.hpp"
 #include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/rank_names.hpp"
 
 namespace gradsync::detail::mpi {
 
@@ -102,7 +105,7 @@ class Control {
     int finalized = 0;
     MPI_Finalized(&finalized);
     // Before unmapping: sending raises this rank's flag in its slot.
-    if (!finalized && !s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1);
+    if (!finalized && !s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1, std::uncaught_exceptions() > 0);
 #ifdef GRADSYNC_MPI_SHARED_AGREEMENT
     // The peers keep their own mappings: the segment lives while any does.
     if (s_->slots) munmap(s_->slots, s_->slots_bytes);
@@ -142,6 +145,10 @@ class Control {
 
   bool checking() const noexcept { return s_->check; }
 
+  /// How errors name this communicator's ranks (set by split).
+  const RankNames& names() const noexcept { return s_ ? s_->names : RankNames::world(); }
+  void set_names(RankNames names) noexcept { s_->names = std::move(names); }
+
   /// Starts `call`: fails at once if a peer is known not to join it, then
   /// sends this rank's part of the agreement. `wire` and `hash` are the
   /// call's WireCall and its hash, which the endpoint has made already.
@@ -168,7 +175,7 @@ class Control {
     if (!s.check || s.size == 1) return;
     // Armed at the end of the previous call, unless posting failed there.
     if (!s.slots && !s.armed && !arm()) {
-      throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Irecv of the call agreement failed in " +
+      throw Error("gradsync: " + s.names.who(s.rank) + ": MPI_Irecv of the call agreement failed in " +
                   describe(call));
     }
     s.armed = false;
@@ -234,22 +241,22 @@ class Control {
   /// Whether the agreement for the current call is still in flight.
   bool pending() const noexcept { return s_->pending; }
 
-  /// The ranks whose shared-memory slot does not show the current call yet
-  /// ("2" or "2, 3"), for a timeout's message. Empty across hosts, where the
-  /// agreement's messages fold many ranks into one and cannot name them.
-  std::string not_joined() {
+  /// The ranks whose shared-memory slot does not show the current call yet,
+  /// for a timeout's message. Empty across hosts, where the agreement's
+  /// messages fold many ranks into one and cannot name them.
+  std::vector<int> not_joined() {
     State& s = *s_;
-    std::string who;
-    if (!s.slots) return who;
+    std::vector<int> missing;
+    if (!s.slots) return missing;
     const std::size_t b = s.call.seq & 1;
     for (int q = 0; q < s.size; ++q) {
       if (q == s.rank) continue;
       // A rank already past this call (its other half holds a later one)
       // has joined it: compare, do not test for equality.
       if (std::atomic_ref<std::uint64_t>(s.slots[q].seq[b]).load(std::memory_order_acquire) < s.call.seq)
-        who += (who.empty() ? "" : ", ") + std::to_string(q);
+        missing.push_back(q);
     }
-    return who;
+    return missing;
   }
 
   /// Gives up on the agreement in flight; the destructor takes back its
@@ -285,12 +292,13 @@ class Control {
         backoff.idle();
       }
     }
-    std::string said, silent;
+    std::string said;
+    std::vector<int> silent;
     int answered = 0;
     for (int q = 0; q < s.size; ++q) {
       if (q == s.rank) continue;
       if (!heard[static_cast<std::size_t>(q)]) {
-        silent += (silent.empty() ? "" : ", ") + std::to_string(q);
+        silent.push_back(q);
         continue;
       }
       ++answered;
@@ -298,13 +306,15 @@ class Control {
       if (n.left) {
         said += "; " + account(q);
       } else if (n.waiting_for >= 0) {
-        said += "; rank " + std::to_string(q) + " gave up too, waiting for rank " + std::to_string(n.waiting_for);
+        said += "; " + s.names.who(q) + " gave up too, waiting for " + s.names.who(n.waiting_for);
       } else {
-        said += "; rank " + std::to_string(q) + " gave up too";
+        said += "; " + s.names.who(q) + " gave up too";
       }
     }
     // Only when some answered does silence single a rank out.
-    if (answered && !silent.empty()) said += "; no word from rank " + silent + " (dead, stuck or not in this call)";
+    if (answered && !silent.empty()) {
+      said += "; no word from " + s.names.list(silent) + " (dead, stuck or not in this call)";
+    }
     return said;
   }
 
@@ -365,6 +375,7 @@ class Control {
     bool pending = false;    ///< agreement started, verdict not yet read
     bool abandoned = false;  ///< a collective request was given up
     bool spoken = false;     ///< the peers know this rank failed or left
+    RankNames names;         ///< how errors name the ranks
     std::vector<WireCall> calls;  ///< every rank's call, gathered on disagreement
     MPI_Request gather = MPI_REQUEST_NULL;
     /// Per rank: the number of calls after which it is gone (never: here).
@@ -504,7 +515,7 @@ class Control {
     s.out[s.step] = s.value;
     if (MPI_Isend(&s.out[s.step], 2, MPI_UINT64_T, st.to, st.tag, s.comm, &s.sends[s.step]) != MPI_SUCCESS) {
       s.pending = false;
-      throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Isend of the call agreement failed in " +
+      throw Error("gradsync: " + s.names.who(s.rank) + ": MPI_Isend of the call agreement failed in " +
                   describe(s.call));
     }
   }
@@ -520,7 +531,7 @@ class Control {
       int done = 0;
       if (MPI_Test(&s.recvs[s.step], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         s.pending = false;
-        throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Test of the call agreement failed in " +
+        throw Error("gradsync: " + s.names.who(s.rank) + ": MPI_Test of the call agreement failed in " +
                     describe(s.call));
       }
       if (!done) return false;
@@ -530,7 +541,7 @@ class Control {
     int done = 0;
     if (MPI_Testall(static_cast<int>(s.sends.size()), s.sends.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
       s.pending = false;
-      throw Error("gradsync: rank " + std::to_string(s.rank) + ": MPI_Testall of the call agreement failed in " +
+      throw Error("gradsync: " + s.names.who(s.rank) + ": MPI_Testall of the call agreement failed in " +
                   describe(s.call));
     }
     return done != 0;
@@ -547,7 +558,8 @@ class Control {
     return true;
   }
 
-  void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for) noexcept {
+  void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for,
+            bool unwound = false) noexcept {
     State& s = *s_;
     s.spoken = true;
     // Raised before any notice leaves: a peer that finds it down has no
@@ -563,6 +575,7 @@ class Control {
         if (q == s.rank) continue;
         auto n = std::make_unique<Notice>();
         n->left = left ? 1 : 0;
+        n->unwound = unwound ? 1 : 0;
         n->kind = kind;
         n->rank = s.rank;
         n->seq = seq;
@@ -600,13 +613,17 @@ class Control {
 
   /// What rank q's notice said, as part of a sentence.
   std::string account(int q) const {
-    const Notice& n = s_->heard[static_cast<std::size_t>(q)];
+    const State& s = *s_;
+    const Notice& n = s.heard[static_cast<std::size_t>(q)];
     if (n.left) {
-      return "rank " + std::to_string(q) + " left (destroyed its communicator) after " + std::to_string(n.seq) + " calls";
+      const std::string calls = std::to_string(n.seq) + (n.seq == 1 ? " call" : " calls");
+      if (n.unwound) {
+        return s.names.who(q) + " will never join it: an exception on that rank destroyed its communicator after " +
+               calls;
+      }
+      return s.names.who(q) + " left after " + calls + " (its communicator was destroyed), so it will never join it";
     }
-    std::string_view what = n.what();
-    if (what.starts_with("gradsync: ")) what.remove_prefix(10);
-    return "rank " + std::to_string(q) + " failed: " + std::string(what);
+    return s.names.failed(q, n.what());
   }
 
   /// This rank cannot finish its call because of rank q's notice.
@@ -616,8 +633,7 @@ class Control {
     // A disagreement is best named from this rank's own view of it: the
     // agreement of the call the peer refused is complete, or about to be.
     if (!n.left && n.kind == FailureKind::invalid_argument && s.pending) explain(timeout);
-    std::string what = "gradsync: rank " + std::to_string(s.rank) + " abandoned " + describe(s.call) + " because " +
-                       account(q);
+    std::string what = "gradsync: " + s.names.who(s.rank) + " abandoned " + describe(s.call) + " because " + account(q);
     if (n.left) {
       s.spoken = true;
       abandon();
@@ -625,7 +641,7 @@ class Control {
     }
     // Whom this rank was waiting for is news to the others: with it, a
     // timeout elsewhere can name the rank that is really missing.
-    if (waiting_for >= 0) what += "; rank " + std::to_string(s.rank) + " was waiting for rank " + std::to_string(waiting_for);
+    if (waiting_for >= 0) what += "; " + s.names.who(s.rank) + " was waiting for " + s.names.who(waiting_for);
     tell(n.kind == FailureKind::timeout ? FailureKind::timeout : FailureKind::aborted, what, waiting_for);
     switch (n.kind) {
       case FailureKind::invalid_argument: throw InvalidArgument(what);
@@ -639,7 +655,7 @@ class Control {
   [[noreturn]] void disagree(std::chrono::nanoseconds timeout) {
     State& s = *s_;
     s.spoken = true;  // every rank reaches this verdict on its own
-    const std::string mine = "gradsync: ranks disagree on a collective: rank " + std::to_string(s.rank) + " called " +
+    const std::string mine = "gradsync: ranks disagree on a collective: " + s.names.who(s.rank) + " called " +
                              describe(s.call);
     s.calls.assign(static_cast<std::size_t>(s.size), WireCall{});
     bool done = MPI_Iallgather(&s.wire, sizeof(WireCall), MPI_BYTE, s.calls.data(), sizeof(WireCall), MPI_BYTE, s.comm,
@@ -655,7 +671,7 @@ class Control {
       if (!flag) backoff.idle();
     }
     if (done) {
-      if (auto what = disagreement(s.rank, s.wire, s.calls, s.call.label.names)) throw InvalidArgument(*what);
+      if (auto what = disagreement(s.rank, s.wire, s.calls, s.names, s.call.label.names)) throw InvalidArgument(*what);
     }
     throw InvalidArgument(mine + ", and another rank called something else (which, the ranks could not tell in time)");
   }

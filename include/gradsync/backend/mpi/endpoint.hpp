@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/spinner.hpp"
 
 namespace gradsync {
@@ -89,6 +91,8 @@ class Endpoint {
   int local_size() const noexcept { return local_size_; }
   /// gradsync's private duplicate of the user's communicator.
   MPI_Comm mpi_comm() const noexcept { return comm_; }
+  /// How errors name this communicator's ranks.
+  const RankNames& names() const noexcept { return control_.names(); }
 
   /// Set at construction from MpiOptions; may be changed between calls.
   MpiFailurePolicy failure_policy = MpiFailurePolicy::throw_error;
@@ -171,8 +175,10 @@ class Endpoint {
   /// same call: after the call agreement (with check_calls off, a barrier),
   /// which has one. What is left is a rank that dies in the instant between
   /// the two. The new endpoint duplicates the result for its data and its
-  /// control like any Mpi endpoint, with this one's options.
-  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout) {
+  /// control like any Mpi endpoint, with this one's options; `name` names
+  /// the group in its errors (RankNames::split).
+  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout,
+                                std::string_view name) {
     barrier(call, timeout);
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
@@ -187,6 +193,24 @@ class Endpoint {
     // The child's ranks still share their cores with the parent's others,
     // so it waits as this one has learnt to, not as its own size suggests.
     child->spinner_ = spinner_;
+    // Which of this communicator's ranks each member is: MPI's groups say,
+    // locally, so errors can name the members' world ranks.
+    MPI_Group parent_group = MPI_GROUP_NULL, child_group = MPI_GROUP_NULL;
+    check(MPI_Comm_group(comm_, &parent_group), "MPI_Comm_group");
+    struct FreeGroups {
+      MPI_Group& a;
+      MPI_Group& b;
+      ~FreeGroups() {
+        if (a != MPI_GROUP_NULL) MPI_Group_free(&a);
+        if (b != MPI_GROUP_NULL) MPI_Group_free(&b);
+      }
+    } free_groups{parent_group, child_group};
+    check(MPI_Comm_group(child->comm_, &child_group), "MPI_Comm_group");
+    std::vector<int> members(static_cast<std::size_t>(child->size_)), here(members.size());
+    std::iota(members.begin(), members.end(), 0);
+    check(MPI_Group_translate_ranks(child_group, child->size_, members.data(), parent_group, here.data()),
+          "MPI_Group_translate_ranks");
+    child->control_.set_names(names().split(here, color, name));
     return child;
   }
 
@@ -443,8 +467,8 @@ class Endpoint {
         if (static_cast<std::size_t>(got) != op.count) {
           // Ranks that called different things are told so first.
           control_.explain(timeout);
-          throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " expected " + std::to_string(op.count) +
-                                " x " + std::string(name(op.type)) + " from rank " + std::to_string(op.peer) + " in " +
+          throw InvalidArgument("gradsync: " + names().who(rank_) + " expected " + std::to_string(op.count) +
+                                " x " + std::string(name(op.type)) + " from " + names().who(op.peer) + " in " +
                                 describe(*op.call) + " but received " + std::to_string(got) +
                                 ": the ranks called it with different arguments");
         }
@@ -509,12 +533,13 @@ class Endpoint {
   void settle(const CallInfo& call, std::chrono::nanoseconds timeout) {
     if (!control_.pending()) return;
     await([&] { return control_.agreed(timeout); }, timeout, [&] {
-      const std::string missing = control_.not_joined();
+      const std::vector<int> missing = control_.not_joined();
       control_.abandon();
       timed_out(call, timeout,
                 " waiting for every rank to join it (" +
-                    (missing.empty() ? std::string("some rank has not called it") : "rank " + missing + " has not called it") +
-                    ")");
+                    (missing.empty() ? std::string("some rank has")
+                                     : names().list(missing) + (missing.size() > 1 ? " have" : " has")) +
+                    " not called it)");
     });
   }
 
@@ -524,23 +549,23 @@ class Endpoint {
     control_.explain(timeout);
     int cls = error;
     MPI_Error_class(error, &cls);
-    const std::string where = std::string(op.kind == Op::send ? " sending to" : " receiving from") + " rank " +
-                              std::to_string(op.peer) + " in " + describe(*op.call);
+    const std::string where = std::string(op.kind == Op::send ? " sending to " : " receiving from ") +
+                              names().who(op.peer) + " in " + describe(*op.call);
     if (cls == MPI_ERR_TRUNCATE) {
-      throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " received more than the " +
+      throw InvalidArgument("gradsync: " + names().who(rank_) + " received more than the " +
                             std::to_string(op.count) + " x " + std::string(name(op.type)) + " it expected" + where +
                             ": the ranks called it with different arguments");
     }
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(error, text, &len);
-    throw Error("gradsync: rank " + std::to_string(rank_) + ": MPI failed" + where + ": " +
+    throw Error("gradsync: " + names().who(rank_) + ": MPI failed" + where + ": " +
                 std::string(text, static_cast<std::size_t>(len)));
   }
 
   [[noreturn]] void abort_job(std::string_view why, const CallInfo& call) const noexcept {
-    std::fprintf(stderr, "gradsync: rank %d aborting the MPI job: %.*s (in %s)\n", rank_, static_cast<int>(why.size()),
-                 why.data(), describe(call).c_str());
+    std::fprintf(stderr, "gradsync: %s aborting the MPI job: %.*s (in %s)\n", names().who(rank_).c_str(),
+                 static_cast<int>(why.size()), why.data(), describe(call).c_str());
     std::fflush(stderr);
     MPI_Abort(comm_, 1);
     std::abort();
@@ -655,9 +680,10 @@ class Endpoint {
           }
         } else if (waited > cancel_bound) {
           std::fprintf(stderr,
-                       "gradsync: internal error: rank %d: a cancelled MPI receive from rank %d did not complete "
+                       "gradsync: internal error: %s: a cancelled MPI receive from %s did not complete "
                        "within %d s; ending the process, since MPI may still write into its buffer\n",
-                       rank_, ops_[i].peer, static_cast<int>(cancel_bound.count()));
+                       names().who(rank_).c_str(), names().who(ops_[i].peer).c_str(),
+                       static_cast<int>(cancel_bound.count()));
           std::fflush(stderr);
           MPI_Abort(comm_, 1);
           std::abort();
@@ -707,19 +733,20 @@ class Endpoint {
     MPI_Error_string(rc, text, &len);
     // Also outside a call (construction), where no fail() would abort.
     if (failure_policy == MpiFailurePolicy::abort_job) {
-      std::fprintf(stderr, "gradsync: rank %d aborting the MPI job: %s failed: %.*s\n", rank_, what, len, text);
+      std::fprintf(stderr, "gradsync: %s aborting the MPI job: %s failed: %.*s\n", names().who(rank_).c_str(), what, len,
+                   text);
       std::fflush(stderr);
       MPI_Abort(comm_ == MPI_COMM_NULL ? MPI_COMM_WORLD : comm_, 1);
     }
-    throw Error("gradsync: rank " + std::to_string(rank_) + ": " + what + " failed: " + std::string(text, static_cast<std::size_t>(len)));
+    throw Error("gradsync: " + names().who(rank_) + ": " + what + " failed: " +
+                std::string(text, static_cast<std::size_t>(len)));
   }
 
   [[noreturn]] void throw_timeout(const CallInfo& call, std::chrono::nanoseconds timeout) {
     std::string waiting;
     if (!ops_.empty()) {
       const Op& op = ops_.front();
-      waiting = op.kind == Op::send ? " waiting for rank " + std::to_string(op.peer) + " to receive"
-                                    : " waiting for rank " + std::to_string(op.peer) + " to send";
+      waiting = " waiting for " + names().who(op.peer) + (op.kind == Op::send ? " to receive" : " to send");
     }
     timed_out(call, timeout, waiting);
   }
@@ -736,7 +763,7 @@ class Endpoint {
     // A collective run inside the user's call (deterministic Native's
     // all-gather) is named as the user's call.
     const CallInfo& named = user_call_.seq == call.seq ? user_call_ : call;
-    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + s + " s in " + describe(named) + waiting;
+    std::string what = "gradsync: " + names().who(rank_) + " timed out after " + s + " s in " + describe(named) + waiting;
     const auto grace = std::clamp<std::chrono::nanoseconds>(timeout / 4, std::chrono::milliseconds(1),
                                                             std::chrono::milliseconds(250));
     what += control_.after_timeout(what, grace, waiting_for());

@@ -16,11 +16,14 @@
 namespace gradsync::detail::mpi {
 
 /// One rank's word to the others: it failed in call `seq`, or it left (its
-/// communicator was destroyed) after `seq` calls.
+/// communicator was destroyed) after `seq` calls; `unwound`: destroyed by an
+/// exception on that rank, which is a failure to look for there, not a
+/// rank that was done.
 struct Notice {
   std::uint8_t left = 0;
   FailureKind kind = FailureKind::error;
-  std::uint8_t pad[2] = {};
+  std::uint8_t unwound = 0;
+  std::uint8_t pad = 0;
   std::int32_t rank = 0;
   std::uint64_t seq = 0;
   std::uint64_t nonce = 0;    ///< which communicator it belongs to

@@ -33,6 +33,7 @@
 #include "gradsync/backend/nccl/error.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/wire_call.hpp"
 
 namespace gradsync::detail::nccl {
@@ -88,11 +89,11 @@ class Agreement {
 
   /// Blocks until every rank has published the call it is starting, then
   /// throws InvalidArgument naming two calls if they differ (every rank
-  /// does, so the communicators stay in step). Past the deadline, or on an
-  /// NCCL error, this aborts the control communicator and throws Timeout or
-  /// Error; the caller must abort the data communicator too (a peer may be
-  /// waiting inside it).
-  void check(const CallInfo& call, std::chrono::nanoseconds timeout) {
+  /// does, so the communicators stay in step), the ranks as `names` names
+  /// them. Past the deadline, or on an NCCL error, this aborts the control
+  /// communicator and throws Timeout or Error; the caller must abort the
+  /// data communicator too (a peer may be waiting inside it).
+  void check(const CallInfo& call, std::chrono::nanoseconds timeout, const RankNames& names) {
     WireCall* mine = host_calls_ + size_;
     *mine = WireCall::of(call);
     try {
@@ -104,14 +105,14 @@ class Agreement {
                                  cudaMemcpyDeviceToHost, stream_),
                  "cudaMemcpyAsync");
       check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
-      wait(call, timeout);
+      wait(call, timeout, names);
     } catch (...) {
       // The gather may never end; NCCL's abort is what stops its kernel.
       abort();
       throw;
     }
     if (auto what = disagreement(rank_, *mine, std::span<const WireCall>(host_calls_, static_cast<std::size_t>(size_)),
-                                 call.label.names)) {
+                                 names, call.label.names)) {
       throw InvalidArgument(*what);
     }
   }
@@ -141,7 +142,7 @@ class Agreement {
   }
 
  private:
-  void wait(const CallInfo& call, std::chrono::nanoseconds timeout) {
+  void wait(const CallInfo& call, std::chrono::nanoseconds timeout, const RankNames& names) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int spins = 0;; ++spins) {
       const cudaError_t q = cudaEventQuery(done_);
@@ -150,16 +151,16 @@ class Agreement {
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", comm_);
       if (async != ncclSuccess && async != ncclInProgress) {
-        throw Error("gradsync: rank " + std::to_string(rank_) + ": NCCL failed while the ranks compared " +
+        throw Error("gradsync: " + names.who(rank_) + ": NCCL failed while the ranks compared " +
                     describe(call) + ": " + nccl_message(async, comm_));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         // An all-gather cannot say who is missing; the peers' own messages do
         // (each names the call it was in, or its own failure).
-        throw Timeout("gradsync: rank " + std::to_string(rank_) + " timed out after " +
+        throw Timeout("gradsync: " + names.who(rank_) + " timed out after " +
                       std::to_string(std::chrono::duration<double>(timeout).count()) +
                       " s waiting for every rank to start " + describe(call) +
-                      " (a peer never started it: it is late, failed or left)");
+                      " (a peer has not started it: it is late, it failed, or its communicator was destroyed)");
       }
       // A check is a few microseconds when ranks are in step; past that, a
       // peer is computing and the host can give its core away.

@@ -41,6 +41,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/rank_names.hpp"
 
 namespace gradsync::detail::nccl {
 
@@ -101,6 +102,7 @@ class Endpoint {
         device_(o.device_),
         rank_(o.rank_),
         size_(o.size_),
+        names_(std::move(o.names_)),
         own_stream_(std::exchange(o.own_stream_, nullptr)),
         stream_(o.stream_),
         switch_event_(std::exchange(o.switch_event_, nullptr)),
@@ -129,6 +131,8 @@ class Endpoint {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// How errors name this communicator's ranks.
+  const RankNames& names() const noexcept { return names_; }
   int device() const noexcept { return device_; }
   ncclComm_t nccl_comm() const noexcept { return comm_; }
   cudaStream_t stream() const noexcept { return stream_; }
@@ -166,7 +170,7 @@ class Endpoint {
     check_usable(call);
     DeviceGuard guard(device_);
     try {
-      agreement_.check(call, timeout);
+      agreement_.check(call, timeout, names_);
     } catch (const InvalidArgument&) {
       throw;
     } catch (...) {
@@ -177,7 +181,7 @@ class Endpoint {
 
   /// Never blocks on the GPU: a flushed batch is complete in stream order.
   std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds) {
-    return queue_.next(call, rank_, [&](std::span<const PostedOp> batch) { issue(batch, call); });
+    return queue_.next(call, names_, rank_, [&](std::span<const PostedOp> batch) { issue(batch, call); });
   }
 
   /// A one-int all-reduce, then a host wait with the deadline.
@@ -196,7 +200,9 @@ class Endpoint {
   /// call agreement (with check_calls off, a barrier), which has one. The
   /// child drives the same GPU on a stream of its own that starts after the
   /// work enqueued here so far, and checks its calls when this one does.
-  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout) {
+  /// `name` names the group in its errors (RankNames::split).
+  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout,
+                                std::string_view name) {
     DeviceGuard guard(device_);
     if (agreement_.active()) {
       check_usable(call);
@@ -226,6 +232,12 @@ class Endpoint {
     // before the split (the user's buffers may be in flight there).
     check_cuda(cudaEventRecord(switch_event_, stream_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(child->stream_, switch_event_, 0), "cudaStreamWaitEvent");
+    // Its errors name the members' world ranks once they are known; NCCL
+    // keeps no record of which of this communicator's ranks a split put
+    // together, so the members tell each other.
+    child->names_ = names_.split_unmapped(color, name);
+    const std::vector<int> members = child->gather_ranks(rank_, call, timeout);
+    child->names_ = names_.split(members, color, name);
     return child;
   }
 
@@ -280,7 +292,7 @@ class Endpoint {
 
   /// Polls `event` with a deadline; see synchronize().
   void wait_event(cudaEvent_t event, const std::string& what, std::chrono::nanoseconds timeout) {
-    if (!comm_) throw Aborted("gradsync: rank " + std::to_string(rank_) + " cannot wait for " + what +
+    if (!comm_) throw Aborted("gradsync: " + names_.who(rank_) + " cannot wait for " + what +
                               ": this Nccl communicator was aborted after an earlier failure");
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int spins = 0;; ++spins) {
@@ -295,13 +307,14 @@ class Endpoint {
       if (async != ncclSuccess && async != ncclInProgress) {
         const std::string msg = nccl_message(async, comm_);
         abort();
-        throw Error("gradsync: rank " + std::to_string(rank_) + ": NCCL failed in " + what + ": " + msg);
+        throw Error("gradsync: " + names_.who(rank_) + ": NCCL failed in " + what + ": " + msg);
       }
       if (std::chrono::steady_clock::now() > deadline) {
         abort();
-        throw Timeout("gradsync: rank " + std::to_string(rank_) + " timed out after " +
+        throw Timeout("gradsync: " + names_.who(rank_) + " timed out after " +
                       std::to_string(std::chrono::duration<double>(timeout).count()) + " s waiting for " + what +
-                      " on GPU " + std::to_string(device_) + " (a peer never joined; the NCCL communicator was aborted)");
+                      " on GPU " + std::to_string(device_) +
+                      " (a peer has not joined it; the NCCL communicator was aborted)");
       }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -348,9 +361,36 @@ class Endpoint {
     if (needs_finish(call.op, call.type)) local_finish(out, call.count, call.type, call.op);
   }
 
+  /// Every member's `mine` (its rank in the communicator this one was split
+  /// from), in this communicator's rank order: one all-gather of an int,
+  /// waited for with the deadline like a barrier.
+  std::vector<int> gather_ranks(int mine, const CallInfo& call, std::chrono::nanoseconds timeout) {
+    DeviceGuard guard(device_);
+    const std::size_t n = static_cast<std::size_t>(size_);
+    int* host = nullptr;
+    check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(int) * (n + 1)), "cudaMallocHost");
+    // Freed once the stream is idle: a copy into it may still be queued
+    // after a wait that gave up (the abort ends the gather, not the copy).
+    struct FreeHost {
+      int* p;
+      cudaStream_t s;
+      ~FreeHost() {
+        cudaStreamSynchronize(s);
+        cudaFreeHost(p);
+      }
+    } free_host{host, stream_};
+    auto* device = static_cast<int*>(scratch(sizeof(int) * (n + 1), 0));
+    host[n] = mine;
+    check_cuda(cudaMemcpyAsync(device + n, host + n, sizeof(int), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check_nccl(ncclAllGather(device + n, device, 1, ncclInt32, comm_, stream_), "ncclAllGather", comm_);
+    check_cuda(cudaMemcpyAsync(host, device, sizeof(int) * n, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    synchronize(call, timeout);
+    return std::vector<int>(host, host + n);
+  }
+
   void check_usable(const CallInfo& call) const {
     if (aborted_) {
-      throw Aborted("gradsync: rank " + std::to_string(rank_) + " cannot run " + describe(call) +
+      throw Aborted("gradsync: " + names_.who(rank_) + " cannot run " + describe(call) +
                     ": this Nccl communicator was aborted after an earlier failure");
     }
   }
@@ -407,6 +447,7 @@ class Endpoint {
   int device_ = 0;
   int rank_ = 0;
   int size_ = 1;
+  RankNames names_;  ///< the world's until split names a group
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t switch_event_ = nullptr;

@@ -18,11 +18,11 @@ namespace gradsync {
 inline Communicator<Nccl> nccl_communicator(Communicator<Mpi>& mpi, NcclOptions options = {}) {
   int devices = 0;
   detail::nccl::check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  if (devices < 1) throw Error("gradsync: rank " + std::to_string(mpi.rank()) + " sees no CUDA device");
+  if (devices < 1) throw Error("gradsync: " + detail::who(mpi) + " sees no CUDA device");
   ncclUniqueId id{};
   if (mpi.rank() == 0) id = nccl_unique_id();
   if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, detail::endpoint_of(mpi).mpi_comm()) != MPI_SUCCESS) {
-    throw Error("gradsync: rank " + std::to_string(mpi.rank()) + ": MPI_Bcast of the NCCL unique id failed");
+    throw Error("gradsync: " + detail::who(mpi) + ": MPI_Bcast of the NCCL unique id failed");
   }
   return nccl_communicator(id, mpi.rank(), mpi.size(), mpi.local_rank() % devices, options);
 }

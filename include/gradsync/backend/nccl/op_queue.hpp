@@ -29,6 +29,7 @@
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/types.hpp"
 
 namespace gradsync::detail::nccl {
@@ -65,12 +66,13 @@ class OpQueue {
     posted_.clear();
   }
 
-  /// The oldest completed token, flushing first when none is left.
+  /// The oldest completed token, flushing first when none is left. `names`
+  /// names `rank` if there is nothing to wait for (an algorithm's bug).
   template <class Issue>
-  std::uint32_t next(const CallInfo& call, int rank, Issue&& issue) {
+  std::uint32_t next(const CallInfo& call, const RankNames& names, int rank, Issue&& issue) {
     if (completed_.empty()) {
       if (posted_.empty()) {
-        throw Error("gradsync: rank " + std::to_string(rank) + ": wait_any with nothing in flight in " +
+        throw Error("gradsync: " + names.who(rank) + ": wait_any with nothing in flight in " +
                     describe(call));
       }
       flush(issue);

@@ -28,6 +28,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/partition.hpp"
+#include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail::threads {
@@ -60,11 +61,13 @@ class Endpoint {
   /// A rank that goes away is named to the peers still waiting for it.
   ~Endpoint() {
     cancel();
-    if (world_) world_->leave(rank_, started_);
+    if (world_) world_->leave(rank_, started_, std::uncaught_exceptions() > 0);
   }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_->size(); }
+  /// How errors name this communicator's ranks.
+  const RankNames& names() const noexcept { return names_; }
 
   void post_send(const void* data, std::size_t count, DataType type, int peer, std::uint32_t tag,
                  std::uint32_t token, const CallInfo& call) {
@@ -212,7 +215,7 @@ class Endpoint {
       }
     } catch (...) {
     }
-    world_->abort(rank_, call.seq, reason, kind);
+    world_->abort(rank_, names_, call.seq, reason, kind);
     cancel();
   }
 
@@ -225,10 +228,13 @@ class Endpoint {
   /// in (key, rank) order makes the group's World and hands every member its
   /// share and new rank, which they take after the closing barrier. The World
   /// is owned by its members' endpoints, so it lives as long as the last one,
-  /// whatever becomes of this one's.
-  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout) {
+  /// whatever becomes of this one's. `name` names the group in errors
+  /// (RankNames::split).
+  std::optional<Endpoint> split(int color, int key, const CallInfo& call, std::chrono::nanoseconds timeout,
+                                std::string_view name) {
     const SplitAsk mine{color, key};
     SplitShare share;
+    std::vector<int> order;  // the members' ranks here, in their new order
     native_call(&mine, &share, call, timeout, [&] {
       if (color < 0) return;
       std::vector<std::pair<int, int>> members;  // (key, rank): the new order
@@ -237,6 +243,7 @@ class Endpoint {
         if (theirs.color == color) members.emplace_back(theirs.key, q);
       }
       std::sort(members.begin(), members.end());
+      for (const auto& m : members) order.push_back(m.second);
       if (members.front().second != rank_) return;
       auto sub = std::make_shared<World>(static_cast<int>(members.size()), world_->oversubscribed());
       for (std::size_t i = 0; i < members.size(); ++i) {
@@ -246,7 +253,9 @@ class Endpoint {
       }
     });
     if (!share.world) return std::nullopt;
-    return std::optional<Endpoint>(std::in_place, std::move(share.world), share.rank, memory_);
+    std::optional<Endpoint> child(std::in_place, std::move(share.world), share.rank, memory_);
+    child->names_ = names_.split(order, color, name);
+    return child;
   }
 
   // Native collectives: the shared-memory path. Each rank publishes its
@@ -391,8 +400,8 @@ class Endpoint {
       }
       std::this_thread::yield();
       if (i % 256 == 0 && std::chrono::steady_clock::now() > bound) {
-        std::fprintf(stderr, "gradsync: internal error on rank %d: waiting for %s on rank %d ran past its bound\n",
-                     rank_, what, peer);
+        std::fprintf(stderr, "gradsync: internal error on %s: waiting for %s on %s ran past its bound\n",
+                     names_.who(rank_).c_str(), what, names_.who(peer).c_str());
         std::fflush(stderr);
         std::terminate();
       }
@@ -492,8 +501,8 @@ class Endpoint {
         if (m->count != op->count || m->type != op->type) {
           // The message stays claimed: fail() hands it back once the world
           // is marked failed, so its sender cannot mistake it for delivered.
-          throw InvalidArgument("gradsync: rank " + std::to_string(rank_) + " expected " + std::to_string(op->count) +
-                                " x " + std::string(name(op->type)) + " from rank " + std::to_string(m->src) + " in " +
+          throw InvalidArgument("gradsync: " + names_.who(rank_) + " expected " + std::to_string(op->count) +
+                                " x " + std::string(name(op->type)) + " from " + names_.who(m->src) + " in " +
                                 describe(*op->call) + " but was sent " + std::to_string(m->count) + " x " +
                                 std::string(name(m->type)) + ": the ranks called it with different arguments");
         }
@@ -581,9 +590,8 @@ class Endpoint {
       // again: it may have been set after this rank's own check, and then the
       // failure, not the leaving it caused, is what this call died of.
       if (world_->aborted_for(call.seq)) return aborted_problem(call);
-      return {"gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because rank " +
-                  std::to_string(q) + " left (its communicator was destroyed) after " + std::to_string(left) +
-                  " calls, so it will never join",
+      return {"gradsync: " + names_.who(rank_) + " abandoned " + describe(call) + " because " +
+                  departed(q, world_->departure(q), left),
               false};
     }
     return {};
@@ -608,8 +616,24 @@ class Endpoint {
   }
 
   std::string mismatch_message(const CallInfo& mine, int their_rank, const CallInfo& theirs) const {
-    return "gradsync: ranks disagree on a collective: rank " + std::to_string(rank_) + " called " + describe(mine) +
-           ", rank " + std::to_string(their_rank) + " called " + describe(theirs, mine.label.names);
+    return "gradsync: ranks disagree on a collective: " + names_.who(rank_) + " called " + describe(mine) + ", " +
+           names_.who(their_rank) + " called " + describe(theirs, mine.label.names);
+  }
+
+  /// Why rank q, gone after `calls` calls, will never join: what happened
+  /// on that rank, so that the reader knows where to look.
+  std::string departed(int q, Departure how, std::uint64_t calls) const {
+    const std::string n = std::to_string(calls) + (calls == 1 ? " call" : " calls");
+    switch (how) {
+      case Departure::unwound:
+        return names_.who(q) + " will never join it: an exception on that rank destroyed its communicator after " + n;
+      case Departure::returned:
+        return names_.who(q) + " left after " + n + " (its run_threads body returned), so it will never join it";
+      case Departure::threw:
+        return names_.who(q) + " will never join it: its run_threads body ended with an exception after " + n;
+      case Departure::destroyed: break;
+    }
+    return names_.who(q) + " left after " + n + " (its communicator was destroyed), so it will never join it";
   }
 
   /// Fails the way the world failed: a disagreement is InvalidArgument on
@@ -619,17 +643,17 @@ class Endpoint {
   PeerProblem aborted_problem(const CallInfo& call) const {
     AbortInfo a = world_->abort_info();
     if (a.kind == FailureKind::invalid_argument) return {std::move(a.reason), true};
-    return {"gradsync: rank " + std::to_string(rank_) + " abandoned " + describe(call) + " because " + a.reason, false};
+    return {"gradsync: " + names_.who(rank_) + " abandoned " + describe(call) + " because " + a.reason, false};
   }
 
-  /// " (rank 2 has not started it: its last call was #3)", for every peer
+  /// "; rank 2 has not started it (its last call was #3)", for every peer
   /// that is behind: the rank a timeout is really about.
   std::string laggards(const CallInfo& call) const {
     std::string s;
     for (int q = 0; q < size(); ++q) {
       const std::uint64_t latest = world_->log(q).latest();
       if (q == rank_ || latest >= call.seq) continue;
-      s += "; rank " + std::to_string(q) + " has not started it";
+      s += "; " + names_.who(q) + " has not started it";
       s += latest ? " (its last call was #" + std::to_string(latest) + ")" : " (it has made no call)";
     }
     return s;
@@ -641,23 +665,22 @@ class Endpoint {
   }
 
   [[noreturn]] void throw_timeout(const CallInfo& call, std::chrono::nanoseconds timeout) const {
-    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + seconds(timeout) + " in " +
+    std::string what = "gradsync: " + names_.who(rank_) + " timed out after " + seconds(timeout) + " in " +
                        describe(call);
     if (!active_.empty()) {
       const Op* op = active_.front();
-      what += op->kind == Op::recv ? " waiting for rank " + std::to_string(op->peer) + " to send"
-                                   : " waiting for rank " + std::to_string(op->peer) + " to receive";
+      what += " waiting for " + names_.who(op->peer) + (op->kind == Op::recv ? " to send" : " to receive");
     }
     throw Timeout(what + laggards(call));
   }
 
   [[noreturn]] void throw_barrier_timeout(const CallInfo& call, std::chrono::nanoseconds timeout,
                                           std::uint64_t k) const {
-    std::string what = "gradsync: rank " + std::to_string(rank_) + " timed out after " + seconds(timeout) + " in " +
-                       describe(call) + " waiting for rank";
+    std::string what = "gradsync: " + names_.who(rank_) + " timed out after " + seconds(timeout) + " in " +
+                       describe(call) + " waiting for";
     for (int q = 0; q < size(); ++q)
       if (world_->arrivals(q).load(std::memory_order_relaxed) < k) {
-        what += " " + std::to_string(q);
+        what += " " + names_.who(q);
         break;
       }
     throw Timeout(what + laggards(call));
@@ -665,6 +688,7 @@ class Endpoint {
 
   std::shared_ptr<World> world_;
   int rank_;
+  RankNames names_;  ///< the world's until split names a group
   Memory memory_;
   Spinner spinner_;
   std::uint64_t barriers_ = 0;

@@ -16,6 +16,7 @@
 #include "gradsync/core/spinner.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/types.hpp"
 
 namespace gradsync::detail::threads {
@@ -124,6 +125,15 @@ class alignas(64) CallLog {
   Entry entries_[depth];
 };
 
+/// How a rank's endpoint went away, so that the peers it leaves waiting
+/// are told what happened on that rank, in words they can act on.
+enum class Departure : std::uint8_t {
+  destroyed,  ///< its communicator was destroyed
+  unwound,    ///< an exception destroyed its communicator as it unwound
+  returned,   ///< its run_threads body returned
+  threw,      ///< its run_threads body ended with an exception
+};
+
 /// Why the world failed, so other ranks can fail the same way: a
 /// disagreement reads as InvalidArgument on every rank.
 struct AbortInfo {
@@ -147,6 +157,7 @@ class World {
         slots_(size),
         logs_(size),
         left_after_(size),
+        departures_(size),
         arrivals_(size) {
     for (auto& l : left_after_) l.value.store(still_here, std::memory_order_relaxed);
   }
@@ -166,9 +177,21 @@ class World {
   std::uint64_t left_after(int r) const noexcept {
     return left_after_[static_cast<std::size_t>(r)].value.load(std::memory_order_acquire);
   }
-  void leave(int r, std::uint64_t calls) noexcept {
+  /// Rank r's endpoint is gone after `calls` calls; `unwinding`: an
+  /// exception destroyed it, whatever run_threads said of the body before.
+  void leave(int r, std::uint64_t calls, bool unwinding) noexcept {
+    if (unwinding) depart(r, Departure::unwound);
     left_after_[static_cast<std::size_t>(r)].value.store(calls, std::memory_order_release);
     for (auto& b : bells_) b.ring();
+  }
+  /// How rank r's endpoint is about to go (run_threads tells it of the body
+  /// before the communicator it made for it is destroyed).
+  void depart(int r, Departure how) noexcept {
+    departures_[static_cast<std::size_t>(r)].value.store(static_cast<std::uint64_t>(how), std::memory_order_relaxed);
+  }
+  /// How rank r went, once left_after(r) says it has (that read orders this one).
+  Departure departure(int r) const noexcept {
+    return static_cast<Departure>(departures_[static_cast<std::size_t>(r)].value.load(std::memory_order_relaxed));
   }
 
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
@@ -191,14 +214,15 @@ class World {
   void add_publish_waiter(int d) noexcept { publish_waiters_.fetch_add(d, std::memory_order_seq_cst); }
 
   /// Marks the world failed from call number `seq` on (first caller's
-  /// reason wins) and wakes everyone.
-  void abort(int rank, std::uint64_t seq, const std::string& why, FailureKind kind = FailureKind::error) noexcept {
+  /// reason wins) and wakes everyone. `names` names the failing `rank`.
+  void abort(int rank, const RankNames& names, std::uint64_t seq, const std::string& why,
+             FailureKind kind = FailureKind::error) noexcept {
     {
       std::lock_guard<std::mutex> lock(reason_mutex_);
       if (!aborted_.load(std::memory_order_relaxed)) {
         try {
           // A disagreement's own text already names both ranks and calls.
-          abort_.reason = kind == FailureKind::invalid_argument ? why : "rank " + std::to_string(rank) + " failed: " + why;
+          abort_.reason = kind == FailureKind::invalid_argument ? why : names.failed(rank, why);
         } catch (...) {
           abort_.reason = "a rank failed";
         }
@@ -231,6 +255,7 @@ class World {
   std::vector<NativeSlot> slots_;
   std::vector<CallLog> logs_;
   std::vector<PaddedCounter> left_after_;
+  std::vector<PaddedCounter> departures_;  ///< a Departure per rank
   std::vector<PaddedCounter> arrivals_;
   PaddedCounter barrier_count_;
   std::atomic<bool> aborted_{false};
