@@ -104,15 +104,16 @@ class ShardIndex {
     if (!in) throw Error("checkpoint: cannot open index '" + path.string() + "'");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto bad = [&](const std::string& what) { fail_index(path, what); };
-    detail::Json j;
+    detail::JsonDocument doc;
     try {
-      j = detail::parse_json(text);
+      doc = detail::parse_json(std::move(text));
     } catch (const detail::JsonError& e) {
       bad(std::string("not valid JSON (corrupted or truncated?): ") + e.what());
     }
-    auto str = [&](const detail::Json* v, const std::string& what) -> const std::string& {
+    const auto& j = doc.root();
+    auto str = [&](const detail::Json* v, const std::string& what) -> std::string {
       if (!v || !v->is_string()) fail_index(path, what + " is missing or not a string");
-      return v->string();
+      return std::string(v->string());
     };
     auto num = [&](const detail::Json* v, const std::string& what) -> std::uint64_t {
       if (!v || !v->is_integer()) fail_index(path, what + " is missing or not an integer");
