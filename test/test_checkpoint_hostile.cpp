@@ -413,6 +413,12 @@ TEST_CASE("a sharded index with a duplicate tensor or a name that is not UTF-8 i
   put_text(path, head + "\"t\xff\":" + piece + "}}");
   CHECK_THROWS_WITH_AS(ck::ShardIndex::read(path), doctest::Contains("byte 0xFF in a string is not UTF-8"),
                        gradsync::Error);
+  // Declared twice when the index is built from shard files.
+  std::vector<ck::TensorInfo> specs(40, {"u", ck::TensorDtype::U8, {0}});
+  for (std::size_t i = 0; i + 1 < specs.size(); ++i) specs[i].name = "u" + std::to_string(i);
+  specs.back().name = "u17";
+  CHECK_THROWS_WITH_AS(ck::ShardIndex::from_shard_files(dir.path, "x", {}, specs),
+                       doctest::Contains("tensor 'u17' appears twice"), gradsync::Error);
 }
 
 }  // namespace test_checkpoint_hostile

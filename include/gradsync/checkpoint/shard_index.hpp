@@ -298,10 +298,11 @@ class ShardIndex {
 
   // Pieces sorted, contiguous, covering every element exactly once.
   void validate(const std::string& where) {
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        if (tensors_[i].spec.name == tensors_[j].spec.name)
-          throw Error("checkpoint: " + where + ": tensor '" + tensors_[i].spec.name + "' appears twice");
+    // Linear in the tensors, as a hostile index must be.
+    const auto twice = detail::DuplicateKeys().first(
+        tensors_.size(), [&](std::size_t k) { return std::string_view(tensors_[k].spec.name); });
+    if (twice < tensors_.size())
+      throw Error("checkpoint: " + where + ": tensor '" + tensors_[twice].spec.name + "' appears twice");
     for (auto& t : tensors_) {
       std::erase_if(t.pieces, [](const ShardPiece& p) { return p.begin == p.end; });
       std::sort(t.pieces.begin(), t.pieces.end(),
