@@ -10,9 +10,15 @@
 #include <gradsync/checkpoint/shard_index.hpp>
 #include <gradsync/checkpoint/utf8.hpp>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cinttypes>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -21,6 +27,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
 #include "test_checkpoint_read.hpp"
 
@@ -325,6 +332,46 @@ TEST_CASE("a truncated file: shorter than the length, a length past the file or 
                  "truncated: tensor 'b' has data_offsets [4, 8], but the file holds 5 bytes of data"));
   CHECK(contains(open_error(put(dir, safetensors_bytes(" " + header, 8))),
                  "the header does not start with '{' at byte 8"));
+}
+
+// A child process under an address-space limit: the sanitizers reserve more than any such limit allows.
+TEST_CASE("a header that needs more memory than there is is refused with a gradsync::Error" *
+          doctest::skip(test::sanitized)) {
+  test::TempDir dir;
+  // 64 MB of `0,` is 32 million values: about 1.5 GB while parsed.
+  std::string header = "{\"a\":[0";
+  header.reserve(64 << 20);
+  while (header.size() < (64u << 20)) header += ",0";
+  header += "]}";
+  const auto path = put(dir, safetensors_bytes(header, 0));
+  header = std::string();
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // What the process holds now, and 512 MiB more: room to read the header, not to parse it.
+    std::uint64_t pages = 0;
+    std::FILE* statm = std::fopen("/proc/self/statm", "r");
+    if (!statm || std::fscanf(statm, "%" SCNu64, &pages) != 1) ::_exit(10);
+    std::fclose(statm);
+    const rlim_t cap = pages * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (rlim_t{512} << 20);
+    const rlimit limit{cap, cap};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(11);
+    try {
+      ck::SafetensorsReader r(path, false);
+      ::_exit(12);
+    } catch (const gradsync::Error& e) {
+      ::_exit(contains(e.what(), "there is not enough memory to parse its header") && contains(e.what(), path.string())
+                  ? 0
+                  : 13);
+    } catch (...) {
+      ::_exit(14);
+    }
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO("exit status " << WEXITSTATUS(status) << " (12: it opened, 13: another error, 14: not a gradsync::Error)");
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("a tensor name or metadata that is not UTF-8 is refused before anything is written") {

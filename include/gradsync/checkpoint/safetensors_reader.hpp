@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -66,6 +67,10 @@ class SafetensorsReader {
     if (fd_ < 0) fail("cannot open: " + std::string(std::strerror(errno)));
     try {
       parse(require_checksums);
+    } catch (const std::bad_alloc&) {
+      ::close(fd_);
+      // A header of tiny values (`[0,0,...`) takes up to about 40 bytes of memory per byte to parse.
+      fail("there is not enough memory to parse its header (up to about 40 times its size; is the file corrupted?)");
     } catch (...) {
       ::close(fd_);
       throw;
@@ -182,7 +187,6 @@ class SafetensorsReader {
     }
     const auto& header = doc.root();
     const std::uint64_t data_start = 8 + len;
-    tensors_.reserve(header.size());
     for (const auto& member : header.array()) {
       const auto name = member.key();
       if (name == "__metadata__") {

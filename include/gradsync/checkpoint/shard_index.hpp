@@ -298,7 +298,7 @@ class ShardIndex {
 
   // Pieces sorted, contiguous, covering every element exactly once.
   void validate(const std::string& where) {
-    // Linear in the tensors, as a hostile index must be.
+    // Never quadratic in the tensors, which a hostile index may list by the million.
     const auto twice = detail::DuplicateKeys().first(
         tensors_.size(), [&](std::size_t k) { return std::string_view(tensors_[k].spec.name); });
     if (twice < tensors_.size())
