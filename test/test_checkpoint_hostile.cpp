@@ -309,6 +309,14 @@ TEST_CASE("a shape whose size overflows 64 bits, a size that does not match data
                  "[3] need 12"));
   const std::string dtype = "{" + entry("w", "F8", "[1]", "[0,1]") + "}";
   CHECK(contains(refused(dir, dtype, 1), "unknown dtype 'F8' (gradsync reads F64, F32"));
+  const std::string long_dtype = "{" + entry("w", std::string(1000, 'F'), "[1]", "[0,1]") + "}";
+  CHECK(contains(refused(dir, long_dtype, 1), "unknown dtype '" + std::string(16, 'F') + "...' (gradsync reads"));
+  // A shape of many dimensions is shown by its first few.
+  std::string many = "[3";
+  for (int k = 0; k < 9999; ++k) many += ",1";
+  const auto msg = refused(dir, "{" + entry("w", "U8", many + "]", "[0,4]") + "}", 4);
+  CHECK(contains(msg, "hold 4 bytes, but dtype U8 and shape [3, 1, 1, 1, 1, 1, 1, 1, ... (10000 dimensions)] need 3"));
+  CHECK(msg.size() < 400);
 }
 
 TEST_CASE("a truncated file: shorter than the length, a length past the file or the limit, the header or data cut") {

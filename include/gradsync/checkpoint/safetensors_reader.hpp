@@ -259,8 +259,9 @@ class SafetensorsReader {
     if (!dtype->is_string()) bad("dtype is not a string");
     auto dt = parse_dtype(dtype->string());
     if (!dt)
-      bad("unknown dtype '" + std::string(dtype->string()) +
-          "' (gradsync reads F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8 and BOOL)");
+      bad("unknown dtype '" + std::string(dtype->string().substr(0, 16)) +
+          (dtype->string().size() > 16 ? "...'" : "'") +
+          " (gradsync reads F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8 and BOOL)");
     t.spec.dtype = *dt;
     if (!shape->is_array()) bad("shape is not an array");
     t.spec.shape.reserve(shape->size());
@@ -273,14 +274,21 @@ class SafetensorsReader {
       bad("data_offsets is not a pair of integers");
     const auto b = offsets->array()[0].integer(), e = offsets->array()[1].integer();
     auto pair = [&] { return "data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + "]"; };
+    // A corrupted header's shape can have millions of dimensions: a message shows the first few.
+    auto shown_shape = [&] {
+      const auto& d = t.spec.shape;
+      if (d.size() <= 8) return shape_string(d);
+      auto head = shape_string({d.begin(), d.begin() + 8});
+      return head.substr(0, head.size() - 1) + ", ... (" + std::to_string(d.size()) + " dimensions)]";
+    };
     auto bytes = t.spec.checked_bytes();
     if (!bytes)
-      bad("shape " + shape_string(t.spec.shape) + " of " + std::string(dtype_name(t.spec.dtype)) +
+      bad("shape " + shown_shape() + " of " + std::string(dtype_name(t.spec.dtype)) +
           " is larger than 2^64 bytes (its size overflows 64 bits; the header is corrupted)");
     if (e < b) bad(pair() + " end before they begin (the header is corrupted)");
     if (e - b != *bytes)
       bad(pair() + " hold " + std::to_string(e - b) + " bytes, but dtype " + std::string(dtype_name(t.spec.dtype)) +
-          " and shape " + shape_string(t.spec.shape) + " need " + std::to_string(*bytes));
+          " and shape " + shown_shape() + " need " + std::to_string(*bytes));
     // Checked here, before any sum: offsets near 2^64 in a corrupted header must not wrap around.
     if (e > file_size_ - data_start)
       fail("truncated: tensor '" + t.spec.name + "' has " + pair() + ", but the file holds " +
