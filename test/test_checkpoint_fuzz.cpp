@@ -9,9 +9,10 @@
 // Sharded indexes get the same damage.
 //
 // Bounded by GRADSYNC_CHECKPOINT_FUZZ_INPUTS inputs (default 4000, 1500 under
-// a sanitizer) and GRADSYNC_CHECKPOINT_FUZZ_SECONDS of wall-clock time
-// (3, 15 under a sanitizer) after the first 100. A failure prints the input's seed: GRADSYNC_TEST_SEED=<run>
-// GRADSYNC_CHECKPOINT_FUZZ_SEED=<input> replays that input alone.
+// a sanitizer) and GRADSYNC_CHECKPOINT_FUZZ_SECONDS of wall-clock time (3, 15
+// under a sanitizer) after the first 100. A failure, a crash or a hang prints
+// the input's seed: GRADSYNC_TEST_SEED=<run> GRADSYNC_CHECKPOINT_FUZZ_SEED=<input>
+// replays that input alone.
 #include <doctest/doctest.h>
 
 #include <gradsync/checkpoint/json.hpp>
@@ -32,9 +33,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/crash_note.hpp"
 #include "support/fault_watchdog.hpp"
 #include "support/sanitizers.hpp"
 #include "support/temp_dir.hpp"
@@ -394,6 +397,7 @@ TEST_CASE("damaged and hostile safetensors files open or are refused with a grad
       static_cast<double>(env_or("GRADSYNC_CHECKPOINT_FUZZ_SECONDS", test::sanitized ? 15 : 3)));
   const auto start = std::chrono::steady_clock::now();
   test::Watchdog watchdog;
+  test::CrashNote crash_note;
   const auto file = corpus.dir.path / "input.safetensors";
   const auto index = corpus.dir.path / "input.index.json";
   Outcome files, indexes;
@@ -421,10 +425,12 @@ TEST_CASE("damaged and hostile safetensors files open or are refused with a grad
       }
     }
     const bool require_checksums = below(input_rng, 2);
-    INFO("input " << done << " seed " << seed << " (GRADSYNC_CHECKPOINT_FUZZ_SEED=" << seed << " replays it): " << how);
-    watchdog.arm(std::chrono::duration<double>(test::sanitized ? 60.0 : 10.0),
-                 "input " + std::to_string(done) + " seed " + std::to_string(seed) + " (GRADSYNC_TEST_SEED=" +
-                     std::to_string(test::test_seed()) + "): " + how);
+    const std::string line = "checkpoint fuzz input " + std::to_string(done) + ": GRADSYNC_TEST_SEED=" +
+                             std::to_string(test::test_seed()) + " GRADSYNC_CHECKPOINT_FUZZ_SEED=" +
+                             std::to_string(seed) + " replays it; " + how;
+    INFO(line);
+    crash_note.set(line);
+    watchdog.arm(std::chrono::duration<double>(test::sanitized ? 60.0 : 10.0), line);
     try {
       // A new file each time: ext4 flushes a file truncated and written again when it is closed.
       fs::remove(file);
