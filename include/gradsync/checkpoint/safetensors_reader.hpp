@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -65,6 +67,10 @@ class SafetensorsReader {
     if (fd_ < 0) fail("cannot open: " + std::string(std::strerror(errno)));
     try {
       parse(require_checksums);
+    } catch (const std::bad_alloc&) {
+      ::close(fd_);
+      // A header of tiny values (`[0,0,...`) takes up to about 40 bytes of memory per byte to parse.
+      fail("there is not enough memory to parse its header (up to about 40 times its size; is the file corrupted?)");
     } catch (...) {
       ::close(fd_);
       throw;
@@ -75,7 +81,7 @@ class SafetensorsReader {
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
   SafetensorsReader(SafetensorsReader&& o) noexcept
       : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), tensors_(std::move(o.tensors_)),
-        metadata_(std::move(o.metadata_)), file_size_(o.file_size_) {}
+        by_name_(std::move(o.by_name_)), metadata_(std::move(o.metadata_)), file_size_(o.file_size_) {}
   ~SafetensorsReader() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -86,11 +92,15 @@ class SafetensorsReader {
   /// `__metadata__`, including gradsync's own keys.
   const Metadata& metadata() const noexcept { return metadata_; }
 
-  /// The tensor called `name`, or null.
+  /// The tensor called `name`, or null. Logarithmic in the tensors.
   const TensorEntry* find(std::string_view name) const noexcept {
-    for (const auto& t : tensors_)
-      if (t.spec.name == name) return &t;
-    return nullptr;
+    const NameKey want{std::hash<std::string_view>{}(name), 0};
+    auto it = std::lower_bound(by_name_.begin(), by_name_.end(), want, [&](const NameKey& a, const NameKey& b) {
+      return a.hash != b.hash ? a.hash < b.hash : tensors_[a.index].spec.name < name;
+    });
+    return it != by_name_.end() && it->hash == want.hash && tensors_[it->index].spec.name == name
+               ? &tensors_[it->index]
+               : nullptr;
   }
 
   /// The tensor called `name`; throws InvalidArgument naming the file if absent.
@@ -149,69 +159,97 @@ class SafetensorsReader {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail("cannot stat: " + std::string(std::strerror(errno)));
     file_size_ = static_cast<std::uint64_t>(st.st_size);
-    if (file_size_ < 8) fail("truncated: " + std::to_string(file_size_) + " bytes, shorter than the 8-byte header length");
+    if (file_size_ < 8)
+      fail("truncated: " + std::to_string(file_size_) +
+           " bytes, shorter than the 8-byte header length (the file is cut short or not a safetensors file)");
     std::byte len_le[8];
     pread_all(0, len_le, "(header length)");
     std::uint64_t len = 0;
     for (int i = 7; i >= 0; --i) len = len << 8 | static_cast<std::uint64_t>(len_le[i]);
-    if (len > max_header_bytes) fail("header length " + std::to_string(len) + " is implausible (corrupted or not a safetensors file)");
+    if (len > max_header_bytes)
+      fail("the header length says " + std::to_string(len) + " bytes, more than safetensors' limit of " +
+           std::to_string(max_header_bytes) + " (the file is corrupted or not a safetensors file)");
     if (len > file_size_ - 8)
       fail("truncated: the header says it is " + std::to_string(len) + " bytes, but only " +
            std::to_string(file_size_ - 8) + " follow the length");
     std::string text(len, '\0');
     pread_all(8, std::as_writable_bytes(std::span(text)), "(header)");
-    detail::Json header;
+    // The format's own rule, which also keeps a file of another kind from parsing as JSON by chance.
+    if (text.empty() || text[0] != '{')
+      fail("the header does not start with '{' at byte 8 (a safetensors header is a JSON object; the file is "
+           "corrupted or not a safetensors file)");
+    detail::JsonDocument doc;
     try {
-      header = detail::parse_json(text);
+      doc = detail::parse_json(std::move(text));
     } catch (const detail::JsonError& e) {
-      fail(std::string("header is not valid JSON (corrupted or truncated?): ") + e.what());
+      fail("the header is not valid: " + e.reason() + " at byte " + std::to_string(8 + e.offset()) +
+           " of the file (it is corrupted or was not written as safetensors)");
     }
-    if (!header.is_object()) fail("header is not a JSON object");
+    const auto& header = doc.root();
     const std::uint64_t data_start = 8 + len;
-    for (const auto& [name, value] : header.members()) {
+    for (const auto& member : header.array()) {
+      const auto name = member.key();
       if (name == "__metadata__") {
-        if (!value->is_object()) fail("__metadata__ is not an object");
-        for (const auto& [k, v] : value->members()) {
-          if (!v->is_string()) fail("__metadata__ value of '" + std::string(k) + "' is not a string");
-          metadata_[std::string(k)] = v->string();
+        if (!member.is_object()) fail("__metadata__ is not an object");
+        // Sorted keys (every writer that uses a sorted map) go in at the end in constant time.
+        for (const auto& m : member.array()) {
+          if (!m.is_string()) fail("__metadata__ value of '" + std::string(m.key()) + "' is not a string");
+          metadata_.emplace_hint(metadata_.end(), m.key(), m.string());
         }
         continue;
       }
-      tensors_.push_back(parse_tensor(std::string(name), *value, data_start));
+      tensors_.push_back(parse_tensor(std::string(name), member, 8 + doc.offset_of(member), data_start));
     }
-    std::sort(tensors_.begin(), tensors_.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    // Writers list tensors in data order, mostly: then there is nothing to move.
+    auto by_offset = [](const TensorEntry& a, const TensorEntry& b) {
       return a.offset != b.offset ? a.offset < b.offset : a.spec.bytes() < b.spec.bytes();
-    });
+    };
+    if (!std::is_sorted(tensors_.begin(), tensors_.end(), by_offset))
+      std::sort(tensors_.begin(), tensors_.end(), by_offset);
+    // The format's rule: the tensors cover the data exactly, with no overlap and no hole.
     std::uint64_t end = data_start;
+    const TensorEntry* before = nullptr;
     for (const auto& t : tensors_) {
-      if (t.offset != end)
-        fail("tensor '" + t.spec.name + "' starts at data offset " + std::to_string(t.offset - data_start) +
-             (t.offset < end ? ", overlapping the tensor before it" : ", leaving a hole after the tensor before it"));
-      // Compared before adding: a huge shape in a corrupted header must not wrap around.
-      if (t.spec.bytes() > file_size_ - end)
-        fail("truncated: tensor '" + t.spec.name + "' needs " + std::to_string(t.spec.bytes()) + " bytes from byte " +
-             std::to_string(end) + ", but the file has " + std::to_string(file_size_));
+      if (t.offset != end) {
+        const auto at = std::to_string(t.offset - data_start);
+        const auto prev = before ? "tensor '" + before->spec.name + "'" : std::string("the start of the data");
+        if (t.offset < end)
+          fail("tensor '" + t.spec.name + "' starts at data offset " + at + ", inside " + prev + " (data_offsets " +
+               "overlap; the header is corrupted)");
+        fail("tensor '" + t.spec.name + "' starts at data offset " + at + ", leaving " +
+             std::to_string(t.offset - end) + " bytes after " + prev +
+             " that no tensor holds (safetensors allows no holes; the header is corrupted)");
+      }
       end += t.spec.bytes();
-      if (end > file_size_)
-        fail("truncated: tensor '" + t.spec.name + "' ends at byte " + std::to_string(end) + ", but the file has " +
-             std::to_string(file_size_));
+      before = &t;
     }
     if (end != file_size_)
-      fail("the file has " + std::to_string(file_size_ - end) + " bytes after the last tensor's data");
-    const bool ours = metadata_.contains(std::string(format_key));
-    for (auto& t : tensors_) {
-      auto it = metadata_.find(crc32_key(t.spec.name));
-      if (it != metadata_.end()) {
-        t.crc32 = parse_crc32_hex(it->second);
-        if (!t.crc32) fail("checksum of tensor '" + t.spec.name + "' is not 8 lower-case hex digits: '" + it->second + "'");
-      } else if (require_checksums || ours) {
-        fail("tensor '" + t.spec.name + "' has no checksum ('" + crc32_key(t.spec.name) + "' in __metadata__)");
-      }
+      fail("the file has " + std::to_string(file_size_ - end) +
+           " bytes after the last tensor's data (safetensors allows no holes; the file is corrupted)");
+    index_names();
+    // The checksum keys lie together in the sorted metadata; each finds its tensor by name.
+    const std::string prefix = crc32_key("");
+    for (auto it = metadata_.lower_bound(prefix); it != metadata_.end() && it->first.starts_with(prefix); ++it) {
+      const auto* t = find(std::string_view(it->first).substr(prefix.size()));
+      if (!t) continue;
+      auto& entry = tensors_[static_cast<std::size_t>(t - tensors_.data())];
+      entry.crc32 = parse_crc32_hex(it->second);
+      if (!entry.crc32)
+        fail("checksum of tensor '" + entry.spec.name + "' is not 8 lower-case hex digits: '" + it->second + "'");
     }
+    if (require_checksums || metadata_.contains(std::string(format_key)))
+      for (const auto& t : tensors_)
+        if (!t.crc32)
+          fail("tensor '" + t.spec.name + "' has no checksum ('" + crc32_key(t.spec.name) + "' in __metadata__)");
   }
 
-  TensorEntry parse_tensor(const std::string& name, const detail::Json& v, std::uint64_t data_start) const {
-    auto bad = [&](const std::string& what) { fail("tensor '" + name + "': " + what); };
+  // `at`: the byte of the file where the tensor's entry starts.
+  TensorEntry parse_tensor(std::string name, const detail::Json& v, std::uint64_t at, std::uint64_t data_start) const {
+    TensorEntry t;
+    t.spec.name = std::move(name);
+    auto bad = [&](const std::string& what) {
+      fail("tensor '" + t.spec.name + "' (its header entry at byte " + std::to_string(at) + "): " + what);
+    };
     if (!v.is_object()) bad("entry is not an object");
     const auto* dtype = v.find("dtype");
     const auto* shape = v.find("shape");
@@ -219,34 +257,67 @@ class SafetensorsReader {
     if (!dtype || !shape || !offsets || v.size() != 3)
       bad("entry must have exactly the keys dtype, shape and data_offsets");
     if (!dtype->is_string()) bad("dtype is not a string");
-    TensorEntry t;
-    t.spec.name = name;
     auto dt = parse_dtype(dtype->string());
-    if (!dt) bad("unknown dtype '" + dtype->string() + "'");
+    if (!dt)
+      bad("unknown dtype '" + std::string(dtype->string().substr(0, 16)) +
+          (dtype->string().size() > 16 ? "...'" : "'") +
+          " (gradsync reads F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8 and BOOL)");
     t.spec.dtype = *dt;
     if (!shape->is_array()) bad("shape is not an array");
+    t.spec.shape.reserve(shape->size());
     for (const auto& d : shape->array()) {
       if (!d.is_integer()) bad("shape holds a non-integer");
       t.spec.shape.push_back(d.integer());
     }
-    if (!offsets->is_array() || offsets->array().size() != 2 || !offsets->array()[0].is_integer() ||
+    if (!offsets->is_array() || offsets->size() != 2 || !offsets->array()[0].is_integer() ||
         !offsets->array()[1].is_integer())
       bad("data_offsets is not a pair of integers");
-    auto b = offsets->array()[0].integer(), e = offsets->array()[1].integer();
+    const auto b = offsets->array()[0].integer(), e = offsets->array()[1].integer();
+    auto pair = [&] { return "data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + "]"; };
+    // A corrupted header's shape can have millions of dimensions: a message shows the first few.
+    auto shown_shape = [&] {
+      const auto& d = t.spec.shape;
+      if (d.size() <= 8) return shape_string(d);
+      auto head = shape_string({d.begin(), d.begin() + 8});
+      return head.substr(0, head.size() - 1) + ", ... (" + std::to_string(d.size()) + " dimensions)]";
+    };
     auto bytes = t.spec.checked_bytes();
-    if (!bytes) bad("shape " + shape_string(t.spec.shape) + " is too large");
-    if (e < b || e - b != *bytes)
-      bad("data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + ") hold " +
-          std::to_string(e >= b ? e - b : 0) + " bytes, but dtype " + std::string(dtype_name(t.spec.dtype)) +
-          " and shape " + shape_string(t.spec.shape) + " need " + std::to_string(*bytes));
-    if (b > file_size_) bad("data starts past the end of the file (truncated)");
+    if (!bytes)
+      bad("shape " + shown_shape() + " of " + std::string(dtype_name(t.spec.dtype)) +
+          " is larger than 2^64 bytes (its size overflows 64 bits; the header is corrupted)");
+    if (e < b) bad(pair() + " end before they begin (the header is corrupted)");
+    if (e - b != *bytes)
+      bad(pair() + " hold " + std::to_string(e - b) + " bytes, but dtype " + std::string(dtype_name(t.spec.dtype)) +
+          " and shape " + shown_shape() + " need " + std::to_string(*bytes));
+    // Checked here, before any sum: offsets near 2^64 in a corrupted header must not wrap around.
+    if (e > file_size_ - data_start)
+      fail("truncated: tensor '" + t.spec.name + "' has " + pair() + ", but the file holds " +
+           std::to_string(file_size_ - data_start) + " bytes of data after its header");
     t.offset = data_start + b;
     return t;
+  }
+
+  // A tensor's place in by_name_: sorted by the hash of its name, then by
+  // name, so that sorting and finding compare integers, and text only where
+  // hashes agree (which a hostile file can arrange, at a cost of log n).
+  struct NameKey {
+    std::size_t hash;
+    std::size_t index;
+  };
+
+  void index_names() {
+    by_name_.resize(tensors_.size());
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      by_name_[i] = {std::hash<std::string_view>{}(tensors_[i].spec.name), i};
+    std::sort(by_name_.begin(), by_name_.end(), [&](const NameKey& a, const NameKey& b) {
+      return a.hash != b.hash ? a.hash < b.hash : tensors_[a.index].spec.name < tensors_[b.index].spec.name;
+    });
   }
 
   std::filesystem::path path_;
   int fd_ = -1;
   std::vector<TensorEntry> tensors_;
+  std::vector<NameKey> by_name_;
   Metadata metadata_;
   std::uint64_t file_size_ = 0;
 };
@@ -273,10 +344,14 @@ inline void load_safetensors(const std::filesystem::path& path, std::span<const 
       throw InvalidArgument("checkpoint: slot for tensor '" + s.spec.name + "' has " + std::to_string(s.data.size()) +
                             " bytes; its dtype and shape need " + std::to_string(s.spec.bytes()));
   }
-  if (!allow_extra)
+  if (!allow_extra) {
+    std::vector<std::string_view> asked;
+    for (const auto& s : slots) asked.push_back(s.spec.name);
+    std::sort(asked.begin(), asked.end());
     for (const auto& t : reader.tensors())
-      if (std::none_of(slots.begin(), slots.end(), [&](const TensorSlot& s) { return s.spec.name == t.spec.name; }))
+      if (!std::binary_search(asked.begin(), asked.end(), std::string_view(t.spec.name)))
         mismatch("it holds tensor '" + t.spec.name + "', which was not asked for");
+  }
   std::vector<std::vector<std::byte>> staged(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) {
     staged[i].resize(slots[i].data.size());

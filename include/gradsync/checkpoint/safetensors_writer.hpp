@@ -17,6 +17,7 @@
 #include "gradsync/checkpoint/crc32.hpp"
 #include "gradsync/checkpoint/json.hpp"
 #include "gradsync/checkpoint/tensor_info.hpp"
+#include "gradsync/checkpoint/utf8.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync::checkpoint {
@@ -41,20 +42,26 @@ inline constexpr std::string_view format_key = "gradsync.format";
 /// format allows). Nothing appears under `path` before `commit()` returns.
 class SafetensorsWriter {
  public:
-  /// Plans the file. Throws InvalidArgument for an empty, duplicate or
-  /// reserved name, a size that overflows, or a reserved metadata key
-  /// (`gradsync.format`, `gradsync.crc32:*`).
+  /// Plans the file. Throws InvalidArgument for an empty, duplicate,
+  /// reserved or non-UTF-8 name, a size that overflows, a reserved metadata
+  /// key (`gradsync.format`, `gradsync.crc32:*`) or non-UTF-8 metadata.
   SafetensorsWriter(std::filesystem::path path, std::vector<TensorInfo> tensors, Metadata metadata = {})
       : path_(std::move(path)), tensors_(std::move(tensors)), metadata_(std::move(metadata)) {
-    for (const auto& [k, v] : metadata_)
+    for (const auto& [k, v] : metadata_) {
       if (k.starts_with("gradsync.crc32:") || k == format_key)
         fail_arg("metadata key '" + k + "' is reserved (gradsync writes it)");
+      if (auto at = detail::invalid_utf8_at(k); at != std::string_view::npos) not_utf8("metadata key", k, at);
+      if (auto at = detail::invalid_utf8_at(v); at != std::string_view::npos)
+        not_utf8("the value of metadata key '" + k + "'", v, at);
+    }
     std::map<std::string_view, std::size_t> seen;
     std::uint64_t offset = 0;
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       const auto& t = tensors_[i];
       if (t.name.empty() || t.name == "__metadata__")
         fail_arg("tensor " + std::to_string(i) + " has the name '" + t.name + "', which safetensors does not allow");
+      if (auto at = detail::invalid_utf8_at(t.name); at != std::string_view::npos)
+        not_utf8("tensor " + std::to_string(i) + "'s name", t.name, at);
       if (!seen.emplace(t.name, i).second) fail_arg("tensor '" + t.name + "' is declared twice");
       auto bytes = t.checked_bytes();
       if (!bytes || offset + *bytes < offset)
@@ -124,6 +131,12 @@ class SafetensorsWriter {
  private:
   [[noreturn]] void fail_arg(const std::string& what) const {
     throw InvalidArgument("checkpoint: writing '" + path_.string() + "': " + what);
+  }
+
+  // A header is UTF-8 JSON: readers (gradsync's, Python's) refuse any other bytes in it.
+  [[noreturn]] void not_utf8(const std::string& what, std::string_view s, std::size_t at) const {
+    fail_arg(what + " '" + detail::printable_utf8(s) + "' is not UTF-8 (byte " + std::to_string(at) +
+             " starts no valid character); a safetensors header holds only UTF-8 text, so pass it as UTF-8");
   }
 
   std::uint64_t size_of(std::size_t i) const noexcept { return begin_[i + 1] - begin_[i]; }

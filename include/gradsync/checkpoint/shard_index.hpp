@@ -104,15 +104,16 @@ class ShardIndex {
     if (!in) throw Error("checkpoint: cannot open index '" + path.string() + "'");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto bad = [&](const std::string& what) { fail_index(path, what); };
-    detail::Json j;
+    detail::JsonDocument doc;
     try {
-      j = detail::parse_json(text);
+      doc = detail::parse_json(std::move(text));
     } catch (const detail::JsonError& e) {
       bad(std::string("not valid JSON (corrupted or truncated?): ") + e.what());
     }
-    auto str = [&](const detail::Json* v, const std::string& what) -> const std::string& {
+    const auto& j = doc.root();
+    auto str = [&](const detail::Json* v, const std::string& what) -> std::string {
       if (!v || !v->is_string()) fail_index(path, what + " is missing or not a string");
-      return v->string();
+      return std::string(v->string());
     };
     auto num = [&](const detail::Json* v, const std::string& what) -> std::uint64_t {
       if (!v || !v->is_integer()) fail_index(path, what + " is missing or not an integer");
@@ -297,10 +298,11 @@ class ShardIndex {
 
   // Pieces sorted, contiguous, covering every element exactly once.
   void validate(const std::string& where) {
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        if (tensors_[i].spec.name == tensors_[j].spec.name)
-          throw Error("checkpoint: " + where + ": tensor '" + tensors_[i].spec.name + "' appears twice");
+    // Never quadratic in the tensors, which a hostile index may list by the million.
+    const auto twice = detail::DuplicateKeys().first(
+        tensors_.size(), [&](std::size_t k) { return std::string_view(tensors_[k].spec.name); });
+    if (twice < tensors_.size())
+      throw Error("checkpoint: " + where + ": tensor '" + tensors_[twice].spec.name + "' appears twice");
     for (auto& t : tensors_) {
       std::erase_if(t.pieces, [](const ShardPiece& p) { return p.begin == p.end; });
       std::sort(t.pieces.begin(), t.pieces.end(),
