@@ -2,15 +2,19 @@
 /// \file The small file whose atomic rename commits one generation of a
 /// checkpoint directory: it names the generation and its entry file.
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
 
 #include "gradsync/checkpoint/atomic_file.hpp"
+#include "gradsync/checkpoint/file_ops.hpp"
 #include "gradsync/checkpoint/json.hpp"
 #include "gradsync/core/error.hpp"
 
@@ -28,16 +32,26 @@ struct CommitRecord {
   std::string file;
 
   /// Reads the commit file at `path`; nullopt if there is none. Throws
-  /// Error naming the path if it cannot be read or is not a commit record.
+  /// FileError if the system refuses to read it, Error if it is not a
+  /// commit record, each naming the path.
   static std::optional<CommitRecord> read(const std::filesystem::path& path) {
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec) && !ec) return std::nullopt;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      throw Error("checkpoint: cannot open commit file '" + path.string() +
-                  "'; give this process read permission there");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) return std::nullopt;
+    if (fd < 0) detail::throw_file_error("opening commit file", path, errno);
+    std::string text;
+    char buf[512];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int err = errno;
+        ::close(fd);
+        detail::throw_file_error("reading commit file", path, err);
+      }
+      if (n == 0) break;
+      text.append(buf, static_cast<std::size_t>(n));
     }
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ::close(fd);
     auto bad = [&](const std::string& what) -> CommitRecord {
       throw Error("checkpoint: commit file '" + path.string() + "' " + what +
                   "; a save writes it whole or not at all, so something else changed it: restore it from a copy "

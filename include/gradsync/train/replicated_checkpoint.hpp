@@ -145,7 +145,7 @@ struct FailureReport {
   std::string text, path;
 };
 
-/// Call only inside a catch block.
+/// The class and message of exception `e`.
 inline FailureReport report_of(const std::exception_ptr& e) {
   FailureReport r;
   try {
