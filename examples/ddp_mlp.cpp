@@ -5,7 +5,7 @@
 //   ddp_mlp --ranks 2 --epochs 5 --hidden 512
 //   mpirun -np 4 ddp_mlp --backend mpi     one rank per process (built with MPI)
 //   ddp_mlp --no-flush-denormals  keep subnormal floats (slower from epoch 5)
-//   ddp_mlp --save DIR            checkpoint to DIR/checkpoint.safetensors after every epoch
+//   ddp_mlp --save DIR            checkpoint to DIR after every epoch (DIR/checkpoint.commit names the file)
 //   ddp_mlp --resume DIR          continue from it: same step, epoch and sample, optimizer state
 //   ddp_mlp --resume DIR --epochs 8       a finished 6-epoch run: 2 more (with 6: its test accuracy)
 //   ddp_mlp --max-steps 500 --save DIR    stop (and save) after 500 steps, mid-epoch

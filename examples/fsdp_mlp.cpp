@@ -5,8 +5,8 @@
 //   fsdp_mlp --memory-budget 12 --hidden 768 --depth 3
 //   fsdp_mlp --mnist DIR              MNIST from DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte
 //   mpirun -np 4 fsdp_mlp --backend mpi     one rank per process (built with MPI)
-//   fsdp_mlp --save DIR               checkpoint to DIR/checkpoint.safetensors after every epoch
-//   fsdp_mlp --save DIR --checkpoint-format sharded    ... as DIR/checkpoint.index.json + a file per rank
+//   fsdp_mlp --save DIR               checkpoint to DIR after every epoch (DIR/checkpoint.commit names the file)
+//   fsdp_mlp --save DIR --checkpoint-format sharded    ... as an index and a file per rank
 //   fsdp_mlp --resume DIR             continue from either: same step, epoch and sample, Adam state
 //   fsdp_mlp --resume DIR --epochs 6  a finished 4-epoch run: 2 more (with 4: its test accuracy)
 //   fsdp_mlp --max-steps 50 --save DIR    stop (and save) after 50 steps, mid-epoch

@@ -486,7 +486,8 @@ TEST_CASE("save and load refuse, on every rank before any communication, what ca
     CHECK(!unwritable[r].empty());
     if (r != 0) CHECK(unwritable[r].find("failed on rank 0") != std::string::npos);
   }
-  CHECK(fs::exists(dir.path / "checkpoint.safetensors"));
+  CHECK(gradsync::checkpoint_file(dir.path).filename() == "checkpoint-00000001.safetensors");
+  CHECK(fs::exists(gradsync::checkpoint_file(dir.path)));
   CHECK(!fs::exists(blocker / "ckpt"));
 }
 
@@ -553,8 +554,8 @@ TEST_CASE("resume in a fresh process: Adam at N = 2 ends as the uninterrupted ru
     std::ifstream f(p, std::ios::binary);
     return std::vector<char>(std::istreambuf_iterator<char>(f), {});
   };
-  const auto a = bytes(dir.path / "straight" / "checkpoint.safetensors");
-  const auto b = bytes(dir.path / "resumed" / "checkpoint.safetensors");
+  const auto a = bytes(gradsync::checkpoint_file(dir.path / "straight"));
+  const auto b = bytes(gradsync::checkpoint_file(dir.path / "resumed"));
   CHECK(!a.empty());
   CHECK(a == b);
 }

@@ -171,7 +171,7 @@ TEST_CASE("sharded trainer: the layouts on disk, and the full file is a Replicat
     gradsync::save_checkpoint(t, sampler, dir.path / "sharded", {{"note", "y"}}, {.format = CheckpointFormat::sharded});
     const FullState mine = full_state(t);
     if (comm.rank() != 0) return;
-    gradsync::checkpoint::SafetensorsReader full(dir.path / "full" / "checkpoint.safetensors");
+    gradsync::checkpoint::SafetensorsReader full(gradsync::checkpoint_file(dir.path / "full"));
     CHECK(full.metadata().at("note") == "x");
     CHECK(full.metadata().at("gradsync.world_size") == "4");
     CHECK(full.tensor("layer1.w").spec.shape == std::vector<std::uint64_t>{7, 1});
@@ -182,11 +182,15 @@ TEST_CASE("sharded trainer: the layouts on disk, and the full file is a Replicat
     std::vector<std::string> files;
     for (const auto& e : fs::directory_iterator(dir.path / "sharded")) files.push_back(e.path().filename().string());
     std::sort(files.begin(), files.end());
-    REQUIRE(files.size() == 5);
-    CHECK(files[4] == "checkpoint.index.json");
-    const auto index = gradsync::checkpoint::ShardIndex::read(dir.path / "sharded" / "checkpoint.index.json");
+    // The second generation's index and shard files, and the commit file naming it; the first's are gone.
+    REQUIRE(files.size() == 6);
+    CHECK(files[4] == "checkpoint-00000002.index.json");
+    CHECK(files[5] == "checkpoint.commit");
+    CHECK(gradsync::checkpoint_file(dir.path / "sharded") == dir.path / "sharded" / files[4]);
+    const auto index = gradsync::checkpoint::ShardIndex::read(dir.path / "sharded" / files[4]);
+    CHECK(index.checkpoint_id() == "00000002");
     for (int r = 0; r < 4; ++r) {
-      CHECK(files[std::size_t(r)] == gradsync::checkpoint::shard_file_name("checkpoint", index.checkpoint_id(), r, 4));
+      CHECK(files[std::size_t(r)] == gradsync::checkpoint::shard_file_name("checkpoint", "00000002", r, 4));
     }
     // P = 5 at N = 4 (layer0.w 4 elements, layer0.b 1): ranks 0, 1, 2 hold 2, 2, 1 elements, rank 3 none.
     const auto& w0 = index.tensor("layer0.w");
@@ -438,7 +442,7 @@ TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the t
     train(t, sampler, 3);
     gradsync::save_checkpoint(t, sampler, good, {}, {.format = CheckpointFormat::sharded});
   });
-  const fs::path index = good / "checkpoint.index.json";
+  const fs::path index = gradsync::checkpoint_file(good);
   const std::string id = gradsync::checkpoint::ShardIndex::read(index).checkpoint_id();
   const std::string rank1 = gradsync::checkpoint::shard_file_name("checkpoint", id, 1, 2);
   auto copy = [&](const std::string& name) {
@@ -478,7 +482,7 @@ TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the t
   }
   SUBCASE("a piece missing from the index") {
     const fs::path bad = copy("missing");
-    std::ifstream is(bad / "checkpoint.index.json");
+    std::ifstream is(bad / index.filename());
     std::string text((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
     is.close();
     // layer1.w (7 elements) lies in rank 0's chunk of layer1 (14 elements, 7 a rank): one piece.
@@ -487,9 +491,9 @@ TEST_CASE("bad sharded checkpoints: every rank throws, naming the file and the t
     const auto last = text.find('}', first);
     REQUIRE(text[last + 1] == ']');
     text.erase(first, last + 1 - first);
-    std::ofstream(bad / "checkpoint.index.json", std::ios::trunc) << text;
+    std::ofstream(bad / index.filename(), std::ios::trunc) << text;
     all_say(try_load(model(seed + 1), bad), "",
-            {(bad / "checkpoint.index.json").string(), "'layer1.w' pieces cover 0 of its 7 elements"});
+            {(bad / index.filename()).string(), "'layer1.w' pieces cover 0 of its 7 elements"});
   }
   SUBCASE("a sharded save to a file name, or between forward_backward and optimizer_step, is refused on every rank") {
     std::vector<std::string> file(2), mid(2);
@@ -531,11 +535,11 @@ TEST_CASE("a ReplicatedTrainer's sharded checkpoint loads into a ShardedTrainer 
     gradsync::save_checkpoint(t, sampler, dir.path / "r", {}, {.format = CheckpointFormat::sharded});
     if (comm.rank() == 0) saved = full_state(t);
   });
-  CHECK(fs::exists(dir.path / "r" / "checkpoint.index.json"));
+  CHECK(gradsync::checkpoint_file(dir.path / "r") == dir.path / "r" / "checkpoint-00000001.index.json");
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     ShardedTrainer t(comm, model(seed + 9), adam(0.2), exact(ShardingStrategy::ShardGradOp));
     DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 1});
-    gradsync::load_checkpoint(t, sampler, dir.path / "r" / "checkpoint.index.json");
+    gradsync::load_checkpoint(t, sampler, gradsync::checkpoint_file(dir.path / "r"));
     const FullState l = full_state(t);
     gradsync::save_checkpoint(t, sampler, dir.path / "s", {}, {.format = CheckpointFormat::sharded});
     if (comm.rank() == 0) loaded = l;

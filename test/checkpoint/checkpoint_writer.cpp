@@ -1,7 +1,7 @@
 // A checkpoint writer for the kill test and the Python interop test.
 //
 //   checkpoint_writer write DIR GEN [KILL_AT]   write generation GEN (a full file and a
-//       4-rank sharded checkpoint); with KILL_AT, SIGKILL itself at that I/O step
+//       4-rank sharded checkpoint); with KILL_AT, SIGKILL itself before that file operation
 //   checkpoint_writer verify DIR                load both checkpoints, check every byte,
 //       print "full G sharded H"; exit 1 with the error otherwise
 //   checkpoint_writer sample FILE SIDECAR       a file of every numpy dtype, and its values as JSON
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gradsync/checkpoint/file_ops.hpp"
 #include "gradsync/checkpoint/safetensors_reader.hpp"
 #include "gradsync/checkpoint/safetensors_writer.hpp"
 #include "gradsync/checkpoint/shard_index.hpp"
@@ -217,7 +218,10 @@ int main(int argc, char** argv) try {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() >= 3 && args[0] == "write") {
     if (args.size() >= 4) kill_at = std::stol(args[3]);
-    ck::detail::io_step_hook = step;
+    ck::detail::file_op_hook = [](ck::detail::FileOp op, const fs::path&) {
+      step(ck::detail::op_name(op));
+      return 0;
+    };
     write(args[1], std::stol(args[2]));
     std::printf("steps %ld\n", steps);
     return 0;

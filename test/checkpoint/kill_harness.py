@@ -1,10 +1,12 @@
 """What the checkpoint kill tests share: a writer program that saves
-generation GEN into WORKDIR (`WRITER write WORKDIR GEN [K]`, killing itself
-with SIGKILL at its K-th I/O step) and checks what is there
-(`WRITER verify WORKDIR`), driven with a replayable seed.
+generation GEN into WORKDIR, killing itself with SIGKILL before its K-th
+file operation (`WRITER write WORKDIR GEN [K]`; the trainers' writer takes
+a rank too), and checks what is there (`WRITER verify ...`). Random kill
+points come from a replayable seed; `every_kill_point` tries them all.
 """
 
 import os
+import pathlib
 import random
 import re
 import shutil
@@ -70,3 +72,59 @@ def killed(p):
 def outcome(k, p):
     """The start of a trial's line: where it was to be killed and whether it was."""
     return f"{f'kill at {k}' if k else 'no kill'}: {'killed' if p.returncode else 'completed'}"
+
+
+def complete(args):
+    """A writer run that must complete; returns the integers of its "ops ..." line."""
+    p = run(args)
+    if p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(map(str, args))}: {p.stderr.strip()}")
+    m = re.search(r"^ops((?: \d+)+)$", p.stdout, re.M)
+    if not m:
+        sys.exit(f"FAIL: no ops line from {' '.join(map(str, args))}: {p.stdout!r}")
+    return [int(c) for c in m.group(1).split()]
+
+
+def every_kill_point(ops, start, killed_write, pool):
+    """For each rank r and each k in 1..ops[r]: a copy of directory `start`,
+    into which `killed_write(directory, r, k)` (a completed process) must have
+    been killed, run on executor `pool`. Returns the directories, in order."""
+    start = pathlib.Path(start)
+
+    def trial(r, k):
+        d = start.parent / f"{start.name}-rank{r}-op{k}"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(start, d)
+        p = killed_write(d, r, k)
+        if not killed(p):
+            return d, (f"the write into {d} was to be killed before rank {r}'s file operation {k} "
+                       f"of {ops[r]}, but exited {p.returncode}: {p.stderr.strip()}")
+        return d, None
+
+    dirs = []
+    for d, error in pool.map(lambda rk: trial(*rk), [(r, k) for r, c in enumerate(ops) for k in range(1, c + 1)]):
+        if error:
+            sys.exit("FAIL: " + error)
+        dirs.append(d)
+    return dirs
+
+
+def verify_each(args, dirs, pattern):
+    """Runs `args + dirs` (a verify that prints "DIR ..." for each) once;
+    returns each directory's rest of line as the integer groups of
+    `pattern`, exiting with the writer's message for one that does not
+    load."""
+    p = run(list(args) + [str(d) for d in dirs])
+    if p.returncode != 0:
+        sys.exit(f"FAIL: verify exited {p.returncode}: {p.stderr.strip()}")
+    got = {}
+    for line in p.stdout.splitlines():
+        d, rest = line.split(" ", 1)
+        m = re.fullmatch(pattern, rest)
+        if not m:
+            sys.exit(f"FAIL: {d} does not load as a whole checkpoint: {rest}")
+        got[d] = tuple(int(g) for g in m.groups())
+    missing = [str(d) for d in dirs if str(d) not in got]
+    if missing:
+        sys.exit(f"FAIL: verify said nothing of {missing}")
+    return [got[str(d)] for d in dirs]

@@ -3,8 +3,8 @@
 
 usage: kill_test.py WRITER WORKDIR
 
-The writer (checkpoint_writer.cpp) raises SIGKILL at the I/O step given on its
-command line (a pwrite, fsync, rename, directory fsync or old-file removal),
+The writer (checkpoint_writer.cpp) raises SIGKILL before the file operation given on its
+command line (a create, pwrite, fsync, close, rename, directory fsync or old-file removal),
 so each kill point is deterministic and replayable. After every kill the
 previous checkpoint (full file and sharded index) must load and verify, and
 the new one must be complete or absent. Environment: GRADSYNC_KILL_TRIALS

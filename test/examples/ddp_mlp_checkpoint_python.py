@@ -11,6 +11,7 @@ under GRADSYNC_PYTHON (default /usr/bin/python3; tools/python-venv makes
 one) and exits 77 (skip) when it cannot import safetensors and numpy.
 """
 
+import json
 import os
 import re
 import shutil
@@ -36,7 +37,9 @@ def main():
                          capture_output=True, text=True, check=True).stdout
     ranks = int(re.search(r"(\d+) ranks x batch (\d+)", out).group(1))
     batch = int(re.search(r"(\d+) ranks x batch (\d+)", out).group(2))
-    path = os.path.join(work, "checkpoint.safetensors")
+    # The commit file names the checkpoint's file.
+    with open(os.path.join(work, "checkpoint.commit")) as f:
+        path = os.path.join(work, json.load(f)["file"])
     t = load_file(path)
     with safe_open(path, framework="numpy") as f:
         meta = f.metadata()

@@ -9,6 +9,7 @@ usage: ddp_mlp_resume.py BINARY WORKDIR [--stopped-sharded] [options...]
 (--checkpoint-format sharded), which the resumed run loads; the final
 checkpoints are full files either way.
 """
+import json
 import pathlib
 import re
 import shutil
@@ -21,6 +22,12 @@ def run(binary, args, expect_rc=0):
     if p.returncode != expect_rc:
         sys.exit(f"{pathlib.Path(binary).name} {' '.join(args)} exited {p.returncode}, expected {expect_rc}\n{p.stdout}\n{p.stderr}")
     return p.stdout + p.stderr
+
+
+def committed(directory):
+    """The file a checkpoint directory's commit file names: its checkpoint's full file or index."""
+    with open(directory / "checkpoint.commit") as f:
+        return directory / json.load(f)["file"]
 
 
 def last_epoch(out):
@@ -44,7 +51,7 @@ def main():
     straight = run(binary, common + ["--save", str(work / "straight")])
     # 20 steps of batch 64 on 2048 samples stop mid-epoch at 1 to 4 ranks.
     first = run(binary, common + ["--max-steps", "20", "--save", str(work / "stopped")] + stopped_format)
-    if stopped_format and not (work / "stopped" / "checkpoint.index.json").exists():
+    if stopped_format and not committed(work / "stopped").name.endswith(".index.json"):
         sys.exit("the stopped run did not write a sharded checkpoint:\n" + first)
     if "at step 20" not in first:
         sys.exit("the stopped run did not save at step 20:\n" + first)
@@ -59,13 +66,13 @@ def main():
         a, b = (a[0], a[2]), (b[0], b[2])
     if a != b:
         sys.exit(f"the resumed run ends at {b}, the uninterrupted one at {a}\n--- straight\n{straight}\n--- resumed\n{resumed}")
-    sa = (work / "straight" / "checkpoint.safetensors").read_bytes()
-    sb = (work / "resumed" / "checkpoint.safetensors").read_bytes()
+    sa = committed(work / "straight").read_bytes()
+    sb = committed(work / "resumed").read_bytes()
     if sa != sb:
         sys.exit("the final checkpoints differ: the resumed run's state is not the uninterrupted one's")
     # A checkpoint that is not there: a clear error naming the file, exit 2.
     missing = run(binary, common + ["--resume", str(work / "nowhere")], expect_rc=2)
-    if str(work / "nowhere" / "checkpoint.safetensors") not in missing or "cannot open" not in missing:
+    if str(work / "nowhere" / "checkpoint.commit") not in missing or "cannot open" not in missing:
         sys.exit("resuming from a missing checkpoint did not say which file:\n" + missing)
     shutil.rmtree(work)
     print("ok")

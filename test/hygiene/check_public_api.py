@@ -35,6 +35,7 @@ HEADERS = [
     "gradsync/checkpoint/shard_writer.hpp",
     "gradsync/checkpoint/shard_index.hpp",
     "gradsync/checkpoint/atomic_file.hpp",
+    "gradsync/checkpoint/commit_record.hpp",
     "gradsync/checkpoint/crc32.hpp",
     "gradsync/core/host_offload_space.hpp",
 ]

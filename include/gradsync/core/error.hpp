@@ -5,6 +5,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace gradsync {
 
@@ -31,6 +32,23 @@ class Timeout : public Error {
 class Aborted : public Error {
  public:
   using Error::Error;
+};
+
+/// The operating system refused a file operation (a checkpoint's save or
+/// load): the message names the path, the system's reason and what to do.
+class FileError : public Error {
+ public:
+  FileError(const std::string& what, std::string path, int os_error)
+      : Error(what), path_(std::move(path)), os_error_(os_error) {}
+
+  /// The path the operation was refused on.
+  const std::string& path() const noexcept { return path_; }
+  /// The `errno` value the system gave (ENOSPC, EACCES, ...).
+  int os_error() const noexcept { return os_error_; }
+
+ private:
+  std::string path_;
+  int os_error_ = 0;
 };
 
 namespace detail {

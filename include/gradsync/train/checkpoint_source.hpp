@@ -3,6 +3,7 @@
 /// a full safetensors file or a sharded index, read by element ranges alike.
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
@@ -17,48 +18,39 @@
 #include "gradsync/checkpoint/shard_index.hpp"
 #include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/train/checkpoint_directory.hpp"
 
 namespace gradsync::detail {
-
-/// A sharded checkpoint in directory D is D/checkpoint.index.json and the
-/// files it names, D/checkpoint-<id>-rank….safetensors.
-inline constexpr std::string_view index_file_name = "checkpoint.index.json";
-inline constexpr std::string_view shard_stem = "checkpoint";
-inline constexpr std::string_view full_file_name = "checkpoint.safetensors";
 
 /// The `__metadata__` key that marks a file as a gradsync training checkpoint.
 inline constexpr std::string_view checkpoint_kind_key = "gradsync.checkpoint";
 
-/// A checkpoint to load: `path` may name the full file, the index, or the
-/// directory holding one of them.
+/// A checkpoint to load: `path` may name the full file, the index, or a
+/// directory (checkpoint_directory.hpp: the generation its commit file
+/// names, or the single layout of a directory saved before commit files).
 class CheckpointSource {
  public:
   explicit CheckpointSource(const std::filesystem::path& path) {
-    namespace fs = std::filesystem;
-    bool sharded = false;
-    if (path.extension() == ".safetensors") {
-      file_ = path;
-    } else if (path.filename() == index_file_name) {
-      file_ = path;
-      sharded = true;
-    } else {
-      const fs::path index = path / index_file_name, full = path / full_file_name;
-      std::error_code ec;
-      const bool has_index = fs::exists(index, ec), has_full = fs::exists(full, ec);
-      if (has_index && has_full) {
-        throw InvalidArgument("gradsync: load_checkpoint: '" + path.string() + "' holds a full checkpoint ('" +
-                              std::string(full_file_name) + "') and a sharded one ('" + std::string(index_file_name) +
-                              "'); name the file or the index to load");
-      }
-      sharded = has_index;
-      file_ = has_index ? index : full;
+    const std::optional<CheckpointEntry> entry = find_checkpoint(path);
+    if (!entry) {
+      const std::filesystem::path commit = path / commit_file_name;
+      throw FileError("gradsync: load_checkpoint: cannot open '" + commit.string() + "': " + std::strerror(ENOENT) +
+                          "; '" + path.string() + "' holds no checkpoint: give the directory save_checkpoint wrote, "
+                          "or a checkpoint file",
+                      commit.string(), ENOENT);
     }
-    if (!sharded) {
+    file_ = entry->file;
+    if (!entry->sharded) {
       reader_.emplace(file_);
       metadata_ = reader_->metadata();
       return;
     }
     index_ = checkpoint::ShardIndex::read(file_);
+    if (!entry->id.empty() && index_.checkpoint_id() != entry->id) {
+      throw Error("gradsync: load_checkpoint: index '" + file_.string() + "' is of checkpoint '" +
+                  index_.checkpoint_id() + "', but the commit file beside it names generation " + entry->id +
+                  "; something else changed the directory: write a new checkpoint");
+    }
     // Rank 0's shard file carries the strings of the training state.
     for (const std::string& f : index_.files()) {
       checkpoint::SafetensorsReader r(index_.directory() / f);

@@ -1,16 +1,14 @@
 #pragma once
 /// \file save_checkpoint / load_checkpoint of a ReplicatedTrainer: the whole
-/// training state in one safetensors file, written atomically by rank 0,
-/// loaded all or nothing by every rank.
+/// training state, committed atomically by rank 0 once every rank's files
+/// are durable, loaded all or nothing by every rank.
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,6 +23,7 @@
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/train/checkpoint_directory.hpp"
 #include "gradsync/train/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint_source.hpp"
 #include "gradsync/train/distributed_sampler.hpp"
@@ -34,10 +33,16 @@
 
 namespace gradsync {
 
-/// The file a checkpoint path names: itself if it ends in `.safetensors`,
-/// otherwise `checkpoint.safetensors` inside that directory.
+/// The file load_checkpoint reads for `path`: `path` itself if it ends in
+/// `.safetensors` or `.index.json`; in a directory, the file its
+/// `checkpoint.commit` names (the committed generation's full file or
+/// sharded index), or in a directory saved before commit files its
+/// `checkpoint.index.json` if there is one, else its `checkpoint.safetensors`;
+/// `path/checkpoint.commit` if the directory holds none. Throws Error if the
+/// commit file is damaged.
 inline std::filesystem::path checkpoint_file(const std::filesystem::path& path) {
-  return path.extension() == ".safetensors" ? path : path / "checkpoint.safetensors";
+  const auto entry = detail::find_checkpoint(path);
+  return entry ? entry->file : path / detail::commit_file_name;
 }
 
 namespace detail {
@@ -125,81 +130,105 @@ inline checkpoint::Metadata state_metadata(const checkpoint::Metadata& metadata,
 
 /// Refuses a sharded save to a path that names a file, on every rank alike.
 inline void check_sharded_path(const std::filesystem::path& path) {
-  if (path.extension() == ".safetensors" || path.filename() == index_file_name) {
-    throw InvalidArgument("gradsync: save_checkpoint: a sharded checkpoint is a directory (its index and one file per "
-                          "shard), but '" + path.string() + "' names a file; give the directory");
+  const std::string name = path.filename().string();
+  if (path.extension() == ".safetensors" || name.ends_with(".index.json") || name == commit_file_name) {
+    throw InvalidArgument("gradsync: save_checkpoint: a sharded checkpoint is a directory (its commit file, index and "
+                          "one file per shard), but '" + path.string() + "' names a file; give the directory");
   }
 }
 
-/// Shard files of an earlier checkpoint of `dir` (`checkpoint-*-rank*.safetensors`) not in `keep`.
-inline void remove_stale_shards(const std::filesystem::path& dir, std::span<const std::string> keep) noexcept {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (!n.starts_with(std::string(shard_stem) + "-") || !n.ends_with(".safetensors") ||
-        n.find("-rank") == std::string::npos || std::find(keep.begin(), keep.end(), n) != keep.end()) {
-      continue;
-    }
-    std::error_code ignored;
-    std::filesystem::remove(e.path(), ignored);
+/// The message and class of a failure, as `agree` sends it to the other ranks.
+struct FailureReport {
+  enum Kind : std::int64_t { error, invalid_argument, file };
+  Kind kind = error;
+  std::int64_t os_error = 0;
+  std::string text, path;
+};
+
+/// The class and message of exception `e`.
+inline FailureReport report_of(const std::exception_ptr& e) {
+  FailureReport r;
+  try {
+    std::rethrow_exception(e);
+  } catch (const FileError& x) {
+    r = {FailureReport::file, x.os_error(), x.what(), x.path()};
+  } catch (const InvalidArgument& x) {
+    r = {FailureReport::invalid_argument, 0, x.what(), ""};
+  } catch (const std::exception& x) {
+    r.text = x.what();
+  } catch (...) {
+    r.text = "an exception that is not a std::exception";
   }
+  return r;
 }
 
-/// Once a checkpoint of one layout is in place in `dir`, the other layout's
-/// entry point would make the directory ambiguous to load: it goes.
-inline void remove_other_layout(const std::filesystem::path& dir, CheckpointFormat written) noexcept {
-  std::error_code ec;
-  if (written == CheckpointFormat::sharded) {
-    std::filesystem::remove(dir / full_file_name, ec);
-    return;
+[[noreturn]] inline void throw_report(const FailureReport& r, const std::string& message) {
+  switch (r.kind) {
+    case FailureReport::file: throw FileError(message, r.path, static_cast<int>(r.os_error));
+    case FailureReport::invalid_argument: throw InvalidArgument(message);
+    case FailureReport::error: break;
   }
-  if (std::filesystem::remove(dir / index_file_name, ec)) remove_stale_shards(dir, {});
+  throw Error(message);
 }
 
-/// The agreement that ends a save or a load: if any rank failed, the first
-/// that did sends its message to the others, so that every rank's error
-/// names the file and the tensor; that rank rethrows its own.
+/// The agreement that ends each phase of a save or a load: if any rank
+/// failed, the first that did sends its error to the others, so that every
+/// rank throws an error of the same class naming that rank and its reason
+/// (its file and tensor, or its path and the system's reason); a rank that
+/// failed too throws its own. Every error is a gradsync::Error.
 template <class Algo, class Comm>
 void agree(Comm& comm, const std::exception_ptr& mine, const std::string& what) {
   const std::vector<std::int32_t> failed = gather_failures<Algo>(comm, mine != nullptr);
   const auto it = std::find(failed.begin(), failed.end(), 1);
   if (it == failed.end()) return;
   const int root = static_cast<int>(it - failed.begin());
-  std::string text;
-  if (comm.rank() == root) {
-    try {
-      std::rethrow_exception(mine);
-    } catch (const std::exception& e) {
-      text = e.what();
-    } catch (...) {
-      text = "an exception that is not a std::exception";
-    }
-  }
-  std::int64_t length = static_cast<std::int64_t>(text.size());
+  const FailureReport own = mine ? report_of(mine) : FailureReport{};
+  FailureReport r = comm.rank() == root ? own : FailureReport{};
+  std::int64_t sizes[4] = {r.kind, r.os_error, static_cast<std::int64_t>(r.text.size()),
+                           static_cast<std::int64_t>(r.path.size())};
   const Broadcast<Algo> broadcast;
-  broadcast(comm, std::span<std::int64_t>(&length, 1), root);
-  std::vector<std::int32_t> chars(text.begin(), text.end());
-  chars.resize(static_cast<std::size_t>(length));
+  broadcast(comm, std::span<std::int64_t>(sizes), root);
+  std::vector<std::int32_t> chars(r.text.begin(), r.text.end());
+  chars.insert(chars.end(), r.path.begin(), r.path.end());
+  chars.resize(static_cast<std::size_t>(sizes[2] + sizes[3]));
   broadcast(comm, std::span<std::int32_t>(chars), root);
-  if (mine) std::rethrow_exception(mine);
-  throw Error("gradsync: " + what + " failed on rank " + std::to_string(root) + " (rank " +
-              std::to_string(comm.rank()) + " stops with it): " + std::string(chars.begin(), chars.end()));
+  const std::string head = "gradsync: " + what + " failed on rank ";
+  // The inner message's own "gradsync: " would only repeat the head's.
+  auto reason = [](const std::string& text) {
+    return text.starts_with("gradsync: ") ? text.substr(10) : text;
+  };
+  if (mine) throw_report(own, head + std::to_string(comm.rank()) + ": " + reason(own.text));
+  r.kind = static_cast<FailureReport::Kind>(sizes[0]);
+  r.os_error = sizes[1];
+  r.text.assign(chars.begin(), chars.begin() + static_cast<std::ptrdiff_t>(sizes[2]));
+  r.path.assign(chars.begin() + static_cast<std::ptrdiff_t>(sizes[2]), chars.end());
+  throw_report(r, head + std::to_string(root) + " (rank " + std::to_string(comm.rank()) + " stops with it): " +
+                      reason(r.text));
 }
 
 /// A full checkpoint file as rank 0 writes it, tensor by tensor: a failure
 /// is kept rather than thrown (and stops the writing), so that finish()'s
 /// agreement tells every rank and none is left waiting in a collective.
+/// To a `.safetensors` path the file's own atomic rename is the commit; to
+/// a directory it is generation-named and committed by the commit file
+/// (checkpoint_directory.hpp).
 template <class T>
 class FullFileWriter {
  public:
   template <class Comm>
   FullFileWriter(Comm& comm, const std::filesystem::path& path, const SaveList<T>& l,
                  const checkpoint::Metadata& metadata)
-      : path_(path), file_(checkpoint_file(path)), l_(l) {
+      : path_(path), in_directory_(path.extension() != ".safetensors"), l_(l) {
     if (comm.rank() != 0) return;
     try {
-      if (file_.has_parent_path()) std::filesystem::create_directories(file_.parent_path());
-      writer_.emplace(file_, l.infos, state_metadata(metadata, l.opt.kind, comm.size()));
+      std::filesystem::path file = path;
+      if (in_directory_) {
+        generation_ = prepare_generation(path);
+        file = path / full_file_name_of(generation_);
+      } else if (path.has_parent_path()) {
+        checkpoint::detail::make_directories(path.parent_path());
+      }
+      writer_.emplace(file, l.infos, state_metadata(metadata, l.opt.kind, comm.size()));
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -225,24 +254,39 @@ class FullFileWriter {
     writer_.reset();
   }
 
-  /// Writes the scalars and commits (replacing a sharded checkpoint at the
-  /// same directory), then every rank throws if rank 0 failed. Collective.
+  /// Writes the scalars and makes the file durable; once every rank agrees
+  /// it is, rank 0 commits it (to a directory: the commit file, then the
+  /// other generations' files go) and the ranks agree again. Every rank
+  /// throws if rank 0 failed. Collective.
   template <class Algo, class Comm>
   void finish(Comm& comm) {
     if (writer_) {
       try {
         for (const StateScalar& s : l_.scalars) writer_->write(s.name, s.data());
         writer_->commit();
-        if (path_.extension() != ".safetensors") remove_other_layout(path_, CheckpointFormat::full);
       } catch (...) {
         error_ = std::current_exception();
       }
     }
-    agree<Algo>(comm, error_, "save_checkpoint of '" + file_.string() + "'");
+    const std::string where = "save_checkpoint of '" + path_.string() + "'";
+    agree<Algo>(comm, error_, where);
+    if (!in_directory_) return;
+    std::exception_ptr error;
+    if (comm.rank() == 0) {
+      try {
+        commit_generation(path_, generation_, writer_->path().filename().string());
+        remove_leftovers(path_, generation_);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    agree<Algo>(comm, error, where);
   }
 
  private:
-  std::filesystem::path path_, file_;
+  std::filesystem::path path_;
+  bool in_directory_ = false;
+  std::uint64_t generation_ = 0;
   const SaveList<T>& l_;
   std::optional<checkpoint::SafetensorsWriter> writer_;
   std::exception_ptr error_;
@@ -266,31 +310,32 @@ struct ShardSource {
   std::span<const T> params, buffers;
 };
 
-/// A sharded save: each writing rank streams its ranges into its shard file
-/// (shard 0 adds the buffers, the scalars and the metadata); once every
-/// file is durable (the first agreement), rank 0 builds the index from the
-/// files' headers and renames it into place, then drops the files of
-/// earlier checkpoints; the second agreement tells every rank it is done.
+/// A sharded save: rank 0 creates the directory and picks the generation;
+/// each writing rank streams its ranges into its shard file (shard 0 adds
+/// the buffers, the scalars and the metadata); once every file is durable
+/// (the first agreement), rank 0 builds the index from the files' headers,
+/// writes it, commits the generation and removes the other generations'
+/// files; the second agreement tells every rank the outcome.
 template <class Algo, class Comm, class T>
 void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, const std::filesystem::path& dir,
                   const checkpoint::Metadata& metadata) {
-  // One id on every rank, new each time: the new files never overwrite what the current index names.
-  std::int64_t id_number = 0;
-  if (comm.rank() == 0) {
-    std::random_device rd;
-    const auto now = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-    id_number = static_cast<std::int64_t>(((std::uint64_t{rd()} << 32) ^ rd() ^ now) >> 1);
-  }
-  Broadcast<Algo>{}(comm, std::span<std::int64_t>(&id_number, 1), 0);
-  char id_text[17];
-  std::snprintf(id_text, sizeof id_text, "%016llx", static_cast<unsigned long long>(id_number));
-  const std::string id(id_text);
   const std::string where = "save_checkpoint of '" + dir.string() + "'";
-
   std::exception_ptr error;
-  if (me.writes) {
+  // 0 tells the writers that rank 0 could not prepare the directory; its error comes with the first agreement.
+  std::int64_t generation = 0;
+  if (comm.rank() == 0) {
     try {
-      std::filesystem::create_directories(dir);
+      generation = static_cast<std::int64_t>(prepare_generation(dir));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  Broadcast<Algo>{}(comm, std::span<std::int64_t>(&generation, 1), 0);
+  const auto g = static_cast<std::uint64_t>(generation);
+  const std::string id = generation_id(g);
+
+  if (me.writes && g != 0) {
+    try {
       const bool first = me.shard == 0;
       std::vector<checkpoint::ShardRange> ranges;
       std::vector<std::span<const std::byte>> data;
@@ -335,9 +380,9 @@ void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, co
       std::vector<std::string> files;
       for (int r = 0; r < me.shards; ++r) files.push_back(checkpoint::shard_file_name(shard_stem, id, r, me.shards));
       const auto index = checkpoint::ShardIndex::from_shard_files(dir, id, files, l.infos);
-      index.write(dir / index_file_name);
-      remove_stale_shards(dir, files);
-      remove_other_layout(dir, CheckpointFormat::sharded);
+      index.write(dir / index_file_name_of(g));
+      commit_generation(dir, g, index_file_name_of(g));
+      remove_leftovers(dir, g);
     } catch (...) {
       error = std::current_exception();
     }
@@ -553,20 +598,28 @@ checkpoint::Metadata load_trainer(Trainer& trainer, DistributedSampler* sampler,
 /// the sampler's seed, epoch and position, and the user's `metadata` (keys
 /// not starting with `gradsync.`), at the model's full, unpadded shapes and
 /// under the same names for both trainers. Collective: every rank calls it;
-/// when it returns on any rank the checkpoint is complete, and if any rank
-/// fails, every rank throws.
+/// when it returns on any rank the checkpoint is committed. If any rank
+/// fails, every rank throws a gradsync::Error naming the failing rank and
+/// its reason (a FileError, with the path and the system's errno, when the
+/// file system refused) and the checkpoint the path held before still loads.
 ///
-/// CheckpointFormat::full (the default): one safetensors file, `path` if it
-/// ends in `.safetensors`, else `path/checkpoint.safetensors` (directories
-/// are created), written by rank 0 atomically: the previous file under that
-/// name stays whole until the new one is durable. A ShardedTrainer's shard
-/// group gathers one unit at a time for it.
+/// `path` a directory (created if missing): the save writes a new
+/// generation of files there and commits it by renaming one small file,
+/// `path/checkpoint.commit`, which names it; a process killed at any moment
+/// leaves the previous checkpoint or the new one. The other generations'
+/// files go after the commit. gradsync owns the names `checkpoint*` there.
+/// (checkpoint_directory.hpp has the layout.)
+///
+/// CheckpointFormat::full (the default): one safetensors file, written by
+/// rank 0: `path/checkpoint-<generation>.safetensors`, or `path` itself if
+/// it ends in `.safetensors` (its atomic rename is then the commit). A
+/// ShardedTrainer's shard group gathers one unit at a time for it.
 ///
 /// CheckpointFormat::sharded: `path` is a directory and the checkpoint its
-/// `checkpoint.index.json` and shard files. Each rank of replica 0 writes
-/// what it owns (a ReplicatedTrainer's rank 0 the one shard, since every
-/// rank holds everything) and rank 0 then puts the index in place, so the
-/// checkpoint appears only once every file is durable.
+/// `checkpoint-<generation>.index.json` and shard files. Each rank of
+/// replica 0 writes what it owns (a ReplicatedTrainer's rank 0 the one
+/// shard, since every rank holds everything); once all are durable rank 0
+/// writes the index and commits.
 template <class Trainer>
   requires detail::CheckpointableTrainer<Trainer>
 void save_checkpoint(Trainer& trainer, const DistributedSampler& sampler, const std::filesystem::path& path,
@@ -591,7 +644,9 @@ void save_checkpoint(Trainer& trainer, const std::filesystem::path& path, const 
 /// the tensor) and nothing is loaded anywhere. The world size may differ
 /// from the one that saved, if it divides the samples of the epoch already
 /// taken (DistributedSampler::check_state). `path` names a full file, a
-/// sharded checkpoint's index, or a directory holding either. Each rank of
+/// sharded checkpoint's index, or a directory: the generation its commit
+/// file names (other files there are ignored), or in a directory saved
+/// before commit files, the one checkpoint it holds. Each rank of
 /// a ReplicatedTrainer reads all of it (from whichever files hold it), each
 /// rank of a ShardedTrainer only the element ranges it owns.
 template <class Trainer>

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Kills a trainer's save with SIGKILL before every file operation of every
+rank: a ReplicatedTrainer's full checkpoint and a ShardedTrainer's sharded
+one, on 1 to 4 ranks (threads), over a directory that holds a checkpoint of
+the same layout or of the other one. Each kill starts from a copy of the
+same directory, which holds a committed checkpoint of step 2 (and the files
+of step 1 a save removes); the save writes step 3. After each kill the
+directory must load (at N = 3) step 2 or step 3 bit for bit, never an error
+or a mix. Then a complete save into a killed directory (killed mid-way, and
+killed between the commit and the removal of the old files) must leave only
+its own files.
+
+usage: trainer_kill_test.py WRITER WORKDIR
+
+Environment: GRADSYNC_KILL_WORLDS (default "1,2,3,4"), GRADSYNC_KILL_SWITCHES
+(default "full>full,sharded>sharded,full>sharded,sharded>full": the layout
+in the directory, then the layout saved over it).
+"""
+
+import collections
+import concurrent.futures
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+import kill_harness as kh
+
+STEP = r"step (\d+)"
+
+
+def main():
+    writer, work = sys.argv[1], pathlib.Path(sys.argv[2])
+    worlds = [int(n) for n in os.environ.get("GRADSYNC_KILL_WORLDS", "1,2,3,4").split(",")]
+    switches = [s.split(">") for s in os.environ.get(
+        "GRADSYNC_KILL_SWITCHES", "full>full,sharded>sharded,full>sharded,sharded>full").split(",")]
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    start = time.monotonic()
+    total = 0
+    # The kills of one configuration run side by side: each has its own directory.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+    for old, new in switches:
+        for n in worlds:
+            write = lambda layout, d, gen, *kill: [writer, "write", layout, str(n), d, str(gen), *map(str, kill)]
+            base = work / f"{old}-{new}-n{n}"
+            kh.complete(write(old, base, 1))
+            kh.complete(write(old, base, 2))
+            # A complete save from a copy counts each rank's file operations from this state.
+            probe = work / f"{base.name}-probe"
+            shutil.copytree(base, probe)
+            ops = kh.complete(write(new, probe, 3))
+            dirs = kh.every_kill_point(ops, base, lambda d, r, k: kh.run(write(new, d, 3, r, k)), pool)
+            steps = kh.verify_each([writer, "verify"], dirs, STEP)
+            seen = collections.Counter()
+            for d, (step,) in zip(dirs, steps):
+                if step not in (2, 3):
+                    sys.exit(f"FAIL: {d} holds step {step}, expected 2 (old) or 3 (new)")
+                seen[step] += 1
+            # Rank 0 does the commit and the removals: a kill half-way through its operations
+            # leaves a temporary or step 3's files uncommitted, one before its last leaves step 3
+            # committed with a file of step 2.
+            for d in (dirs[ops[0] // 2], dirs[ops[0] - 1]):
+                kh.complete(write(new, d, 4))
+                with open(d / "checkpoint.commit") as f:
+                    own = "checkpoint-%08d" % json.load(f)["generation"]
+                left = sorted(f for f in os.listdir(d) if f != "checkpoint.commit" and not f.startswith(own))
+                if left:
+                    sys.exit(f"FAIL: a complete save into {d} left {left}")
+                if kh.verify_each([writer, "verify"], [d], STEP) != [(4,)]:
+                    sys.exit(f"FAIL: {d} does not hold step 4 after a complete save of it")
+            total += len(dirs)
+            print(f"{old} then {new}, N={n}: file operations per rank {ops}; {len(dirs)} kill points: "
+                  f"{seen[2]} left step 2, {seen[3]} step 3")
+            for d in [base, probe] + dirs:
+                shutil.rmtree(d, ignore_errors=True)
+    print(f"{total} kill points, each loads the old or the new checkpoint; {time.monotonic() - start:.1f} s")
+    shutil.rmtree(work, ignore_errors=True)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
