@@ -57,12 +57,13 @@ struct CommitRecord {
                   "; a save writes it whole or not at all, so something else changed it: restore it from a copy "
                   "or write a new checkpoint");
     };
-    detail::Json j;
+    detail::JsonDocument doc;
     try {
-      j = detail::parse_json(text);
+      doc = detail::parse_json(std::move(text));
     } catch (const detail::JsonError& e) {
       return bad(std::string("is not valid JSON: ") + e.what());
     }
+    const detail::Json& j = doc.root();
     if (!j.is_object()) return bad("is not a JSON object");
     const detail::Json* format = j.find("format");
     const detail::Json* version = j.find("version");
@@ -76,7 +77,7 @@ struct CommitRecord {
         file->string().starts_with(".")) {
       return bad("does not name a plain file in its directory");
     }
-    return CommitRecord{generation->integer(), file->string()};
+    return CommitRecord{generation->integer(), std::string(file->string())};
   }
 
   /// Writes the record atomically over `path` (fsync of the file, rename,
