@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -113,11 +114,23 @@ double count_correct(Comm& comm, example::Net& net, const Synthetic& test_set) {
       .item<double>();
 }
 
+/// A Net with LibTorch's default initialisation drawn from `seed`. That
+/// draws from the process's default generator, which the rank threads
+/// share: seeding and drawing under one lock keeps another rank's
+/// manual_seed from landing between them, so rank 0's weights (which DDP
+/// gives every rank) depend on the seed alone, not on how the threads ran.
+example::Net seeded_net(int hidden, std::uint64_t seed) {
+  static std::mutex generator;
+  const std::lock_guard<std::mutex> lock(generator);
+  torch::manual_seed(seed);
+  return example::Net(hidden);
+}
+
 template <class Comm>
 double train(Comm& comm, const Synthetic& train_set, const Synthetic& test_set, const Args& a) {
   torch::set_num_threads(1);
-  torch::manual_seed(a.seed + static_cast<std::uint64_t>(comm.rank()));  // different inits: DDP makes them rank 0's
-  example::Net net(a.hidden);
+  // Different inits on purpose: DDP makes them rank 0's.
+  example::Net net = seeded_net(a.hidden, a.seed + static_cast<std::uint64_t>(comm.rank()));
   const auto n_train = static_cast<std::size_t>(train_set.x.size(0));
   gradsync::TorchDistributedSampler sampler(n_train, comm.size(), comm.rank());
   // Every rank reads the file; the weights before the wrapper is built,

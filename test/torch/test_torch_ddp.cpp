@@ -1,6 +1,7 @@
 // DistributedDataParallel for LibTorch modules: parity with one process on
-// the concatenated batch, no_sync accumulation, unused parameters, overlap,
-// frozen parameters, buffers, wrong use, and the data-loader sampler.
+// the concatenated batch, no_sync accumulation and a rank that syncs late,
+// unused parameters, overlap, frozen parameters, buffers, wrong use, and the
+// data-loader sampler.
 //
 // Every rank's result is collected and checked on the main thread after
 // run_threads, so a failing rank never leaves the others waiting.
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <random>
@@ -208,6 +210,89 @@ TEST_CASE("DistributedDataParallel: K micro-batches under no_sync match one step
   CHECK(bitwise_equal(got.params[1], got.params[0]));
   CHECK(bitwise_equal(got.params[2], got.params[0]));
   CHECK(max_relative(got.params[0], expected) <= 1e-6);
+}
+
+TEST_CASE("DistributedDataParallel: one rank's backward under no_sync while the others sync fails every rank, "
+          "naming both syncs") {
+  auto rng = test::rng_for("ddp no_sync on one rank");
+  CAPTURE(test::test_seed());
+  const int n = 3 + static_cast<int>(rng() % 3);
+  const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+  // Counted from 1; steps after it give the odd rank's late sync a partner.
+  const int bad = 1 + static_cast<int>(rng() % 3);
+  const int steps = bad + 2;
+  INFO("N = " << n << ", rank " << odd << " runs backward " << bad << " of " << steps << " under no_sync");
+  const std::int64_t b = 4;
+  const Data d = make_data(n * b, "ddp no_sync on one rank data");
+  // The odd rank's sync of backwards `bad` and `bad` + 1 has the count of
+  // the others' sync of backward `bad`: only the labels tell them apart.
+  std::vector<std::string> kind(static_cast<std::size_t>(n), "returned"), what(static_cast<std::size_t>(n));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    gradsync::run_threads(n, gradsync::ThreadsOptions{.timeout = std::chrono::seconds(10)}, [&](Comm& comm) {
+      torch::set_num_threads(1);
+      const auto r = static_cast<std::size_t>(comm.rank());
+      try {
+        Mlp m;
+        gradsync::DistributedDataParallel ddp(comm, m);
+        auto opt = make_optimizer(Opt::sgd_momentum, *m);
+        for (int s = 1; s <= steps; ++s) {
+          opt->zero_grad();
+          auto backward = [&] {
+            torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b)), rows(d.y, comm.rank() * b, b))
+                .backward();
+          };
+          if (comm.rank() == odd && s == bad) {
+            auto guard = ddp.no_sync();
+            backward();
+          } else {
+            backward();
+          }
+          opt->step();
+        }
+      } catch (const gradsync::InvalidArgument& e) {
+        kind[r] = "InvalidArgument";
+        what[r] = e.what();
+        throw;
+      } catch (const std::exception& e) {
+        kind[r] = "other";
+        what[r] = e.what();
+        throw;
+      }
+    });
+  } catch (const std::exception&) {
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (std::size_t r = 0; r < kind.size(); ++r) {
+    INFO("rank " << r << ": " << kind[r] << ": " << what[r]);
+    CHECK(kind[r] == "InvalidArgument");
+    CHECK(what[r].find("sync " + std::to_string(bad) + ", all-reduce of bucket") != std::string::npos);
+    CHECK(what[r].find("sync " + std::to_string(bad + 1) + ", all-reduce of bucket") != std::string::npos);
+  }
+  CHECK(seconds < 5.0);
+}
+
+TEST_CASE("DistributedDataParallel: reset_stats() on one rank only changes nothing the ranks compare") {
+  auto rng = test::rng_for("ddp reset_stats on one rank");
+  CAPTURE(test::test_seed());
+  const int n = 2 + static_cast<int>(rng() % 3);
+  const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+  INFO("N = " << n << ", rank " << odd << " resets its statistics after every step");
+  const std::int64_t b = 4;
+  const Data d = make_data(n * b, "ddp reset_stats data");
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    Mlp m;
+    gradsync::DistributedDataParallel ddp(comm, m);
+    auto opt = make_optimizer(Opt::sgd_momentum, *m);
+    for (int s = 0; s < 3; ++s) {
+      train(ddp, *opt, rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b), 1);
+      // What a program that prints rank 0's figures per epoch does.
+      if (comm.rank() == odd) ddp.reset_stats();
+    }
+    return snapshot(*m);
+  });
+  for (int r = 0; r < n; ++r) REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+  for (int r = 1; r < n; ++r) CHECK(bitwise_equal(got.params[static_cast<std::size_t>(r)], got.params[0]));
 }
 
 TEST_CASE("DistributedDataParallel: unused parameters contribute zeros with find_unused, and are named without it") {

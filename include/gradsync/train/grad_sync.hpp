@@ -200,7 +200,20 @@ class GradSync {
   /// launches what is left, and waits for every bucket. On return each
   /// rank's gradients hold the average. Under no_sync it only ends the
   /// backward, without communicating.
+  ///
+  /// Every call counts, under no_sync too, and each bucket's all-reduce
+  /// carries the count ("sync 3": the third finish()): a rank that ends one
+  /// backward more under no_sync than its peers before a synced one fails
+  /// that sync on every rank, naming both counts, rather than averaging its
+  /// gradient with theirs of another step. So where a rank calls finish()
+  /// after a backward under no_sync, every rank must do so alike.
   void finish() {
+    // Buckets this finish() launches belong to the same backward as those
+    // launched during it: the count moves on only as finish() leaves.
+    struct CountOnLeave {
+      std::uint64_t& n;
+      ~CountOnLeave() { ++n; }
+    } count{finished_};
     if (!sync_) return;
     std::string missing;
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -361,9 +374,9 @@ class GradSync {
     // any other divisor is folded into the local scale before a sum.
     const bool mean = divisor == world;
     const scale_type scale = static_cast<scale_type>(mean ? avg_.local_scale : avg_.local_scale / divisor);
-    // What the bucket moves: its index, in the sync that the ranks have
+    // What the bucket moves: its index, in the finish() that the ranks have
     // counted alike, and the learning rate that follows it.
-    const CallLabel label = labels_->label(detail::LabelPhase::bucket, k, stats_.syncs + 1, lr_bits_);
+    const CallLabel label = labels_->label(detail::LabelPhase::bucket, k, finished_ + 1, lr_bits_);
     if (here) return reduce_bucket(comm_, k, mean, scale, label);
     std::string what = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(plan_[k].count) + " elements)";
     buckets_[k].request = worker_->submit(std::move(what), [this, k, mean, scale, label](Communicator<B>& c) {
@@ -474,6 +487,9 @@ class GradSync {
   GradSyncStats stats_{};
   std::optional<detail::StepLabels> labels_;  ///< made with the plan; never moves (the labels point at it)
   std::uint64_t lr_bits_ = 0;
+  /// finish() calls, synced or not: the count the labels carry, which
+  /// reset_stats() leaves alone, since ranks need not reset alike.
+  std::uint64_t finished_ = 0;
   std::atomic<double> worker_seconds_{0};  ///< buckets run on the worker
   double inline_seconds_ = 0;              ///< buckets finish() ran on the caller's thread
   std::shared_ptr<ProgressWorker<B>> worker_;

@@ -250,7 +250,12 @@ class DistributedDataParallel {
   const Module& module() const noexcept { return module_; }
 
   /// While the guard lives, backward only accumulates gradients locally; the
-  /// next synced backward averages the sum (PyTorch's `no_sync()`).
+  /// next synced backward averages the sum (PyTorch's `no_sync()`). Every
+  /// rank must run as many backwards under it before a synced one. On a host
+  /// communicator the buckets carry the count of backwards, so a rank that
+  /// ran one more fails the next sync on every rank, naming both counts
+  /// ("sync 3", "sync 4"), where PyTorch's DDP would average gradients of
+  /// different steps.
   using NoSync = detail::NoSyncGuard<DistributedDataParallel>;
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
