@@ -264,11 +264,14 @@ class Control {
   void abandon() noexcept { s_->pending = false; }
 
   /// Tells every other rank that this one failed, unless they know already
-  /// (it failed because of them, or said so before). Never blocks.
-  void tell(FailureKind kind, std::string_view why, int waiting_for = -1) noexcept {
+  /// (it failed because of them, or said so before). Never blocks. `seq` is
+  /// the call that fails: the current one, or, for a communicator failed
+  /// while idle (for a failure on another one), the next, which the peers
+  /// may be waiting in already.
+  void tell(FailureKind kind, std::string_view why, int waiting_for = -1, std::uint64_t seq = 0) noexcept {
     if (!s_ || s_->spoken) return;
     abandon();
-    send(false, kind, s_->call.seq, why, waiting_for);
+    send(false, kind, std::max(seq, s_->call.seq), why, waiting_for, false, seq <= s_->call.seq);
   }
 
   /// What the others say after this rank timed out: tells them first, then
@@ -559,7 +562,7 @@ class Control {
   }
 
   void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for,
-            bool unwound = false) noexcept {
+            bool unwound = false, bool joined = true) noexcept {
     State& s = *s_;
     s.spoken = true;
     // Raised before any notice leaves: a peer that finds it down has no
@@ -576,6 +579,7 @@ class Control {
         auto n = std::make_unique<Notice>();
         n->left = left ? 1 : 0;
         n->unwound = unwound ? 1 : 0;
+        n->joined = joined ? 1 : 0;
         n->kind = kind;
         n->rank = s.rank;
         n->seq = seq;
@@ -605,7 +609,7 @@ class Control {
       if (n.nonce != s.nonce || n.rank != st.MPI_SOURCE) continue;
       auto& gone = s.gone[static_cast<std::size_t>(n.rank)];
       // Failing in call k means it completes no call from k on.
-      gone = std::min(gone, n.left ? n.seq : n.seq - 1);
+      gone = std::min(gone, n.left || n.seq == 0 ? n.seq : n.seq - 1);
       s.heard[static_cast<std::size_t>(n.rank)] = n;
       return true;
     }
@@ -632,7 +636,9 @@ class Control {
     const Notice& n = s.heard[static_cast<std::size_t>(q)];
     // A disagreement is best named from this rank's own view of it: the
     // agreement of the call the peer refused is complete, or about to be.
-    if (!n.left && n.kind == FailureKind::invalid_argument && s.pending) explain(timeout);
+    // Not so for a peer that failed before it began this call (for a
+    // disagreement on another communicator): that agreement never ends.
+    if (!n.left && n.joined && n.kind == FailureKind::invalid_argument && s.pending) explain(timeout);
     std::string what = "gradsync: " + s.names.who(s.rank) + " abandoned " + describe(s.call) + " because " + account(q);
     if (n.left) {
       s.spoken = true;

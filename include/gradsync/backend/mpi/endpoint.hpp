@@ -227,7 +227,7 @@ class Endpoint {
   void fail(const CallInfo& call, std::string_view why, FailureKind kind) noexcept {
     if (failure_policy == MpiFailurePolicy::abort_job) abort_job(why, call);
     cancel();
-    control_.tell(kind, why);
+    control_.tell(kind, why, -1, call.seq);
   }
 
   // Native collectives: MPI's own. Non-blocking forms, so the deadline holds.

@@ -23,7 +23,7 @@ struct Notice {
   std::uint8_t left = 0;
   FailureKind kind = FailureKind::error;
   std::uint8_t unwound = 0;
-  std::uint8_t pad = 0;
+  std::uint8_t joined = 0;  ///< the sender had begun call `seq` (sent its part of the agreement)
   std::int32_t rank = 0;
   std::uint64_t seq = 0;
   std::uint64_t nonce = 0;    ///< which communicator it belongs to
