@@ -371,8 +371,8 @@ TEST_CASE("GradSync options that differ between ranks are named at construction,
     const char* theirs[] = {"bf16", "1024", "true", "true"};
     INFO(what[0]);
     CHECK(what[0].find(std::string("GradSyncOptions::") + field[which] + ": ") != std::string::npos);
-    CHECK(what[0].find(std::string(theirs[which]) + " on rank " + std::to_string(odd)) != std::string::npos);
-    CHECK(what[0].find(std::string(ours[which]) + " on ranks ") != std::string::npos);
+    CHECK(what[0].find(std::string(theirs[which]) + " on world rank " + std::to_string(odd)) != std::string::npos);
+    CHECK(what[0].find(std::string(ours[which]) + " on world ranks ") != std::string::npos);
     for (const std::string& w : what) CHECK(w == what[0]);
   }
 }

@@ -1,4 +1,4 @@
-// ShardedTrainer's offload (issue 13): the master and gradient shards and
+// ShardedTrainer's offload: the master and gradient shards and
 // the optimizer's state in a HostOffloadSpace, the shards reached only by
 // copies. Offloaded runs equal the plain ones bitwise, the bytes copied, the
 // space's allocations and the memory need equal their formulas,
@@ -424,7 +424,7 @@ TEST_CASE("memory_budget: a rank given a different budget makes every rank throw
       INFO(what[0]);
       CHECK(what[0].find("different ") != std::string::npos);
       CHECK(what[0].find("memory_budget") != std::string::npos);
-      CHECK(what[0].find(std::to_string(other) + " on rank " + std::to_string(odd)) != std::string::npos);
+      CHECK(what[0].find(std::to_string(other) + " on world rank " + std::to_string(odd)) != std::string::npos);
       for (const std::string& w : what) CHECK(w == what[0]);
     }
   }
@@ -458,7 +458,7 @@ TEST_CASE("offload: ranks that differ in whether they offload all throw the same
         INFO(what[0]);
         CHECK(what[0].find("different settings: ") != std::string::npos);
         CHECK(what[0].find(std::string("ShardedTrainerOptions::offload: ")) != std::string::npos);
-        CHECK(what[0].find((odd_offloads ? "a space on rank " : "none on rank ") + std::to_string(odd)) !=
+        CHECK(what[0].find((odd_offloads ? "a space on world rank " : "none on world rank ") + std::to_string(odd)) !=
               std::string::npos);
         CHECK(what[0].find("Give every rank an offload space, or none") != std::string::npos);
         CHECK((what[0].find("memory_budget") != std::string::npos) == budget_too);

@@ -126,7 +126,7 @@ struct AgreedValue {
   std::string fix;
 };
 
-/// "rank 3", "ranks 0-2", "ranks 0, 2, 5-7".
+/// "rank 3", "ranks 0-2", "ranks 0, 2, 5-7" (or "world rank 3"...).
 inline std::string rank_list(const std::vector<std::size_t>& ranks, std::string_view word = "rank") {
   std::string s(word);
   if (ranks.size() != 1) s += "s";
@@ -143,11 +143,12 @@ inline std::string rank_list(const std::vector<std::size_t>& ranks, std::string_
 /// The message for settings that differ: for each (by name, in the order
 /// first met) the ranks that hold each value, e.g. "optimizer lr: 0.4 on
 /// world ranks 0-2, 0.1 on world rank 3". `all[r]` is rank r's list of
-/// name and value pairs; a name a rank lacks reads "(none)". Empty when
-/// every rank holds the same values.
+/// name and value pairs; a name a rank lacks reads "(none)". Where
+/// `present` is given, only the ranks it marks are listed (the world ranks
+/// of a group). Empty when every rank holds the same values.
 inline std::string differing_values(const std::vector<std::vector<std::pair<std::string, std::string>>>& all,
                                     std::string_view rank_word, std::string* fixes = nullptr,
-                                    std::span<const AgreedValue> mine = {}) {
+                                    std::span<const AgreedValue> mine = {}, const std::vector<bool>& present = {}) {
   std::vector<std::string> names;
   for (const auto& list : all) {
     for (const auto& [name, value] : list) {
@@ -158,6 +159,7 @@ inline std::string differing_values(const std::vector<std::vector<std::pair<std:
   for (const std::string& name : names) {
     std::vector<std::pair<std::string, std::vector<std::size_t>>> groups;
     for (std::size_t r = 0; r < all.size(); ++r) {
+      if (!present.empty() && !present[r]) continue;
       std::string value = "(none)";
       for (const auto& [n, v] : all[r]) {
         if (n == name) value = v;
@@ -290,12 +292,25 @@ void check_units_agree(Communicator<B>& comm, const std::vector<std::string>& un
       texts.push_back(a.value);
     }
     const std::vector<std::vector<std::string>> all = gather_texts(comm, texts, who);
-    std::vector<std::vector<std::pair<std::string, std::string>>> lists(n);
+    // Listed by world rank, the numbers a user launched: on a group made by
+    // split, its rank r is the world's rank world_rank(r).
+    const detail::RankNames& names = detail::rank_names(comm);
+    bool by_world = true;
+    for (std::size_t r = 0; r < n; ++r) by_world = by_world && names.world_rank(static_cast<int>(r)) >= 0;
+    std::vector<std::vector<std::pair<std::string, std::string>>> lists;
+    std::vector<std::size_t> order(n);
     for (std::size_t r = 0; r < n; ++r) {
-      for (std::size_t i = 0; i + 1 < all[r].size(); i += 2) lists[r].push_back({all[r][i], all[r][i + 1]});
+      order[r] = by_world ? static_cast<std::size_t>(names.world_rank(static_cast<int>(r))) : r;
+    }
+    const std::size_t slots = by_world ? *std::max_element(order.begin(), order.end()) + 1 : n;
+    std::vector<bool> present(slots, false);
+    lists.resize(slots);
+    for (std::size_t r = 0; r < n; ++r) {
+      present[order[r]] = true;
+      for (std::size_t i = 0; i + 1 < all[r].size(); i += 2) lists[order[r]].push_back({all[r][i], all[r][i + 1]});
     }
     std::string fixes;
-    const std::string msg = differing_values(lists, "rank", &fixes, also);
+    const std::string msg = differing_values(lists, by_world ? "world rank" : "rank", &fixes, also, present);
     if (msg.empty()) return;
     throw InvalidArgument("gradsync: " + std::string(who) + ": ranks were given different settings: " + msg + "." +
                           fixes);
