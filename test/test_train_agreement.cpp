@@ -20,6 +20,7 @@
 
 #include "support/common.hpp"
 #include "test_train_squares.hpp"
+#include "test_train_swapping.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
 // the trainer tests as one unity translation unit.
@@ -33,49 +34,7 @@ using gradsync::Threads;
 using test_squares::Scale;
 using Clock = std::chrono::steady_clock;
 
-/// Units fc0..fc{k-1} of equal size, loss ½·Σw². Forward and backward visit
-/// them in order, except that rank `odd` swaps units `a` and `b` in step
-/// `bad_step` (counted from 1): what a model with data-dependent control
-/// flow, or a bug, does. Equal sizes, so only the units' identity differs.
-struct Swapping {
-  using value_type = float;
-
-  std::size_t units_n = 4;
-  std::size_t size = 12;
-  int rank = 0, odd = -1;
-  std::size_t a = 1, b = 2, bad_step = 0;
-  mutable std::size_t steps = 0;
-
-  std::vector<gradsync::UnitSpec> units() const {
-    std::vector<gradsync::UnitSpec> u;
-    for (std::size_t i = 0; i < units_n; ++i) u.push_back({"fc" + std::to_string(i), {{"weight", {size}}}, {}});
-    return u;
-  }
-  void init_unit(std::size_t u, const gradsync::UnitView<float>& view) {
-    for (std::size_t i = 0; i < view.flat_params.size(); ++i) view.flat_params[i] = 0.01f * float(u + 1) + 0.001f * float(i);
-  }
-  std::vector<std::size_t> order() const {
-    std::vector<std::size_t> o(units_n);
-    for (std::size_t i = 0; i < units_n; ++i) o[i] = i;
-    if (rank == odd && steps == bad_step) std::swap(o[a], o[b]);
-    return o;
-  }
-  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
-    ++steps;
-    const std::vector<std::size_t> o = order();
-    double loss = 0;
-    for (const std::size_t u : o) {
-      const auto p = ctx.params(u);
-      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
-    }
-    for (std::size_t i = o.size(); i-- > 0;) {
-      const auto p = ctx.params(o[i]);
-      for (std::size_t k = 0; k < p->flat_params.size(); ++k) p->flat_grads[k] += batch.factor * p->flat_params[k];
-      ctx.ready(o[i]);
-    }
-    return loss;
-  }
-};
+using test_swapping::Swapping;
 
 struct Outcome {
   std::string kind = "returned";
@@ -248,13 +207,13 @@ TEST_CASE("trainers agree on their options and optimizer at construction, naming
     const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
     INFO(d.name << ", N = " << n << ", odd rank " << odd);
     const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) { d.body(comm, comm.rank() == odd); });
-    // "optimizer lr: 0.4 on ranks 0-1, 3, 0.1 on rank 2": the others' value first (rank 0 holds it unless odd).
+    // "optimizer lr: 0.4 on world ranks 0-1, 3, 0.1 on world rank 2": the others' value first (rank 0 holds it unless odd).
     std::vector<std::size_t> others;
     for (int r = 0; r < n; ++r) {
       if (r != odd) others.push_back(static_cast<std::size_t>(r));
     }
-    const std::string ours = d.ours + " on " + gradsync::detail::rank_list(others);
-    const std::string theirs = d.theirs + " on rank " + std::to_string(odd);
+    const std::string ours = d.ours + " on " + gradsync::detail::rank_list(others, "world rank");
+    const std::string theirs = d.theirs + " on world rank " + std::to_string(odd);
     const std::string expected = std::string(d.field) + ": " + (odd == 0 ? theirs + ", " + ours : ours + ", " + theirs);
     for (int r = 0; r < n; ++r) {
       const Outcome& o = got[static_cast<std::size_t>(r)];

@@ -1,9 +1,10 @@
-// ShardedTrainer over the Mpi backend, one rank per mpirun process (issue 13:
-// "2 to 4 under mpirun"): parity with ReplicatedTrainer for every strategy
-// and optimizer, bitwise under deterministic; the collectives of a step; and
-// a rank whose units differ. The runs and expectations are the Threads
-// tests' own (test_train_sharded_schedule.hpp); each process checks its rank
-// and compares hashes with the others.
+// ShardedTrainer over the Mpi backend, one rank per mpirun process (2 to 4):
+// parity with ReplicatedTrainer for every strategy and optimizer, bitwise
+// under deterministic; the collectives of a step; a rank whose units differ;
+// and a rank that asks for another unit of equal size. The runs and
+// expectations are the Threads tests' own (test_train_sharded_schedule.hpp,
+// test_train_swapping.hpp); each process checks its rank and compares
+// hashes with the others.
 #include <doctest/doctest.h>
 
 #include <gradsync/backend/mpi.hpp>
@@ -22,6 +23,7 @@
 #include "../support/world.hpp"
 #include "../test_train_sharded_schedule.hpp"
 #include "../test_train_squares.hpp"
+#include "../test_train_swapping.hpp"
 
 // Everything in this file is in its own namespace: the Mpi suites compile it
 // in one translation unit with other test files (test/mpi/meson.build).
@@ -226,6 +228,39 @@ TEST_CASE("mpi units: a rank whose units differ makes every rank throw the same 
     test::check_unit_disagreement("ShardedTrainer", {message}, {constructed}, 1, odd);
     CHECK(same_on_every_rank(message));
   });
+}
+
+TEST_CASE("mpi labels: a rank that asks for another unit of equal size fails every rank, naming both units") {
+  const int world = test::mpi_size();
+  auto rng = test::rng_for("mpi sharded unit identity");
+  for (const ShardingStrategy strategy : all_strategies) {
+    // The same draws on every process: the job shares one seed.
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(world));
+    const std::size_t a = rng() % 3, b = a + 1 + rng() % (3 - a);  // 0 <= a < b <= 3
+    const std::size_t bad_step = 1 + rng() % 3;
+    INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world << ", " << std::string(name(strategy))
+                                 << ", rank " << odd << " swaps fc" << a << " and fc" << b << " in step " << bad_step);
+    test::run_world(world, [&](Communicator<Mpi>& comm) {
+      comm.set_timeout(std::chrono::seconds(10));
+      std::string message = "returned";
+      const auto t0 = std::chrono::steady_clock::now();
+      test::catch_message(message, [&] {
+        test_swapping::Swapping m{.rank = comm.rank(), .odd = odd, .a = a, .b = b, .bad_step = bad_step};
+        ShardedTrainerOptions o{.strategy = strategy};
+        if (strategy == ShardingStrategy::HybridShard) o.shard_size = world == 4 ? 2 : 1;
+        ShardedTrainer trainer(comm, m, gradsync::Sgd<float>({.lr = 0.1}), o);
+        for (std::size_t s = 0; s < 4; ++s) trainer.step(Scale{1.0f});
+      });
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      INFO("rank " << comm.rank() << " after " << seconds << " s: " << message);
+      CHECK(seconds < 5.0);
+      CHECK(message.find("ranks disagree") != std::string::npos);
+      CHECK(message.find("step " + std::to_string(bad_step) + ", ") != std::string::npos);
+      CHECK(message.find("'fc" + std::to_string(a) + "'") != std::string::npos);
+      CHECK(message.find("'fc" + std::to_string(b) + "'") != std::string::npos);
+      CHECK(message.find("rank " + std::to_string(odd)) != std::string::npos);
+    });
+  }
 }
 
 }  // namespace test_train_sharded_mpi
