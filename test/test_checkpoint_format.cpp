@@ -1,4 +1,4 @@
-// The checkpoint file layer (issue 14): safetensors round trips of every
+// The checkpoint file layer: safetensors round trips of every
 // dtype, sharded checkpoints re-read at other world sizes, and files that are
 // truncated, corrupted or mismatched refusing to load, all or nothing.
 // GRADSYNC_CHECKPOINT_SEED replays the random data.

@@ -1,4 +1,4 @@
-// Randomized faults (issue 11). Each trial runs a short random sequence of
+// Randomized faults. Each trial runs a short random sequence of
 // collectives on N ranks with one fault on one rank: it skips a call,
 // disagrees on the call (count, root, op, type, algorithm, chunk size,
 // collective), leaves early, throws, sleeps past the deadline, or runs a

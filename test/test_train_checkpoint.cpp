@@ -1,4 +1,4 @@
-// Checkpoints of the training state (issue 14): optimizer and sampler state,
+// Checkpoints of the training state: optimizer and sampler state,
 // ReplicatedTrainer's save/load, exact resume, bad files.
 #include <doctest/doctest.h>
 

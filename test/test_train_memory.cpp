@@ -1,6 +1,6 @@
 // What the trainers hold per rank: persistent bytes against the formula,
 // the measured peak of transient bytes against its prediction, and the
-// memory_budget that refuses a configuration before it starts (issue 13).
+// memory_budget that refuses a configuration before it starts.
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>

@@ -1,4 +1,4 @@
-// ReplicatedTrainer: the DDP semantics of issue 6, each one a test.
+// ReplicatedTrainer: the semantics of PyTorch DDP, each one a test.
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>

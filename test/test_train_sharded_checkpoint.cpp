@@ -1,4 +1,4 @@
-// Checkpoints of the ShardedTrainer (issue 14, the sharded half): the full
+// Checkpoints of the ShardedTrainer: the full
 // and the sharded layout, saved at N = 4 and loaded at N = 1, 2, 3 and into a
 // ReplicatedTrainer, exact resume at the same N, and bad files.
 #include <doctest/doctest.h>

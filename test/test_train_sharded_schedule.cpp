@@ -1,4 +1,4 @@
-// ShardedTrainer's schedule (issue 13, part A): gradient accumulation in
+// ShardedTrainer's schedule: gradient accumulation in
 // both modes, auto-wrap and the wrapping plan, the collectives of a step,
 // and prefetch.
 #include <doctest/doctest.h>

@@ -1,5 +1,5 @@
 // ShardedTrainer: layout, parity with ReplicatedTrainer, the collectives of a
-// step, persistent memory, and what it refuses (issue 13's first slice).
+// step, persistent memory, and what it refuses.
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>

@@ -1,4 +1,4 @@
-// DistributedDataParallel with bfloat16 and half parameters (issue 15): the
+// DistributedDataParallel with bfloat16 and half parameters: the
 // flat gradient keeps the parameters' 16-bit dtype and is all-reduced as it
 // is, so N ranks match one process on the N·b batch only to the type's
 // precision, and must still be bitwise alike across ranks.

@@ -1,4 +1,4 @@
-// DistributedDataParallel on CUDA tensors over Nccl (issue 15): one rank per
+// DistributedDataParallel on CUDA tensors over Nccl: one rank per
 // visible GPU, each on its own thread, against one LibTorch process on the
 // concatenated batch; refusals of tensors on the wrong device. Without a
 // GPU, or with a LibTorch built without CUDA (Debian's), it reports SKIP
