@@ -21,7 +21,7 @@
 //             FullShard (N-1)(3Σc - c_root), ShardGradOp 2(N-1)Σc, DDP and NoShard
 //             2(N-1)/N·Ψ elements of 4 bytes, c = ⌈P/N⌉ per unit (padding counted)
 //   peak      MiB per rank: persistent + the most transient bytes held at once (rank 0),
-//             against FSDP.md's formula: DDP (8+S)Ψ, FullShard (8+S)Σc + 4U + 4U,
+//             against docs/FSDP.md's formula: DDP (8+S)Ψ, FullShard (8+S)Σc + 4U + 4U,
 //             ShardGradOp (8+S)Σc + 4Ψ + 4U (S = 8 for Adam, U the largest unit);
 //             with --param-dtype bf16 (gathers in bfloat16, and ShardGradOp keeps
 //             its units in it where that holds less) ShardGradOp's is
@@ -119,7 +119,7 @@ struct Precision {
   bool params = false, reduce = false, compute = false;
 };
 
-/// FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest unit.
+/// docs/FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest unit.
 double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n, const Precision& p) {
   const bool bf16 = p.params, low = p.compute;
   std::size_t psi = 0, u_max = 0, c = 0;

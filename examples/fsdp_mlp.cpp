@@ -18,7 +18,7 @@
 // ShardGradOp refusing that budget, then trains with FullShard, which keeps
 // 1/N of everything and gathers one unit at a time: it prints the plan
 // (units, sizes, shards, bytes per rank), what each rank needs against
-// FSDP.md's formula, a line per epoch, and what each rank really held.
+// docs/FSDP.md's formula, a line per epoch, and what each rank really held.
 // The default run (4 epochs of 24,000 samples) takes about 10 s on 2 cores
 // and ends at about 82% test accuracy (target 75%).
 
@@ -151,7 +151,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
       std::printf("  %-5s %9zu  %10zu  %8zu  %11zu\n", trainer.units()[u].name.c_str(), p, c, n * c - p, 16 * c);
     }
   }
-  // FSDP.md: 16 bytes per shard element (Adam, fp32) + one gathered unit + its gradient.
+  // docs/FSDP.md: 16 bytes per shard element (Adam, fp32) + one gathered unit + its gradient.
   const double formula = 16.0 * double(chunks) + 8.0 * double(largest);
   if (rank == 0) {
     std::printf("  needs per rank %s\n  FSDP.md's formula 16·Σ⌈U/N⌉ + 4·U_max + 4·U_max = %.2f MiB; a replica "

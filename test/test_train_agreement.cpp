@@ -227,6 +227,32 @@ TEST_CASE("trainers agree on their options and optimizer at construction, naming
   }
 }
 
+/// Runs `train(trainer)` with trainer 0 a ReplicatedTrainer, 1 a FullShard
+/// and 2 a NoShard ShardedTrainer, each on the same Squares model and SGD.
+template <class Train>
+void with_trainer(Communicator<Threads>& comm, int trainer, double lr, Train train) {
+  const test_squares::Squares m{{10, 7, 3}, 1};
+  if (trainer == 0) {
+    gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = lr}));
+    train(t);
+  } else {
+    ShardedTrainer t(comm, m, gradsync::Sgd<float>({.lr = lr}),
+                     {.strategy = trainer == 1 ? ShardingStrategy::FullShard : ShardingStrategy::NoShard});
+    train(t);
+  }
+}
+
+/// Every rank threw InvalidArgument, within the deadline, naming each of `parts`.
+void check_every_rank(const std::vector<Outcome>& got, double seconds, const std::vector<std::string>& parts) {
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    const Outcome& o = got[r];
+    INFO("rank " << r << ": " << o.kind << ": " << o.what);
+    CHECK(o.kind == "InvalidArgument");
+    for (const std::string& part : parts) CHECK(contains(o.what, part));
+  }
+  CHECK(seconds < 5.0);
+}
+
 TEST_CASE("a learning rate changed on one rank fails the next step on every rank, naming both rates") {
   auto rng = test::rng_for("lr agreement per step");
   CAPTURE(test::test_seed());
@@ -243,25 +269,9 @@ TEST_CASE("a learning rate changed on one rank fails the next step on every rank
           t.step(Scale{1.0f});
         }
       };
-      const test_squares::Squares m{{10, 7, 3}, 1};
-      if (trainer == 0) {
-        gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.25}));
-        train(t);
-      } else {
-        ShardedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.25}),
-                         {.strategy = trainer == 1 ? ShardingStrategy::FullShard : ShardingStrategy::NoShard});
-        train(t);
-      }
+      with_trainer(comm, trainer, 0.25, train);
     });
-    for (int r = 0; r < n; ++r) {
-      const Outcome& o = got[static_cast<std::size_t>(r)];
-      INFO("rank " << r << ": " << o.kind << ": " << o.what);
-      CHECK(o.kind == "InvalidArgument");
-      CHECK(contains(o.what, "optimizer lr 0.25"));
-      CHECK(contains(o.what, "optimizer lr 0.05"));
-      CHECK(contains(o.what, " " + std::to_string(change_at) + ", "));
-    }
-    CHECK(seconds < 5.0);
+    check_every_rank(got, seconds, {"optimizer lr 0.25", "optimizer lr 0.05", " " + std::to_string(change_at) + ", "});
   }
 }
 
@@ -280,24 +290,9 @@ TEST_CASE("clip_grad_norm with different max_norm on one rank fails every rank, 
           t.optimizer_step();
         }
       };
-      const test_squares::Squares m{{10, 7, 3}, 1};
-      if (trainer == 0) {
-        gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}));
-        train(t);
-      } else {
-        ShardedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}),
-                         {.strategy = trainer == 1 ? ShardingStrategy::FullShard : ShardingStrategy::NoShard});
-        train(t);
-      }
+      with_trainer(comm, trainer, 0.1, train);
     });
-    for (int r = 0; r < n; ++r) {
-      const Outcome& o = got[static_cast<std::size_t>(r)];
-      INFO("rank " << r << ": " << o.kind << ": " << o.what);
-      CHECK(o.kind == "InvalidArgument");
-      CHECK(contains(o.what, "clip_grad_norm(max_norm = 1, p = 2)"));
-      CHECK(contains(o.what, "clip_grad_norm(max_norm = 0.5, p = 2)"));
-    }
-    CHECK(seconds < 5.0);
+    check_every_rank(got, seconds, {"clip_grad_norm(max_norm = 1, p = 2)", "clip_grad_norm(max_norm = 0.5, p = 2)"});
   }
 }
 

@@ -158,7 +158,7 @@ TEST_CASE("memory: bf16 compression's bucket buffers are DDP's transient bytes, 
   });
 }
 
-// FSDP.md's case: eight 2048×2048 + bias units (U = 4,196,352, Ψ = 33.6M),
+// docs/FSDP.md's case: eight 2048×2048 + bias units (U = 4,196,352, Ψ = 33.6M),
 // Adam, N = 4, 256 MiB per rank. DDP needs 16Ψ = 512 MiB, ShardGradOp
 // 16·Σ⌈U/4⌉ + 4·N·Σ⌈U/4⌉ + 2 gradient buffers = 288 MiB; FullShard
 // 16·Σ⌈U/4⌉ + 4U + 4U = 160 MiB (U is a multiple of 4: no padding).
@@ -489,7 +489,7 @@ constexpr PrefetchCase prefetch_cases[] = {{"BackwardPre", false, BackwardPrefet
 
 }  // namespace
 
-// FSDP.md's 4(1+d)·U_max + 4·U_max: a prefetched unit adds one gathered unit
+// docs/FSDP.md's 4(1+d)·U_max + 4·U_max: a prefetched unit adds one gathered unit
 // (d = 1), and since a unit's gradient buffer waits for the previous unit's
 // reduce-scatter, there is still one buffer. Units of one size make the
 // backward's peak (units i and i−1 gathered, i's buffer) the formula exactly.
