@@ -1,14 +1,14 @@
-// issue12_call_cost: a fixed number of small all-reduces, for counting
+// call_instructions: a fixed number of small all-reduces, for counting
 // instructions per call under callgrind (the VM has no hardware counters).
 // It uses only public spellings that 315de20 and today share, so the same
-// file builds against either tree (see issue12_speed_recheck.txt):
-//   g++ -std=c++20 -O2 -g -I TREE/include issue12_call_cost.cpp -o cc -pthread
-//   mpicxx -std=c++20 -O2 -g -DCALL_COST_MPI -I TREE/include issue12_call_cost.cpp -o cc_mpi
+// file builds against either tree:
+//   g++ -std=c++20 -O2 -g -I TREE/include call_instructions.cpp -o cc -pthread
+//   mpicxx -std=c++20 -O2 -g -DCALL_COST_MPI -I TREE/include call_instructions.cpp -o cc_mpi
 // Usage: cc ALGO FLOATS CALLS [RANKS [REPEATS]]   (ALGO: auto ring tree rhd native)
 // Stats are zeroed when rank 0 starts its first loop and dumped when it ends
 // (CALLGRIND_* client requests; plain runs ignore them): under MPI that is
 // rank 0's process, on Threads every rank thread of the process meanwhile.
-// issue12_call_count.sh builds it and reads the counts.
+// call_instructions.sh builds it and reads the counts.
 // Each of REPEATS loops of CALLS calls prints rank 0's time per call (us).
 // CALL_COST_PIN=1 pins Threads rank r to core r (MPI: use --bind-to core).
 #include <valgrind/callgrind.h>

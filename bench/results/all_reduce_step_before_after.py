@@ -1,15 +1,15 @@
 #!/usr/bin/python3
-"""Before/after the issue-12 reshaping, interleaved: all_reduce_perf (threads, N = 2; mpi, np 2 bound
-to cores), time per call per algorithm, size and placement, and ddp_step ms/step.
+"""Two builds of gradsync, timed interleaved: all_reduce_perf (threads, N = 2; mpi, np 2 bound to cores),
+time per call per algorithm, size and placement, and ddp_step ms/step. It made
+all_reduce_step_before_after.txt (315de20 against 895d760, 8 rounds; docs/PERFORMANCE.md).
 
-  issue12_before_after.py BEFORE AFTER [ROUNDS] [PICKLE]
+  all_reduce_step_before_after.py BEFORE AFTER [ROUNDS] [PICKLE]
 
 BEFORE and AFTER are build trees (BEFORE/bench/all_reduce_perf, ...). Each round runs every tool once
 per tree, alternating which goes first. A process on this 2-core VM is either fast or slow for its whole
 life (2 spinning ranks on 2 cores), so every repeat is kept, each process is summarised by the median
 of its repeats, and the table shows, per row, the best process and the median process of each tree and
-their after/before ratios. "<" marks a row where both ratios exceed 1.05. (Stop 24's table came from an
-earlier version of this script: median of round figures, out of place only, MPI --bind-to none.)"""
+their after/before ratios. "<" marks a row where both ratios exceed 1.05."""
 import json, pickle, re, statistics, subprocess, sys, tempfile
 
 MPI = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "core", "-np", "2"]

@@ -1,16 +1,17 @@
 #!/bin/bash
-# Instructions per call of issue12_call_cost under callgrind (issue12_speed_recheck.txt, part 1).
-#   issue12_call_count.sh build TREE OUT          builds OUT (Threads) and OUT_mpi against TREE/include
-#   issue12_call_count.sh threads BIN ALGO FLOATS CALLS RANKS
-#   issue12_call_count.sh mpi BIN_mpi ALGO FLOATS CALLS NP
+# Instructions per call of call_instructions.cpp under callgrind (the VM has no hardware counters;
+# read in docs/PERFORMANCE.md, "Before and after the layered call path").
+#   call_instructions.sh build TREE OUT          builds OUT (Threads) and OUT_mpi against TREE/include
+#   call_instructions.sh threads BIN ALGO FLOATS CALLS RANKS
+#   call_instructions.sh mpi BIN_mpi ALGO FLOATS CALLS NP
 # prints: total, wait loops and outside them, per call (rank 0's process under MPI; every rank thread on Threads).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case $1 in
 build)
   flags=(-std=c++20 -O2 -g -pthread -D_FILE_OFFSET_BITS=64 -I "$2/include")
-  g++ "${flags[@]}" "$here/issue12_call_cost.cpp" -o "$3"
-  mpicxx "${flags[@]}" -DOMPI_SKIP_MPICXX=1 -DCALL_COST_MPI "$here/issue12_call_cost.cpp" -o "$3_mpi"
+  g++ "${flags[@]}" "$here/call_instructions.cpp" -o "$3"
+  mpicxx "${flags[@]}" -DOMPI_SKIP_MPICXX=1 -DCALL_COST_MPI "$here/call_instructions.cpp" -o "$3_mpi"
   exit 0 ;;
 threads) run=(valgrind --tool=callgrind) ;;
 mpi) run=(mpirun --allow-run-as-root --oversubscribe -np "$6" valgrind --tool=callgrind) ;;
