@@ -73,15 +73,5 @@ inline FailureKind current_failure_kind() noexcept {
   }
 }
 
-[[noreturn]] inline void throw_failure(FailureKind kind, const std::string& what) {
-  switch (kind) {
-    case FailureKind::invalid_argument: throw InvalidArgument(what);
-    case FailureKind::timeout: throw Timeout(what);
-    case FailureKind::aborted: throw Aborted(what);
-    case FailureKind::error: break;
-  }
-  throw Error(what);
-}
-
 }  // namespace detail
 }  // namespace gradsync

@@ -166,12 +166,6 @@ void reduce_into(T* __restrict dst, const T* __restrict src, std::size_t n) noex
   for_each_blocked<T>(n, [dst, src](std::size_t i) { dst[i] = Op::apply(dst[i], src[i]); });
 }
 
-/// dst[i] = op(a[i], b[i]), for out-of-place first steps.
-template <ReduceOp Op, class T>
-void reduce_to(T* __restrict dst, const T* a, const T* b, std::size_t n) noexcept {
-  for_each_blocked<T>(n, [dst, a, b](std::size_t i) { dst[i] = Op::apply(a[i], b[i]); });
-}
-
 /// Applies Op::finish (Avg's division) in place; a no-op for other ops.
 template <ReduceOp Op, class T>
 void finish(T* x, std::size_t n, int world) noexcept {
