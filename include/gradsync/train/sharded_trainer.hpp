@@ -43,6 +43,7 @@
 #include "gradsync/train/fsdp/buffer_pool.hpp"
 #include "gradsync/train/fsdp/collectives.hpp"
 #include "gradsync/train/fsdp/flat_shard.hpp"
+#include "gradsync/train/fsdp/memory.hpp"
 #include "gradsync/train/fsdp/offloaded.hpp"
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
@@ -177,9 +178,12 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
     // Offload decides where the shards live and so the compute side's need:
     // it must agree too, as the budget does.
-    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget, settings());
-    precision();
-    check_offload();
+    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget,
+                                detail::fsdp::agreed_options<value_type, compute_type>(o_, opt_));
+    const auto precision = detail::fsdp::read_precision<value_type, computes_low>(o_, where(), specs_);
+    param_bf16_ = precision.params_low;
+    reduce_bf16_ = precision.grads_low;
+    detail::fsdp::check_offload(o_, where());
     split();
     layout();
     if (o_.wrap.is_custom()) {
@@ -199,7 +203,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                             ": the model declares no parameters (" + std::to_string(specs_.size()) +
                             " units, 0 elements); there is nothing to shard or train");
     }
-    check_budget();
+    detail::fsdp::check_budget(where(), o_, flat_, memory_facts());
     pool_.reserve(2 * wrapped_.size(), memory_need().transient());
     initialise();
     worker_ = ProgressWorker<backend_type>::shared(shard_comm());
@@ -409,11 +413,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// What this rank needs, by the formula (detail::sharded_memory_need):
   /// persistent bytes exactly, transient bytes as the most a step holds at
   /// once (an upper bound; exact for FullShard without prefetch).
-  MemoryNeed memory_need() const { return need(o_.strategy); }
+  MemoryNeed memory_need() const { return detail::fsdp::trainer_need(o_, o_.strategy, flat_, memory_facts()); }
   /// The most transient bytes (gathered wrapped units, gradient buffers)
   /// this rank really held at once since construction or reset_peak_transient().
-  std::size_t peak_transient_bytes() const noexcept { return peak_transient_; }
-  void reset_peak_transient() noexcept { peak_transient_ = 0; }
+  std::size_t peak_transient_bytes() const noexcept { return peak_.bytes(); }
+  void reset_peak_transient() noexcept { peak_.reset(); }
   /// What construction held beside the persistent part: the model's
   /// initial values in full before they were sharded (one wrapped unit if
   /// the model has init_unit, every parameter if it has only bind, nothing
@@ -530,57 +534,16 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
   std::span<value_type> grad_shard() noexcept { return offloaded() ? off_grads_.span() : std::span(shard_grads_); }
 
-  /// Offload applies to the sharded strategies only (every rank has the same options).
-  void check_offload() const {
-    if (offloaded() && o_.strategy == ShardingStrategy::NoShard) {
-      throw InvalidArgument(where() +
-                            ": ShardedTrainerOptions::offload needs a sharded strategy (FullShard, ShardGradOp or "
-                            "HybridShard); NoShard keeps every unit whole where the model uses it in place");
-    }
-  }
-
   /// Where units are sharded and gathered: the shard group under
   /// HybridShard, else the whole communicator.
   Comm& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
   const Comm& shard_comm() const noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
 
-  /// Reads param_dtype and reduce_dtype: the master type or bfloat16
-  /// (param_dtype bfloat16, whether set or not, for a bfloat16 model).
-  void precision() {
-    auto low = [&](const std::optional<DataType>& d, const char* what) {
-      if (!d || *d == data_type_v<value_type>) return false;
-      if (*d == DataType::bfloat16) return true;
-      throw InvalidArgument(where() + ": " + what + " must be the master type (" +
-                            std::string(name(data_type_v<value_type>)) + ") or bfloat16, got " +
-                            std::string(name(*d)));
-    };
-    param_bf16_ = low(o_.param_dtype, "ShardedTrainerOptions::param_dtype");
-    reduce_bf16_ = low(o_.reduce_dtype, "ShardedTrainerOptions::reduce_dtype");
-    if constexpr (computes_low) {
-      // A model computing in bfloat16 is gathered in it, and has no buffers.
-      // Every rank has the same model type, units and options, so every rank
-      // throws alike, before anything is allocated.
-      if (o_.param_dtype && !param_bf16_) {
-        throw InvalidArgument(where() +
-                              ": the model computes in bfloat16 (its compute_type), so its units are gathered in "
-                              "bfloat16: leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not " +
-                              std::string(name(*o_.param_dtype)));
-      }
-      param_bf16_ = true;
-      detail::refuse_buffers_of_low_model(where(), specs_, data_type_v<value_type>);
-    }
-  }
-
   /// HybridShard: the shard group and the replica group of this rank, both
   /// split from the communicator (collective; every rank the same options).
   void split() {
     if (o_.strategy != ShardingStrategy::HybridShard) return;
-    const int world = comm_.size();
-    const int s = o_.shard_size == 0 ? world : o_.shard_size;
-    if (s < 1 || world % s != 0) {
-      throw InvalidArgument(where() + ": HybridShard needs a shard_size that divides the world size " +
-                            std::to_string(world) + ", got " + std::to_string(o_.shard_size));
-    }
+    const int s = detail::fsdp::shard_group_size(o_, comm_.size(), where());
     if constexpr (requires(Comm& c) { c.split(0, 0); }) {
       const int r = comm_.rank();
       // Colors are never no_color, so both splits give a communicator.
@@ -592,40 +555,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   std::string where() const { return "gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()); }
-
-  /// What every rank must have been given alike besides its units: the
-  /// options that decide which collectives run, in which order and
-  /// precision, and the optimizer.
-  std::vector<detail::AgreedValue> settings() const {
-    const std::string same = "Give every rank the same ShardedTrainerOptions.";
-    auto dtype = [](const std::optional<DataType>& d) { return d ? std::string(name(*d)) : std::string("unset"); };
-    static constexpr const char* accumulation[] = {"Sharded", "NoSync"};
-    static constexpr const char* prefetch[] = {"None", "BackwardPre", "BackwardPost"};
-    std::vector<detail::AgreedValue> v{
-        {"ShardedTrainerOptions::strategy", name(o_.strategy), same},
-        detail::setting("ShardedTrainerOptions::shard_size", static_cast<std::size_t>(o_.shard_size),
-                        "Give every rank the same shard_size: the shard groups are made from it."),
-        {"ShardedTrainerOptions::wrap", o_.wrap.describe(), same},
-        {"ShardedTrainerOptions::accumulation", accumulation[static_cast<int>(o_.accumulation)], same},
-        detail::flag("ShardedTrainerOptions::collective.deterministic", o_.collective.deterministic, same),
-        detail::setting("ShardedTrainerOptions::collective.chunk_bytes", detail::chunk_bytes(o_.collective), same),
-        detail::flag("ShardedTrainerOptions::broadcast_buffers", o_.broadcast_buffers, same),
-        detail::flag("ShardedTrainerOptions::keep_last_forward_unit", o_.keep_last_forward_unit, same),
-        detail::flag("ShardedTrainerOptions::forward_prefetch", o_.forward_prefetch, same),
-        {"ShardedTrainerOptions::backward_prefetch", prefetch[static_cast<int>(o_.backward_prefetch)], same},
-        detail::setting("ShardedTrainerOptions::limit_all_gathers", o_.limit_all_gathers, same),
-        {"ShardedTrainerOptions::param_dtype", dtype(o_.param_dtype), same},
-        {"ShardedTrainerOptions::reduce_dtype", dtype(o_.reduce_dtype), same},
-        {"ShardedTrainerOptions::offload", offloaded() ? "a space" : "none",
-         "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."},
-        {"the model's value_type", std::string(detail::type_name<value_type>()),
-         "Build every rank with the same model type."},
-        {"the model's compute_type", std::string(detail::type_name<compute_type>()),
-         "Build every rank with the same model type."},
-    };
-    detail::add_optimizer_settings<value_type>(v, opt_);
-    return v;
-  }
 
   /// Runs f; if one of the trainer's communicators failed in it under
   /// HybridShard, fails the other ones with the same words first. A disagreement found in one
@@ -721,7 +650,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   /// Views of unit u over `params` (P elements) and `grads` (P or none),
-  /// and its buffers (value_type ones: a bfloat16 model has none, precision()).
+  /// and its buffers (value_type ones: a bfloat16 model has none, read_precision).
   template <class T>
   UnitView<T> make_view(std::size_t u, std::span<T> params, std::type_identity_t<std::span<T>> grads) {
     UnitView<T> v = detail::fsdp::param_views(specs_[u], params, grads);
@@ -733,7 +662,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
 
   /// The model writes its initial values, rank 0's are broadcast, and each
   /// rank keeps its chunks. Where they are written decides construction's
-  /// memory (construction_need()):
+  /// memory (detail::fsdp::construction_need):
   /// - NoShard: the shard is every unit whole, in order, so the model
   ///   writes into it and it is broadcast in place;
   /// - a model with init_unit: one wrapped unit at a time, into one buffer
@@ -807,14 +736,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     const auto [first, count] = owned_range(w);
     std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(first), count,
                 master().begin() + static_cast<std::ptrdiff_t>(flat_.offsets[w]));
-  }
-
-  /// What initialise() holds besides the persistent part under `strategy`
-  /// (see it): the formula of MemoryNeed::construction.
-  std::size_t construction_need(ShardingStrategy strategy) const {
-    if (strategy == ShardingStrategy::NoShard) return 0;
-    const std::size_t elements = detail::ModelInitsUnits<M> ? std::ranges::max(flat_.sizes) : flat_.total;
-    return elements * sizeof(value_type);
   }
 
   void check_no_pending(const char* what) const {
@@ -1329,57 +1250,23 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     return first;
   }
 
-  MemoryNeed need(ShardingStrategy strategy) const {
-    const bool full = strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridShard;
-    // A prefetch adds a second gathered unit unless the limit allows only one.
-    const bool prefetch = (o_.forward_prefetch || o_.backward_prefetch != BackwardPrefetch::None) &&
-                          o_.limit_all_gathers != 1;
-    MemoryNeed n = detail::sharded_memory_need(
-        std::span<const std::size_t>(flat_.sizes), static_cast<std::size_t>(shard_comm().size()),
-        {.sharded = strategy != ShardingStrategy::NoShard,
-         .keeps_forward_gathers = !full,
-         .prefetch = full && prefetch,
-         .keeps_unsharded_grads = o_.accumulation == AccumulationMode::NoSync,
-         .offload = offloaded(),
-         .state_per_element = optimizer_state_per_element(),
-         .element_bytes = sizeof(value_type),
-         .kept_element_bytes = keep_low_ ? sizeof(bfloat16) : 0,
-         .compute_element_bytes = computes_low ? sizeof(bfloat16) : 0,
-         .reduces_in_compute_type = reduces_low_grad()});
-    if (offloaded() && !state_in_space()) {
-      // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
-      n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
-      n.offloaded -= n.optimizer_state;
-    }
-    if (computes_low && strategy == ShardingStrategy::NoShard) {
-      // The bfloat16 copies of every parameter and gradient the model sees.
-      n.params += sizeof(bfloat16) * flat_.total;
-      n.grads += sizeof(bfloat16) * flat_.total;
-    }
-    n.construction = construction_need(strategy);
-    return n;
-  }
-
-  void check_budget() const {
-    if (o_.memory_budget == 0) return;
-    const MemoryNeed full = need(ShardingStrategy::FullShard);
-    const MemoryNeed mine = need(o_.strategy);
-    std::string advice =
-        full_shard() ? "Smaller (wrapped) units lower the transient part, more ranks the persistent part."
-                     : "FullShard would need " + full.describe() + ".";
-    if constexpr (!detail::ModelInitsUnits<M>) {
-      if (mine.construction > mine.transient()) {
-        advice += " The model writes its initial values with bind(), every parameter at once: with "
-                  "init_unit(u, view) construction would hold one wrapped unit at a time.";
-      }
-    }
-    detail::check_memory_budget(where(), mine, o_.memory_budget, advice);
+  /// What decides memory_need() besides the options and the layout.
+  detail::fsdp::MemoryFacts memory_facts() const noexcept {
+    return {.shards = static_cast<std::size_t>(shard_comm().size()),
+            .offload = offloaded(),
+            .state_in_space = state_in_space(),
+            .state_per_element = optimizer_state_per_element(),
+            .element_bytes = sizeof(value_type),
+            .keeps_low = keep_low_,
+            .computes_low = computes_low,
+            .reduces_low_grad = reduces_low_grad(),
+            .inits_units = detail::ModelInitsUnits<M>};
   }
 
   /// Records the high-water mark of what gathered units and gradient
   /// buffers hold; called after each allocation, where the sum can only have grown.
   void track_transient() noexcept {
-    peak_transient_ = std::max(peak_transient_, transient_held());
+    peak_.track(transient_held());
   }
 
   /// Frees the gradient buffers of finished reductions, oldest first,
@@ -1467,7 +1354,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   std::shared_ptr<ProgressWorker<backend_type>> worker_;
   /// Wrapped units whose gradient buffer a reduction still holds, in submission order.
   std::vector<std::size_t> in_reduction_;
-  std::size_t peak_transient_ = 0;
+  detail::fsdp::TransientPeak peak_;
   std::size_t construction_bytes_ = 0;
   /// Storage of freed gathered units and gradient buffers, kept for the
   /// next of the same size; with what is in use, at most the transient need.

@@ -1,17 +1,28 @@
 #pragma once
 /// \file ShardedTrainerOptions: every choice ShardedTrainer is given, in one struct with
-/// defaults (house style: an options struct over more template parameters).
+/// defaults (house style: an options struct over more template parameters),
+/// and its validation: what each rank checks alone (the precisions, offload,
+/// the shard group's size) and what every rank must have been given alike.
+/// Kept beside the struct so that a new option and its checks change together.
 
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
+#include "gradsync/core/error.hpp"
 #include "gradsync/core/offload_space.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/accumulation_mode.hpp"
+#include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/backward_prefetch.hpp"
+#include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
+#include "gradsync/train/model.hpp"
+#include "gradsync/train/unit_agreement.hpp"
 #include "gradsync/train/wrap_policy.hpp"
 
 namespace gradsync {
@@ -89,5 +100,96 @@ struct ShardedTrainerOptions {
   /// offload all throw at construction.
   std::shared_ptr<OffloadSpace> offload{};
 };
+
+namespace detail::fsdp {
+
+/// param_dtype and reduce_dtype, read: bfloat16 (true) or the master type.
+struct Precision {
+  bool params_low = false;
+  bool grads_low = false;
+};
+
+/// Reads param_dtype and reduce_dtype for master type T: the master type or
+/// bfloat16 (param_dtype bfloat16, whether set or not, for a model that
+/// computes in bfloat16, which may then have no buffers). Every rank has the
+/// same model type, units and options, so every rank throws alike, before
+/// anything is allocated.
+template <class T, bool ComputesLow>
+Precision read_precision(const ShardedTrainerOptions& o, const std::string& where, std::span<const UnitSpec> units) {
+  auto low = [&](const std::optional<DataType>& d, const char* what) {
+    if (!d || *d == data_type_v<T>) return false;
+    if (*d == DataType::bfloat16) return true;
+    throw InvalidArgument(where + ": " + what + " must be the master type (" + std::string(name(data_type_v<T>)) +
+                          ") or bfloat16, got " + std::string(name(*d)));
+  };
+  Precision p{low(o.param_dtype, "ShardedTrainerOptions::param_dtype"),
+              low(o.reduce_dtype, "ShardedTrainerOptions::reduce_dtype")};
+  if constexpr (ComputesLow) {
+    if (o.param_dtype && !p.params_low) {
+      throw InvalidArgument(where +
+                            ": the model computes in bfloat16 (its compute_type), so its units are gathered in "
+                            "bfloat16: leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not " +
+                            std::string(name(*o.param_dtype)));
+    }
+    p.params_low = true;
+    refuse_buffers_of_low_model(where, units, data_type_v<T>);
+  }
+  return p;
+}
+
+/// Offload applies to the sharded strategies only.
+inline void check_offload(const ShardedTrainerOptions& o, const std::string& where) {
+  if (o.offload != nullptr && o.strategy == ShardingStrategy::NoShard) {
+    throw InvalidArgument(where +
+                          ": ShardedTrainerOptions::offload needs a sharded strategy (FullShard, ShardGradOp or "
+                          "HybridShard); NoShard keeps every unit whole where the model uses it in place");
+  }
+}
+
+/// HybridShard's ranks per shard group out of `world`: shard_size, or the
+/// whole world for 0; it must divide the world.
+inline int shard_group_size(const ShardedTrainerOptions& o, int world, const std::string& where) {
+  const int s = o.shard_size == 0 ? world : o.shard_size;
+  if (s < 1 || world % s != 0) {
+    throw InvalidArgument(where + ": HybridShard needs a shard_size that divides the world size " +
+                          std::to_string(world) + ", got " + std::to_string(o.shard_size));
+  }
+  return s;
+}
+
+/// What every rank must have been given alike besides its units: the
+/// options that decide which collectives run, in which order and precision,
+/// the model's element types (master T, compute C) and the optimizer.
+template <class T, class C, class Opt>
+std::vector<AgreedValue> agreed_options(const ShardedTrainerOptions& o, const Opt& opt) {
+  const std::string same = "Give every rank the same ShardedTrainerOptions.";
+  auto dtype = [](const std::optional<DataType>& d) { return d ? std::string(name(*d)) : std::string("unset"); };
+  static constexpr const char* accumulation[] = {"Sharded", "NoSync"};
+  static constexpr const char* prefetch[] = {"None", "BackwardPre", "BackwardPost"};
+  std::vector<AgreedValue> v{
+      {"ShardedTrainerOptions::strategy", name(o.strategy), same},
+      setting("ShardedTrainerOptions::shard_size", static_cast<std::size_t>(o.shard_size),
+              "Give every rank the same shard_size: the shard groups are made from it."),
+      {"ShardedTrainerOptions::wrap", o.wrap.describe(), same},
+      {"ShardedTrainerOptions::accumulation", accumulation[static_cast<int>(o.accumulation)], same},
+      flag("ShardedTrainerOptions::collective.deterministic", o.collective.deterministic, same),
+      setting("ShardedTrainerOptions::collective.chunk_bytes", chunk_bytes(o.collective), same),
+      flag("ShardedTrainerOptions::broadcast_buffers", o.broadcast_buffers, same),
+      flag("ShardedTrainerOptions::keep_last_forward_unit", o.keep_last_forward_unit, same),
+      flag("ShardedTrainerOptions::forward_prefetch", o.forward_prefetch, same),
+      {"ShardedTrainerOptions::backward_prefetch", prefetch[static_cast<int>(o.backward_prefetch)], same},
+      setting("ShardedTrainerOptions::limit_all_gathers", o.limit_all_gathers, same),
+      {"ShardedTrainerOptions::param_dtype", dtype(o.param_dtype), same},
+      {"ShardedTrainerOptions::reduce_dtype", dtype(o.reduce_dtype), same},
+      {"ShardedTrainerOptions::offload", o.offload != nullptr ? "a space" : "none",
+       "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."},
+      {"the model's value_type", std::string(type_name<T>()), "Build every rank with the same model type."},
+      {"the model's compute_type", std::string(type_name<C>()), "Build every rank with the same model type."},
+  };
+  add_optimizer_settings<T>(v, opt);
+  return v;
+}
+
+}  // namespace detail::fsdp
 
 }  // namespace gradsync
