@@ -5,13 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
-#include <cstdint>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -33,9 +31,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
-#include "gradsync/core/types.hpp"
 #include "gradsync/train/accumulation_mode.hpp"
-#include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/backward_prefetch.hpp"
 #include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
