@@ -27,6 +27,7 @@
 #include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
+#include "gradsync/train/communicates_host_memory.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
 #include "gradsync/train/memory_need.hpp"
@@ -36,6 +37,7 @@
 #include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/trainer_base.hpp"
 #include "gradsync/train/trainer_requirements.hpp"
+#include "gradsync/train/trainer_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync {
@@ -61,28 +63,6 @@ struct ReplicatedTrainerOptions {
   /// different values all throw at construction.
   std::size_t memory_budget = 0;
 };
-
-/// What a trainer measured, summed over its steps.
-struct TrainerStats {
-  std::size_t steps = 0;
-  /// forward + backward on this rank's thread.
-  double compute_seconds = 0;
-  double optimizer_seconds = 0;
-  /// Gradient communication (the progress worker's time in bucket collectives).
-  double comm_seconds = 0;
-  /// The part of comm_seconds that backward did not hide: finish() waiting.
-  double exposed_comm_seconds = 0;
-};
-
-namespace detail {
-/// Whether a communicator's buffers live in host memory. What is not a
-/// communicator passes here: its own static_assert says what is wrong.
-template <class C>
-inline constexpr bool communicates_host_memory = true;
-template <class B>
-inline constexpr bool communicates_host_memory<Communicator<B>> = backend_traits<B>::host_memory;
-
-}  // namespace detail
 
 /// Trains `Model` with a full replica on every rank of `Comm`: each step
 /// every rank runs forward and backward on its own batch, the gradients are

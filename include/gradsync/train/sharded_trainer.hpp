@@ -5,13 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
-#include <cstdint>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -33,140 +31,33 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
-#include "gradsync/core/types.hpp"
 #include "gradsync/train/accumulation_mode.hpp"
-#include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/backward_prefetch.hpp"
 #include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
+#include "gradsync/train/communicates_host_memory.hpp"
+#include "gradsync/train/fsdp/buffer_pool.hpp"
+#include "gradsync/train/fsdp/collectives.hpp"
+#include "gradsync/train/fsdp/flat_shard.hpp"
+#include "gradsync/train/fsdp/memory.hpp"
+#include "gradsync/train/fsdp/offloaded.hpp"
+#include "gradsync/train/fsdp/options.hpp"
+#include "gradsync/train/fsdp/sharding_strategy.hpp"
+#include "gradsync/train/fsdp/trace_event.hpp"
+#include "gradsync/train/fsdp/unit_state.hpp"
 #include "gradsync/train/memory_need.hpp"
 #include "gradsync/train/model.hpp"
 #include "gradsync/train/optimizer.hpp"
-#include "gradsync/train/replicated_trainer.hpp"
 #include "gradsync/train/shard_plan.hpp"
 #include "gradsync/train/step_labels.hpp"
 #include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/trainer_base.hpp"
 #include "gradsync/train/trainer_requirements.hpp"
+#include "gradsync/train/trainer_stats.hpp"
 #include "gradsync/train/unit_agreement.hpp"
 #include "gradsync/train/wrap_policy.hpp"
 
 namespace gradsync {
-
-/// When a gathered unit is freed, with the names PyTorch FSDP users know.
-enum class ShardingStrategy : std::uint8_t {
-  /// ZeRO-3: gather for forward, free after it, gather again for backward.
-  FullShard,
-  /// ZeRO-2: gather for forward and keep it until that unit's backward is done.
-  ShardGradOp,
-  /// DDP through the same class: every rank keeps everything, gradients are all-reduced.
-  NoShard,
-  /// FullShard within groups of `shard_size` consecutive ranks (a host),
-  /// replicated across the groups: gradients are reduce-scattered (sum) in
-  /// the group, all-reduced (sum) across replicas, and divided by
-  /// shards × replicas on the owner.
-  HybridShard,
-};
-
-/// The strategy's name as PyTorch users know it ("FullShard", ...).
-constexpr const char* name(ShardingStrategy s) noexcept {
-  switch (s) {
-    case ShardingStrategy::FullShard: return "FullShard";
-    case ShardingStrategy::ShardGradOp: return "ShardGradOp";
-    case ShardingStrategy::NoShard: return "NoShard";
-    case ShardingStrategy::HybridShard: return "HybridShard";
-  }
-  return "?";
-}
-
-/// Options of ShardedTrainer.
-struct ShardedTrainerOptions {
-  ShardingStrategy strategy = ShardingStrategy::FullShard;
-  /// Passed to every gather and reduction (`deterministic`: sums in rank
-  /// order, so the result is bitwise that of ReplicatedTrainer with the same
-  /// option; not under HybridShard, which sums within groups first).
-  Options collective{};
-  /// Broadcast rank 0's buffers before every step, as ReplicatedTrainer does.
-  bool broadcast_buffers = true;
-  /// FullShard and HybridShard: the unit released last in forward stays gathered until the
-  /// next ask of another unit, so a backward that starts with it (FSDP's
-  /// root unit) gathers it once, not twice. Peak memory is unchanged: it is
-  /// freed before the next unit is gathered.
-  bool keep_last_forward_unit = true;
-  /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group g);
-  /// it must divide the world size. 0: the whole world (one replica).
-  int shard_size = 0;
-  /// How accumulate() keeps micro-steps' gradients: reduce-scatter each
-  /// into the shard (Sharded, memory 1/N), or keep them unsharded until
-  /// step() (NoSync: +Ψ gradient elements per rank, one reduction per step;
-  /// ShardGradOp then also keeps its gathered units, one gather a window).
-  AccumulationMode accumulation = AccumulationMode::Sharded;
-  /// How model units group into wrapped units, each gathered and reduced
-  /// as one flat buffer (see WrapPolicy). Default: one per model unit.
-  WrapPolicy wrap = WrapPolicy::per_unit();
-  /// Forward: when a unit is asked for, start gathering the next one in
-  /// declaration (forward) order (FSDP's forward_prefetch).
-  bool forward_prefetch = false;
-  /// Backward: when to start gathering the next unit of backward (FSDP's
-  /// backward_prefetch; its default is BackwardPre, ours None so that a step's
-  /// memory is that of no prefetch unless asked for).
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::None;
-  /// A prefetch is issued only while fewer wrapped units than this are
-  /// gathered and not yet freed (FSDP's limit_all_gathers, which allows 2);
-  /// 0: no limit. Gathers the model asks for are never held back. Under
-  /// ShardGradOp, whose forward keeps every unit gathered until its
-  /// backward, forward prefetch stops once this many are kept.
-  std::size_t limit_all_gathers = 2;
-  /// The element type parameters are gathered in: the master type
-  /// (value_type; unset, the default) or DataType::bfloat16, which rounds
-  /// the master shard once per gather and halves the gather's bytes.
-  /// - A model that computes in bfloat16 (`using compute_type =
-  ///   gradsync::bfloat16;`) sees the gathered bfloat16 unit itself and
-  ///   writes bfloat16 gradients: gathered units and the gradient it fills
-  ///   take half the bytes, and with reduce_dtype bfloat16 the gradient is
-  ///   reduced from there, with no master-type copy. Unset, param_dtype is
-  ///   then bfloat16.
-  /// - A model that computes in value_type sees value_type views holding
-  ///   the rounded values; a unit kept gathered while the model does not
-  ///   hold it (ShardGradOp's, from forward to backward) is kept in
-  ///   bfloat16 where that holds less.
-  std::optional<DataType> param_dtype{};
-  /// The element type gradients are reduced in: the master type unless set
-  /// (DataType::bfloat16 halves the bytes and rounds each rank's gradient
-  /// and the reduced sums). Unlike PyTorch FSDP, it does not follow
-  /// param_dtype: reducing in low precision is never silent.
-  std::optional<DataType> reduce_dtype{};
-  /// Bytes per rank this trainer may hold (persistent + transient, see
-  /// ShardedTrainer::memory_need); 0: no limit. A configuration that needs
-  /// more is refused at construction, before the parameters are broadcast.
-  /// Ranks given different values all throw at construction.
-  std::size_t memory_budget = 0;
-  /// Where the master parameter shard, the gradient shard and the optimizer
-  /// state live (FSDP's CPU offload): null, the compute side with the rest;
-  /// else this space (HostOffloadSpace on a host backend). A gather copies
-  /// the unit's chunk in from it, a reduction copies the reduced shard out
-  /// to it, both on the progress worker, and the optimizer steps there (its
-  /// state allocated from the space and lent to it by `bind_state`, which
-  /// Sgd, Adam and AdamW have). Not with NoShard, nor with accumulate()
-  /// under AccumulationMode::Sharded. Ranks that differ in whether they
-  /// offload all throw at construction.
-  std::shared_ptr<OffloadSpace> offload{};
-};
-
-/// One collective a ShardedTrainer issued in a step, in issue order.
-struct ShardedTraceEvent {
-  Collective collective;
-  /// The wrapped unit (ShardedTrainer::plan()), the model unit under the default per-unit wrapping.
-  std::size_t unit;
-  /// Gathers: wrapped units gathered and not yet freed once this one was
-  /// issued (it included), what ShardedTrainerOptions::limit_all_gathers bounds.
-  std::size_t gathered = 0;
-  /// Bytes of the collective's whole (unsharded, padded) buffer in the
-  /// element type it travels in: N·c·sizeof(param or reduce dtype) for a
-  /// gather or reduce-scatter, P·sizeof for NoShard's all-reduce, c·sizeof
-  /// for HybridShard's across replicas. A ring moves (N−1)/N of it per rank.
-  std::size_t bytes = 0;
-};
 
 /// Trains `Model` with 1/N of every unit's parameters, gradients and
 /// optimizer state on each rank of `Comm`.
@@ -283,9 +174,12 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
     // Offload decides where the shards live and so the compute side's need:
     // it must agree too, as the budget does.
-    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget, settings());
-    precision();
-    check_offload();
+    detail::check_trainer_units(comm_, specs_, "ShardedTrainer", o_.memory_budget,
+                                detail::fsdp::agreed_options<value_type, compute_type>(o_, opt_));
+    const auto precision = detail::fsdp::read_precision<value_type, computes_low>(o_, where(), specs_);
+    param_bf16_ = precision.params_low;
+    reduce_bf16_ = precision.grads_low;
+    detail::fsdp::check_offload(o_, where());
     split();
     layout();
     if (o_.wrap.is_custom()) {
@@ -299,15 +193,14 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                                 "The custom WrapPolicy predicate must group the units alike on every rank: check "
                                 "what it depends on besides its arguments (rank, configuration).");
     }
-    if (total_ == 0) {
+    if (flat_.total == 0) {
       // Every rank declared the same units, so every rank throws this.
       throw InvalidArgument("gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()) +
                             ": the model declares no parameters (" + std::to_string(specs_.size()) +
                             " units, 0 elements); there is nothing to shard or train");
     }
-    check_budget();
-    spare_limit_ = memory_need().transient();
-    spares_.reserve(2 * wrapped_.size());
+    detail::fsdp::check_budget(where(), o_, flat_, memory_facts());
+    pool_.reserve(2 * wrapped_.size(), memory_need().transient());
     initialise();
     worker_ = ProgressWorker<backend_type>::shared(shard_comm());
   }
@@ -446,7 +339,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// per rank (print it with to_string or <<).
   const ShardPlan& plan() const noexcept { return plan_; }
   /// The wrapped unit that holds model unit `model_unit`.
-  std::size_t wrapped_unit_of(std::size_t model_unit) const { return member_of_.at(model_unit); }
+  std::size_t wrapped_unit_of(std::size_t model_unit) const { return flat_.member_of.at(model_unit); }
 
   /// Below, `u` is a wrapped unit (the model unit itself under the default
   /// WrapPolicy::per_unit()).
@@ -454,45 +347,43 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// This rank's shard of every unit, padded chunks one after the other.
   std::span<const value_type> shard() const noexcept { return master(); }
   /// Unit u's elements (unpadded).
-  std::size_t unit_size(std::size_t u) const { return sizes_.at(u); }
+  std::size_t unit_size(std::size_t u) const { return flat_.sizes.at(u); }
   /// Elements of each rank's chunk of unit u (padding included): ⌈P/N⌉, or P under NoShard.
-  std::size_t chunk_size(std::size_t u) const { return chunks_.at(u); }
+  std::size_t chunk_size(std::size_t u) const { return flat_.chunks.at(u); }
   /// Unit u's elements this rank owns, [first, first + count) of the unit;
   /// the rest of its chunk is zero padding. Under NoShard: all of them.
   std::pair<std::size_t, std::size_t> owned_range(std::size_t u) const {
-    const std::size_t c = chunks_.at(u), p = sizes_.at(u);
-    if (o_.strategy == ShardingStrategy::NoShard) return {0, p};
-    const std::size_t first = std::min(p, static_cast<std::size_t>(shard_comm().rank()) * c);
-    return {first, std::min(c, p - first)};
+    return flat_.owned_range(u, static_cast<std::size_t>(shard_comm().rank()));
   }
   /// This rank's chunk of unit u, padding included.
   std::span<const value_type> unit_shard(std::size_t u) const {
-    return master().subspan(offsets_.at(u), chunks_.at(u));
+    return master().subspan(flat_.offsets.at(u), flat_.chunks.at(u));
   }
 
   /// Gathers every unit's parameters, unpadded, units in declaration order
   /// (what ReplicatedTrainer::parameters() holds). Collective.
   std::vector<value_type> full_parameters() {
     std::vector<value_type> all;
-    all.reserve(total_);
-    for (std::size_t u = 0; u < groups_.size(); ++u) {
+    all.reserve(flat_.total);
+    for (std::size_t u = 0; u < flat_.groups.size(); ++u) {
       if (o_.strategy == ShardingStrategy::NoShard) {
         const auto s = unit_shard(u);
         all.insert(all.end(), s.begin(), s.end());
         continue;
       }
-      std::vector<value_type> full(chunks_[u] * static_cast<std::size_t>(shard_comm().size()));
+      std::vector<value_type> full(flat_.chunks[u] * static_cast<std::size_t>(shard_comm().size()));
       std::span<const value_type> in = unit_shard(u);
       if (offloaded()) {
         // The offloaded chunk crosses by copy, into its own block: gathered in place.
+        const std::size_t c = flat_.chunks[u];
         const std::span<value_type> own =
-            std::span<value_type>(full).subspan(static_cast<std::size_t>(shard_comm().rank()) * chunks_[u], chunks_[u]);
+            std::span<value_type>(full).subspan(static_cast<std::size_t>(shard_comm().rank()) * c, c);
         o_.offload->copy_in(own.data(), in.data(), own.size_bytes());
         o_.offload->wait();
         in = own;
       }
       AllGather<Algo>{labelled(detail::LabelPhase::gather, u)}(shard_comm(), in, std::span<value_type>(full));
-      all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(sizes_[u]));
+      all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(flat_.sizes[u]));
     }
     return all;
   }
@@ -518,11 +409,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// What this rank needs, by the formula (detail::sharded_memory_need):
   /// persistent bytes exactly, transient bytes as the most a step holds at
   /// once (an upper bound; exact for FullShard without prefetch).
-  MemoryNeed memory_need() const { return need(o_.strategy); }
+  MemoryNeed memory_need() const { return detail::fsdp::trainer_need(o_, o_.strategy, flat_, memory_facts()); }
   /// The most transient bytes (gathered wrapped units, gradient buffers)
   /// this rank really held at once since construction or reset_peak_transient().
-  std::size_t peak_transient_bytes() const noexcept { return peak_transient_; }
-  void reset_peak_transient() noexcept { peak_transient_ = 0; }
+  std::size_t peak_transient_bytes() const noexcept { return peak_.bytes(); }
+  void reset_peak_transient() noexcept { peak_.reset(); }
   /// What construction held beside the persistent part: the model's
   /// initial values in full before they were sharded (one wrapped unit if
   /// the model has init_unit, every parameter if it has only bind, nothing
@@ -554,9 +445,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// between steps; keep the padding zero).
   std::span<value_type> shard() noexcept { return master(); }
   /// Wrapped units, for unit_size, chunk_size, chunk_offset, owned_range.
-  std::size_t unit_count() const noexcept { return sizes_.size(); }
+  std::size_t unit_count() const noexcept { return flat_.sizes.size(); }
   /// Where unit u's chunk starts in shard() (and in the optimizer's state).
-  std::size_t chunk_offset(std::size_t u) const { return offsets_.at(u); }
+  std::size_t chunk_offset(std::size_t u) const { return flat_.offsets.at(u); }
   /// This rank's place in its shard group, and the group's size: the
   /// chunk it owns and how many there are (NoShard: 0 of 1).
   int shard_rank() const noexcept { return sharded() ? shard_comm().rank() : 0; }
@@ -572,10 +463,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// (shard_count()·chunk_size(u) elements, padding last). Collective over
   /// the shard group, between steps.
   void gather_chunk(std::size_t u, std::span<const value_type> chunk, std::span<value_type> full) {
-    if (chunk.size() != chunks_.at(u) || full.size() != chunk.size() * static_cast<std::size_t>(shard_count())) {
+    if (chunk.size() != flat_.chunks.at(u) || full.size() != chunk.size() * static_cast<std::size_t>(shard_count())) {
       throw InvalidArgument(where() + ": gather_chunk of " + wrapped_name(u) + " takes " +
-                            std::to_string(chunks_.at(u)) + " elements into " +
-                            std::to_string(chunks_.at(u) * static_cast<std::size_t>(shard_count())) + ", got " +
+                            std::to_string(flat_.chunks.at(u)) + " elements into " +
+                            std::to_string(flat_.chunks.at(u) * static_cast<std::size_t>(shard_count())) + ", got " +
                             std::to_string(chunk.size()) + " into " + std::to_string(full.size()));
     }
     if (!sharded()) {
@@ -586,58 +477,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
  private:
-  /// A model unit in this step.
-  struct MemberState {
-    UnitView<compute_type> view;  ///< what the model sees while it holds the unit
-    int asks = 0;               ///< in this step: 1 = forward, 2 = backward
-    bool held = false;
-    bool ready = false;
-  };
-
-  /// Elements of an offload space, returned to it when this goes.
-  class Offloaded {
-   public:
-    Offloaded() = default;
-    Offloaded(std::shared_ptr<OffloadSpace> space, std::size_t n)
-        : space_(std::move(space)), data_(static_cast<value_type*>(space_->allocate(n * sizeof(value_type)))), n_(n) {}
-    Offloaded(const Offloaded&) = delete;
-    Offloaded& operator=(Offloaded&& o) noexcept {
-      std::swap(space_, o.space_);
-      std::swap(data_, o.data_);
-      std::swap(n_, o.n_);
-      return *this;
-    }
-    ~Offloaded() {
-      if (data_ != nullptr) space_->deallocate(data_, n_ * sizeof(value_type));
-    }
-    std::span<value_type> span() const noexcept { return {data_, n_}; }
-
-   private:
-    std::shared_ptr<OffloadSpace> space_;
-    value_type* data_ = nullptr;
-    std::size_t n_ = 0;
-  };
-
-  using Storage = std::vector<value_type, detail::AlignedAllocator<value_type>>;
-
-  /// A wrapped unit: what is gathered and reduced as one buffer.
-  struct WrappedState {
-    // Aligned alike in every process: the model's math runs on them (see shard_params_).
-    Storage full;  ///< gathered parameters, N·c (empty when resharded)
-    /// param_dtype bfloat16 under ShardGradOp: the gathered unit as it was
-    /// gathered, kept from its forward to its backward while `full` (its
-    /// value_type copy, for the model) exists only while the model holds it.
-    /// A model computing in bfloat16: the gathered unit itself (no `full`).
-    std::vector<bfloat16> low;
-    Storage grad;  ///< unsharded gradient, the padded unit N·c (backward; NoSync keeps it)
-    /// A model computing in bfloat16: its gradient of this backward, N·c,
-    /// added into `grad` once every member is ready (fold_low_grad).
-    std::vector<bfloat16> low_grad;
-    std::size_t held = 0;          ///< members the model holds
-    std::size_t ready = 0;         ///< members reported ready in this backward
-    Request request;               ///< the gradient's reduction
-    Request gathering;             ///< the gather into `full`, until acquire waits for it
-  };
+  using MemberState = detail::fsdp::MemberState<compute_type>;
+  using WrappedState = detail::fsdp::UnitState<value_type>;
+  using Storage = detail::fsdp::Storage<value_type>;
+  using Offloaded = detail::fsdp::Offloaded<value_type>;
 
   /// Lends the model its units: gathers on demand, frees on release.
   class Provider final : public detail::UnitProvider<compute_type> {
@@ -687,57 +530,16 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
   std::span<value_type> grad_shard() noexcept { return offloaded() ? off_grads_.span() : std::span(shard_grads_); }
 
-  /// Offload applies to the sharded strategies only (every rank has the same options).
-  void check_offload() const {
-    if (offloaded() && o_.strategy == ShardingStrategy::NoShard) {
-      throw InvalidArgument(where() +
-                            ": ShardedTrainerOptions::offload needs a sharded strategy (FullShard, ShardGradOp or "
-                            "HybridShard); NoShard keeps every unit whole where the model uses it in place");
-    }
-  }
-
   /// Where units are sharded and gathered: the shard group under
   /// HybridShard, else the whole communicator.
   Comm& shard_comm() noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
   const Comm& shard_comm() const noexcept { return shard_comm_ ? *shard_comm_ : comm_; }
 
-  /// Reads param_dtype and reduce_dtype: the master type or bfloat16
-  /// (param_dtype bfloat16, whether set or not, for a bfloat16 model).
-  void precision() {
-    auto low = [&](const std::optional<DataType>& d, const char* what) {
-      if (!d || *d == data_type_v<value_type>) return false;
-      if (*d == DataType::bfloat16) return true;
-      throw InvalidArgument(where() + ": " + what + " must be the master type (" +
-                            std::string(name(data_type_v<value_type>)) + ") or bfloat16, got " +
-                            std::string(name(*d)));
-    };
-    param_bf16_ = low(o_.param_dtype, "ShardedTrainerOptions::param_dtype");
-    reduce_bf16_ = low(o_.reduce_dtype, "ShardedTrainerOptions::reduce_dtype");
-    if constexpr (computes_low) {
-      // A model computing in bfloat16 is gathered in it, and has no buffers.
-      // Every rank has the same model type, units and options, so every rank
-      // throws alike, before anything is allocated.
-      if (o_.param_dtype && !param_bf16_) {
-        throw InvalidArgument(where() +
-                              ": the model computes in bfloat16 (its compute_type), so its units are gathered in "
-                              "bfloat16: leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not " +
-                              std::string(name(*o_.param_dtype)));
-      }
-      param_bf16_ = true;
-      detail::refuse_buffers_of_low_model(where(), specs_, data_type_v<value_type>);
-    }
-  }
-
   /// HybridShard: the shard group and the replica group of this rank, both
   /// split from the communicator (collective; every rank the same options).
   void split() {
     if (o_.strategy != ShardingStrategy::HybridShard) return;
-    const int world = comm_.size();
-    const int s = o_.shard_size == 0 ? world : o_.shard_size;
-    if (s < 1 || world % s != 0) {
-      throw InvalidArgument(where() + ": HybridShard needs a shard_size that divides the world size " +
-                            std::to_string(world) + ", got " + std::to_string(o_.shard_size));
-    }
+    const int s = detail::fsdp::shard_group_size(o_, comm_.size(), where());
     if constexpr (requires(Comm& c) { c.split(0, 0); }) {
       const int r = comm_.rank();
       // Colors are never no_color, so both splits give a communicator.
@@ -749,40 +551,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   std::string where() const { return "gradsync: ShardedTrainer on rank " + std::to_string(comm_.rank()); }
-
-  /// What every rank must have been given alike besides its units: the
-  /// options that decide which collectives run, in which order and
-  /// precision, and the optimizer.
-  std::vector<detail::AgreedValue> settings() const {
-    const std::string same = "Give every rank the same ShardedTrainerOptions.";
-    auto dtype = [](const std::optional<DataType>& d) { return d ? std::string(name(*d)) : std::string("unset"); };
-    static constexpr const char* accumulation[] = {"Sharded", "NoSync"};
-    static constexpr const char* prefetch[] = {"None", "BackwardPre", "BackwardPost"};
-    std::vector<detail::AgreedValue> v{
-        {"ShardedTrainerOptions::strategy", name(o_.strategy), same},
-        detail::setting("ShardedTrainerOptions::shard_size", static_cast<std::size_t>(o_.shard_size),
-                        "Give every rank the same shard_size: the shard groups are made from it."),
-        {"ShardedTrainerOptions::wrap", o_.wrap.describe(), same},
-        {"ShardedTrainerOptions::accumulation", accumulation[static_cast<int>(o_.accumulation)], same},
-        detail::flag("ShardedTrainerOptions::collective.deterministic", o_.collective.deterministic, same),
-        detail::setting("ShardedTrainerOptions::collective.chunk_bytes", detail::chunk_bytes(o_.collective), same),
-        detail::flag("ShardedTrainerOptions::broadcast_buffers", o_.broadcast_buffers, same),
-        detail::flag("ShardedTrainerOptions::keep_last_forward_unit", o_.keep_last_forward_unit, same),
-        detail::flag("ShardedTrainerOptions::forward_prefetch", o_.forward_prefetch, same),
-        {"ShardedTrainerOptions::backward_prefetch", prefetch[static_cast<int>(o_.backward_prefetch)], same},
-        detail::setting("ShardedTrainerOptions::limit_all_gathers", o_.limit_all_gathers, same),
-        {"ShardedTrainerOptions::param_dtype", dtype(o_.param_dtype), same},
-        {"ShardedTrainerOptions::reduce_dtype", dtype(o_.reduce_dtype), same},
-        {"ShardedTrainerOptions::offload", offloaded() ? "a space" : "none",
-         "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."},
-        {"the model's value_type", std::string(detail::type_name<value_type>()),
-         "Build every rank with the same model type."},
-        {"the model's compute_type", std::string(detail::type_name<compute_type>()),
-         "Build every rank with the same model type."},
-    };
-    detail::add_optimizer_settings<value_type>(v, opt_);
-    return v;
-  }
 
   /// Runs f; if one of the trainer's communicators failed in it under
   /// HybridShard, fails the other ones with the same words first. A disagreement found in one
@@ -829,30 +597,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Groups the model units into wrapped units (the policy), then lays out
   /// each wrapped unit's chunk in the flat shard.
   void layout() {
-    groups_ = o_.wrap.group(specs_);
     const auto n = static_cast<std::size_t>(shard_comm().size());
-    for (const UnitSpec& s : specs_) {
-      std::size_t p = 0;
-      for (const TensorSpec& t : s.params) p += t.count();
-      model_sizes_.push_back(p);
-    }
-    member_of_.resize(specs_.size());
-    member_offset_.resize(specs_.size());
-    std::size_t at = 0;
-    for (std::size_t w = 0; w < groups_.size(); ++w) {
-      std::size_t p = 0;
-      for (std::size_t m = groups_[w].first; m <= groups_[w].second; ++m) {
-        member_of_[m] = w;
-        member_offset_[m] = p;
-        p += model_sizes_[m];
-      }
-      const std::size_t c = sharded() ? (p + n - 1) / n : p;
-      sizes_.push_back(p);
-      chunks_.push_back(c);
-      offsets_.push_back(at);
-      at += c;
-      total_ += p;
-    }
+    flat_ = detail::fsdp::FlatShard::make(o_.wrap.group(specs_), specs_, n, sharded());
+    const std::size_t at = flat_.shard_elements;
     if (offloaded()) {
       off_params_ = Offloaded(o_.offload, at);
       off_grads_ = Offloaded(o_.offload, at);
@@ -867,9 +614,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       shard_grads_.assign(at, value_type(0));
     }
     members_.resize(specs_.size());
-    wrapped_.resize(groups_.size());
+    wrapped_.resize(flat_.groups.size());
     keep_low_ = !computes_low && param_bf16_ && o_.strategy == ShardingStrategy::ShardGradOp &&
-                detail::keeping_low_pays(sizes_, n, sizeof(value_type), sizeof(bfloat16));
+                detail::keeping_low_pays(flat_.sizes, n, sizeof(value_type), sizeof(bfloat16));
     make_plan();
   }
 
@@ -881,16 +628,16 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     plan_.element_bytes = sizeof(value_type);
     plan_.state_per_element = optimizer_state_per_element();
     const auto n = static_cast<std::size_t>(shard_comm().size());
-    for (std::size_t w = 0; w < groups_.size(); ++w) {
+    for (std::size_t w = 0; w < flat_.groups.size(); ++w) {
       ShardPlan::Unit u;
-      const auto [first, last] = groups_[w];
+      const auto [first, last] = flat_.groups[w];
       u.name = first == last ? specs_[first].name : specs_[first].name + ".." + specs_[last].name;
       for (std::size_t m = first; m <= last; ++m) u.model_units.push_back(m);
-      u.params = sizes_[w];
-      u.shard = chunks_[w];
-      u.padding = sharded() ? n * chunks_[w] - sizes_[w] : 0;
-      u.bytes_per_rank = (2 + plan_.state_per_element) * sizeof(value_type) * chunks_[w];
-      u.gathered_bytes = sharded() ? n * chunks_[w] * sizeof(compute_type) : 0;
+      u.params = flat_.sizes[w];
+      u.shard = flat_.chunks[w];
+      u.padding = sharded() ? n * flat_.chunks[w] - flat_.sizes[w] : 0;
+      u.bytes_per_rank = (2 + plan_.state_per_element) * sizeof(value_type) * flat_.chunks[w];
+      u.gathered_bytes = sharded() ? n * flat_.chunks[w] * sizeof(compute_type) : 0;
       plan_.units.push_back(std::move(u));
     }
     std::vector<std::string> names;
@@ -899,32 +646,19 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   /// Views of unit u over `params` (P elements) and `grads` (P or none),
-  /// and its buffers (value_type ones: a bfloat16 model has none, precision()).
+  /// and its buffers (value_type ones: a bfloat16 model has none, read_precision).
   template <class T>
   UnitView<T> make_view(std::size_t u, std::span<T> params, std::type_identity_t<std::span<T>> grads) {
-    UnitView<T> v;
-    std::size_t p = 0;
-    for (const TensorSpec& t : specs_[u].params) {
-      const std::span<T> g = grads.empty() ? std::span<T>() : grads.subspan(p, t.count());
-      v.params.push_back({params.subspan(p, t.count()), g, &t});
-      p += t.count();
-    }
-    v.flat_params = params;
-    v.flat_grads = grads;
+    UnitView<T> v = detail::fsdp::param_views(specs_[u], params, grads);
     if constexpr (std::is_same_v<T, value_type>) {
-      std::size_t b = 0;
-      for (const TensorSpec& t : specs_[u].buffers) {
-        v.buffers.push_back({std::span<value_type>(buffers_).subspan(buffer_offsets_[u] + b, t.count()), {}, &t});
-        b += t.count();
-      }
-      v.flat_buffers = std::span<value_type>(buffers_).subspan(buffer_offsets_[u], b);
+      detail::fsdp::add_buffer_views(v, specs_[u], std::span<value_type>(buffers_).subspan(buffer_offsets_[u]));
     }
     return v;
   }
 
   /// The model writes its initial values, rank 0's are broadcast, and each
   /// rank keeps its chunks. Where they are written decides construction's
-  /// memory (construction_need()):
+  /// memory (detail::fsdp::construction_need):
   /// - NoShard: the shard is every unit whole, in order, so the model
   ///   writes into it and it is broadcast in place;
   /// - a model with init_unit: one wrapped unit at a time, into one buffer
@@ -942,9 +676,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       // The model sees the shard in place, in steps too (check_offload refuses NoShard with offload).
       std::vector<UnitView<value_type>> views;
       for (std::size_t u = 0; u < specs_.size(); ++u) {
-        const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
-        views.push_back(make_view(u, std::span<value_type>(shard_params_).subspan(from, model_sizes_[u]),
-                                  std::span<value_type>(shard_grads_).subspan(from, model_sizes_[u])));
+        const std::size_t from = flat_.offsets[flat_.member_of[u]] + flat_.member_offset[u];
+        views.push_back(make_view(u, std::span<value_type>(shard_params_).subspan(from, flat_.model_sizes[u]),
+                                  std::span<value_type>(shard_grads_).subspan(from, flat_.model_sizes[u])));
         if constexpr (!computes_low) members_[u].view = views.back();
       }
       if constexpr (computes_low) {
@@ -952,42 +686,42 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         low_params_.assign(shard_params_.size(), bfloat16(0.0f));
         low_grads_.assign(shard_grads_.size(), bfloat16(0.0f));
         for (std::size_t u = 0; u < specs_.size(); ++u) {
-          const std::size_t from = offsets_[member_of_[u]] + member_offset_[u];
-          members_[u].view = make_view(u, std::span<bfloat16>(low_params_).subspan(from, model_sizes_[u]),
-                                       std::span<bfloat16>(low_grads_).subspan(from, model_sizes_[u]));
+          const std::size_t from = flat_.offsets[flat_.member_of[u]] + flat_.member_offset[u];
+          members_[u].view = make_view(u, std::span<bfloat16>(low_params_).subspan(from, flat_.model_sizes[u]),
+                                       std::span<bfloat16>(low_grads_).subspan(from, flat_.model_sizes[u]));
         }
       }
       detail::write_initial_values(model_, std::span<const UnitView<value_type>>(views));
       broadcast(comm_, std::span<value_type>(shard_params_), 0);
     } else if constexpr (detail::ModelInitsUnits<M>) {
       // Rank 0 decides every value, so every rank broadcasts unit by unit alike.
-      std::vector<value_type> unit(std::ranges::max(sizes_));
+      std::vector<value_type> unit(std::ranges::max(flat_.sizes));
       construction_bytes_ = unit.size() * sizeof(value_type);
-      for (std::size_t w = 0; w < groups_.size(); ++w) {
-        const std::span<value_type> full = std::span<value_type>(unit).first(sizes_[w]);
+      for (std::size_t w = 0; w < flat_.groups.size(); ++w) {
+        const std::span<value_type> full = std::span<value_type>(unit).first(flat_.sizes[w]);
         for (std::size_t m = first_member(w); m <= last_member(w); ++m) {
-          model_.init_unit(m, make_view(m, full.subspan(member_offset_[m], model_sizes_[m]), {}));
+          model_.init_unit(m, make_view(m, full.subspan(flat_.member_offset[m], flat_.model_sizes[m]), {}));
         }
         if (full.empty()) continue;
         broadcast(comm_, full, 0);
         keep_owned(w, full);
       }
     } else {
-      std::vector<value_type> params(total_, value_type(0));
+      std::vector<value_type> params(flat_.total, value_type(0));
       construction_bytes_ = params.size() * sizeof(value_type);
       std::vector<UnitView<value_type>> views;
       // A wrapped unit's members are consecutive, so it is one range of `params`.
       std::size_t at = 0;
       for (std::size_t u = 0; u < specs_.size(); ++u) {
-        views.push_back(make_view(u, std::span<value_type>(params).subspan(at, model_sizes_[u]), {}));
-        at += model_sizes_[u];
+        views.push_back(make_view(u, std::span<value_type>(params).subspan(at, flat_.model_sizes[u]), {}));
+        at += flat_.model_sizes[u];
       }
       model_.bind(std::span<const UnitView<value_type>>(views));
       broadcast(comm_, std::span<value_type>(params), 0);
       at = 0;
-      for (std::size_t w = 0; w < groups_.size(); ++w) {
-        keep_owned(w, std::span<const value_type>(params).subspan(at, sizes_[w]));
-        at += sizes_[w];
+      for (std::size_t w = 0; w < flat_.groups.size(); ++w) {
+        keep_owned(w, std::span<const value_type>(params).subspan(at, flat_.sizes[w]));
+        at += flat_.sizes[w];
       }
     }
     if (!buffers_.empty()) broadcast(comm_, std::span<value_type>(buffers_), 0);
@@ -997,15 +731,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   void keep_owned(std::size_t w, std::span<const value_type> full) {
     const auto [first, count] = owned_range(w);
     std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(first), count,
-                master().begin() + static_cast<std::ptrdiff_t>(offsets_[w]));
-  }
-
-  /// What initialise() holds besides the persistent part under `strategy`
-  /// (see it): the formula of MemoryNeed::construction.
-  std::size_t construction_need(ShardingStrategy strategy) const {
-    if (strategy == ShardingStrategy::NoShard) return 0;
-    const std::size_t elements = detail::ModelInitsUnits<M> ? std::ranges::max(sizes_) : total_;
-    return elements * sizeof(value_type);
+                master().begin() + static_cast<std::ptrdiff_t>(flat_.offsets[w]));
   }
 
   void check_no_pending(const char* what) const {
@@ -1072,8 +798,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   /// Model units [first, last] of wrapped unit w.
-  std::size_t first_member(std::size_t w) const noexcept { return groups_[w].first; }
-  std::size_t last_member(std::size_t w) const noexcept { return groups_[w].second; }
+  std::size_t first_member(std::size_t w) const noexcept { return flat_.first_member(w); }
+  std::size_t last_member(std::size_t w) const noexcept { return flat_.last_member(w); }
 
   /// Every member of w has been asked for at least `asks` times in this step.
   bool members_asked(std::size_t w, int asks) const noexcept {
@@ -1110,15 +836,15 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     if (!sharded()) {
       // NoShard: into the whole unit's gradient in the shard, reduced in place
       // (round_parameters zeroes the bfloat16 ones before each backward).
-      detail::add_widened(std::span<value_type>(shard_grads_).subspan(offsets_[w], sizes_[w]),
-                          std::span<const bfloat16>(low_grads_).subspan(offsets_[w], sizes_[w]));
+      detail::add_widened(std::span<value_type>(shard_grads_).subspan(flat_.offsets[w], flat_.sizes[w]),
+                          std::span<const bfloat16>(low_grads_).subspan(flat_.offsets[w], flat_.sizes[w]));
       return;
     }
     if (s.grad.empty()) {
       // As acquire's buffer for a value_type model: FullShard holds one at a time.
       retire_reductions(full_shard() ? 0 : 1);
       const std::size_t n = static_cast<std::size_t>(shard_comm().size()) + (offloaded() ? 1 : 0);
-      s.grad = take(chunks_[w] * n, true);
+      s.grad = take(flat_.chunks[w] * n, true);
       track_transient();
     }
     detail::add_widened(std::span<value_type>(s.grad).first(s.low_grad.size()), std::span<const bfloat16>(s.low_grad));
@@ -1127,12 +853,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
 
   /// Bytes of gathered units and gradient buffers held now (spares aside).
   std::size_t transient_held() const noexcept {
-    std::size_t held = 0;
-    for (const WrappedState& s : wrapped_) {
-      held += (s.full.capacity() + s.grad.capacity()) * sizeof(value_type) +
-              (s.low.capacity() + s.low_grad.capacity()) * sizeof(bfloat16);
-    }
-    return held;
+    return detail::fsdp::transient_held<value_type>(wrapped_);
   }
 
   /// param_dtype bfloat16 under ShardGradOp: a unit kept gathered from its
@@ -1150,50 +871,18 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     WrappedState& s = wrapped_[w];
     s.full = take(s.low.size(), false);
     track_transient();
-    for (std::size_t i = 0; i < s.low.size(); ++i) s.full[i] = to_value(s.low[i]);
+    for (std::size_t i = 0; i < s.low.size(); ++i) s.full[i] = detail::fsdp::to_master<value_type>(s.low[i]);
   }
 
-  /// Storage for a gathered unit or a gradient buffer of n elements: a
-  /// spare of exactly that capacity if one was kept, else a new one. Fresh
-  /// pages would be faulted in (and zeroed) inside the step, on the rank's
-  /// thread, for every unit of every step. `zero`: a gradient buffer, which
-  /// the model adds into; a gather overwrites all of its buffer.
+  /// Storage for a gathered unit or a gradient buffer of n elements, from
+  /// the pool (see BufferPool); `zero`: a gradient buffer, which the model adds into.
   Storage take(std::size_t n, bool zero) {
-    Storage v;
-    const auto fit = std::ranges::find_if(spares_, [n](const auto& x) { return x.capacity() == n; });
-    if (fit != spares_.end()) {
-      v = std::move(*fit);
-      spares_.erase(fit);
-      if (zero) {
-        v.assign(n, value_type(0));
-      } else {
-        v.resize(n);
-      }
-      return v;
-    }
-    trim_spares(n * sizeof(value_type));
-    v.assign(n, value_type(0));
-    return v;
+    return pool_.take(n, zero, [this]() noexcept { return transient_held(); });
   }
 
-  /// Keeps `v`'s storage as a spare (then empties it), within the bound below.
+  /// Returns `v`'s storage to the pool (then empties it).
   void give(Storage& v) noexcept {
-    if (v.capacity() == 0) return;
-    // Reserved at construction for every buffer the trainer can hold, so this does not allocate.
-    if (spares_.size() < spares_.capacity()) spares_.push_back(std::move(v));
-    Storage().swap(v);
-    trim_spares(0);
-  }
-
-  /// Frees spares, oldest first, until what is held in use and spare, plus
-  /// `more` bytes, is within the transient need (memory_need()): spares
-  /// never take the trainer past the need that the budget was checked against.
-  void trim_spares(std::size_t more) noexcept {
-    std::size_t held = more + transient_held();
-    for (const auto& x : spares_) held += x.capacity() * sizeof(value_type);
-    std::size_t drop = 0;
-    for (; drop < spares_.size() && held > spare_limit_; ++drop) held -= spares_[drop].capacity() * sizeof(value_type);
-    spares_.erase(spares_.begin(), spares_.begin() + static_cast<std::ptrdiff_t>(drop));
+    pool_.give(v, [this]() noexcept { return transient_held(); });
   }
 
   /// Frees the units whose forward use ended (FullShard) but were kept in
@@ -1211,7 +900,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   const UnitView<compute_type>& acquire(std::size_t u) {
     check_unit(u, "asked for");
     MemberState& s = members_[u];
-    const std::size_t w = member_of_[u];
+    const std::size_t w = flat_.member_of[u];
     WrappedState& ws = wrapped_[w];
     if (s.held) {
       throw InvalidArgument(where() + ": the model asked for " + unit_name(u) +
@@ -1254,9 +943,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
           ws.low_grad.assign(ws.low.size(), bfloat16(0.0f));
           track_transient();
         }
-        grads = std::span<bfloat16>(ws.low_grad).subspan(member_offset_[u], model_sizes_[u]);
+        grads = std::span<bfloat16>(ws.low_grad).subspan(flat_.member_offset[u], flat_.model_sizes[u]);
       }
-      s.view = make_view(u, std::span<bfloat16>(ws.low).subspan(member_offset_[u], model_sizes_[u]), grads);
+      s.view = make_view(u, std::span<bfloat16>(ws.low).subspan(flat_.member_offset[u], flat_.model_sizes[u]), grads);
       s.held = true;
       ++ws.held;
       return s.view;
@@ -1272,13 +961,14 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         // The padded unit only: the reduce-scatter writes straight into this
         // rank's gradient shard; offloaded, into c more, copied out from there.
         const std::size_t n = static_cast<std::size_t>(shard_comm().size()) + (offloaded() ? 1 : 0);
-        ws.grad = take(chunks_[w] * n, true);
+        ws.grad = take(flat_.chunks[w] * n, true);
         track_transient();
       }
-      grads = std::span<value_type>(ws.grad).subspan(member_offset_[u], model_sizes_[u]);
+      grads = std::span<value_type>(ws.grad).subspan(flat_.member_offset[u], flat_.model_sizes[u]);
     }
     if constexpr (!computes_low) {
-      s.view = make_view(u, std::span<value_type>(ws.full).subspan(member_offset_[u], model_sizes_[u]), grads);
+      s.view =
+          make_view(u, std::span<value_type>(ws.full).subspan(flat_.member_offset[u], flat_.model_sizes[u]), grads);
     }
     s.held = true;
     ++ws.held;
@@ -1288,7 +978,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Starts gathering wrapped unit w on the worker, behind what is queued there.
   void gather(std::size_t w) {
     WrappedState& s = wrapped_[w];
-    const std::size_t g = chunks_[w] * static_cast<std::size_t>(shard_comm().size());
+    const std::size_t g = flat_.chunks[w] * static_cast<std::size_t>(shard_comm().size());
     if (computes_low) {
       // The model's views point into what the gather receives.
       s.low.assign(g, bfloat16(0.0f));
@@ -1314,38 +1004,14 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     s.gathering = worker_->submit("ShardedTrainer gather of " + wrapped_name(w),
                                   detail::timed(&step_.gather_seconds,
                                                 [all_gather, home, out, kept, low, space](Communicator<backend_type>& c) {
-                                                  std::span<const value_type> in = home;
-                                                  std::vector<value_type> staged;
-                                                  if (space) {
-                                                    // Into its own block of the unit, gathered in place; a
-                                                    // bfloat16 model's unit has no value_type block to use.
-                                                    std::span<value_type> own;
-                                                    if (computes_low) {
-                                                      staged.resize(home.size());
-                                                      own = staged;
-                                                    } else {
-                                                      own = out.subspan(static_cast<std::size_t>(c.rank()) * home.size(),
-                                                                        home.size());
-                                                    }
-                                                    space->copy_in(own.data(), home.data(), home.size_bytes());
-                                                    space->wait();
-                                                    in = own;
-                                                  }
-                                                  if (!low) return all_gather(c, in, out);
-                                                  // param_dtype bfloat16: rounded once, half the bytes.
-                                                  const std::vector<bfloat16> mine(in.begin(), in.end());
-                                                  std::vector<bfloat16> scratch(kept.empty() ? out.size() : 0);
-                                                  const std::span<bfloat16> all = kept.empty() ? scratch : kept;
-                                                  all_gather(c, std::span<const bfloat16>(mine), all);
-                                                  for (std::size_t i = 0; i < out.size(); ++i) {
-                                                    out[i] = to_value(all[i]);
-                                                  }
+                                                  detail::fsdp::gather_unit<computes_low>(c, all_gather, home, out,
+                                                                                          kept, low, space);
                                                 }));
   }
 
   /// Gathers w ahead of its ask, unless it is gathered or the limit is reached.
   void prefetch(std::size_t w) {
-    if (!wrapped_[w].full.empty() || !wrapped_[w].low.empty()) return;
+    if (wrapped_[w].gathered()) return;
     if (o_.limit_all_gathers != 0 && gathered_units() >= o_.limit_all_gathers) return;
     gather(w);
   }
@@ -1360,11 +1026,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   }
 
   /// Wrapped units whose parameters are gathered (or being gathered) now.
-  std::size_t gathered_units() const noexcept {
-    std::size_t n = 0;
-    for (const WrappedState& s : wrapped_) n += !s.full.empty() || !s.low.empty() ? 1 : 0;
-    return n;
-  }
+  std::size_t gathered_units() const noexcept { return detail::fsdp::gathered_units<value_type>(wrapped_); }
 
   /// The model let go of model unit u. Its wrapped unit is freed once no
   /// member is held and, per strategy, its members' forward (FullShard) or
@@ -1373,7 +1035,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     // A handle kept past the end of its step was already let go of.
     if (u >= members_.size() || !members_[u].held) return;
     MemberState& s = members_[u];
-    const std::size_t w = member_of_[u];
+    const std::size_t w = flat_.member_of[u];
     WrappedState& ws = wrapped_[w];
     s.held = false;
     --ws.held;
@@ -1435,7 +1097,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                             "then call ctx.ready(u)");
     }
     m.ready = true;
-    const std::size_t u_w = member_of_[u];
+    const std::size_t u_w = flat_.member_of[u];
     if (++wrapped_[u_w].ready < last_member(u_w) - first_member(u_w) + 1) return;
     if constexpr (computes_low) {
       if (!reduces_low_grad()) fold_low_grad(u_w);
@@ -1457,40 +1119,33 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     const bool low = reduce_bf16_ && comm_.size() > 1;
     const std::size_t e = low ? sizeof(bfloat16) : sizeof(value_type);
     if (!sharded()) {
-      trace_.push_back({Collective::all_reduce, u, 0, sizes_[u] * e});
-      count_sent(Collective::all_reduce, sizes_[u], comm_, e);
-      const std::span<value_type> g = grad_shard().subspan(offsets_[u], sizes_[u]);
+      trace_.push_back({Collective::all_reduce, u, 0, flat_.sizes[u] * e});
+      count_sent(Collective::all_reduce, flat_.sizes[u], comm_, e);
+      const std::span<value_type> g = grad_shard().subspan(flat_.offsets[u], flat_.sizes[u]);
       if (scale != value_type(1)) {
         for (value_type& x : g) x *= scale;
       }
       s.request = worker_->submit("ShardedTrainer all-reduce of " + wrapped_name(u),
                                   detail::timed(&step_.reduce_seconds, [opts, g, low](Communicator<backend_type>& c) {
-                                    if (c.size() == 1) return;
-                                    if (low) {
-                                      std::vector<bfloat16> packed(g.begin(), g.end());
-                                      AllReduce<Algo>{opts}(c, std::span<bfloat16>(packed), Avg{});
-                                      for (std::size_t i = 0; i < g.size(); ++i) g[i] = to_value(packed[i]);
-                                    } else {
-                                      AllReduce<Algo>{opts}(c, g, Avg{});
-                                    }
+                                    detail::fsdp::all_reduce_unit<Algo>(c, opts, g, low);
                                   }));
       return;
     }
     const std::size_t n = static_cast<std::size_t>(shard_comm().size());
-    trace_.push_back({Collective::reduce_scatter, u, 0, n * chunks_[u] * e});
-    count_sent(Collective::reduce_scatter, n * chunks_[u], shard_comm(), e);
+    trace_.push_back({Collective::reduce_scatter, u, 0, n * flat_.chunks[u] * e});
+    count_sent(Collective::reduce_scatter, n * flat_.chunks[u], shard_comm(), e);
     // Its gradient buffer is freed once this reduction is over (retire_reductions).
     in_reduction_.push_back(u);
-    const std::size_t count = sizes_[u];
+    const std::size_t count = flat_.sizes[u];
     // A bfloat16 model's gradient is reduced from its own buffer (reduces_low_grad), else from `grad`.
     const bool direct = reduces_low_grad();
     const std::span<value_type> storage =
-        direct ? std::span<value_type>() : std::span<value_type>(s.grad).first(n * chunks_[u]);
+        direct ? std::span<value_type>() : std::span<value_type>(s.grad).first(n * flat_.chunks[u]);
     const std::span<const bfloat16> low_in = direct ? std::span<const bfloat16>(s.low_grad) : std::span<const bfloat16>();
     // Offloaded, the result lands in the buffer's tail and is copied out to `home`.
     OffloadSpace* const space = o_.offload.get();
-    const std::span<value_type> home = grad_shard().subspan(offsets_[u], chunks_[u]);
-    const std::span<value_type> mine = space ? std::span<value_type>(s.grad).subspan(n * chunks_[u]) : home;
+    const std::span<value_type> home = grad_shard().subspan(flat_.offsets[u], flat_.chunks[u]);
+    const std::span<value_type> mine = space ? std::span<value_type>(s.grad).subspan(n * flat_.chunks[u]) : home;
     if (space) step_.offload_out_bytes += home.size_bytes();
     if (scale != value_type(1)) {
       // NoSync's step only, which folds into `grad` (never direct).
@@ -1500,8 +1155,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     // worker, after construction: one thread, one order.
     Comm* replicas = replica_comm_ ? &*replica_comm_ : nullptr;
     if (replicas) {
-      trace_.push_back({Collective::all_reduce, u, 0, chunks_[u] * e});
-      count_sent(Collective::all_reduce, chunks_[u], *replicas, e);
+      trace_.push_back({Collective::all_reduce, u, 0, flat_.chunks[u] * e});
+      count_sent(Collective::all_reduce, flat_.chunks[u], *replicas, e);
     }
     const auto divisor = static_cast<value_type>(comm_.size());
     s.request = worker_->submit(
@@ -1511,78 +1166,17 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         detail::timed(&step_.reduce_seconds, [opts, replica_opts, storage, low_in, count, mine, replicas, divisor,
                                               add, low, space, home](Communicator<backend_type>& c) {
           if (low) {
-            reduce_in<bfloat16>(c, opts, replica_opts, storage, low_in, count, mine, replicas, divisor, add);
+            detail::fsdp::reduce_unit<Algo, bfloat16>(c, opts, replica_opts, storage, low_in, count, mine, replicas,
+                                                      divisor, add);
           } else {
-            reduce_in<value_type>(c, opts, replica_opts, storage, {}, count, mine, replicas, divisor, add);
+            detail::fsdp::reduce_unit<Algo, value_type>(c, opts, replica_opts, storage, {}, count, mine, replicas,
+                                                        divisor, add);
           }
           if (space) {
             space->copy_out(home.data(), mine.data(), mine.size_bytes());
             space->wait();
           }
         }));
-  }
-
-  template <class E>
-  static value_type to_value(E x) noexcept {
-    if constexpr (std::is_same_v<E, value_type>) {
-      return x;
-    } else {
-      return static_cast<value_type>(static_cast<float>(x));
-    }
-  }
-
-  /// On the worker: reduces a unit's gradient (`storage`, the padded unit
-  /// N·c, `count` elements and zeros) in element type E into this rank's
-  /// gradient shard `mine` (c): a mean, or under HybridShard a sum in the
-  /// group, a sum across `replicas` and one division. In the master type and
-  /// not adding, the reduce-scatter writes straight into `mine` (its padding
-  /// gets the sum of zeros); adding (sharded accumulation) it writes into a
-  /// c-element sum first, and in bfloat16 into the packed copy's tail. A
-  /// bfloat16 model's gradient (`low_in`, N·c, reduces_low_grad) is reduced
-  /// as it is, in place of `storage`, into a c-element bfloat16 result.
-  template <class E>
-  static void reduce_in(Communicator<backend_type>& c, const Options& opts, const Options& replica_opts,
-                        std::span<value_type> storage,
-                        std::span<const bfloat16> low_in, std::size_t count, std::span<value_type> mine,
-                        Comm* replicas, value_type divisor, bool add) {
-    const std::size_t chunk = mine.size();
-    std::vector<E> packed;
-    std::vector<value_type> sum;
-    std::span<const E> in;
-    std::span<E> out;
-    if constexpr (std::is_same_v<E, value_type>) {
-      in = storage;
-      if (add) {
-        sum.assign(chunk, value_type(0));
-        out = std::span<E>(sum);
-      } else {
-        out = mine;
-      }
-    } else if (!low_in.empty()) {
-      packed.assign(chunk, E(0.0f));
-      in = low_in;
-      out = std::span<E>(packed);
-    } else {
-      packed.assign(storage.size() + chunk, E(0.0f));
-      for (std::size_t i = 0; i < count; ++i) packed[i] = E(static_cast<float>(storage[i]));
-      in = std::span<const E>(packed).first(storage.size());
-      out = std::span<E>(packed).subspan(storage.size(), chunk);
-    }
-    if (c.size() == 1) {
-      std::copy(in.begin(), in.end(), out.begin());
-    } else if (replicas == nullptr) {
-      ReduceScatter<Algo>{opts}(c, in, out, Avg{});
-    } else {
-      ReduceScatter<Algo>{opts}(c, in, out, Sum{});
-    }
-    if (replicas && replicas->size() > 1) AllReduce<Algo>{replica_opts}(*replicas, out, Sum{});
-    if constexpr (std::is_same_v<E, value_type>) {
-      if (!add && !replicas) return;
-    }
-    for (std::size_t i = 0; i < chunk; ++i) {
-      const value_type x = replicas ? to_value(out[i]) / divisor : to_value(out[i]);
-      mine[i] = add ? mine[i] + x : x;
-    }
   }
 
   /// `keep_grads`: a NoSync micro-step, whose unsharded gradients stay.
@@ -1652,57 +1246,23 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     return first;
   }
 
-  MemoryNeed need(ShardingStrategy strategy) const {
-    const bool full = strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridShard;
-    // A prefetch adds a second gathered unit unless the limit allows only one.
-    const bool prefetch = (o_.forward_prefetch || o_.backward_prefetch != BackwardPrefetch::None) &&
-                          o_.limit_all_gathers != 1;
-    MemoryNeed n = detail::sharded_memory_need(
-        std::span<const std::size_t>(sizes_), static_cast<std::size_t>(shard_comm().size()),
-        {.sharded = strategy != ShardingStrategy::NoShard,
-         .keeps_forward_gathers = !full,
-         .prefetch = full && prefetch,
-         .keeps_unsharded_grads = o_.accumulation == AccumulationMode::NoSync,
-         .offload = offloaded(),
-         .state_per_element = optimizer_state_per_element(),
-         .element_bytes = sizeof(value_type),
-         .kept_element_bytes = keep_low_ ? sizeof(bfloat16) : 0,
-         .compute_element_bytes = computes_low ? sizeof(bfloat16) : 0,
-         .reduces_in_compute_type = reduces_low_grad()});
-    if (offloaded() && !state_in_space()) {
-      // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
-      n.optimizer_state = optimizer_state_per_element() * sizeof(value_type) * master().size();
-      n.offloaded -= n.optimizer_state;
-    }
-    if (computes_low && strategy == ShardingStrategy::NoShard) {
-      // The bfloat16 copies of every parameter and gradient the model sees.
-      n.params += sizeof(bfloat16) * total_;
-      n.grads += sizeof(bfloat16) * total_;
-    }
-    n.construction = construction_need(strategy);
-    return n;
-  }
-
-  void check_budget() const {
-    if (o_.memory_budget == 0) return;
-    const MemoryNeed full = need(ShardingStrategy::FullShard);
-    const MemoryNeed mine = need(o_.strategy);
-    std::string advice =
-        full_shard() ? "Smaller (wrapped) units lower the transient part, more ranks the persistent part."
-                     : "FullShard would need " + full.describe() + ".";
-    if constexpr (!detail::ModelInitsUnits<M>) {
-      if (mine.construction > mine.transient()) {
-        advice += " The model writes its initial values with bind(), every parameter at once: with "
-                  "init_unit(u, view) construction would hold one wrapped unit at a time.";
-      }
-    }
-    detail::check_memory_budget(where(), mine, o_.memory_budget, advice);
+  /// What decides memory_need() besides the options and the layout.
+  detail::fsdp::MemoryFacts memory_facts() const noexcept {
+    return {.shards = static_cast<std::size_t>(shard_comm().size()),
+            .offload = offloaded(),
+            .state_in_space = state_in_space(),
+            .state_per_element = optimizer_state_per_element(),
+            .element_bytes = sizeof(value_type),
+            .keeps_low = keep_low_,
+            .computes_low = computes_low,
+            .reduces_low_grad = reduces_low_grad(),
+            .inits_units = detail::ModelInitsUnits<M>};
   }
 
   /// Records the high-water mark of what gathered units and gradient
   /// buffers hold; called after each allocation, where the sum can only have grown.
   void track_transient() noexcept {
-    peak_transient_ = std::max(peak_transient_, transient_held());
+    peak_.track(transient_held());
   }
 
   /// Frees the gradient buffers of finished reductions, oldest first,
@@ -1750,8 +1310,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   Opt opt_;
   ShardedTrainerOptions o_;
   std::vector<UnitSpec> specs_;
-  std::vector<std::size_t> sizes_, chunks_, offsets_, buffer_offsets_;
-  std::size_t total_ = 0;
+  /// Where every wrapped unit lies, in the unit and in the flat shard.
+  detail::fsdp::FlatShard flat_;
+  std::vector<std::size_t> buffer_offsets_;
   // 64-byte aligned, as ReplicatedTrainer's, so vectorized math sums in one
   // order whatever else the process allocated (exact resume).
   std::vector<value_type, detail::AlignedAllocator<value_type>> shard_params_, shard_grads_, buffers_;
@@ -1761,10 +1322,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   Offloaded off_state_;
   /// NoShard with a bfloat16 model: the copies its steps see (else empty).
   std::vector<bfloat16> low_params_, low_grads_;
-  /// Wrapped unit w is model units [groups_[w].first, groups_[w].second];
-  /// model unit u lies in wrapped unit member_of_[u] at member_offset_[u].
-  std::vector<std::pair<std::size_t, std::size_t>> groups_;
-  std::vector<std::size_t> member_of_, member_offset_, model_sizes_;
   ShardPlan plan_;
   std::optional<detail::StepLabels> labels_;  ///< what each collective moves; made with the plan
   std::vector<MemberState> members_;
@@ -1793,13 +1350,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   std::shared_ptr<ProgressWorker<backend_type>> worker_;
   /// Wrapped units whose gradient buffer a reduction still holds, in submission order.
   std::vector<std::size_t> in_reduction_;
-  std::size_t peak_transient_ = 0;
+  detail::fsdp::TransientPeak peak_;
   std::size_t construction_bytes_ = 0;
   /// Storage of freed gathered units and gradient buffers, kept for the
-  /// next of the same size (take, give); with what is in use, at most
-  /// spare_limit_ bytes, the transient need.
-  std::vector<Storage> spares_;
-  std::size_t spare_limit_ = 0;
+  /// next of the same size; with what is in use, at most the transient need.
+  detail::fsdp::BufferPool<value_type> pool_;
   /// This step's figures; the worker's jobs add their times to it.
   StepStats step_{};
 };

@@ -1,0 +1,138 @@
+#pragma once
+/// \file The collectives one wrapped unit issues, as the progress worker runs
+/// them: the all-gather with its copy-in (from an offload space, rounding to
+/// param_dtype) and copy-out (widening to the master type), the
+/// reduce-scatter (and HybridShard's all-reduce across replicas) with its
+/// copy-out, and NoShard's all-reduce. When they are issued is the
+/// trainer's business; what each moves, in which type, is this file's.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "gradsync/collective/all_reduce.hpp"
+#include "gradsync/collective/reduce_scatter.hpp"
+#include "gradsync/core/bfloat16.hpp"
+#include "gradsync/core/offload_space.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/options.hpp"
+
+namespace gradsync::detail::fsdp {
+
+/// `x` in the master type T (bfloat16 widens through float).
+template <class T, class E>
+T to_master(E x) noexcept {
+  if constexpr (std::is_same_v<E, T>) {
+    return x;
+  } else {
+    return static_cast<T>(static_cast<float>(x));
+  }
+}
+
+/// On the worker: gathers a wrapped unit from this rank's master chunk
+/// `home` into `out` (N·c, the master type; empty for a bfloat16 model).
+/// Offloaded (`space`), the chunk is copied in first, into its own block
+/// of the unit. With `low` (param_dtype bfloat16) the chunk is rounded once
+/// and gathered in bfloat16, into `kept` if the unit keeps that copy (a
+/// bfloat16 model's unit, or ShardGradOp's keeps_low), then widened into
+/// `out`.
+template <bool ComputesLow, class T, class Gather, class C>
+void gather_unit(C& c, const Gather& all_gather, std::span<const T> home, std::span<T> out, std::span<bfloat16> kept,
+                 bool low, OffloadSpace* space) {
+  std::span<const T> in = home;
+  std::vector<T> staged;
+  if (space) {
+    // Into its own block of the unit, gathered in place; a
+    // bfloat16 model's unit has no value_type block to use.
+    std::span<T> own;
+    if (ComputesLow) {
+      staged.resize(home.size());
+      own = staged;
+    } else {
+      own = out.subspan(static_cast<std::size_t>(c.rank()) * home.size(), home.size());
+    }
+    space->copy_in(own.data(), home.data(), home.size_bytes());
+    space->wait();
+    in = own;
+  }
+  if (!low) return all_gather(c, in, out);
+  // param_dtype bfloat16: rounded once, half the bytes.
+  const std::vector<bfloat16> mine(in.begin(), in.end());
+  std::vector<bfloat16> scratch(kept.empty() ? out.size() : 0);
+  const std::span<bfloat16> all = kept.empty() ? scratch : kept;
+  all_gather(c, std::span<const bfloat16>(mine), all);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = to_master<T>(all[i]);
+  }
+}
+
+/// On the worker, NoShard: averages a whole unit's gradient `g` in place,
+/// in bfloat16 on the wire with `low` (reduce_dtype).
+template <class Algo, class T, class C>
+void all_reduce_unit(C& c, const Options& opts, std::span<T> g, bool low) {
+  if (c.size() == 1) return;
+  if (low) {
+    std::vector<bfloat16> packed(g.begin(), g.end());
+    AllReduce<Algo>{opts}(c, std::span<bfloat16>(packed), Avg{});
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = to_master<T>(packed[i]);
+  } else {
+    AllReduce<Algo>{opts}(c, g, Avg{});
+  }
+}
+
+/// On the worker: reduces a unit's gradient (`storage`, the padded unit
+/// N·c, `count` elements and zeros) in element type E into this rank's
+/// gradient shard `mine` (c): a mean, or under HybridShard a sum in the
+/// group, a sum across `replicas` and one division. In the master type and
+/// not adding, the reduce-scatter writes straight into `mine` (its padding
+/// gets the sum of zeros); adding (sharded accumulation) it writes into a
+/// c-element sum first, and in bfloat16 into the packed copy's tail. A
+/// bfloat16 model's gradient (`low_in`, N·c, reduces_low_grad) is reduced
+/// as it is, in place of `storage`, into a c-element bfloat16 result.
+template <class Algo, class E, class T, class C, class R>
+void reduce_unit(C& c, const Options& opts, const Options& replica_opts, std::span<T> storage,
+                 std::span<const bfloat16> low_in, std::size_t count, std::span<T> mine, R* replicas, T divisor,
+                 bool add) {
+  const std::size_t chunk = mine.size();
+  std::vector<E> packed;
+  std::vector<T> sum;
+  std::span<const E> in;
+  std::span<E> out;
+  if constexpr (std::is_same_v<E, T>) {
+    in = storage;
+    if (add) {
+      sum.assign(chunk, T(0));
+      out = std::span<E>(sum);
+    } else {
+      out = mine;
+    }
+  } else if (!low_in.empty()) {
+    packed.assign(chunk, E(0.0f));
+    in = low_in;
+    out = std::span<E>(packed);
+  } else {
+    packed.assign(storage.size() + chunk, E(0.0f));
+    for (std::size_t i = 0; i < count; ++i) packed[i] = E(static_cast<float>(storage[i]));
+    in = std::span<const E>(packed).first(storage.size());
+    out = std::span<E>(packed).subspan(storage.size(), chunk);
+  }
+  if (c.size() == 1) {
+    std::copy(in.begin(), in.end(), out.begin());
+  } else if (replicas == nullptr) {
+    ReduceScatter<Algo>{opts}(c, in, out, Avg{});
+  } else {
+    ReduceScatter<Algo>{opts}(c, in, out, Sum{});
+  }
+  if (replicas && replicas->size() > 1) AllReduce<Algo>{replica_opts}(*replicas, out, Sum{});
+  if constexpr (std::is_same_v<E, T>) {
+    if (!add && !replicas) return;
+  }
+  for (std::size_t i = 0; i < chunk; ++i) {
+    const T x = replicas ? to_master<T>(out[i]) / divisor : to_master<T>(out[i]);
+    mine[i] = add ? mine[i] + x : x;
+  }
+}
+
+}  // namespace gradsync::detail::fsdp

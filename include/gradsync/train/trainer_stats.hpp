@@ -1,0 +1,21 @@
+#pragma once
+/// \file TrainerStats: what a trainer measured over its steps. Both trainers
+/// report it, so it lives apart from either and neither includes the other.
+
+#include <cstddef>
+
+namespace gradsync {
+
+/// What a trainer measured, summed over its steps.
+struct TrainerStats {
+  std::size_t steps = 0;
+  /// forward + backward on this rank's thread.
+  double compute_seconds = 0;
+  double optimizer_seconds = 0;
+  /// Gradient communication (the progress worker's time in bucket collectives).
+  double comm_seconds = 0;
+  /// The part of comm_seconds that backward did not hide: finish() waiting.
+  double exposed_comm_seconds = 0;
+};
+
+}  // namespace gradsync
