@@ -3,7 +3,6 @@
 
 #include <mpi.h>
 #if defined(__linux__)
-#include <sched.h>
 #endif
 
 #include <algorithm>
@@ -26,6 +25,9 @@
 #include "gradsync/backend/mpi/environment.hpp"
 #include "gradsync/backend/mpi/idle_backoff.hpp"
 #include "gradsync/backend/mpi/mpi_options.hpp"
+#include "gradsync/backend/mpi/native_buffers.hpp"
+#include "gradsync/backend/mpi/node_cores.hpp"
+#include "gradsync/backend/mpi/receive_buffers.hpp"
 #include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
@@ -60,7 +62,10 @@ class Endpoint {
     check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_), "MPI_Comm_split_type");
     MPI_Comm_rank(node_, &local_rank_);
     MPI_Comm_size(node_, &local_size_);
-    spinner_ = Spinner(local_size_ > node_cores());
+    int rc = MPI_SUCCESS;
+    const int cores = node_cores(node_, rc);
+    check(rc, "MPI_Allreduce of the cores on this host");
+    spinner_ = Spinner(local_size_ > cores);
     void* ub = nullptr;
     int found = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
@@ -76,7 +81,7 @@ class Endpoint {
     cancel();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    keep_abandoned(finalized != 0);
+    native_.keep_abandoned(finalized != 0);
     // The data duplicate is kept until MPI ends, never freed: a peer may
     // still send to it (it does not know this rank left), and Open MPI
     // hands a message for a freed communicator to the next one created with
@@ -140,8 +145,8 @@ class Endpoint {
     void* into = data;
     if (reduce) {
       // Lands in a buffer of its own, then is reduced into dst on completion.
-      op.buffer = take_buffer(count * size_of(type));
-      into = buffers_[op.buffer].data.get();
+      op.buffer = buffers_.take(count * size_of(type));
+      into = buffers_.data(op.buffer);
     }
     check(MPI_Irecv(into, static_cast<int>(count), datatype(type), peer, mpi_tag(tag), comm_, &requests_.back()),
           "MPI_Irecv");
@@ -238,20 +243,13 @@ class Endpoint {
   // after a wait gave up on it (a peer never joined). Under throw_error the
   // caller regains control and may free them, so Native runs on buffers the
   // endpoint owns (copy in, collective, copy out): an abandoned call keeps
-  // its buffer, in abandoned_, for as long as MPI may use it, and the user's
+  // its buffer (NativeBuffers) for as long as MPI may use it, and the user's
   // memory is never touched after the call throws. The buffer is reused and
   // only grows. Under abort_job a failed call never returns (fail() ends the
   // job from inside Communicator::run, before any caller frame unwinds), so
   // MPI gets the caller's buffers and the copies go: at 16 MiB and 256 MiB
   // out of place the copies made Native 1.6-1.7x slower (docs/PERFORMANCE.md,
-  // "Native on Mpi without the copies").
-  //
-  // Cost of the copies, native AllReduce of float sum, before / after: 64 MiB
-  // out of place 110-116 / 126-158 ms; 64 MiB in place 265-272 / 160-170 ms
-  // (faster: MPI now always runs out of place); 1 MiB within noise (1.2-4.4 /
-  // 3.6-4.3 ms). `mpirun -np 2 mpi_interleaved -r 9 1M 64M`, column native,
-  // two alternating runs each, on the 2-core development VM (2026-12-01, load
-  // 6-8 from other builds).
+  // "Native on Mpi without the copies", which also times the copies).
 
   /// Whether Native may hand MPI the caller's buffers: only when a failure
   /// ends the job, so no caller code runs while MPI may still use them.
@@ -274,7 +272,7 @@ class Endpoint {
     const std::size_t in_bytes = in_count * unit, out_bytes = call.count * unit;
     const bool direct = native_on_caller_buffers();
     const bool stage_in = !direct, stage_out = !direct || static_cast<const void*>(in) == out;
-    std::byte* buf = (stage_in || stage_out) ? native_buffer((stage_in ? in_bytes : 0) + out_bytes) : nullptr;
+    std::byte* buf = (stage_in || stage_out) ? native_.get((stage_in ? in_bytes : 0) + out_bytes) : nullptr;
     const void* send = in;
     void* recv = out;
     if (stage_in) {
@@ -306,7 +304,7 @@ class Endpoint {
     const std::size_t bytes = call.count * size_of(call.type);
     const int n = static_cast<int>(call.count);
     const bool direct = native_on_caller_buffers();
-    std::byte* buf = direct ? reinterpret_cast<std::byte*>(out) : native_buffer(bytes * static_cast<std::size_t>(size_));
+    std::byte* buf = direct ? reinterpret_cast<std::byte*>(out) : native_.get(bytes * static_cast<std::size_t>(size_));
     // In place (`in` is out's own block) needs no copy on the caller's buffers.
     std::byte* mine = buf + bytes * static_cast<std::size_t>(rank_);
     if (bytes && static_cast<const void*>(in) != mine) std::memcpy(mine, in, bytes);
@@ -322,7 +320,7 @@ class Endpoint {
     check_count(call.count);
     const std::size_t bytes = call.count * size_of(call.type);
     const bool direct = native_on_caller_buffers();
-    std::byte* buf = direct ? reinterpret_cast<std::byte*>(data) : native_buffer(bytes);
+    std::byte* buf = direct ? reinterpret_cast<std::byte*>(data) : native_.get(bytes);
     const bool root = call.root == rank_;
     if (!direct && root && bytes) std::memcpy(buf, data, bytes);
     MPI_Request req = MPI_REQUEST_NULL;
@@ -344,17 +342,6 @@ class Endpoint {
     OpKind reduce_op = OpKind::sum;
     std::size_t buffer = 0;
   };
-  struct Buffer {
-    std::unique_ptr<std::byte[]> data;
-    std::size_t bytes = 0;
-    bool busy = false;
-  };
-  /// A collective request given up on, with the buffer MPI may still use.
-  struct Abandoned {
-    MPI_Request request = MPI_REQUEST_NULL;
-    std::unique_ptr<std::byte[]> data;
-  };
-
   void swap(Endpoint& o) noexcept {
     std::swap(comm_, o.comm_);
     std::swap(node_, o.node_);
@@ -371,9 +358,7 @@ class Endpoint {
     ops_.swap(o.ops_);
     requests_.swap(o.requests_);
     buffers_.swap(o.buffers_);
-    abandoned_.swap(o.abandoned_);
-    std::swap(native_, o.native_);
-    std::swap(native_bytes_, o.native_bytes_);
+    native_.swap(o.native_);
     std::swap(user_call_, o.user_call_);
   }
 
@@ -385,60 +370,6 @@ class Endpoint {
     op.peer = peer;
     op.call = &call;
     return op;
-  }
-
-  /// Receive buffers are pooled and only grow, so steady state allocates nothing.
-  std::size_t take_buffer(std::size_t bytes) {
-    for (std::size_t i = 0; i < buffers_.size(); ++i) {
-      if (!buffers_[i].busy && buffers_[i].bytes >= bytes) {
-        buffers_[i].busy = true;
-        return i;
-      }
-    }
-    for (std::size_t i = 0; i < buffers_.size(); ++i) {
-      if (!buffers_[i].busy) {
-        buffers_[i].data = std::make_unique<std::byte[]>(bytes);
-        buffers_[i].bytes = bytes;
-        buffers_[i].busy = true;
-        return i;
-      }
-    }
-    buffers_.push_back(Buffer{std::make_unique<std::byte[]>(bytes ? bytes : 1), bytes, true});
-    return buffers_.size() - 1;
-  }
-
-  /// The Native collectives' buffer, reused and grown to `bytes`.
-  std::byte* native_buffer(std::size_t bytes) {
-    if (!native_ || native_bytes_ < bytes) {
-      native_.reset();
-      native_bytes_ = 0;
-      native_ = std::make_unique_for_overwrite<std::byte[]>(bytes ? bytes : 1);
-      native_bytes_ = bytes;
-    }
-    return native_.get();
-  }
-
-  /// Frees what abandoned collectives held once MPI is done with it. At
-  /// destruction (`last`), what MPI still holds moves to a list that lives
-  /// until the process ends: freeing it would let MPI write into freed
-  /// memory; MPI_Finalize (done) makes everything free.
-  void keep_abandoned(bool finalized) noexcept {
-    if (!finalized) {
-      std::erase_if(abandoned_, [](Abandoned& a) {
-        int done = 0;
-        if (a.request != MPI_REQUEST_NULL) MPI_Test(&a.request, &done, MPI_STATUS_IGNORE);
-        return a.request == MPI_REQUEST_NULL || done != 0;
-      });
-    }
-    if (abandoned_.empty() || finalized) return;
-    // Reachable from a static, so leak checkers do not count it.
-    static auto* kept = new std::vector<Abandoned>();  // NOLINT: deliberately never freed
-    try {
-      for (auto& a : abandoned_) kept->push_back(std::move(a));
-    } catch (...) {
-      for (auto& a : abandoned_) (void)a.data.release();  // NOLINT: MPI may write there
-    }
-    abandoned_.clear();
   }
 
   void test_some(const CallInfo& call, std::chrono::nanoseconds timeout) {
@@ -473,8 +404,8 @@ class Endpoint {
                                 ": the ranks called it with different arguments");
         }
         if (op.kind == Op::recv_reduce) {
-          reduce_into_erased(op.type, op.reduce_op, op.dst, buffers_[op.buffer].data.get(), op.count);
-          buffers_[op.buffer].busy = false;
+          reduce_into_erased(op.type, op.reduce_op, op.dst, buffers_.data(op.buffer), op.count);
+          buffers_.release(op.buffer);
         }
       }
       completed_.push_back(op.token);
@@ -495,7 +426,7 @@ class Endpoint {
   /// deadline, a peer's notice), the request is given up: MPI can neither
   /// cancel nor free a pending collective, so it stays, with the native
   /// buffer if `native` (MPI may write there until it completes), in
-  /// abandoned_ until it completes or MPI ends.
+  /// NativeBuffers until it completes or MPI ends.
   void poll(MPI_Request& req, const CallInfo& call, std::chrono::nanoseconds timeout, const char* what,
             bool native = false) {
     try {
@@ -511,20 +442,7 @@ class Endpoint {
           },
           timeout, [&] { timed_out(call, timeout, std::string(" waiting in ") + what + " (some rank has not joined)"); });
     } catch (...) {
-      if (req != MPI_REQUEST_NULL) {
-        Abandoned a{req, nullptr};
-        if (native) {
-          a.data = std::move(native_);
-          native_bytes_ = 0;
-        }
-        // Never throws past here with the buffer unowned: reserve failed is fatal.
-        try {
-          abandoned_.push_back(std::move(a));
-        } catch (...) {
-          (void)a.data.release();  // NOLINT: MPI may still write there
-        }
-        req = MPI_REQUEST_NULL;
-      }
+      native_.abandon(req, native);
       throw;
     }
   }
@@ -615,26 +533,6 @@ class Endpoint {
     }
   }
 
-  /// Cores the ranks on this host may use together: the union of their
-  /// affinity masks, since a rank bound to one core sees only that one.
-  /// Collective over the node communicator, so every rank takes part even
-  /// where the mask cannot be read.
-  int node_cores() {
-#if defined(__linux__)
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) != 0) {
-      const int n = static_cast<int>(std::thread::hardware_concurrency());
-      for (int c = 0; c < n && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
-    }
-    check(MPI_Allreduce(MPI_IN_PLACE, &set, static_cast<int>(sizeof(set)), MPI_BYTE, MPI_BOR, node_),
-          "MPI_Allreduce of the cores on this host");
-    return std::max(1, CPU_COUNT(&set));
-#else
-    return usable_cores();
-#endif
-  }
-
   /// Takes back what is in flight. A receive is cancelled and then waited
   /// for: MPI_Cancel alone lets MPI write into the buffer later (a message
   /// already matched still lands), after its owner freed it. The wait is
@@ -695,7 +593,7 @@ class Endpoint {
     requests_.clear();
     ops_.clear();
     completed_.clear();
-    for (auto& b : buffers_) b.busy = false;
+    buffers_.release_all();
   }
 
   /// How long a cancelled receive may take to complete: a matched message
@@ -783,12 +681,10 @@ class Endpoint {
   std::vector<Op> ops_;
   std::vector<MPI_Request> requests_;
   std::vector<std::uint32_t> completed_;
-  std::vector<Buffer> buffers_;
+  ReceiveBuffers buffers_;
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
-  std::vector<Abandoned> abandoned_;
-  std::unique_ptr<std::byte[]> native_;  ///< the Native collectives' buffer
-  std::size_t native_bytes_ = 0;
+  NativeBuffers native_;  ///< the Native collectives' buffer and the requests given up on
   /// The user's call, as begun: what errors name, even where an algorithm
   /// runs a native collective of its own inside it (deterministic Native).
   CallInfo user_call_{};
