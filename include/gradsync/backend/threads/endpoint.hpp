@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "gradsync/backend/threads/doorbell.hpp"
+#include "gradsync/backend/threads/memory.hpp"
 #include "gradsync/backend/threads/world.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
-#include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/partition.hpp"
@@ -32,17 +32,6 @@
 #include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail::threads {
-
-/// How bytes move and combine. Host memory by default; a test backend
-/// that keeps ranks' buffers in one GPU's memory swaps in device copies
-/// and kernels, and reuses this transport's matching unchanged.
-struct Memory {
-  void (*copy)(void* dst, const void* src, std::size_t bytes) = [](void* d, const void* s, std::size_t n) {
-    std::memcpy(d, s, n);
-  };
-  void (*reduce)(DataType, OpKind, void*, const void*, std::size_t) = &reduce_into_erased;
-  void (*finish)(DataType, OpKind, void*, std::size_t, int) = &finish_erased;
-};
 
 /// One rank's transport. Point-to-point is a rendezvous: a send posts a
 /// pointer to its data in the receiver's mailbox, and the receiver copies
