@@ -494,6 +494,20 @@ void all_reduce_ok(Comm& comm, Ending& e, std::uint64_t pick) {
   e.what = x[0] == static_cast<float>(comm.size()) ? "ok" : "wrong sum";
 }
 
+/// Runs check(r, ending) for each rank of the faulty rank's group (but the
+/// faulty rank itself when `but_faulty`), with the rank and its ending in
+/// the message of every check that fails.
+template <class Check>
+void for_faulty_group(const Layout& l, const std::vector<Ending>& e, bool but_faulty, Check check) {
+  for (int r = 0; r < l.n; ++r) {
+    if (!l.with_faulty(r) || (but_faulty && r == l.faulty)) continue;
+    const Ending& m = e[static_cast<std::size_t>(r)];
+    CAPTURE(r);
+    INFO(m.kind << ": " << m.what);
+    check(r, m);
+  }
+}
+
 /// What the ranks of groups without the fault must have seen: nothing.
 void check_other_groups(const Layout& l, const std::vector<Ending>& e) {
   for (int r = 0; r < l.n; ++r) {
@@ -524,11 +538,7 @@ TEST_CASE("on a split communicator, a disagreement names both ranks by world ran
       o.label.id = r == l.faulty && by_label ? 8 : 7;
       all_reduce_any(*child, std::span<float>(x), algo, o);
     });
-    for (int r = 0; r < l.n; ++r) {
-      if (!l.with_faulty(r)) continue;
-      const Ending& m = e[static_cast<std::size_t>(r)];
-      CAPTURE(r);
-      INFO(m.kind << ": " << m.what);
+    for_faulty_group(l, e, false, [&](int, const Ending& m) {
       CHECK(m.kind == "InvalidArgument");
       // Whichever rank saw it first, its words reach every rank: each names
       // the faulty rank and a rank whose call differs from its, both in full.
@@ -536,7 +546,7 @@ TEST_CASE("on a split communicator, a disagreement names both ranks by world ran
       CHECK(contains(m.what, l.name(l.faulty) + " called AllReduce #1"));
       CHECK(contains(m.what, "), world rank "));
       CHECK(!contains(m.what, ": rank "));
-    }
+    });
     check_other_groups(l, e);
   }
 }
@@ -572,17 +582,13 @@ TEST_CASE("on a split communicator, a timeout names the waiting rank and the ran
       }
       ++given_up;
     });
-    for (int r = 0; r < l.n; ++r) {
-      if (!l.with_faulty(r) || r == l.faulty) continue;
-      const Ending& m = e[static_cast<std::size_t>(r)];
-      CAPTURE(r);
-      INFO(m.kind << ": " << m.what);
+    for_faulty_group(l, e, true, [&](int r, const Ending& m) {
       // Its own deadline, or a peer's that passed first.
       CHECK((m.kind == "Timeout" || m.kind == "Aborted"));
       CHECK(starts_with(m.what, "gradsync: " + l.name(r) + (m.kind == "Timeout" ? " timed out" : " abandoned")));
       CHECK(contains(m.what, "timed out after 0.3"));
       CHECK(contains(m.what, l.name(l.faulty) + " has not started it (it has made no call)"));
-    }
+    });
     check_other_groups(l, e);
   }
 }
@@ -603,21 +609,17 @@ TEST_CASE("on a split communicator, a member whose exception destroys it is name
       if (r == l.faulty) throw std::runtime_error("the faulty rank's own failure");
       all_reduce_any(*child, std::span<float>(x), algo);
     });
-    for (int r = 0; r < l.n; ++r) {
-      if (!l.with_faulty(r)) continue;
-      const Ending& m = e[static_cast<std::size_t>(r)];
-      CAPTURE(r);
-      INFO(m.kind << ": " << m.what);
+    for_faulty_group(l, e, false, [&](int r, const Ending& m) {
       if (r == l.faulty) {
         CHECK(m.what == "the faulty rank's own failure");
-        continue;
+        return;
       }
       CHECK(m.kind == "Aborted");
       CHECK(starts_with(m.what, "gradsync: " + l.name(r) + " abandoned AllReduce #2"));
       CHECK(contains(m.what, "because " + l.name(l.faulty) +
                                  " will never join it: an exception on that rank destroyed its communicator after 1 call"));
       CHECK(!contains(m.what, " left"));
-    }
+    });
     check_other_groups(l, e);
   }
 }
@@ -644,16 +646,12 @@ TEST_CASE("on a split communicator, a member that destroys it is named by world 
       all_reduce_any(*child, std::span<float>(x), algo);
     });
     const std::string after = std::to_string(calls) + (calls == 1 ? " call" : " calls");
-    for (int r = 0; r < l.n; ++r) {
-      if (!l.with_faulty(r) || r == l.faulty) continue;
-      const Ending& m = e[static_cast<std::size_t>(r)];
-      CAPTURE(r);
-      INFO(m.kind << ": " << m.what);
+    for_faulty_group(l, e, true, [&](int r, const Ending& m) {
       CHECK(m.kind == "Aborted");
       CHECK(starts_with(m.what, "gradsync: " + l.name(r) + " abandoned AllReduce #" + std::to_string(calls + 1)));
       CHECK(contains(m.what, "because " + l.name(l.faulty) + " left after " + after +
                                  " (its communicator was destroyed), so it will never join it"));
-    }
+    });
     check_other_groups(l, e);
   }
 }
@@ -728,16 +726,12 @@ TEST_CASE("on a split communicator that failed, a later call is refused naming t
       x.resize(4);
       all_reduce_any(*child, std::span<float>(x), algo);
     });
-    for (int r = 0; r < l.n; ++r) {
-      if (!l.with_faulty(r)) continue;
-      const Ending& m = e[static_cast<std::size_t>(r)];
-      CAPTURE(r);
-      INFO(m.kind << ": " << m.what);
+    for_faulty_group(l, e, false, [&](int r, const Ending& m) {
       CHECK(m.kind == "Aborted");
       CHECK(starts_with(m.what, "gradsync: " + l.name(r) + ": AllReduce #2 ("));
       CHECK(contains(m.what, "refused: this communicator failed earlier"));
       CHECK(contains(m.what, "(AllReduce #1 ("));
-    }
+    });
     check_other_groups(l, e);
   }
 }
@@ -774,14 +768,10 @@ TEST_CASE("a group named at split, and a group split from it, are named so; worl
     const std::string shard = "shard group " + std::to_string(l.color_of(l.faulty));
     const std::string faulty = "world rank " + std::to_string(l.faulty) + " (rank " +
                                std::to_string(m - 1 - l.group_rank(l.faulty)) + " of group of color 3 in " + shard + ")";
-    for (int r = 0; r < l.n; ++r) {
-      if (!l.with_faulty(r)) continue;
-      const Ending& o = e[static_cast<std::size_t>(r)];
-      CAPTURE(r);
-      INFO(o.kind << ": " << o.what);
+    for_faulty_group(l, e, false, [&](int, const Ending& o) {
       CHECK(o.kind == "InvalidArgument");
       CHECK(contains(o.what, faulty + " called AllReduce #1"));
-    }
+    });
     check_other_groups(l, e);
   }
 }
