@@ -462,14 +462,8 @@ std::vector<Ending> run_layout(const Layout& l, Body body) {
     try {
       std::optional<Comm> child = comm.split(l.color_of(r), l.key[static_cast<std::size_t>(r)]);
       body(r, child, e);
-    } catch (const gs::InvalidArgument& x) {
-      e = {"InvalidArgument", x.what()};
-    } catch (const gs::Timeout& x) {
-      e = {"Timeout", x.what()};
-    } catch (const gs::Aborted& x) {
-      e = {"Aborted", x.what()};
     } catch (const std::exception& x) {
-      e = {"other", x.what()};
+      e = {test::error_kind(x), x.what()};
     }
   });
   return endings;
