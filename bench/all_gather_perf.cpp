@@ -22,7 +22,6 @@ using bench::Shape;
 struct AllGatherPerf : bench::PerfBlocks {
   static constexpr std::string_view name = "all_gather_perf";
   static constexpr gradsync::Collective collective = gradsync::Collective::all_gather;
-  static constexpr std::string_view busbw_formula = "(N-1)/N";
   static constexpr std::string_view usage_note =
       "  Sizes (-b, -e and the size column) are the whole gathered array, N x the\n"
       "  bytes each rank contributes, as nccl-tests counts them; count is elements\n"
@@ -30,7 +29,6 @@ struct AllGatherPerf : bench::PerfBlocks {
   static constexpr std::string_view header_note =
       "# size = N x count x sizeof(type): the whole gathered array, as nccl-tests counts it; count = elements per rank\n";
 
-  static double busbw_factor(int n) { return static_cast<double>(n - 1) / n; }
   static std::size_t recv_count(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
 
   /// Rank q's block, hashed on its offset in the output, so that a block

@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import sys
 
+from ddp_step_options import add_step_options, step_flags, world_sizes
+
 here = pathlib.Path(__file__).resolve().parent
 # One thread per rank for both, BLAS included: OpenBLAS reads this when it
 # loads, before either program could call set_num_threads.
@@ -26,15 +28,14 @@ env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 
 
 def gradsync_ms(exe, n, a):
-    out = subprocess.run([exe, "--ranks", str(n), "--steps", str(a.steps), "--batch", str(a.batch),
-                          "--hidden", str(a.hidden)], check=True, capture_output=True, text=True, timeout=600, env=env).stdout
+    out = subprocess.run([exe] + step_flags(a, n), check=True, capture_output=True, text=True, timeout=600,
+                         env=env).stdout
     row = [l for l in out.splitlines() if l and not l.startswith("#")][0].split()
     return float(row[1])
 
 
 def torch_ms(n, a):
-    out = subprocess.run(["/usr/bin/python3", str(here / "torch_ddp_peer.py"), "--ranks", str(n), "--steps",
-                          str(a.steps), "--batch", str(a.batch), "--hidden", str(a.hidden)],
+    out = subprocess.run(["/usr/bin/python3", str(here / "torch_ddp_peer.py")] + step_flags(a, n),
                          check=True, capture_output=True, text=True, timeout=600, env=env).stdout
     return float(out.split()[1])
 
@@ -42,13 +43,10 @@ def torch_ms(n, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("exe")
-    p.add_argument("--ranks", type=int, action="append")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=1024)
+    add_step_options(p)
     a = p.parse_args()
-    ns = a.ranks or [1, 2, 4]
+    ns = world_sizes(a)
     gs = {n: [] for n in ns}
     pt = {n: [] for n in ns}
     for _ in range(a.rounds):

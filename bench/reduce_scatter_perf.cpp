@@ -24,7 +24,6 @@ struct ReduceScatterPerf : bench::PerfBlocks {
   static constexpr gradsync::Collective collective = gradsync::Collective::reduce_scatter;
   static constexpr bool reduces = true;
   static constexpr bool in_place = false;
-  static constexpr std::string_view busbw_formula = "(N-1)/N";
   static constexpr std::string_view usage_note =
       "  Sizes (-b, -e and the size column) are the whole array, N x the bytes each\n"
       "  rank ends with, as nccl-tests counts them; count is elements per rank.\n";
@@ -32,7 +31,6 @@ struct ReduceScatterPerf : bench::PerfBlocks {
       "# size = N x count x sizeof(type): the whole array, as nccl-tests counts it; count = elements per rank\n"
       "# in-place: not measured (ReduceScatter needs separate in and out buffers)\n";
 
-  static double busbw_factor(int n) { return static_cast<double>(n - 1) / n; }
   static std::size_t send_count(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
 
   template <class T, class Op>

@@ -21,6 +21,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ddp_step_options import add_step_options, world_sizes
+
 
 class Net(nn.Module):
     def __init__(self, hidden):
@@ -66,14 +68,11 @@ def free_port():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, action="append")
-    p.add_argument("--steps", type=int, default=30)
+    add_step_options(p)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=1024)
     args = p.parse_args()
     ctx = mp.get_context("spawn")
-    for n in args.ranks or [1, 2, 4]:
+    for n in world_sizes(args):
         out = ctx.SimpleQueue()
         mp.start_processes(worker, args=(n, free_port(), args, out), nprocs=n, join=True, start_method="spawn")
         print(n, f"{out.get():.3f}", flush=True)

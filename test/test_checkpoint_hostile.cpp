@@ -74,6 +74,11 @@ fs::path put(const test::TempDir& dir, std::string_view text, const char* name =
   return p;
 }
 
+// A header listing the one tensor 'w', its parts given as JSON text.
+std::string header_of_w(std::string_view dtype, std::string_view shape, std::string_view offsets) {
+  return "{" + entry("w", dtype, shape, offsets) + "}";
+}
+
 // The error opening a file of `header` and `data_bytes` bytes of data.
 std::string refused(const test::TempDir& dir, std::string_view header, std::size_t data_bytes) {
   const auto p = put(dir, safetensors_bytes(header, data_bytes));
@@ -228,13 +233,12 @@ TEST_CASE("numbers that are negative, fractional, in exponent form, zero-led or 
                          "18446744073709551616"},
                         {"[0," + digits_1000 + "]", "number " + std::string(40, '9') + "... does not fit 64 bits",
                          digits_1000}}) {
-    const std::string header = "{" + entry("w", "F32", "[1]", c.offsets) + "}";
+    const std::string header = header_of_w("F32", "[1]", c.offsets);
     INFO(header.substr(0, 80));
     const auto msg = refused(dir, header, 4);
     CHECK_MESSAGE(contains(msg, "the header is not valid: " + c.says + " " + file_byte_of(header, c.where)), msg);
   }
-  const std::string shape = "{" + entry("w", "F32", "[-2]", "[0,8]") + "}";
-  CHECK(contains(refused(dir, shape, 8), "negative number"));
+  CHECK(contains(refused(dir, header_of_w("F32", "[-2]", "[0,8]"), 8), "negative number"));
 }
 
 TEST_CASE("a string that is not UTF-8 is refused wherever it is: a tensor name, a dtype, metadata") {
@@ -250,7 +254,7 @@ TEST_CASE("a string that is not UTF-8 is refused wherever it is: a tensor name, 
     CHECK(contains(msg, file_byte_of(header, bad)));
   }
   const std::string why = " in a string is not UTF-8 (overlong, a surrogate, cut short or above U+10FFFF) ";
-  const std::string dtype = "{" + entry("w", "U\xc3", "[1]", "[0,1]") + "}";
+  const std::string dtype = header_of_w("U\xc3", "[1]", "[0,1]");
   CHECK(contains(refused(dir, dtype, 1), "byte 0xC3" + why + file_byte_of(dtype, "\xc3")));
   const std::string meta = "{\"__metadata__\":{\"k\":\"v\xc1\xbf\"}}";
   CHECK(contains(refused(dir, meta, 0), "byte 0xC1" + why + file_byte_of(meta, "\xc1")));
@@ -297,24 +301,21 @@ TEST_CASE("data_offsets that overlap, leave a hole, end before they begin or rea
 
 TEST_CASE("a shape whose size overflows 64 bits, a size that does not match data_offsets, an unknown dtype") {
   test::TempDir dir;
-  const std::string elements = "{" + entry("w", "F32", "[4294967296,4294967296]", "[0,4]") + "}";
-  CHECK(contains(refused(dir, elements, 4),
+  CHECK(contains(refused(dir, header_of_w("F32", "[4294967296,4294967296]", "[0,4]"), 4),
                  "tensor 'w' (its header entry at byte 9): shape [4294967296, 4294967296] of F32 is larger than "
                  "2^64 bytes (its size overflows 64 bits"));
-  const std::string bytes = "{" + entry("w", "F64", "[2305843009213693952]", "[0,8]") + "}";
-  CHECK(contains(refused(dir, bytes, 8), "shape [2305843009213693952] of F64 is larger than 2^64 bytes"));
-  const std::string mismatch = "{" + entry("w", "F32", "[3]", "[0,8]") + "}";
-  CHECK(contains(refused(dir, mismatch, 8),
+  CHECK(contains(refused(dir, header_of_w("F64", "[2305843009213693952]", "[0,8]"), 8),
+                 "shape [2305843009213693952] of F64 is larger than 2^64 bytes"));
+  CHECK(contains(refused(dir, header_of_w("F32", "[3]", "[0,8]"), 8),
                  "tensor 'w' (its header entry at byte 9): data_offsets [0, 8] hold 8 bytes, but dtype F32 and shape "
                  "[3] need 12"));
-  const std::string dtype = "{" + entry("w", "F8", "[1]", "[0,1]") + "}";
-  CHECK(contains(refused(dir, dtype, 1), "unknown dtype 'F8' (gradsync reads F64, F32"));
-  const std::string long_dtype = "{" + entry("w", std::string(1000, 'F'), "[1]", "[0,1]") + "}";
-  CHECK(contains(refused(dir, long_dtype, 1), "unknown dtype '" + std::string(16, 'F') + "...' (gradsync reads"));
+  CHECK(contains(refused(dir, header_of_w("F8", "[1]", "[0,1]"), 1), "unknown dtype 'F8' (gradsync reads F64, F32"));
+  CHECK(contains(refused(dir, header_of_w(std::string(1000, 'F'), "[1]", "[0,1]"), 1),
+                 "unknown dtype '" + std::string(16, 'F') + "...' (gradsync reads"));
   // A shape of many dimensions is shown by its first few.
   std::string many = "[3";
   for (int k = 0; k < 9999; ++k) many += ",1";
-  const auto msg = refused(dir, "{" + entry("w", "U8", many + "]", "[0,4]") + "}", 4);
+  const auto msg = refused(dir, header_of_w("U8", many + "]", "[0,4]"), 4);
   CHECK(contains(msg, "hold 4 bytes, but dtype U8 and shape [3, 1, 1, 1, 1, 1, 1, 1, ... (10000 dimensions)] need 3"));
   CHECK(msg.size() < 400);
 }

@@ -520,14 +520,8 @@ std::vector<Outcome> outcomes(int n, int faulty, const std::function<void(Comm&,
       Outcome& o = out[static_cast<std::size_t>(comm.rank())];
       try {
         body(comm, comm.rank() == faulty);
-      } catch (const gs::InvalidArgument& e) {
-        o = {"InvalidArgument", e.what(), seconds_since(t0)};
-        throw;
-      } catch (const gs::Timeout& e) {
-        o = {"Timeout", e.what(), seconds_since(t0)};
-        throw;
-      } catch (const gs::Aborted& e) {
-        o = {"Aborted", e.what(), seconds_since(t0)};
+      } catch (const gs::Error& e) {
+        o = {test::error_kind(e), e.what(), seconds_since(t0)};
         throw;
       }
       o.seconds = seconds_since(t0);

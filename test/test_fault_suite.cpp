@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
+#include "support/common.hpp"
 #include "support/fault_watchdog.hpp"
 #include "support/sanitizers.hpp"
 #include "support/world.hpp"
@@ -394,24 +395,16 @@ bool is_error(St s) { return static_cast<int>(s) >= static_cast<int>(St::invalid
 St current_status(std::string& what) {
   try {
     throw;
-  } catch (const gs::InvalidArgument& e) {
-    what = e.what();
-    return St::invalid;
-  } catch (const gs::Timeout& e) {
-    what = e.what();
-    return St::timeout;
-  } catch (const gs::Aborted& e) {
-    what = e.what();
-    return St::aborted;
-  } catch (const gs::Error& e) {
-    what = e.what();
-    return St::error;
   } catch (const UserBoom& e) {
     what = e.what();
     return St::user;
   } catch (const std::exception& e) {
     what = e.what();
-    return St::other;
+    const std::string kind = test::error_kind(e);
+    if (kind == "InvalidArgument") return St::invalid;
+    if (kind == "Timeout") return St::timeout;
+    if (kind == "Aborted") return St::aborted;
+    return kind == "Error" ? St::error : St::other;
   } catch (...) {
     what = "unknown exception";
     return St::other;

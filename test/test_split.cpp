@@ -462,14 +462,8 @@ std::vector<Ending> run_layout(const Layout& l, Body body) {
     try {
       std::optional<Comm> child = comm.split(l.color_of(r), l.key[static_cast<std::size_t>(r)]);
       body(r, child, e);
-    } catch (const gs::InvalidArgument& x) {
-      e = {"InvalidArgument", x.what()};
-    } catch (const gs::Timeout& x) {
-      e = {"Timeout", x.what()};
-    } catch (const gs::Aborted& x) {
-      e = {"Aborted", x.what()};
     } catch (const std::exception& x) {
-      e = {"other", x.what()};
+      e = {test::error_kind(x), x.what()};
     }
   });
   return endings;
@@ -517,18 +511,29 @@ void check_other_groups(const Layout& l, const std::vector<Ending>& e) {
   }
 }
 
-}  // namespace
-
-TEST_CASE("on a split communicator, a disagreement names both ranks by world rank, then by rank in the group") {
-  std::mt19937_64 g = test::rng_for("split names: disagreement");
-  for (int trial = 0; trial < 12; ++trial) {
+/// Runs `body(l, algo, g)` `trials` times, each on a layout and an
+/// algorithm pick freshly drawn from the case's own generator `g` (named by
+/// `salt`, so one case replays alone), with the seed, the trial and both
+/// picks in the message of every check that fails.
+template <class Body>
+void for_trials(std::string_view salt, int trials, Body body) {
+  std::mt19937_64 g = test::rng_for(salt);
+  for (int trial = 0; trial < trials; ++trial) {
     const Layout l = random_layout(g);
     const std::uint64_t algo = g();
-    const bool by_label = g() % 2 == 0;
     CAPTURE(test::test_seed());
     CAPTURE(trial);
     CAPTURE(l.describe());
     CAPTURE(algo % 4);
+    body(l, algo, g);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("on a split communicator, a disagreement names both ranks by world rank, then by rank in the group") {
+  for_trials("split names: disagreement", 12, [&](const Layout& l, std::uint64_t algo, std::mt19937_64& g) {
+    const bool by_label = g() % 2 == 0;
     CAPTURE(by_label);
     const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
       if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
@@ -548,18 +553,11 @@ TEST_CASE("on a split communicator, a disagreement names both ranks by world ran
       CHECK(!contains(m.what, ": rank "));
     });
     check_other_groups(l, e);
-  }
+  });
 }
 
 TEST_CASE("on a split communicator, a timeout names the waiting rank and the rank that never came by world rank") {
-  std::mt19937_64 g = test::rng_for("split names: timeout");
-  for (int trial = 0; trial < 4; ++trial) {
-    const Layout l = random_layout(g);
-    const std::uint64_t algo = g();
-    CAPTURE(test::test_seed());
-    CAPTURE(trial);
-    CAPTURE(l.describe());
-    CAPTURE(algo % 4);
+  for_trials("split names: timeout", 4, [&](const Layout& l, std::uint64_t algo, std::mt19937_64&) {
     std::atomic<int> given_up{0};
     int waiting = 0;
     for (int r = 0; r < l.n; ++r) waiting += l.with_faulty(r) && r != l.faulty ? 1 : 0;
@@ -590,18 +588,11 @@ TEST_CASE("on a split communicator, a timeout names the waiting rank and the ran
       CHECK(contains(m.what, l.name(l.faulty) + " has not started it (it has made no call)"));
     });
     check_other_groups(l, e);
-  }
+  });
 }
 
 TEST_CASE("on a split communicator, a member whose exception destroys it is named by world rank, as a failure") {
-  std::mt19937_64 g = test::rng_for("split names: throw");
-  for (int trial = 0; trial < 12; ++trial) {
-    const Layout l = random_layout(g);
-    const std::uint64_t algo = g();
-    CAPTURE(test::test_seed());
-    CAPTURE(trial);
-    CAPTURE(l.describe());
-    CAPTURE(algo % 4);
+  for_trials("split names: throw", 12, [&](const Layout& l, std::uint64_t algo, std::mt19937_64&) {
     const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
       if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
       std::vector<float> x(4, 1.0f);
@@ -621,19 +612,12 @@ TEST_CASE("on a split communicator, a member whose exception destroys it is name
       CHECK(!contains(m.what, " left"));
     });
     check_other_groups(l, e);
-  }
+  });
 }
 
 TEST_CASE("on a split communicator, a member that destroys it is named by world rank, as leaving") {
-  std::mt19937_64 g = test::rng_for("split names: leave");
-  for (int trial = 0; trial < 12; ++trial) {
-    const Layout l = random_layout(g);
-    const std::uint64_t algo = g();
+  for_trials("split names: leave", 12, [&](const Layout& l, std::uint64_t algo, std::mt19937_64& g) {
     const int calls = 1 + static_cast<int>(g() % 3);
-    CAPTURE(test::test_seed());
-    CAPTURE(trial);
-    CAPTURE(l.describe());
-    CAPTURE(algo % 4);
     CAPTURE(calls);
     const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
       if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
@@ -653,18 +637,12 @@ TEST_CASE("on a split communicator, a member that destroys it is named by world 
                                  " (its communicator was destroyed), so it will never join it"));
     });
     check_other_groups(l, e);
-  }
+  });
 }
 
 TEST_CASE("on a split communicator, bad arguments are named by world rank, before anything is sent") {
-  std::mt19937_64 g = test::rng_for("split names: bad arguments");
-  for (int trial = 0; trial < 12; ++trial) {
-    const Layout l = random_layout(g);
-    const std::uint64_t algo = g();
+  for_trials("split names: bad arguments", 12, [&](const Layout& l, std::uint64_t algo, std::mt19937_64& g) {
     const int which = static_cast<int>(g() % 5);
-    CAPTURE(test::test_seed());
-    CAPTURE(trial);
-    CAPTURE(l.describe());
     CAPTURE(which);
     const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
       if (r == l.faulty) {
@@ -704,18 +682,11 @@ TEST_CASE("on a split communicator, bad arguments are named by world rank, befor
       CAPTURE(r);
       CHECK(e[static_cast<std::size_t>(r)].what == "ok");
     }
-  }
+  });
 }
 
 TEST_CASE("on a split communicator that failed, a later call is refused naming the rank by world rank") {
-  std::mt19937_64 g = test::rng_for("split names: refused");
-  for (int trial = 0; trial < 8; ++trial) {
-    const Layout l = random_layout(g);
-    const std::uint64_t algo = g();
-    CAPTURE(test::test_seed());
-    CAPTURE(trial);
-    CAPTURE(l.describe());
-    CAPTURE(algo % 4);
+  for_trials("split names: refused", 8, [&](const Layout& l, std::uint64_t algo, std::mt19937_64&) {
     const std::vector<Ending> e = run_layout(l, [&](int r, std::optional<Comm>& child, Ending& mine) {
       if (!l.with_faulty(r)) return all_reduce_ok(*child, mine, algo);
       std::vector<float> x(r == l.faulty ? 5 : 4, 1.0f);
@@ -733,18 +704,11 @@ TEST_CASE("on a split communicator that failed, a later call is refused naming t
       CHECK(contains(m.what, "(AllReduce #1 ("));
     });
     check_other_groups(l, e);
-  }
+  });
 }
 
 TEST_CASE("a group named at split, and a group split from it, are named so; world ranks stay the root's") {
-  std::mt19937_64 g = test::rng_for("split names: named and nested");
-  for (int trial = 0; trial < 8; ++trial) {
-    const Layout l = random_layout(g);
-    const std::uint64_t algo = g();
-    CAPTURE(test::test_seed());
-    CAPTURE(trial);
-    CAPTURE(l.describe());
-    CAPTURE(algo % 4);
+  for_trials("split names: named and nested", 8, [&](const Layout& l, std::uint64_t algo, std::mt19937_64&) {
     std::vector<Ending> e(static_cast<std::size_t>(l.n));
     gs::run_threads(l.n, gs::ThreadsOptions{.timeout = std::chrono::seconds(30)}, [&](Comm& comm) {
       const int r = comm.rank();
@@ -773,7 +737,7 @@ TEST_CASE("a group named at split, and a group split from it, are named so; worl
       CHECK(contains(o.what, faulty + " called AllReduce #1"));
     });
     check_other_groups(l, e);
-  }
+  });
 }
 #endif
 

@@ -102,9 +102,12 @@ struct PerfDefaults {
 };
 
 /// Collectives whose size column is the whole array of N per-rank blocks, as
-/// nccl-tests counts reduce-scatter and all-gather; count is per rank.
+/// nccl-tests counts reduce-scatter and all-gather; count is per rank. Each
+/// rank sends or receives all blocks but its own, so busbw = algbw * (N-1)/N.
 struct PerfBlocks : PerfDefaults {
   static constexpr std::string_view size_convention = "N x per-rank bytes (count is elements per rank)";
+  static constexpr std::string_view busbw_formula = "(N-1)/N";
+  static double busbw_factor(int n) { return static_cast<double>(n - 1) / n; }
   static std::size_t count_for(std::size_t elements, int n) { return elements / static_cast<std::size_t>(n); }
   static std::size_t size_elements(std::size_t count, int n) { return count * static_cast<std::size_t>(n); }
 };

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <random>
 #include <string>
@@ -30,6 +31,16 @@ inline std::mt19937_64 rng_for(std::string_view salt) {
   std::seed_seq seq{static_cast<std::uint32_t>(test_seed()), static_cast<std::uint32_t>(test_seed() >> 32),
                     static_cast<std::uint32_t>(std::hash<std::string_view>{}(salt))};
   return std::mt19937_64(seq);
+}
+
+/// The class of `e` by name, the most derived of gradsync's ("InvalidArgument",
+/// "Timeout", "Aborted", then "Error"), or "other": for tests that record how
+/// each rank's call ended and check it by name.
+inline std::string error_kind(const std::exception& e) {
+  if (dynamic_cast<const gradsync::InvalidArgument*>(&e) != nullptr) return "InvalidArgument";
+  if (dynamic_cast<const gradsync::Timeout*>(&e) != nullptr) return "Timeout";
+  if (dynamic_cast<const gradsync::Aborted*>(&e) != nullptr) return "Aborted";
+  return dynamic_cast<const gradsync::Error*>(&e) != nullptr ? "Error" : "other";
 }
 
 template <class... Ts>

@@ -414,26 +414,13 @@ TEST_CASE("DistributedDataParallel: a frozen first layer and BatchNorm statistic
     std::vector<std::vector<torch::Tensor>> init;
     for (int r = 0; r < n; ++r) init.push_back(backbone_state(rng()));
     const Data d = typed_data(n * b, "ddp frozen data", torch::kDouble);
-    // Fine-tuning: fc1 frozen, the BatchNorm in eval mode (its running
-    // statistics normalise), so one process on the N·b batch computes what
-    // the ranks do. Double and SGD (see the parity case above).
-    BackboneNet ref;
-    load_state(*ref, init[0]);
-    ref->freeze_fc1();
-    ref->eval();
-    auto ref_opt = make_sgd(*ref);
-    train(ref, ref_opt, d.x, d.y, steps);
-    const auto expected = state(*ref);
+    // Fine-tuning, in double and with SGD (see the parity case above).
+    BackboneNet ref = fine_tuned_backbone(init[0]);
+    const auto expected = train_alone(ref, d.x, d.y, steps);
 
     PerRank got = run_ranks(n, [&](Comm& comm) {
-      BackboneNet m;
-      load_state(*m, init[static_cast<std::size_t>(comm.rank())]);
-      m->freeze_fc1();
-      m->eval();
-      gradsync::DistributedDataParallel ddp(comm, m);
-      auto opt = make_sgd(*m);
-      train(ddp, opt, rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b), steps);
-      return state(*m);
+      BackboneNet m = fine_tuned_backbone(init[static_cast<std::size_t>(comm.rank())]);
+      return train_ddp(comm, m, rows(d.x, comm.rank() * b, b), rows(d.y, comm.rank() * b, b), steps);
     });
     double spread = 0;
     for (int r = 0; r < n; ++r) {

@@ -56,9 +56,7 @@ TEST_CASE("DistributedDataParallel: bfloat16 and half parameters match one proce
       const Data d = make_data(n * b, std::string("ddp half data ") + c.name);
       Mlp ref(c.dtype, c.compute);
       load(*ref, init);
-      auto ref_opt = make_sgd(*ref);
-      train(ref, ref_opt, d.x, d.y, steps);
-      const auto expected = snapshot(*ref);
+      const auto expected = train_alone(ref, d.x, d.y, steps);
 
       std::vector<std::vector<torch::Tensor>> got(static_cast<std::size_t>(n));
       std::vector<std::string> errors(static_cast<std::size_t>(n));
@@ -70,12 +68,8 @@ TEST_CASE("DistributedDataParallel: bfloat16 and half parameters match one proce
           Mlp m(c.dtype, c.compute);
           // Only rank 0 starts from the reference weights: construction broadcasts them.
           if (comm.rank() == 0) load(*m, init);
-          gradsync::DistributedDataParallel ddp(comm, m);
-          auto opt = make_sgd(*m);
-          const auto x = d.x.narrow(0, comm.rank() * b, b), y = d.y.narrow(0, comm.rank() * b, b);
-          train(ddp, opt, x, y, steps);
+          got[r] = train_ddp(comm, m, d.x.narrow(0, comm.rank() * b, b), d.y.narrow(0, comm.rank() * b, b), steps);
           grad_dtype[r] = c10::toString(m->fc1->weight.grad().scalar_type());
-          got[r] = snapshot(*m);
         } catch (const gradsync::InvalidArgument& e) {
           errors[r] = e.what();
         }

@@ -43,13 +43,19 @@ bool alike_everywhere(gradsync::Communicator<gradsync::Mpi>& comm, const std::ve
   return true;
 }
 
+/// Each case's world: every process of the job, each with one LibTorch thread
+/// (the ranks share the machine's cores).
+struct World {
+  World() { torch::set_num_threads(1); }
+  gradsync::Communicator<gradsync::Mpi> comm{MPI_COMM_WORLD};
+  const int n = comm.size();
+};
+
 }  // namespace
 
-TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters match one process on the N·b batch") {
+TEST_CASE_FIXTURE(World,
+                  "DistributedDataParallel on Mpi: float, bfloat16 and half parameters match one process on the N·b batch") {
   CAPTURE(test::test_seed());
-  torch::set_num_threads(1);
-  gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
-  const int n = comm.size();
   const std::int64_t b = 7;
   const int steps = 5;
   struct Case {
@@ -71,19 +77,13 @@ TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters m
 
     Mlp ref(c.dtype, c.compute);
     load(*ref, init);
-    auto ref_opt = make_sgd(*ref);
-    train(ref, ref_opt, x, y, steps);
-    const auto expected = snapshot(*ref);
+    const auto expected = train_alone(ref, x, y, steps);
 
     // Other ranks start from their own weights: construction must broadcast rank 0's.
     torch::manual_seed(rng() + static_cast<std::uint64_t>(comm.rank()));
     Mlp m(c.dtype, c.compute);
     if (comm.rank() == 0) load(*m, init);
-    gradsync::DistributedDataParallel ddp(comm, m);
-    auto opt = make_sgd(*m);
-    const auto mx = x.narrow(0, comm.rank() * b, b), my = y.narrow(0, comm.rank() * b, b);
-    train(ddp, opt, mx, my, steps);
-    const auto got = snapshot(*m);
+    const auto got = train_ddp(comm, m, x.narrow(0, comm.rank() * b, b), y.narrow(0, comm.rank() * b, b), steps);
     CHECK(std::string(c10::toString(m->fc1->weight.grad().scalar_type())) == c10::toString(c.dtype));
 
     CHECK(alike_everywhere(comm, got));
@@ -96,11 +96,8 @@ TEST_CASE("DistributedDataParallel on Mpi: float, bfloat16 and half parameters m
   }
 }
 
-TEST_CASE("DistributedDataParallel on Mpi: a frozen first layer and BatchNorm statistics start as rank 0's") {
+TEST_CASE_FIXTURE(World, "DistributedDataParallel on Mpi: a frozen first layer and BatchNorm statistics start as rank 0's") {
   CAPTURE(test::test_seed());
-  torch::set_num_threads(1);
-  gradsync::Communicator<gradsync::Mpi> comm(MPI_COMM_WORLD);
-  const int n = comm.size();
   const std::int64_t b = 4;
   const int steps = 4;
   // The job's seed: every rank draws the same n states and data, and starts from its own state.
@@ -111,23 +108,11 @@ TEST_CASE("DistributedDataParallel on Mpi: a frozen first layer and BatchNorm st
   const auto x = torch::randn({n * b, 12}, torch::kDouble);
   const auto y = torch::randint(0, 5, {n * b}, torch::kInt64);
 
-  // fc1 frozen, the BatchNorm in eval mode: one process on the N·b batch computes what the ranks do.
-  BackboneNet ref;
-  load_state(*ref, init[0]);
-  ref->freeze_fc1();
-  ref->eval();
-  auto ref_opt = make_sgd(*ref);
-  train(ref, ref_opt, x, y, steps);
-  const auto expected = state(*ref);
+  BackboneNet ref = fine_tuned_backbone(init[0]);
+  const auto expected = train_alone(ref, x, y, steps);
 
-  BackboneNet m;
-  load_state(*m, init[static_cast<std::size_t>(comm.rank())]);
-  m->freeze_fc1();
-  m->eval();
-  gradsync::DistributedDataParallel ddp(comm, m);
-  auto opt = make_sgd(*m);
-  train(ddp, opt, x.narrow(0, comm.rank() * b, b), y.narrow(0, comm.rank() * b, b), steps);
-  const auto got = state(*m);
+  BackboneNet m = fine_tuned_backbone(init[static_cast<std::size_t>(comm.rank())]);
+  const auto got = train_ddp(comm, m, x.narrow(0, comm.rank() * b, b), y.narrow(0, comm.rank() * b, b), steps);
 
   CHECK(alike_everywhere(comm, got));
   const double error = relative(got, expected);

@@ -117,6 +117,17 @@ inline std::vector<torch::Tensor> backbone_state(std::uint64_t seed) {
   return state(*m);
 }
 
+/// A BackboneNet from `state`, set up for fine-tuning: fc1 frozen, the
+/// BatchNorm in eval mode (its running statistics normalise), so that one
+/// process on the N·b batch computes what N ranks of batch b do.
+inline BackboneNet fine_tuned_backbone(const std::vector<torch::Tensor>& values) {
+  BackboneNet m;
+  load_state(*m, values);
+  m->freeze_fc1();
+  m->eval();
+  return m;
+}
+
 /// The parameters' values, copied to the host.
 inline std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
@@ -170,6 +181,25 @@ void train(Net& net, torch::optim::Optimizer& opt, const torch::Tensor& x, const
     torch::nn::functional::cross_entropy(out, y).backward();
     opt.step();
   }
+}
+
+/// `steps` SGD steps (make_sgd) of `net` alone on x against y: the
+/// one-process reference. Returns its state (parameters, then buffers).
+template <class Net>
+std::vector<torch::Tensor> train_alone(Net& net, const torch::Tensor& x, const torch::Tensor& y, int steps) {
+  auto opt = make_sgd(*net);
+  train(net, opt, x, y, steps);
+  return state(*net);
+}
+
+/// `steps` SGD steps of `net` wrapped in DistributedDataParallel over `comm`
+/// on this rank's rows x against y. Returns its state (parameters, then buffers).
+template <class Comm, class Net>
+std::vector<torch::Tensor> train_ddp(Comm& comm, Net& net, const torch::Tensor& x, const torch::Tensor& y, int steps) {
+  gradsync::DistributedDataParallel ddp(comm, net);
+  auto opt = make_sgd(*net);
+  train(ddp, opt, x, y, steps);
+  return state(*net);
 }
 
 }  // namespace test_torch
