@@ -1,6 +1,6 @@
 // ReplicatedTrainer keeps its storage in host vectors: a backend whose
 // buffers live in device memory is refused at compile time.
-// expect: gradsync::ReplicatedTrainer needs a backend whose memory space is host memory
+// expect: gradsync::ReplicatedTrainer and gradsync::ShardedTrainer need a backend whose memory space is host memory
 #include <gradsync/gradsync.hpp>
 
 #include "device_backend.hpp"

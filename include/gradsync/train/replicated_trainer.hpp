@@ -27,7 +27,6 @@
 #include "gradsync/train/agreed_settings.hpp"
 #include "gradsync/train/bfloat16_copies.hpp"
 #include "gradsync/train/clip_grad_norm.hpp"
-#include "gradsync/train/communicates_host_memory.hpp"
 #include "gradsync/train/grad_sync.hpp"
 #include "gradsync/train/hash_bytes.hpp"
 #include "gradsync/train/memory_need.hpp"
@@ -85,25 +84,15 @@ struct ReplicatedTrainerOptions {
 template <class M, class Opt, class Comm, class Algo = Auto>
 class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, Comm, Algo>, M, Opt, Comm, Algo> {
   using Base = detail::TrainerBase<ReplicatedTrainer, M, Opt, Comm, Algo>;
-  static_assert(detail::communicates_host_memory<Comm>,
-                "gradsync::ReplicatedTrainer needs a backend whose memory space is host memory: it keeps "
-                "parameters, gradients and buffers in host vectors and steps the optimizer on the host, which "
-                "cannot work on device pointers. On a device-memory backend (Nccl), train with your own device "
-                "buffers and the primitives (AllReduce, Broadcast).");
 
  public:
-  using typename Base::backend_type;
-  using typename Base::value_type;
-  /// The element type of the views the model sees in a step: its
-  /// compute_type, value_type unless it declares bfloat16.
-  using compute_type = detail::compute_t<M>;
+  using typename Base::backend_type, typename Base::value_type, typename Base::compute_type;
 
   ReplicatedTrainer(Comm& comm, M model, Opt optimizer, ReplicatedTrainerOptions options = {})
-      : comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)), o_(options), specs_(model_.units()) {
-    detail::check_trainer_units(comm_, specs_, "ReplicatedTrainer", o_.memory_budget, settings());
+      : Base("ReplicatedTrainer", comm, std::move(model), std::move(optimizer)), o_(options), specs_(model_.units()) {
+    this->agree(specs_, o_.memory_budget, settings());
     check_compute();
-    detail::check_memory_budget("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()), memory_need(),
-                                o_.memory_budget,
+    detail::check_memory_budget(where(), memory_need(), o_.memory_budget,
                                 "Every rank keeps the whole model: a ShardedTrainer keeps 1/N of it.");
     allocate();
     detail::write_initial_values(model_, std::span<const UnitView<value_type>>(views_));
@@ -165,14 +154,11 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// the call) fail here, naming both, instead of stepping apart.
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ReplicatedTrainer", max_norm, p);
-    if (!pending_) {
-      throw InvalidArgument("gradsync: ReplicatedTrainer::clip_grad_norm on rank " + std::to_string(comm_.rank()) +
-                            " needs the averaged gradient: call it between forward_backward() and optimizer_step()");
-    }
+    this->check_pending("clip_grad_norm");
     double total = detail::norm_total(detail::norm_partial(std::span<const value_type>(grads_), p), p);
     if (comm_.size() > 1) {
       // Max of equal values changes nothing; the call is the agreement.
-      AllReduce<Algo>{{.label = labels_->clip_label(stats_.steps + 1, max_norm, p)}}(
+      AllReduce<Algo>{{.label = this->clip_label(max_norm, p)}}(
           comm_, std::span<double>(&total, 1), Max{});
     }
     detail::clip_to(std::span<value_type>(grads_), total, max_norm);
@@ -182,11 +168,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// The second half of step(): the optimizer step on the averaged
   /// gradient, which is then zeroed.
   void optimizer_step() {
-    if (!pending_) {
-      throw InvalidArgument("gradsync: ReplicatedTrainer::optimizer_step on rank " + std::to_string(comm_.rank()) +
-                            " without a forward_backward() before it");
-    }
-    pending_ = false;
+    this->begin_optimizer_step();
     apply_step();
   }
 
@@ -262,10 +244,6 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     }
   }
 
-  M& model() noexcept { return model_; }
-  const M& model() const noexcept { return model_; }
-  Opt& optimizer() noexcept { return opt_; }
-  Comm& communicator() noexcept { return comm_; }
   GradSync<backend_type, value_type, Algo>& grad_sync() noexcept { return *sync_; }
 
   /// The flat storage, units in declaration order.
@@ -287,10 +265,6 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
            (low_params_.size() + low_grads_.size()) * sizeof(bfloat16);
   }
 
-  /// Optimizer steps taken (what a checkpoint saves as `trainer.step`).
-  std::size_t step_count() const noexcept { return stats_.steps; }
-  /// Sets the step count; for loading a checkpoint.
-  void set_step_count(std::size_t steps) noexcept { stats_.steps = steps; }
   /// No forward_backward() waits for its optimizer_step() and nothing is
   /// accumulated: the only moments a checkpoint can be taken or loaded,
   /// since gradients are not saved.
@@ -318,12 +292,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// allocated at construction and kept.
   std::size_t peak_transient_bytes() const noexcept { return sync_->buffer_bytes(); }
 
-  /// The last forward_backward() and optimizer_step(): compute, the
-  /// buckets' all-reduces (their time, the part backward did not hide) and
-  /// the elements sent as Ring sends them (see StepStats); no gathers.
-  const StepStats& last_step() const noexcept { return step_; }
-
-  const TrainerStats& stats() const noexcept { return stats_; }
+  /// last_step(), for this trainer: compute, the buckets' all-reduces
+  /// (their time, the part backward did not hide) and the elements sent as
+  /// Ring sends them (see StepStats); no gathers.
   void reset_stats() {
     const std::size_t steps = stats_.steps;
     stats_ = {};
@@ -332,6 +303,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   }
 
  private:
+  using Base::comm_, Base::model_, Base::opt_, Base::stats_, Base::step_, Base::pending_, Base::micro_steps_,
+      Base::labels_, Base::where, Base::check_no_pending;
+
   std::size_t state_per_element() const noexcept { return detail::optimizer_state_per_element(opt_); }
 
   /// The model computes in bfloat16 (compute_type): it sees a bfloat16
@@ -343,8 +317,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// A model computing in bfloat16 has no buffers, refused before anything is allocated.
   void check_compute() const {
     if constexpr (computes_low) {
-      detail::refuse_buffers_of_low_model("gradsync: ReplicatedTrainer on rank " + std::to_string(comm_.rank()),
-                                          specs_, data_type_v<value_type>);
+      detail::refuse_buffers_of_low_model(where(), specs_, data_type_v<value_type>);
     }
   }
 
@@ -434,27 +407,15 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     return loss;
   }
 
-  void check_no_pending(const char* what) const {
-    if (pending_) {
-      throw InvalidArgument(std::string("gradsync: ReplicatedTrainer::") + what + " on rank " +
-                            std::to_string(comm_.rank()) +
-                            " after a forward_backward() whose optimizer_step() has not run yet");
-    }
-  }
-
-  /// What every rank must have been given alike besides its units.
+  /// What every rank must have been given alike besides its units, the
+  /// model's types and the optimizer (TrainerBase::agree adds those).
   std::vector<detail::AgreedValue> settings() const {
     const std::string same = "Give every rank the same ReplicatedTrainerOptions.";
     std::vector<detail::AgreedValue> v{
         detail::flag("ReplicatedTrainerOptions::broadcast_buffers", o_.broadcast_buffers, same),
         detail::setting("ReplicatedTrainerOptions::check_replicas_every", o_.check_replicas_every, same),
         detail::flag("ReplicatedTrainerOptions::join", o_.join, same),
-        {"the model's value_type", std::string(detail::type_name<value_type>()),
-         "Build every rank with the same model type."},
-        {"the model's compute_type", std::string(detail::type_name<compute_type>()),
-         "Build every rank with the same model type."},
     };
-    detail::add_optimizer_settings<value_type>(v, opt_);
     return v;
   }
 
@@ -462,9 +423,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// learning rate the step will use: the step's first collective.
   void broadcast_buffers() {
     if (!o_.broadcast_buffers || buffers_.empty()) return;
-    const CallLabel label =
-        labels_->label(detail::LabelPhase::buffers, 0, stats_.steps + 1, detail::bits_of(static_cast<double>(opt_.lr())));
-    Broadcast<Algo>{{.label = label}}(comm_, std::span<value_type>(buffers_), 0);
+    Broadcast<Algo>{this->labelled({}, detail::LabelPhase::buffers, 0)}(comm_, std::span<value_type>(buffers_), 0);
   }
 
   void sync_grads() {
@@ -476,12 +435,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   }
 
   void apply_step() {
-    const auto t0 = std::chrono::steady_clock::now();
-    opt_.step(std::span<value_type>(params_), std::span<const value_type>(grads_));
-    std::fill(grads_.begin(), grads_.end(), value_type(0));
-    step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.optimizer_seconds += step_.optimizer_seconds;
-    ++stats_.steps;
+    this->step_optimizer(std::span<value_type>(params_), std::span<value_type>(grads_));
     if (o_.check_replicas_every && stats_.steps % o_.check_replicas_every == 0) check_replicas();
   }
 
@@ -519,9 +473,6 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     bool evaluating_ = false;
   };
 
-  Comm& comm_;
-  M model_;
-  Opt opt_;
   ReplicatedTrainerOptions o_;
   Provider provider_{*this};
   Provider eval_provider_{*this, true};
@@ -534,12 +485,6 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   std::vector<bfloat16> low_params_, low_grads_;
   std::vector<UnitView<compute_type>> low_views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
-  std::optional<detail::StepLabels> labels_;  ///< what the trainer's own collectives move
-  std::size_t micro_steps_ = 0;
-  /// forward_backward() ran and optimizer_step() has not.
-  bool pending_ = false;
-  TrainerStats stats_{};
-  StepStats step_{};
   /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
   std::size_t step_sent_ = 0;
 };

@@ -1,13 +1,38 @@
 #pragma once
-/// \file TrainerBase: what ReplicatedTrainer and ShardedTrainer share above their storage, written once.
+/// \file TrainerBase: what ReplicatedTrainer and ShardedTrainer share above
+/// their storage, written once: the model, optimizer and communicator they
+/// own or use, the step count and timings, the forward_backward() /
+/// optimizer_step() pairing, the construction-time agreement and the labels
+/// that carry the step and learning rate on every collective.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "gradsync/core/communicator.hpp"
+#include "gradsync/core/error.hpp"
+#include "gradsync/core/options.hpp"
+#include "gradsync/train/agreed_settings.hpp"
+#include "gradsync/train/communicates_host_memory.hpp"
+#include "gradsync/train/model.hpp"
+#include "gradsync/train/step_labels.hpp"
+#include "gradsync/train/step_stats.hpp"
 #include "gradsync/train/trainer_requirements.hpp"
+#include "gradsync/train/trainer_stats.hpp"
+#include "gradsync/train/unit_agreement.hpp"
 
 namespace gradsync::detail {
 
-/// The types a trainer names and step(), which is forward_backward() then
-/// optimizer_step() in both trainers. CRTP: `Derived` provides those two.
+/// The types a trainer names, its accessors, its step bookkeeping and
+/// step(), which is forward_backward() then optimizer_step() in both
+/// trainers. CRTP: `Derived` provides those two.
 ///
 /// \tparam Derived  ReplicatedTrainer or ShardedTrainer.
 /// \tparam M        the model (see gradsync::Model).
@@ -18,6 +43,11 @@ template <class Derived, class M, class Opt, class Comm, class Algo>
 class TrainerBase {
   static_assert(TrainerRequirements<M, Opt>::template communicator<Comm>());
   static_assert(TrainerRequirements<M, Opt>::model_and_optimizer());
+  static_assert(communicates_host_memory<Comm>,
+                "gradsync::ReplicatedTrainer and gradsync::ShardedTrainer need a backend whose memory space is host "
+                "memory: they keep parameters, gradients, shards and buffers in host vectors and step the optimizer "
+                "on the host, which cannot work on device pointers. On a device-memory backend (Nccl), train with "
+                "your own device buffers and the primitives (AllReduce, Broadcast).");
 
  public:
   using model_type = M;
@@ -26,6 +56,9 @@ class TrainerBase {
   using backend_type = typename CommunicatorTraits<Comm>::backend;
   using value_type = typename M::value_type;
   using algorithm = Algo;
+  /// The element type of the views the model sees in a step: its
+  /// compute_type, value_type unless it declares bfloat16.
+  using compute_type = compute_t<M>;
 
   /// One training step on this rank's batch: forward_backward(batch), then
   /// optimizer_step() (see each for what the trainer does in it). Returns
@@ -39,8 +72,99 @@ class TrainerBase {
     return loss;
   }
 
+  M& model() noexcept { return model_; }
+  const M& model() const noexcept { return model_; }
+  Opt& optimizer() noexcept { return opt_; }
+  Comm& communicator() noexcept { return comm_; }
+
+  /// The last step (forward_backward() or its micro-steps, and
+  /// optimizer_step()): time per phase and what was sent (see StepStats).
+  const StepStats& last_step() const noexcept { return step_; }
+  const TrainerStats& stats() const noexcept { return stats_; }
+
+  /// Optimizer steps taken (what a checkpoint saves as `trainer.step`).
+  std::size_t step_count() const noexcept { return stats_.steps; }
+  /// Sets the step count; for loading a checkpoint.
+  void set_step_count(std::size_t steps) noexcept { stats_.steps = steps; }
+
  protected:
-  TrainerBase() = default;
+  /// `name`: the trainer's, as messages and the agreement say it ("ShardedTrainer").
+  TrainerBase(std::string_view name, Comm& comm, M model, Opt optimizer)
+      : name_(name), comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)) {}
+
+  /// "gradsync: ShardedTrainer on rank 3", the start of every message.
+  std::string where() const {
+    return "gradsync: " + std::string(name_) + " on rank " + std::to_string(comm_.rank());
+  }
+
+  /// Checks that every rank declared the same `units` and was given the
+  /// same `options` (the trainer's own settings), the same model types and
+  /// an optimizer alike; every rank throws the same error otherwise.
+  void agree(const std::vector<UnitSpec>& units, std::uint64_t memory_budget, std::vector<AgreedValue> options) {
+    const std::string same_model = "Build every rank with the same model type.";
+    options.push_back({"the model's value_type", std::string(type_name<value_type>()), same_model});
+    options.push_back({"the model's compute_type", std::string(type_name<compute_type>()), same_model});
+    add_optimizer_settings<value_type>(options, opt_);
+    check_trainer_units(comm_, units, name_, memory_budget, options);
+  }
+
+  /// `what` (accumulate, forward_backward, ...) may not start while a
+  /// forward_backward() waits for its optimizer_step().
+  void check_no_pending(const char* what) const {
+    if (pending_) {
+      throw InvalidArgument(where() + ": " + what +
+                            " after a forward_backward() whose optimizer_step() has not run yet");
+    }
+  }
+
+  /// `what` needs the reduced gradient of a forward_backward().
+  void check_pending(const char* what) const {
+    if (!pending_) {
+      throw InvalidArgument(where() + ": " + what +
+                            " needs the reduced gradient: call it between forward_backward() and optimizer_step()");
+    }
+  }
+
+  /// optimizer_step() ends the forward_backward() before it, which it needs.
+  void begin_optimizer_step() {
+    if (!pending_) throw InvalidArgument(where() + ": optimizer_step without a forward_backward() before it");
+    pending_ = false;
+  }
+
+  /// The optimizer's step on `params` with `grads`, which are then zeroed,
+  /// timed and counted; what both trainers' optimizer_step() do at heart.
+  void step_optimizer(std::span<value_type> params, std::span<value_type> grads) {
+    const auto t0 = std::chrono::steady_clock::now();
+    opt_.step(params, std::span<const value_type>(grads));
+    std::ranges::fill(grads, value_type(0));
+    step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.optimizer_seconds += step_.optimizer_seconds;
+    ++stats_.steps;
+  }
+
+  /// `base` labelled with what the call moves in the coming step and with
+  /// the learning rate that step will use: ranks that differ in either
+  /// fail in the call, naming both.
+  Options labelled(Options base, LabelPhase phase, std::size_t index) const {
+    base.label = labels_->label(phase, index, stats_.steps + 1, bits_of(static_cast<double>(opt_.lr())));
+    return base;
+  }
+  /// clip_grad_norm's label: the coming step, max_norm and p.
+  CallLabel clip_label(double max_norm, double p) const { return labels_->clip_label(stats_.steps + 1, max_norm, p); }
+
+  std::string_view name_;
+  Comm& comm_;
+  M model_;
+  Opt opt_;
+  TrainerStats stats_{};
+  /// This step's figures; a sharded trainer's worker jobs add their times to it.
+  StepStats step_{};
+  /// forward_backward() ran and optimizer_step() has not.
+  bool pending_ = false;
+  /// accumulate() calls since the last step.
+  std::size_t micro_steps_ = 0;
+  /// What each collective moves; made once the units or buckets are known.
+  std::optional<StepLabels> labels_;
 };
 
 }  // namespace gradsync::detail

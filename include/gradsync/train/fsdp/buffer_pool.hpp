@@ -11,9 +11,15 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/train/fsdp/unit_state.hpp"
+#include "gradsync/core/aligned_allocator.hpp"
 
 namespace gradsync::detail::fsdp {
+
+/// Storage of a gathered unit or a gradient buffer of value_type T.
+/// Aligned alike in every process: the model's math runs on it, so
+/// vectorized sums go in one order whatever else the process allocated.
+template <class T>
+using Storage = std::vector<T, AlignedAllocator<T>>;
 
 /// Spare buffers of value_type T, bounded by a byte limit shared with what
 /// is in use (which the caller reports: `held_now()`, bytes in use).

@@ -3,8 +3,8 @@
 /// them: the all-gather with its copy-in (from an offload space, rounding to
 /// param_dtype) and copy-out (widening to the master type), the
 /// reduce-scatter (and HybridShard's all-reduce across replicas) with its
-/// copy-out, and NoShard's all-reduce. When they are issued is the
-/// trainer's business; what each moves, in which type, is this file's.
+/// copy-out, and NoShard's all-reduce. When they are queued is
+/// collective_issuer.hpp's business; what each moves, in which type, is this file's.
 
 #include <algorithm>
 #include <cstddef>
@@ -34,20 +34,20 @@ T to_master(E x) noexcept {
 /// On the worker: gathers a wrapped unit from this rank's master chunk
 /// `home` into `out` (N·c, the master type; empty for a bfloat16 model).
 /// Offloaded (`space`), the chunk is copied in first, into its own block
-/// of the unit. With `low` (param_dtype bfloat16) the chunk is rounded once
+/// of the unit. With `bf16_wire` (param_dtype bfloat16) the chunk is rounded once
 /// and gathered in bfloat16, into `kept` if the unit keeps that copy (a
-/// bfloat16 model's unit, or ShardGradOp's keeps_low), then widened into
+/// bfloat16 model's unit, or ShardGradOp's keeps_bf16), then widened into
 /// `out`.
-template <bool ComputesLow, class T, class Gather, class C>
+template <bool ComputesBf16, class T, class Gather, class C>
 void gather_unit(C& c, const Gather& all_gather, std::span<const T> home, std::span<T> out, std::span<bfloat16> kept,
-                 bool low, OffloadSpace* space) {
+                 bool bf16_wire, OffloadSpace* space) {
   std::span<const T> in = home;
   std::vector<T> staged;
   if (space) {
     // Into its own block of the unit, gathered in place; a
     // bfloat16 model's unit has no value_type block to use.
     std::span<T> own;
-    if (ComputesLow) {
+    if (ComputesBf16) {
       staged.resize(home.size());
       own = staged;
     } else {
@@ -57,7 +57,7 @@ void gather_unit(C& c, const Gather& all_gather, std::span<const T> home, std::s
     space->wait();
     in = own;
   }
-  if (!low) return all_gather(c, in, out);
+  if (!bf16_wire) return all_gather(c, in, out);
   // param_dtype bfloat16: rounded once, half the bytes.
   const std::vector<bfloat16> mine(in.begin(), in.end());
   std::vector<bfloat16> scratch(kept.empty() ? out.size() : 0);
@@ -69,11 +69,11 @@ void gather_unit(C& c, const Gather& all_gather, std::span<const T> home, std::s
 }
 
 /// On the worker, NoShard: averages a whole unit's gradient `g` in place,
-/// in bfloat16 on the wire with `low` (reduce_dtype).
+/// in bfloat16 on the wire with `bf16_wire` (reduce_dtype).
 template <class Algo, class T, class C>
-void all_reduce_unit(C& c, const Options& opts, std::span<T> g, bool low) {
+void all_reduce_unit(C& c, const Options& opts, std::span<T> g, bool bf16_wire) {
   if (c.size() == 1) return;
-  if (low) {
+  if (bf16_wire) {
     std::vector<bfloat16> packed(g.begin(), g.end());
     AllReduce<Algo>{opts}(c, std::span<bfloat16>(packed), Avg{});
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = to_master<T>(packed[i]);
@@ -89,11 +89,11 @@ void all_reduce_unit(C& c, const Options& opts, std::span<T> g, bool low) {
 /// not adding, the reduce-scatter writes straight into `mine` (its padding
 /// gets the sum of zeros); adding (sharded accumulation) it writes into a
 /// c-element sum first, and in bfloat16 into the packed copy's tail. A
-/// bfloat16 model's gradient (`low_in`, N·c, reduces_low_grad) is reduced
+/// bfloat16 model's gradient (`bf16_in`, N·c, reduces_bf16_grad) is reduced
 /// as it is, in place of `storage`, into a c-element bfloat16 result.
 template <class Algo, class E, class T, class C, class R>
 void reduce_unit(C& c, const Options& opts, const Options& replica_opts, std::span<T> storage,
-                 std::span<const bfloat16> low_in, std::size_t count, std::span<T> mine, R* replicas, T divisor,
+                 std::span<const bfloat16> bf16_in, std::size_t count, std::span<T> mine, R* replicas, T divisor,
                  bool add) {
   const std::size_t chunk = mine.size();
   std::vector<E> packed;
@@ -108,9 +108,9 @@ void reduce_unit(C& c, const Options& opts, const Options& replica_opts, std::sp
     } else {
       out = mine;
     }
-  } else if (!low_in.empty()) {
+  } else if (!bf16_in.empty()) {
     packed.assign(chunk, E(0.0f));
-    in = low_in;
+    in = bf16_in;
     out = std::span<E>(packed);
   } else {
     packed.assign(storage.size() + chunk, E(0.0f));

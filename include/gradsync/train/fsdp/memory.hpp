@@ -31,11 +31,11 @@ struct MemoryFacts {
   std::size_t state_per_element = 0;
   /// Bytes of the master type.
   std::size_t element_bytes = 4;
-  /// ShardGradOp keeps its gathered units in bfloat16 (keeps_low).
-  bool keeps_low = false;
+  /// ShardGradOp keeps its gathered units in bfloat16 (ReleaseRules::keeps_bf16).
+  bool keeps_bf16 = false;
   /// The model computes in bfloat16, and reduces its gradient from it.
-  bool computes_low = false;
-  bool reduces_low_grad = false;
+  bool computes_bf16 = false;
+  bool reduces_bf16_grad = false;
   /// The model writes its initial values one unit at a time (init_unit).
   bool inits_units = false;
 };
@@ -65,15 +65,15 @@ inline MemoryNeed trainer_need(const ShardedTrainerOptions& o, ShardingStrategy 
                                       .offload = f.offload,
                                       .state_per_element = f.state_per_element,
                                       .element_bytes = f.element_bytes,
-                                      .kept_element_bytes = f.keeps_low ? sizeof(bfloat16) : 0,
-                                      .compute_element_bytes = f.computes_low ? sizeof(bfloat16) : 0,
-                                      .reduces_in_compute_type = f.reduces_low_grad});
+                                      .kept_element_bytes = f.keeps_bf16 ? sizeof(bfloat16) : 0,
+                                      .compute_element_bytes = f.computes_bf16 ? sizeof(bfloat16) : 0,
+                                      .reduces_in_compute_type = f.reduces_bf16_grad});
   if (f.offload && !f.state_in_space) {
     // An optimizer that cannot be lent storage keeps its state itself, beside the compute side's buffers.
     n.optimizer_state = f.state_per_element * f.element_bytes * flat.shard_elements;
     n.offloaded -= n.optimizer_state;
   }
-  if (f.computes_low && strategy == ShardingStrategy::NoShard) {
+  if (f.computes_bf16 && strategy == ShardingStrategy::NoShard) {
     // The bfloat16 copies of every parameter and gradient the model sees.
     n.params += sizeof(bfloat16) * flat.total;
     n.grads += sizeof(bfloat16) * flat.total;

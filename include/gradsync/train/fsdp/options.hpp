@@ -105,8 +105,8 @@ namespace detail::fsdp {
 
 /// param_dtype and reduce_dtype, read: bfloat16 (true) or the master type.
 struct Precision {
-  bool params_low = false;
-  bool grads_low = false;
+  bool params_bf16 = false;
+  bool grads_bf16 = false;
 };
 
 /// Reads param_dtype and reduce_dtype for master type T: the master type or
@@ -114,24 +114,24 @@ struct Precision {
 /// computes in bfloat16, which may then have no buffers). Every rank has the
 /// same model type, units and options, so every rank throws alike, before
 /// anything is allocated.
-template <class T, bool ComputesLow>
+template <class T, bool ComputesBf16>
 Precision read_precision(const ShardedTrainerOptions& o, const std::string& where, std::span<const UnitSpec> units) {
-  auto low = [&](const std::optional<DataType>& d, const char* what) {
+  auto is_bf16 = [&](const std::optional<DataType>& d, const char* what) {
     if (!d || *d == data_type_v<T>) return false;
     if (*d == DataType::bfloat16) return true;
     throw InvalidArgument(where + ": " + what + " must be the master type (" + std::string(name(data_type_v<T>)) +
                           ") or bfloat16, got " + std::string(name(*d)));
   };
-  Precision p{low(o.param_dtype, "ShardedTrainerOptions::param_dtype"),
-              low(o.reduce_dtype, "ShardedTrainerOptions::reduce_dtype")};
-  if constexpr (ComputesLow) {
-    if (o.param_dtype && !p.params_low) {
+  Precision p{is_bf16(o.param_dtype, "ShardedTrainerOptions::param_dtype"),
+              is_bf16(o.reduce_dtype, "ShardedTrainerOptions::reduce_dtype")};
+  if constexpr (ComputesBf16) {
+    if (o.param_dtype && !p.params_bf16) {
       throw InvalidArgument(where +
                             ": the model computes in bfloat16 (its compute_type), so its units are gathered in "
                             "bfloat16: leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not " +
                             std::string(name(*o.param_dtype)));
     }
-    p.params_low = true;
+    p.params_bf16 = true;
     refuse_buffers_of_low_model(where, units, data_type_v<T>);
   }
   return p;
@@ -157,11 +157,10 @@ inline int shard_group_size(const ShardedTrainerOptions& o, int world, const std
   return s;
 }
 
-/// What every rank must have been given alike besides its units: the
-/// options that decide which collectives run, in which order and precision,
-/// the model's element types (master T, compute C) and the optimizer.
-template <class T, class C, class Opt>
-std::vector<AgreedValue> agreed_options(const ShardedTrainerOptions& o, const Opt& opt) {
+/// What every rank must have been given alike besides its units, the
+/// model's types and the optimizer (TrainerBase::agree adds those): the
+/// options that decide which collectives run, in which order and precision.
+inline std::vector<AgreedValue> agreed_options(const ShardedTrainerOptions& o) {
   const std::string same = "Give every rank the same ShardedTrainerOptions.";
   auto dtype = [](const std::optional<DataType>& d) { return d ? std::string(name(*d)) : std::string("unset"); };
   static constexpr const char* accumulation[] = {"Sharded", "NoSync"};
@@ -183,10 +182,7 @@ std::vector<AgreedValue> agreed_options(const ShardedTrainerOptions& o, const Op
       {"ShardedTrainerOptions::reduce_dtype", dtype(o.reduce_dtype), same},
       {"ShardedTrainerOptions::offload", o.offload != nullptr ? "a space" : "none",
        "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."},
-      {"the model's value_type", std::string(type_name<T>()), "Build every rank with the same model type."},
-      {"the model's compute_type", std::string(type_name<C>()), "Build every rank with the same model type."},
   };
-  add_optimizer_settings<T>(v, opt);
   return v;
 }
 

@@ -1,0 +1,95 @@
+#pragma once
+/// \file detail::fsdp::HybridGroups: the communicators a sharded trainer runs
+/// its collectives on. Under HybridShard a rank belongs to a shard group
+/// (where units are gathered and reduce-scattered) and a replica group
+/// (where gradient shards are summed across copies), both split from the
+/// trainer's communicator; under the other strategies the communicator is
+/// the shard group and there are no replicas. Kept apart so that the step
+/// code asks "which group" without knowing how the groups were made, and so
+/// that a failure in one group reaches the others in its own words.
+
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "gradsync/core/error.hpp"
+#include "gradsync/core/fail_access.hpp"
+#include "gradsync/train/fsdp/options.hpp"
+#include "gradsync/train/fsdp/sharding_strategy.hpp"
+
+namespace gradsync::detail::fsdp {
+
+/// The world, shard and replica communicators of one trainer.
+template <class Comm>
+class HybridGroups {
+ public:
+  explicit HybridGroups(Comm& world) noexcept : world_(world) {}
+  HybridGroups(const HybridGroups&) = delete;
+  HybridGroups& operator=(const HybridGroups&) = delete;
+
+  /// Under HybridShard, splits the world into this rank's shard group (ranks
+  /// r / s alike) and replica group (ranks r % s alike). Collective: every
+  /// rank must pass the same options, so the trainer agrees on them first.
+  void split(const ShardedTrainerOptions& o, const std::string& where) {
+    if (o.strategy != ShardingStrategy::HybridShard) return;
+    const int s = shard_group_size(o, world_.size(), where);
+    if constexpr (requires(Comm& c) { c.split(0, 0); }) {
+      const int r = world_.rank();
+      // Colors are never no_color, so both splits give a communicator.
+      if (auto g = world_.split(r / s, r, "shard group " + std::to_string(r / s))) shard_.emplace(std::move(*g));
+      if (auto g = world_.split(r % s, r, "replica group " + std::to_string(r % s))) replica_.emplace(std::move(*g));
+    } else {
+      throw InvalidArgument(where + ": HybridShard needs Communicator::split, which this backend lacks");
+    }
+  }
+
+  Comm& world() noexcept { return world_; }
+  const Comm& world() const noexcept { return world_; }
+  /// Where units are sharded and gathered: the shard group under
+  /// HybridShard, else the whole communicator.
+  Comm& shard() noexcept { return shard_ ? *shard_ : world_; }
+  const Comm& shard() const noexcept { return shard_ ? *shard_ : world_; }
+  /// HybridShard's replica group (null otherwise): used only on the shard
+  /// group's worker after construction, so one thread drives it in one order.
+  Comm* replica() noexcept { return replica_ ? &*replica_ : nullptr; }
+  /// The shard group is the whole communicator (not HybridShard).
+  bool shard_is_world() const noexcept { return !shard_; }
+
+  /// Runs f; if one of the communicators failed in it under HybridShard,
+  /// lets what is in flight end (`settle`) and fails the other ones with the
+  /// same words. A disagreement found in one shard or replica group would
+  /// otherwise reach the other groups' ranks only as this rank leaving (its
+  /// communicators destroyed), not as what went wrong.
+  template <class F, class Settle>
+  decltype(auto) failing_together(F&& f, Settle&& settle) {
+    try {
+      return std::forward<F>(f)();
+    } catch (...) {
+      // Only a communicator's failure: a model's own exception, thrown alike
+      // on every rank, leaves the communicators usable.
+      if (shard_ && (world_.failed() || shard_->failed() || (replica_ && replica_->failed()))) {
+        settle();
+        const FailureKind kind = current_failure_kind();
+        std::string what = "a collective failed";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        for (Comm* c : {&world_, &*shard_, replica()}) {
+          if (c) FailAccess::fail(*c, kind, what);
+        }
+      }
+      throw;
+    }
+  }
+
+ private:
+  Comm& world_;
+  /// Declared before the trainer's worker, which runs on the shard group.
+  std::optional<Comm> shard_, replica_;
+};
+
+}  // namespace gradsync::detail::fsdp
