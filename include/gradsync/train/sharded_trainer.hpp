@@ -3,9 +3,9 @@
 ///
 /// The façade: the public class, its step and the order of its calls. Its
 /// parts are in train/fsdp/: the persistent state and its construction
-/// (sharded_state.hpp), the communicators (hybrid_groups.hpp), one wrapped
-/// unit's lifecycle (unit_group.hpp) and the collectives it queues
-/// (collective_issuer.hpp, collectives.hpp).
+/// (sharded_state.hpp), the communicators (hybrid_groups.hpp), the model's
+/// asks (unit_lender.hpp), one wrapped unit's lifecycle (unit_group.hpp) and
+/// the collectives it queues (collective_issuer.hpp, collectives.hpp).
 
 #include <chrono>
 #include <cmath>
@@ -55,97 +55,31 @@
 namespace gradsync {
 
 /// Trains `Model` with 1/N of every unit's parameters, gradients and
-/// optimizer state on each rank of `Comm`.
+/// optimizer state on each rank of `Comm`. docs/FSDP.md states the
+/// semantics in full, with their sources; in short:
 ///
-/// Layout: unit u of P elements is padded with zeros to N·c, c = ⌈P/N⌉, and
-/// rank r owns elements [r·c, r·c + c) of it (P = 5, N = 4 gives 2, 2, 1, 0
-/// real elements). The owned chunks of all units lie one after the other in
-/// one flat array, which the optimizer steps (the fp32 master shard when
-/// value_type is float); the padding stays zero, since its gradient is zero.
-///
-/// A step: the model asks for unit u (StepContext::params); the first ask
-/// in a step is u's forward and gathers it (AllGather), the second is its
-/// backward, which gathers it again unless the strategy kept it, and gives
-/// gradient views. `ctx.ready(u)` reduce-scatters u's gradient with a sum
-/// and divides on the owning rank (as ReduceScatterAverage). Gathers and
-/// reductions all run on the communicator's ProgressWorker, in the order the
-/// model asks, which is the same on every rank; an ask waits for its gather
-/// (started earlier under prefetch), reductions overlap the rest of backward.
-/// Under NoShard nothing is gathered and each unit is all-reduced (Avg).
-///
-/// Construction checks that every rank declared the same units, broadcasts
-/// rank 0's parameters and buffers, then keeps only this rank's shard.
-///
-/// step() is forward_backward() then optimizer_step(); between the two,
-/// clip_grad_norm() may scale the gradient shards by the global norm.
-///
-/// Under FullShard (and HybridShard) the unit released last in forward stays gathered until
-/// another unit is asked for, so the backward's first unit (FSDP's root)
-/// gathers once (ShardedTrainerOptions::keep_last_forward_unit).
-///
-/// HybridShard shards within groups of ShardedTrainerOptions::shard_size
-/// ranks (split from the communicator) and all-reduces each gradient shard
-/// across the groups.
-///
-/// Wrapping: ShardedTrainerOptions::wrap groups consecutive model units into
-/// wrapped units (WrapPolicy: per unit, the default; size-based; a
-/// predicate). A wrapped unit is the flat concatenation of its model units
-/// and is what the layout above, the gathers and the reductions are about:
-/// `ctx.params(u)` on any of its members gathers the whole wrapped unit
-/// once, which stays gathered while any member is held or still to come in
-/// this phase, and its gradient is reduced once every member is ready.
-/// plan() describes it (a ShardPlan; print it with to_string or <<).
-///
-/// accumulate() runs a micro-step whose gradient the next step() includes
-/// (K−1 calls and a step: the mean over K micro-batches). Under
-/// AccumulationMode::Sharded each micro-step reduce-scatters and adds the
-/// averaged shard into the gradient shard (memory stays 1/N); under NoSync
-/// (FSDP's no_sync) micro-steps communicate no gradient and every unit keeps
-/// its unsharded gradient, the padded unit, N·c elements (≈ +Ψ per rank), from
-/// the first micro-step's backward to step()'s, which scales the local sum by
-/// 1/K and reduces it once: bitwise ReplicatedTrainer::accumulate under the
-/// deterministic option. ShardGradOp under NoSync also keeps every unit
-/// gathered from the first micro-step's forward to step()'s backward (one
-/// gather per unit and window, as FSDP's SHARD_GRAD_OP in no_sync);
-/// FullShard gathers in every micro-step.
-///
-/// Prefetch (off by default): forward_prefetch gathers the next wrapped
-/// unit when one is asked for in forward; backward_prefetch gathers the
-/// one before it in forward order when a unit is asked for in backward
-/// (BackwardPre) or when its gradient is ready (BackwardPost), while fewer
-/// than limit_all_gathers units are gathered. Gathers are asynchronous on
-/// the worker; which and when depend only on the model's asks, never on
-/// timing, so every rank queues the same collectives in the same order.
-///
-/// Mixed precision: param_dtype bfloat16 gathers the fp32 master shard
-/// rounded to bfloat16 (half the gather's bytes). A model whose
-/// compute_type is bfloat16 computes on the gathered bfloat16 unit and
-/// writes bfloat16 gradients, which are added into a master-type buffer
-/// once its unit is ready and reduced from there (FSDP's param_dtype with
-/// the master type as reduce_dtype), or with reduce_dtype bfloat16 are
-/// reduce-scattered from the model's bfloat16 buffer itself, which halves
-/// FullShard's transient bytes; under NoShard it sees bfloat16 copies of
-/// the shard, as under ReplicatedTrainer; it may have no buffers. A model
-/// computing in value_type sees value_type views of the
-/// rounded values (and ShardGradOp keeps the units it holds on to between
-/// forward and backward in bfloat16). reduce_dtype bfloat16 reduces
-/// gradients in it. Both default to the master type, param_dtype to
-/// bfloat16 for a bfloat16 model. NoShard gathers nothing, so param_dtype
-/// does not apply to it.
-///
-/// Memory: memory_need() is the formula (persistent bytes exactly, the
-/// transient peak as a bound), peak_transient_bytes() what was really held,
-/// and memory_budget refuses at construction a configuration whose need
-/// exceeds it. last_step() times each phase and counts elements sent.
-///
-/// Offload (ShardedTrainerOptions::offload): the master and gradient
-/// shards and the optimizer's state live in an OffloadSpace and the
-/// optimizer steps them there (an optimizer without `bind_state(storage,
-/// elements)` keeps its state itself, counted on the compute side); each
-/// gather copies its chunk in, each reduction copies its result out, on the
-/// worker, so with a prefetch the next unit's copy overlaps this unit's
-/// compute. last_step() counts the bytes copied, memory_need() splits the
-/// offloaded bytes from the compute side's, which the budget covers.
+/// - Layout: a wrapped unit of P elements is padded with zeros to N·c,
+///   c = ⌈P/N⌉, and rank r owns elements [r·c, r·c + c). The owned chunks of
+///   all units lie in one flat array, which the optimizer steps; plan()
+///   describes it (a ShardPlan).
+/// - A step: the model's first ask for a unit in a step (StepContext::params)
+///   is its forward and gathers it (AllGather); the second is its backward,
+///   which gathers again unless the strategy kept it. `ctx.ready(u)`
+///   reduce-scatters the gradient (a sum, divided on the owning rank).
+///   Every collective runs on the communicator's ProgressWorker in the order
+///   the model asks, the same on every rank; prefetch decisions depend only
+///   on those asks, never on timing. NoShard all-reduces each unit instead.
+/// - Construction checks that every rank declared the same units and
+///   settings, broadcasts rank 0's parameters and buffers, and keeps only
+///   this rank's shard. step() is forward_backward() then optimizer_step();
+///   clip_grad_norm() may run between them.
+/// - ShardedTrainerOptions picks the strategy (FullShard, ShardGradOp,
+///   NoShard, HybridShard over groups of shard_size), wrapping, prefetch and
+///   limit_all_gathers, mixed precision (param_dtype, reduce_dtype), offload
+///   and the memory budget; accumulate() runs a micro-step, Sharded or NoSync
+///   (AccumulationMode). memory_need() is the per-rank formula,
+///   peak_transient_bytes() what was held, last_step() where a step's time
+///   and bytes went.
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
