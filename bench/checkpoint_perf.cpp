@@ -19,8 +19,8 @@
 // of the same bytes, alone, is the last row.
 
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/replicated_checkpoint.hpp>
-#include <gradsync/train/sharded_checkpoint.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -22,7 +22,7 @@
 #include "train_loop.hpp"
 
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 
 #include "cli.hpp"
 #include "dataset.hpp"

@@ -12,7 +12,7 @@
 // First: its pragma reaches the intrinsics header only if nothing included it before.
 #include "eigen_dense.hpp"
 
-#include <gradsync/train/model.hpp>
+#include <gradsync/train/common/model.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -27,7 +27,7 @@
 #include "train_loop.hpp"
 
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/sharded_checkpoint.hpp>
+#include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include "cli.hpp"
 #include "dataset.hpp"

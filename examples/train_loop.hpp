@@ -7,7 +7,7 @@
 #include "eigen_mlp.hpp"
 
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 
 #include "cli.hpp"
 #include "dataset.hpp"

@@ -4,7 +4,7 @@
 
 #include <gradsync/checkpoint/safetensors_reader.hpp>
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 
 #include <signal.h>
 #include <spawn.h>

@@ -6,8 +6,8 @@
 
 #include <gradsync/checkpoint/file_ops.hpp>
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/replicated_checkpoint.hpp>
-#include <gradsync/train/sharded_checkpoint.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include <sys/mount.h>
 #include <unistd.h>

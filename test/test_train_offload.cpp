@@ -9,7 +9,7 @@
 
 #include <gradsync/core/host_offload_space.hpp>
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/sharded_checkpoint.hpp>
+#include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -6,8 +6,8 @@
 #include <gradsync/checkpoint/safetensors_reader.hpp>
 #include <gradsync/checkpoint/shard_index.hpp>
 #include <gradsync/gradsync.hpp>
-#include <gradsync/train/replicated_checkpoint.hpp>
-#include <gradsync/train/sharded_checkpoint.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -20,7 +20,7 @@
 
 #include "gradsync/checkpoint/file_ops.hpp"
 #include "gradsync/gradsync.hpp"
-#include "gradsync/train/sharded_checkpoint.hpp"
+#include "gradsync/train/checkpoint/sharded_checkpoint.hpp"
 
 namespace {
 

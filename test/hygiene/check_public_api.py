@@ -28,8 +28,8 @@ from pathlib import Path
 SKIP = 77
 HEADERS = [
     "gradsync/gradsync.hpp",
-    "gradsync/train/replicated_checkpoint.hpp",
-    "gradsync/train/sharded_checkpoint.hpp",
+    "gradsync/train/checkpoint/replicated_checkpoint.hpp",
+    "gradsync/train/checkpoint/sharded_checkpoint.hpp",
     "gradsync/checkpoint/safetensors_reader.hpp",
     "gradsync/checkpoint/safetensors_writer.hpp",
     "gradsync/checkpoint/shard_writer.hpp",

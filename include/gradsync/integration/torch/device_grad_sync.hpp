@@ -13,9 +13,9 @@
 #include "gradsync/core/types.hpp"
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/device_communicator.hpp"
-#include "gradsync/train/bucket_plan.hpp"
-#include "gradsync/train/grad_sync_options.hpp"
-#include "gradsync/train/readiness_tracker.hpp"
+#include "gradsync/train/ddp/bucket_plan.hpp"
+#include "gradsync/train/ddp/grad_sync_options.hpp"
+#include "gradsync/train/ddp/readiness_tracker.hpp"
 
 namespace gradsync::detail {
 

@@ -33,10 +33,10 @@
 #include "gradsync/integration/torch/device_communicator.hpp"
 #include "gradsync/integration/torch/device_grad_sync.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
-#include "gradsync/train/grad_sync.hpp"
-#include "gradsync/train/grad_sync_options.hpp"
-#include "gradsync/train/no_sync_guard.hpp"
-#include "gradsync/train/unit_agreement.hpp"
+#include "gradsync/train/ddp/grad_sync.hpp"
+#include "gradsync/train/ddp/grad_sync_options.hpp"
+#include "gradsync/train/ddp/no_sync_guard.hpp"
+#include "gradsync/train/common/unit_agreement.hpp"
 
 namespace gradsync {
 

@@ -13,7 +13,7 @@
 #include <torch/serialize/archive.h>
 
 #include "gradsync/core/error.hpp"
-#include "gradsync/train/distributed_sampler.hpp"
+#include "gradsync/train/data/distributed_sampler.hpp"
 
 namespace gradsync {
 

@@ -38,7 +38,7 @@
 #include "gradsync/core/types.hpp"
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/device_communicator.hpp"
-#include "gradsync/train/hash_bytes.hpp"
+#include "gradsync/train/common/hash_bytes.hpp"
 
 namespace gradsync {
 

@@ -28,7 +28,7 @@
 #include "gradsync/train/fsdp/hybrid_groups.hpp"
 #include "gradsync/train/fsdp/trace_event.hpp"
 #include "gradsync/train/fsdp/unit_group.hpp"
-#include "gradsync/train/step_stats.hpp"
+#include "gradsync/train/common/step_stats.hpp"
 
 namespace gradsync::detail::fsdp {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/train/model.hpp"
+#include "gradsync/train/common/model.hpp"
 
 namespace gradsync::detail::fsdp {
 

@@ -11,12 +11,12 @@
 #include <string>
 
 #include "gradsync/core/bfloat16.hpp"
-#include "gradsync/train/accumulation_mode.hpp"
-#include "gradsync/train/backward_prefetch.hpp"
+#include "gradsync/train/fsdp/accumulation_mode.hpp"
+#include "gradsync/train/fsdp/backward_prefetch.hpp"
 #include "gradsync/train/fsdp/flat_shard.hpp"
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
-#include "gradsync/train/memory_need.hpp"
+#include "gradsync/train/common/memory_need.hpp"
 
 namespace gradsync::detail::fsdp {
 

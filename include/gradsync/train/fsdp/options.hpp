@@ -16,14 +16,14 @@
 #include "gradsync/core/offload_space.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
-#include "gradsync/train/accumulation_mode.hpp"
-#include "gradsync/train/agreed_settings.hpp"
-#include "gradsync/train/backward_prefetch.hpp"
-#include "gradsync/train/bfloat16_copies.hpp"
+#include "gradsync/train/fsdp/accumulation_mode.hpp"
+#include "gradsync/train/common/agreed_settings.hpp"
+#include "gradsync/train/fsdp/backward_prefetch.hpp"
+#include "gradsync/train/common/bfloat16_copies.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
-#include "gradsync/train/model.hpp"
-#include "gradsync/train/unit_agreement.hpp"
-#include "gradsync/train/wrap_policy.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/unit_agreement.hpp"
+#include "gradsync/train/fsdp/wrap_policy.hpp"
 
 namespace gradsync {
 

@@ -24,8 +24,8 @@
 #include "gradsync/train/fsdp/offloaded.hpp"
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
-#include "gradsync/train/model.hpp"
-#include "gradsync/train/shard_plan.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/fsdp/shard_plan.hpp"
 
 namespace gradsync::detail::fsdp {
 

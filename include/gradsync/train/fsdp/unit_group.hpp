@@ -18,7 +18,7 @@
 #include "gradsync/core/request.hpp"
 #include "gradsync/train/fsdp/buffer_pool.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
-#include "gradsync/train/model.hpp"
+#include "gradsync/train/common/model.hpp"
 
 namespace gradsync::detail::fsdp {
 

@@ -20,9 +20,9 @@
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/options.hpp"
-#include "gradsync/train/accumulation_mode.hpp"
-#include "gradsync/train/backward_prefetch.hpp"
-#include "gradsync/train/bfloat16_copies.hpp"
+#include "gradsync/train/fsdp/accumulation_mode.hpp"
+#include "gradsync/train/fsdp/backward_prefetch.hpp"
+#include "gradsync/train/common/bfloat16_copies.hpp"
 #include "gradsync/train/fsdp/buffer_pool.hpp"
 #include "gradsync/train/fsdp/collective_issuer.hpp"
 #include "gradsync/train/fsdp/hybrid_groups.hpp"
@@ -30,9 +30,9 @@
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharded_state.hpp"
 #include "gradsync/train/fsdp/unit_group.hpp"
-#include "gradsync/train/model.hpp"
-#include "gradsync/train/step_labels.hpp"
-#include "gradsync/train/step_stats.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/step_labels.hpp"
+#include "gradsync/train/common/step_stats.hpp"
 
 namespace gradsync::detail::fsdp {
 

@@ -19,14 +19,14 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/options.hpp"
-#include "gradsync/train/agreed_settings.hpp"
-#include "gradsync/train/communicates_host_memory.hpp"
-#include "gradsync/train/model.hpp"
-#include "gradsync/train/step_labels.hpp"
-#include "gradsync/train/step_stats.hpp"
-#include "gradsync/train/trainer_requirements.hpp"
-#include "gradsync/train/trainer_stats.hpp"
-#include "gradsync/train/unit_agreement.hpp"
+#include "gradsync/train/common/agreed_settings.hpp"
+#include "gradsync/train/common/communicates_host_memory.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/step_labels.hpp"
+#include "gradsync/train/common/step_stats.hpp"
+#include "gradsync/train/common/trainer_requirements.hpp"
+#include "gradsync/train/common/trainer_stats.hpp"
+#include "gradsync/train/common/unit_agreement.hpp"
 
 namespace gradsync::detail {
 

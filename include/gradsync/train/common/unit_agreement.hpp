@@ -24,8 +24,8 @@
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
-#include "gradsync/train/hash_bytes.hpp"
-#include "gradsync/train/model.hpp"
+#include "gradsync/train/common/hash_bytes.hpp"
+#include "gradsync/train/common/model.hpp"
 
 namespace gradsync::detail {
 

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/train/optimizer.hpp"
-#include "gradsync/train/optimizer_state_storage.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
+#include "gradsync/train/optim/optimizer_state_storage.hpp"
 
 namespace gradsync {
 

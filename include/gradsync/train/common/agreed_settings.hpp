@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "gradsync/train/optimizer.hpp"
-#include "gradsync/train/step_labels.hpp"
-#include "gradsync/train/unit_agreement.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
+#include "gradsync/train/common/step_labels.hpp"
+#include "gradsync/train/common/unit_agreement.hpp"
 
 namespace gradsync::detail {
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/train/model.hpp"
+#include "gradsync/train/common/model.hpp"
 
 namespace gradsync {
 

@@ -8,12 +8,12 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/train/checkpoint_options.hpp"
-#include "gradsync/train/checkpoint_source.hpp"
-#include "gradsync/train/distributed_sampler.hpp"
-#include "gradsync/train/replicated_checkpoint.hpp"
-#include "gradsync/train/sharded_trainer.hpp"
-#include "gradsync/train/state_layout.hpp"
+#include "gradsync/train/checkpoint/checkpoint_options.hpp"
+#include "gradsync/train/checkpoint/checkpoint_source.hpp"
+#include "gradsync/train/data/distributed_sampler.hpp"
+#include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
+#include "gradsync/train/fsdp/sharded_trainer.hpp"
+#include "gradsync/train/checkpoint/state_layout.hpp"
 
 namespace gradsync {
 namespace detail {

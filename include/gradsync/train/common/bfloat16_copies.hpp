@@ -10,7 +10,7 @@
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/types.hpp"
-#include "gradsync/train/model.hpp"
+#include "gradsync/train/common/model.hpp"
 
 namespace gradsync::detail {
 

@@ -16,9 +16,9 @@
 
 #include "gradsync/checkpoint/tensor_dtype.hpp"
 #include "gradsync/checkpoint/tensor_info.hpp"
-#include "gradsync/train/distributed_sampler.hpp"
-#include "gradsync/train/model.hpp"
-#include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/data/distributed_sampler.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
 
 namespace gradsync::detail {
 

@@ -3,8 +3,8 @@
 
 #include <concepts>
 
-#include "gradsync/train/adam.hpp"
-#include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/optim/adam.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
 
 namespace gradsync {
 

@@ -23,13 +23,13 @@
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/error.hpp"
-#include "gradsync/train/checkpoint_directory.hpp"
-#include "gradsync/train/checkpoint_options.hpp"
-#include "gradsync/train/checkpoint_source.hpp"
-#include "gradsync/train/distributed_sampler.hpp"
-#include "gradsync/train/optimizer.hpp"
-#include "gradsync/train/replicated_trainer.hpp"
-#include "gradsync/train/state_layout.hpp"
+#include "gradsync/train/checkpoint/checkpoint_directory.hpp"
+#include "gradsync/train/checkpoint/checkpoint_options.hpp"
+#include "gradsync/train/checkpoint/checkpoint_source.hpp"
+#include "gradsync/train/data/distributed_sampler.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
+#include "gradsync/train/ddp/replicated_trainer.hpp"
+#include "gradsync/train/checkpoint/state_layout.hpp"
 
 namespace gradsync {
 

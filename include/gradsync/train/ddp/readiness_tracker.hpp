@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "gradsync/train/bucket_plan.hpp"
+#include "gradsync/train/ddp/bucket_plan.hpp"
 
 namespace gradsync {
 

@@ -9,7 +9,7 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/types.hpp"
-#include "gradsync/train/reduction_policy.hpp"
+#include "gradsync/train/common/reduction_policy.hpp"
 
 namespace gradsync {
 

@@ -18,7 +18,7 @@
 #include "gradsync/checkpoint/shard_index.hpp"
 #include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
-#include "gradsync/train/checkpoint_directory.hpp"
+#include "gradsync/train/checkpoint/checkpoint_directory.hpp"
 
 namespace gradsync::detail {
 

@@ -4,8 +4,8 @@
 #include <concepts>
 
 #include "gradsync/core/communicator.hpp"
-#include "gradsync/train/model.hpp"
-#include "gradsync/train/optimizer.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
 
 namespace gradsync::detail {
 
