@@ -2,8 +2,6 @@
 /// \file One rank's end of the MPI transport.
 
 #include <mpi.h>
-#if defined(__linux__)
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -96,7 +93,6 @@ class Endpoint : public NativeCollectives<Endpoint> {
   int size() const noexcept { return size_; }
   /// Rank among the processes on this host: what picks a GPU.
   int local_rank() const noexcept { return local_rank_; }
-  int local_size() const noexcept { return local_size_; }
   /// gradsync's private duplicate of the user's communicator.
   MPI_Comm mpi_comm() const noexcept { return comm_; }
   /// How errors name this communicator's ranks.

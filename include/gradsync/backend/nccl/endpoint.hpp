@@ -322,8 +322,6 @@ class Endpoint : public NativeCollectives<Endpoint> {
     }
   }
 
-  bool aborted() const noexcept { return aborted_; }
-
  private:
   // Native's collectives check, as every call does, that this communicator
   // was not aborted.

@@ -208,8 +208,6 @@ class Endpoint : public NativeCollectives<Endpoint> {
     cancel();
   }
 
-  World& world() noexcept { return *world_; }
-
   /// This rank's end of a sub-world of the ranks passing `color` (see
   /// Communicator::split); none for a negative color. It runs as a Native
   /// call: each rank publishes its color and key, the opening barrier makes
