@@ -106,10 +106,11 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// call or an earlier one (see Control::begin).
   void begin_call(const CallInfo& call, std::chrono::nanoseconds) {
     user_call_ = call;
-    // The call's hash (sequence number included) goes into the high bits of
-    // every tag, so that messages of calls the ranks disagree on, or of an
-    // earlier call, never match: a message larger than its receive makes
-    // Open MPI's single-copy path write past the receive's buffer.
+    // The call's hash (sequence number included) goes into the tag bits
+    // above tag_call_free (up to MPI_TAG_UB), so that messages of calls the
+    // ranks disagree on, or of an earlier call, never match: a message larger
+    // than its receive makes Open MPI's single-copy path write past the
+    // receive's buffer.
     const WireCall wire = WireCall::of(call);
     const std::uint64_t h = wire.hash();
     const std::uint32_t mask = static_cast<std::uint32_t>((std::uint64_t{1} << tag_bits_) - 1) & ~tag_call_free;
