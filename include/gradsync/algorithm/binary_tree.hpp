@@ -6,14 +6,16 @@
 namespace gradsync::detail {
 
 /// A binary tree over positions 0..p-1 whose in-order walk is 0, 1, ..., p-1.
-/// In 1-based numbering a node's level is its lowest set bit: odd positions
-/// are leaves, the root is the largest power of two <= p, and the children of
-/// i are i -/+ lowbit(i)/2 (the right one moved inward until it exists).
+/// In 1-based numbering a node's level is its least significant set bit: odd
+/// positions are leaves, the root is the largest power of two <= p, and the
+/// children of i are i -/+ least_set_bit(i)/2 (the right one moved inward
+/// until it exists).
 /// Every subtree covers a contiguous range of positions.
 struct BinaryTree {
   int p = 1;
 
-  static constexpr int lowbit(int i) noexcept { return i & -i; }
+  /// The value of i's least significant set bit: its level in the tree.
+  static constexpr int least_set_bit(int i) noexcept { return i & -i; }
 
   int root() const noexcept {
     int b = 1;
@@ -27,17 +29,17 @@ struct BinaryTree {
     if (i - 1 == root()) return -1;
     // Climb past ancestors that lie beyond p: they are not nodes.
     for (;;) {
-      const int l = lowbit(i);
-      const int up = ((i / l) % 4 == 1) ? i + l : i - l;
+      const int level = least_set_bit(i);
+      const int up = ((i / level) % 4 == 1) ? i + level : i - level;
       if (up <= p) return up - 1;
       i = up;
     }
   }
 
-  /// Children of `pos`, -1 where absent; the lower position first.
+  /// Children of `pos`, -1 where absent; the left (smaller) position first.
   std::array<int, 2> children(int pos) const noexcept {
     const int i = pos + 1;
-    int half = lowbit(i) / 2;
+    int half = least_set_bit(i) / 2;
     if (half == 0) return {-1, -1};
     const int left = i - half;
     int right = -1;
@@ -52,11 +54,11 @@ struct BinaryTree {
 
   /// First and last position of the subtree under `pos`.
   std::array<int, 2> span(int pos) const noexcept {
-    int lo = pos;
-    int hi = pos;
-    for (int c = children(pos)[0]; c >= 0; c = children(c)[0]) lo = c;
-    for (int c = children(pos)[1]; c >= 0; c = children(c)[1]) hi = c;
-    return {lo, hi};
+    int first = pos;
+    int last = pos;
+    for (int c = children(pos)[0]; c >= 0; c = children(c)[0]) first = c;
+    for (int c = children(pos)[1]; c >= 0; c = children(c)[1]) last = c;
+    return {first, last};
   }
 };
 

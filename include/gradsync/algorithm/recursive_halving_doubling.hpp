@@ -81,13 +81,15 @@ void exchange(CallView<B>& comm, int peer, std::uint32_t tag, ConstBuffer out, B
 template <class B, class RangeOf>
 void halving(CallView<B>& comm, Buffer x, OpKind op, const Fold& f, int v, RangeOf range,
              ConstBuffer src = {}) {
-  int lo = 0;
-  int hi = f.pow2;
+  // The parts [held_begin, held_end) still to reduce here; each step keeps
+  // the half v's bit d selects and gives the partner the other.
+  int held_begin = 0;
+  int held_end = f.pow2;
   for (int d = f.pow2 / 2, step = 0; d >= 1; d /= 2, ++step) {
-    const int mid = lo + (hi - lo) / 2;
-    const bool lower = (v & d) == 0;
-    const Range keep = lower ? range(lo, mid) : range(mid, hi);
-    const Range give = lower ? range(mid, hi) : range(lo, mid);
+    const int mid = held_begin + (held_end - held_begin) / 2;
+    const bool keeps_first_half = (v & d) == 0;
+    const Range keep = keeps_first_half ? range(held_begin, mid) : range(mid, held_end);
+    const Range give = keeps_first_half ? range(mid, held_end) : range(held_begin, mid);
     ConstBuffer from(x);
     if (step == 0 && !src.empty()) {
       comm.copy(x.subspan(keep.begin, keep.size()), src.subspan(keep.begin, keep.size()));
@@ -95,10 +97,10 @@ void halving(CallView<B>& comm, Buffer x, OpKind op, const Fold& f, int v, Range
     }
     exchange(comm, f.real(v ^ d), static_cast<std::uint32_t>(step), from.subspan(give.begin, give.size()),
              x.subspan(keep.begin, keep.size()), op);
-    if (lower) {
-      hi = mid;
+    if (keeps_first_half) {
+      held_end = mid;
     } else {
-      lo = mid;
+      held_begin = mid;
     }
   }
 }
@@ -287,7 +289,7 @@ struct Algorithm<RecursiveHalvingDoubling> {
  private:
   /// The short all-reduce: each step swaps the whole buffer with the partner
   /// and reduces, so after lg p' steps every rank holds the full result. The
-  /// lower virtual rank's data is always the left operand, so both partners
+  /// smaller virtual rank's data is always the left operand, so both partners
   /// evaluate the same expression and all ranks end with the same bits, even
   /// for an op that is not bitwise commutative (max of +0 and -0, NaN
   /// payloads), as the halving path guarantees by reducing each part once.

@@ -49,7 +49,8 @@ struct Mpi {
   /// (btl vader, eager limit 4096 B including its header): `mpirun -np 2
   /// mpi_exchange` on the same VM (2026-11-30) jumps between 4032 and 4048 B
   /// by 1.6-2.5 us over runs (0.73 -> 2.53 us per exchange in one, 1.00 ->
-  /// 3.48 in bench/results/mpi_exchange.txt); the model takes the low end.
+  /// 3.48 in bench/results/mpi_exchange.txt); rendezvous_alpha is the
+  /// smallest jump seen, 1.6 us.
   static constexpr CostModel cost_model{
       .alpha = 0.5e-6,
       .beta = 3.3e-10,

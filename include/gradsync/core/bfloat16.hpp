@@ -29,7 +29,8 @@ struct bfloat16 {
  private:
   static constexpr std::uint16_t round_from(float f) noexcept {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-    // Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even.
+    // Adding 0x7fff plus the least significant kept bit (bit 16) rounds to
+    // nearest, ties to even.
     const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     // A NaN must stay a NaN after truncation, so force a mantissa bit. A
     // select rather than an early return keeps the conversion branch-free,

@@ -2,8 +2,6 @@
 /// \file One rank's end of the MPI transport.
 
 #include <mpi.h>
-#if defined(__linux__)
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -25,6 +22,7 @@
 #include "gradsync/backend/mpi/environment.hpp"
 #include "gradsync/backend/mpi/idle_backoff.hpp"
 #include "gradsync/backend/mpi/mpi_options.hpp"
+#include "gradsync/backend/mpi/native.hpp"
 #include "gradsync/backend/mpi/native_buffers.hpp"
 #include "gradsync/backend/mpi/node_cores.hpp"
 #include "gradsync/backend/mpi/receive_buffers.hpp"
@@ -47,7 +45,9 @@ namespace detail::mpi {
 /// Every call is checked against the other ranks' (see Control) unless
 /// MpiOptions::check_calls is off, and a rank that fails or leaves tells the
 /// others on the control channel, so they fail fast naming it.
-class Endpoint {
+///
+/// Native's collectives, MPI's own, are mixed in from NativeCollectives.
+class Endpoint : public NativeCollectives<Endpoint> {
  public:
   /// Duplicates `comm` twice, for data and for control (MPI is initialised
   /// first if the program has not). Collective: every rank passes the same
@@ -93,7 +93,6 @@ class Endpoint {
   int size() const noexcept { return size_; }
   /// Rank among the processes on this host: what picks a GPU.
   int local_rank() const noexcept { return local_rank_; }
-  int local_size() const noexcept { return local_size_; }
   /// gradsync's private duplicate of the user's communicator.
   MPI_Comm mpi_comm() const noexcept { return comm_; }
   /// How errors name this communicator's ranks.
@@ -107,10 +106,11 @@ class Endpoint {
   /// call or an earlier one (see Control::begin).
   void begin_call(const CallInfo& call, std::chrono::nanoseconds) {
     user_call_ = call;
-    // The call's hash (sequence number included) goes into the high bits of
-    // every tag, so that messages of calls the ranks disagree on, or of an
-    // earlier call, never match: a message larger than its receive makes
-    // Open MPI's single-copy path write past the receive's buffer.
+    // The call's hash (sequence number included) goes into the tag bits
+    // above tag_call_free (up to MPI_TAG_UB), so that messages of calls the
+    // ranks disagree on, or of an earlier call, never match: a message larger
+    // than its receive makes Open MPI's single-copy path write past the
+    // receive's buffer.
     const WireCall wire = WireCall::of(call);
     const std::uint64_t h = wire.hash();
     const std::uint32_t mask = static_cast<std::uint32_t>((std::uint64_t{1} << tag_bits_) - 1) & ~tag_call_free;
@@ -235,101 +235,10 @@ class Endpoint {
     control_.tell(kind, why, -1, call.seq);
   }
 
-  // Native collectives: MPI's own. Non-blocking forms, so the deadline holds.
-  // Each first waits for the ranks to agree on the call: MPI collectives that
-  // do not match are undefined behaviour (Open MPI may kill the job).
-
-  // MPI cannot cancel a collective, and keeps writing into its buffers
-  // after a wait gave up on it (a peer never joined). Under throw_error the
-  // caller regains control and may free them, so Native runs on buffers the
-  // endpoint owns (copy in, collective, copy out): an abandoned call keeps
-  // its buffer (NativeBuffers) for as long as MPI may use it, and the user's
-  // memory is never touched after the call throws. The buffer is reused and
-  // only grows. Under abort_job a failed call never returns (fail() ends the
-  // job from inside Communicator::run, before any caller frame unwinds), so
-  // MPI gets the caller's buffers and the copies go: at 16 MiB and 256 MiB
-  // out of place the copies made Native 1.6-1.7x slower (docs/PERFORMANCE.md,
-  // "Native on Mpi without the copies", which also times the copies).
-
-  /// Whether Native may hand MPI the caller's buffers: only when a failure
-  /// ends the job, so no caller code runs while MPI may still use them.
-  bool native_on_caller_buffers() const noexcept { return failure_policy == MpiFailurePolicy::abort_job; }
-
-  /// MPI_Iallreduce and MPI_Ireduce_scatter_block take the same arguments,
-  /// and both end with call.count results to finish (integer Avg).
-  using StartReduction = int (*)(const void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm, MPI_Request*);
-
-  /// A native reduction of `in_count` elements in, call.count out. MPI always
-  /// runs it out of place: Open MPI's in-place MPI_Iallreduce is 1.2-3x
-  /// slower. So an in-place call lands in the endpoint's buffer and is copied
-  /// back, even on the caller's buffers; otherwise those need no copy.
-  template <class T>
-  void native_reduction(StartReduction start, const char* name, const T* in, std::size_t in_count, T* out,
-                        const CallInfo& call, std::chrono::nanoseconds timeout) {
-    settle(call, timeout);
-    check_count(call.count);
-    const std::size_t unit = size_of(call.type);
-    const std::size_t in_bytes = in_count * unit, out_bytes = call.count * unit;
-    const bool direct = native_on_caller_buffers();
-    const bool stage_in = !direct, stage_out = !direct || static_cast<const void*>(in) == out;
-    std::byte* buf = (stage_in || stage_out) ? native_.get((stage_in ? in_bytes : 0) + out_bytes) : nullptr;
-    const void* send = in;
-    void* recv = out;
-    if (stage_in) {
-      if (in_bytes) std::memcpy(buf, in, in_bytes);
-      send = buf;
-    }
-    if (stage_out) recv = buf + (stage_in ? in_bytes : 0);
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(start(send, recv, static_cast<int>(call.count), datatype(call.type), op(call.op, call.type), comm_, &req),
-          name);
-    poll(req, call, timeout, name, buf != nullptr);
-    if (stage_out && out_bytes) std::memcpy(out, recv, out_bytes);
-    local_finish(out, call.count, call.type, call.op);
-  }
-
-  template <class T>
-  void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    native_reduction(&MPI_Iallreduce, "MPI_Iallreduce", in, call.count, out, call, timeout);
-  }
-  template <class T>
-  void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    native_reduction(&MPI_Ireduce_scatter_block, "MPI_Ireduce_scatter_block", in,
-                     call.count * static_cast<std::size_t>(size_), out, call, timeout);
-  }
-  template <class T>
-  void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    settle(call, timeout);
-    check_count(call.count);
-    const std::size_t bytes = call.count * size_of(call.type);
-    const int n = static_cast<int>(call.count);
-    const bool direct = native_on_caller_buffers();
-    std::byte* buf = direct ? reinterpret_cast<std::byte*>(out) : native_.get(bytes * static_cast<std::size_t>(size_));
-    // In place (`in` is out's own block) needs no copy on the caller's buffers.
-    std::byte* mine = buf + bytes * static_cast<std::size_t>(rank_);
-    if (bytes && static_cast<const void*>(in) != mine) std::memcpy(mine, in, bytes);
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(MPI_IN_PLACE, n, datatype(call.type), buf, n, datatype(call.type), comm_, &req),
-          "MPI_Iallgather");
-    poll(req, call, timeout, "MPI_Iallgather", !direct);
-    if (!direct && bytes) std::memcpy(out, buf, bytes * static_cast<std::size_t>(size_));
-  }
-  template <class T>
-  void native_broadcast(T* data, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    settle(call, timeout);
-    check_count(call.count);
-    const std::size_t bytes = call.count * size_of(call.type);
-    const bool direct = native_on_caller_buffers();
-    std::byte* buf = direct ? reinterpret_cast<std::byte*>(data) : native_.get(bytes);
-    const bool root = call.root == rank_;
-    if (!direct && root && bytes) std::memcpy(buf, data, bytes);
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(MPI_Ibcast(buf, static_cast<int>(call.count), datatype(call.type), call.root, comm_, &req), "MPI_Ibcast");
-    poll(req, call, timeout, "MPI_Ibcast", !direct);
-    if (!direct && !root && bytes) std::memcpy(data, buf, bytes);
-  }
-
  private:
+  // Native's collectives use the agreement, the waits and the buffers here.
+  friend class NativeCollectives<Endpoint>;
+
   struct Op {
     enum Kind : std::uint8_t { send, recv, recv_reduce };
     Kind kind = send;

@@ -36,6 +36,7 @@
 #include "gradsync/backend/nccl/datatype.hpp"
 #include "gradsync/backend/nccl/error.hpp"
 #include "gradsync/backend/nccl/kernels.cuh"
+#include "gradsync/backend/nccl/native.hpp"
 #include "gradsync/backend/nccl/op_queue.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
@@ -79,7 +80,8 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-class Endpoint {
+/// Native's collectives, NCCL's own, are mixed in from NativeCollectives.
+class Endpoint : public NativeCollectives<Endpoint> {
  public:
   /// Takes ownership of `comm` (a communicator on `device`) and creates a
   /// non-blocking stream for it. With `control` (a communicator of the same
@@ -320,46 +322,12 @@ class Endpoint {
     }
   }
 
-  bool aborted() const noexcept { return aborted_; }
-
-  // Native collectives: NCCL's own, enqueued on the stream.
-
-  template <class T>
-  void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
-    native_reduction(&ncclAllReduce, "ncclAllReduce", in, out, call);
-  }
-  template <class T>
-  void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
-    native_reduction(&ncclReduceScatter, "ncclReduceScatter", in, out, call);
-  }
-  template <class T>
-  void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds) {
-    DeviceGuard guard(device_);
-    check_usable(call);
-    check_nccl(ncclAllGather(in, out, call.count, datatype(call.type), comm_, stream_), "ncclAllGather", comm_);
-  }
-  template <class T>
-  void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds) {
-    DeviceGuard guard(device_);
-    check_usable(call);
-    check_nccl(ncclBroadcast(buf, buf, call.count, datatype(call.type), call.root, comm_, stream_), "ncclBroadcast",
-               comm_);
-  }
-
  private:
-  static constexpr std::size_t align = 256;
+  // Native's collectives check, as every call does, that this communicator
+  // was not aborted.
+  friend class NativeCollectives<Endpoint>;
 
-  /// ncclAllReduce and ncclReduceScatter take the same arguments (count:
-  /// the elements each rank ends with), and NCCL averages no integers, so
-  /// after either an integer Avg ends in gradsync's finish kernel.
-  void native_reduction(decltype(&ncclAllReduce) reduction, const char* name, const void* in, void* out,
-                        const CallInfo& call) {
-    DeviceGuard guard(device_);
-    check_usable(call);
-    check_nccl(reduction(in, out, call.count, datatype(call.type), redop(call.op, call.type), comm_, stream_), name,
-               comm_);
-    if (needs_finish(call.op, call.type)) local_finish(out, call.count, call.type, call.op);
-  }
+  static constexpr std::size_t align = 256;
 
   /// Every member's `mine` (its rank in the communicator this one was split
   /// from), in this communicator's rank order: one all-gather of an int,

@@ -2,7 +2,6 @@
 /// \file One rank's end of the in-process transport.
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -13,7 +12,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -22,14 +20,13 @@
 
 #include "gradsync/backend/threads/doorbell.hpp"
 #include "gradsync/backend/threads/memory.hpp"
+#include "gradsync/backend/threads/native.hpp"
 #include "gradsync/backend/threads/world.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
-#include "gradsync/core/partition.hpp"
 #include "gradsync/core/rank_names.hpp"
-#include "gradsync/core/visit.hpp"
 
 namespace gradsync::detail::threads {
 
@@ -39,7 +36,10 @@ namespace gradsync::detail::threads {
 /// Receivers never let anyone write into their memory, and a sender never
 /// returns while its buffer may still be read, so an abort on any rank can
 /// unwind every other rank safely.
-class Endpoint {
+///
+/// Native's collectives (NativeCollectives) work inside native_call, which
+/// this class keeps because split runs the same way.
+class Endpoint : public NativeCollectives<Endpoint> {
  public:
   Endpoint(std::shared_ptr<World> world, int rank, Memory memory = {})
       : world_(std::move(world)), rank_(rank), memory_(memory), spinner_(world_->oversubscribed()) {}
@@ -208,8 +208,6 @@ class Endpoint {
     cancel();
   }
 
-  World& world() noexcept { return *world_; }
-
   /// This rank's end of a sub-world of the ranks passing `color` (see
   /// Communicator::split); none for a negative color. It runs as a Native
   /// call: each rank publishes its color and key, the opening barrier makes
@@ -247,87 +245,9 @@ class Endpoint {
     return child;
   }
 
-  // Native collectives: the shared-memory path. Each rank publishes its
-  // buffers, a barrier makes them visible, every rank works on its own slice
-  // of everyone's buffers, and a closing barrier keeps the buffers alive
-  // until all are done. A rank that gives up after the opening barrier first
-  // waits until no peer is still inside its buffers (native_call).
-
-  template <class T>
-  void native_all_reduce(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    with_op(call.op, [&]<class Op>() {
-      native_call(in, out, call, timeout, [&] { native_all_reduce_slice<Op, T>(call); });
-    });
-  }
-  template <class T>
-  void native_reduce_scatter(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    with_op(call.op, [&]<class Op>() {
-      native_call(in, out, call, timeout, [&] { native_reduce_scatter_slice<Op>(out, call); });
-    });
-  }
-
-  template <class T>
-  void native_all_gather(const T* in, T* out, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    native_call(in, out, call, timeout, [&] {
-      for (int q = 0; q < size(); ++q) {
-        const T* src = static_cast<const T*>(world_->slot(q).in);
-        T* dst = out + call.count * static_cast<std::size_t>(q);
-        // In place, our own block is already there, and others are reading it.
-        if (src != dst) std::copy(src, src + call.count, dst);
-      }
-    });
-  }
-
-  template <class T>
-  void native_broadcast(T* buf, const CallInfo& call, std::chrono::nanoseconds timeout) {
-    native_call(buf, buf, call, timeout, [&] {
-      if (rank_ != call.root) {
-        const T* src = static_cast<const T*>(world_->slot(call.root).in);
-        std::copy(src, src + call.count, buf);
-      }
-    });
-  }
-
  private:
-  /// Calls f.template operator()<Op>() for the op type of `kind`, so the
-  /// element loops below are compiled per op, not dispatched per element.
-  template <class F>
-  static void with_op(OpKind kind, F&& f) {
-    visit(kind, [&]<class Op>(Op) { f.template operator()<Op>(); });
-  }
-
-  template <ReduceOp Op, class T>
-  void native_all_reduce_slice(const CallInfo& call) {
-    const int n = size();
-    const Range mine = block(call.count, static_cast<std::size_t>(n), static_cast<std::size_t>(rank_));
-    // In place, rank r's output is rank r's input, so the sum is built in a
-    // small tile first and only then written to every rank's output.
-    constexpr std::size_t tile = 16384 / sizeof(T);
-    alignas(64) std::array<T, tile> acc;
-    for (std::size_t b = mine.begin; b < mine.end; b += tile) {
-      const std::size_t len = std::min(tile, mine.end - b);
-      const T* src0 = static_cast<const T*>(world_->slot(0).in) + b;
-      std::copy(src0, src0 + len, acc.data());
-      for (int q = 1; q < n; ++q)
-        reduce_into<Op>(acc.data(), static_cast<const T*>(world_->slot(q).in) + b, len);
-      finish<Op>(acc.data(), len, n);
-      for (int q = 0; q < n; ++q) std::copy(acc.data(), acc.data() + len, static_cast<T*>(world_->slot(q).out) + b);
-    }
-  }
-
-  template <ReduceOp Op, class T>
-  void native_reduce_scatter_slice(T* out, const CallInfo& call) {
-    const int n = size();
-    const std::size_t off = call.count * static_cast<std::size_t>(rank_);
-    constexpr std::size_t tile = 16384 / sizeof(T);
-    for (std::size_t b = 0; b < call.count; b += tile) {
-      const std::size_t len = std::min(tile, call.count - b);
-      const T* src0 = static_cast<const T*>(world_->slot(0).in) + off + b;
-      std::copy(src0, src0 + len, out + b);
-      for (int q = 1; q < n; ++q) reduce_into<Op>(out + b, static_cast<const T*>(world_->slot(q).in) + off + b, len);
-      finish<Op>(out + b, len, n);
-    }
-  }
+  // Its collectives run inside native_call on the World's slots.
+  friend class NativeCollectives<Endpoint>;
 
   /// Publish, opening barrier, compare the calls, `work` on the peers'
   /// buffers, closing barrier. While `busy` holds this call's number, this
