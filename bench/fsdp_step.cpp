@@ -121,7 +121,7 @@ struct Precision {
 
 /// docs/FSDP.md's memory per rank, Adam (S = 8 bytes per element), U the largest unit.
 double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t n, const Precision& p) {
-  const bool bf16 = p.params, low = p.compute;
+  const bool bf16 = p.params, bf16_compute = p.compute;
   std::size_t psi = 0, u_max = 0, c = 0;
   const std::size_t s = k == Kind::hybrid_shard ? 2 : n;
   for (const std::size_t u : units) {
@@ -129,7 +129,7 @@ double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t
     u_max = std::max(u_max, u);
     c += (u + s - 1) / s;
   }
-  if (low) {
+  if (bf16_compute) {
     switch (k) {
       case Kind::ddp:
       case Kind::no_shard: return 20.0 * double(psi);
@@ -143,7 +143,7 @@ double memory_formula(Kind k, const std::vector<std::size_t>& units, std::size_t
     case Kind::ddp:
     case Kind::no_shard: return 16.0 * double(psi);
     case Kind::shard_grad_op: {
-      // bfloat16 copies are kept only where they hold less than fp32 ones (detail::keeping_low_pays).
+      // bfloat16 copies are kept only where they hold less than fp32 ones (detail::keeping_bf16_pays).
       const double fp32 = 4.0 * double(psi), kept = 2.0 * double(psi) + 4.0 * double(u_max);
       return 16.0 * double(c) + (bf16 ? std::min(kept, fp32) : fp32) + 4.0 * double(u_max);
     }
@@ -239,7 +239,7 @@ std::vector<Kind> kinds_for(int n) {
 }
 
 void header(const std::vector<int>& m, const char* backend, int steps, const Precision& p) {
-  auto type = [](bool low) { return low ? "bfloat16" : "fp32"; };
+  auto type = [](bool is_bf16) { return is_bf16 ? "bfloat16" : "fp32"; };
   std::printf(
       "# %s, per-rank batch 64, Adam, Ring, %s, param_dtype %s, reduce_dtype %s, compute %s, %d steps; ms per step "
       "(rank 0)\n",

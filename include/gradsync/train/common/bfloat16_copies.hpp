@@ -20,16 +20,16 @@ void round_into(std::span<const T> master, std::span<bfloat16> copy) noexcept {
   for (std::size_t i = 0; i < master.size(); ++i) copy[i] = bfloat16(static_cast<float>(master[i]));
 }
 
-/// grads[i] += low[i], widened: one rounding per rank, the model's.
+/// grads[i] += bf16[i], widened: one rounding per rank, the model's.
 template <class T>
-void add_widened(std::span<T> grads, std::span<const bfloat16> low) noexcept {
-  for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += static_cast<T>(static_cast<float>(low[i]));
+void add_widened(std::span<T> grads, std::span<const bfloat16> bf16) noexcept {
+  for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += static_cast<T>(static_cast<float>(bf16[i]));
 }
 
 /// A bfloat16 model's views have no buffers: buffers are kept in the
 /// master type and lent in place. `where` names trainer and rank; every
 /// rank has the same units, so every rank throws alike.
-inline void refuse_buffers_of_low_model(const std::string& where, std::span<const UnitSpec> units,
+inline void refuse_buffers_of_bf16_model(const std::string& where, std::span<const UnitSpec> units,
                                         DataType master) {
   for (const UnitSpec& u : units) {
     if (u.buffers.empty()) continue;

@@ -82,7 +82,7 @@ struct ShardedMemoryShape {
   bool offload = false;
   std::size_t state_per_element = 0;
   std::size_t element_bytes = 4;
-  /// ShardGradOp with param_dtype bfloat16, where keeping_low_pays: bytes
+  /// ShardGradOp with param_dtype bfloat16, where keeping_bf16_pays: bytes
   /// per element of a gathered unit kept while the model does not hold it
   /// (2: its bfloat16 copy); 0: element_bytes.
   std::size_t kept_element_bytes = 0;
@@ -181,7 +181,7 @@ inline MemoryNeed sharded_memory_need(std::span<const std::size_t> unit_sizes, s
 /// bytes alone: k·Σ G + e·max G < e·Σ G (see sharded_memory_need). Not
 /// where one unit is most of the model, as in a three-layer MLP whose
 /// middle layer is half of it.
-inline bool keeping_low_pays(std::span<const std::size_t> unit_sizes, std::size_t n, std::size_t e, std::size_t k) {
+inline bool keeping_bf16_pays(std::span<const std::size_t> unit_sizes, std::size_t n, std::size_t e, std::size_t k) {
   std::size_t gathered_max = 0, gathered_sum = 0;
   for (const std::size_t p : unit_sizes) {
     const std::size_t g = n * ((p + n - 1) / n);

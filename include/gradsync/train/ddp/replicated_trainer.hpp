@@ -262,7 +262,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// out, as in ShardedTrainer::persistent_bytes.
   std::size_t persistent_bytes() const noexcept {
     return (2 + state_per_element()) * sizeof(value_type) * params_.size() +
-           (low_params_.size() + low_grads_.size()) * sizeof(bfloat16);
+           (bf16_params_.size() + bf16_grads_.size()) * sizeof(bfloat16);
   }
 
   /// No forward_backward() waits for its optimizer_step() and nothing is
@@ -281,9 +281,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     for (const UnitSpec& u : specs_)
       for (const TensorSpec& t : u.params) psi += t.count();
     MemoryNeed need;
-    const std::size_t low = computes_low ? sizeof(bfloat16) : 0;
-    need.params = (sizeof(value_type) + low) * psi;
-    need.grads = (sizeof(value_type) + low) * psi;
+    const std::size_t bf16_bytes = computes_bf16 ? sizeof(bfloat16) : 0;
+    need.params = (sizeof(value_type) + bf16_bytes) * psi;
+    need.grads = (sizeof(value_type) + bf16_bytes) * psi;
     need.optimizer_state = sizeof(value_type) * state_per_element() * psi;
     if (o_.sync.compression == Compression::bf16) need.gradient_buffers = sizeof(bfloat16) * psi;
     return need;
@@ -312,19 +312,19 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// copy of the parameters, rounded from the master before each step, and
   /// writes bfloat16 gradients, which each unit's ready adds into the
   /// value_type gradient that GradSync averages and the optimizer steps on.
-  static constexpr bool computes_low = !std::is_same_v<compute_type, value_type>;
+  static constexpr bool computes_bf16 = !std::is_same_v<compute_type, value_type>;
 
   /// A model computing in bfloat16 has no buffers, refused before anything is allocated.
   void check_compute() const {
-    if constexpr (computes_low) {
-      detail::refuse_buffers_of_low_model(where(), specs_, data_type_v<value_type>);
+    if constexpr (computes_bf16) {
+      detail::refuse_buffers_of_bf16_model(where(), specs_, data_type_v<value_type>);
     }
   }
 
   /// The model's views in a step: the value_type storage itself, or its bfloat16 copy.
   const std::vector<UnitView<compute_type>>& compute_views() const noexcept {
-    if constexpr (computes_low) {
-      return low_views_;
+    if constexpr (computes_bf16) {
+      return bf16_views_;
     } else {
       return views_;
     }
@@ -333,16 +333,16 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// A bfloat16 model: its copy of the parameters, rounded from the master
   /// (which the optimizer, a checkpoint's load or the user may have changed).
   void round_parameters() {
-    if constexpr (computes_low) {
-      detail::round_into(std::span<const value_type>(params_), std::span<bfloat16>(low_params_));
+    if constexpr (computes_bf16) {
+      detail::round_into(std::span<const value_type>(params_), std::span<bfloat16>(bf16_params_));
     }
   }
 
   /// A bfloat16 model's unit u is ready: its gradient is added into the
   /// value_type one (run_model zeroes the bfloat16 ones before each backward).
-  void fold_low_grad(std::size_t u) {
-    if constexpr (computes_low) {
-      detail::add_widened(views_[u].flat_grads, std::span<const bfloat16>(low_views_[u].flat_grads));
+  void fold_bf16_grad(std::size_t u) {
+    if constexpr (computes_bf16) {
+      detail::add_widened(views_[u].flat_grads, std::span<const bfloat16>(bf16_views_[u].flat_grads));
     }
   }
 
@@ -373,22 +373,22 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       v.flat_grads = std::span<value_type>(grads_).subspan(p0, p - p0);
       v.flat_buffers = std::span<value_type>(buffers_).subspan(b0, b - b0);
     }
-    if constexpr (computes_low) {
+    if constexpr (computes_bf16) {
       // The same layout over the bfloat16 copies (a bfloat16 model has no buffers).
-      low_params_.assign(np, bfloat16(0.0f));
-      low_grads_.assign(np, bfloat16(0.0f));
-      low_views_.resize(specs_.size());
+      bf16_params_.assign(np, bfloat16(0.0f));
+      bf16_grads_.assign(np, bfloat16(0.0f));
+      bf16_views_.resize(specs_.size());
       p = 0;
       for (std::size_t i = 0; i < specs_.size(); ++i) {
-        UnitView<bfloat16>& v = low_views_[i];
+        UnitView<bfloat16>& v = bf16_views_[i];
         const std::size_t p0 = p;
         for (const TensorSpec& t : specs_[i].params) {
-          v.params.push_back({std::span<bfloat16>(low_params_).subspan(p, t.count()),
-                              std::span<bfloat16>(low_grads_).subspan(p, t.count()), &t});
+          v.params.push_back({std::span<bfloat16>(bf16_params_).subspan(p, t.count()),
+                              std::span<bfloat16>(bf16_grads_).subspan(p, t.count()), &t});
           p += t.count();
         }
-        v.flat_params = std::span<bfloat16>(low_params_).subspan(p0, p - p0);
-        v.flat_grads = std::span<bfloat16>(low_grads_).subspan(p0, p - p0);
+        v.flat_params = std::span<bfloat16>(bf16_params_).subspan(p0, p - p0);
+        v.flat_grads = std::span<bfloat16>(bf16_grads_).subspan(p0, p - p0);
       }
     }
   }
@@ -396,10 +396,10 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   template <class Batch>
   double run_model(const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
-    if constexpr (computes_low) {
+    if constexpr (computes_bf16) {
       round_parameters();
       // A backward that threw part-way may have left gradients here.
-      std::ranges::fill(low_grads_, bfloat16(0.0f));
+      std::ranges::fill(bf16_grads_, bfloat16(0.0f));
     }
     const StepContext<compute_type> ctx(provider_);
     const double loss = static_cast<double>(model_.forward_backward(batch, ctx));
@@ -465,7 +465,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                               ": the model reported unit " + std::to_string(u) +
                               " ready, but evaluation runs no backward");
       }
-      if (u < t_.views_.size()) t_.fold_low_grad(u);
+      if (u < t_.views_.size()) t_.fold_bf16_grad(u);
       t_.sync_->ready(u);
     }
 
@@ -482,8 +482,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   std::vector<value_type, detail::AlignedAllocator<value_type>> params_, grads_, buffers_;
   std::vector<UnitView<value_type>> views_;
   /// A model computing in bfloat16: the copies its steps see (else empty).
-  std::vector<bfloat16> low_params_, low_grads_;
-  std::vector<UnitView<compute_type>> low_views_;
+  std::vector<bfloat16> bf16_params_, bf16_grads_;
+  std::vector<UnitView<compute_type>> bf16_views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
   /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
   std::size_t step_sent_ = 0;

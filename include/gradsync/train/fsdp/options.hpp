@@ -132,7 +132,7 @@ Precision read_precision(const ShardedTrainerOptions& o, const std::string& wher
                             std::string(name(*o.param_dtype)));
     }
     p.params_bf16 = true;
-    refuse_buffers_of_low_model(where, units, data_type_v<T>);
+    refuse_buffers_of_bf16_model(where, units, data_type_v<T>);
   }
   return p;
 }

@@ -381,9 +381,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     state_.make_plan(o_, shards, static_cast<std::size_t>(comm_.size()) / shards, optimizer_state_per_element());
     // param_dtype bfloat16 under ShardGradOp: a unit kept gathered from its
     // forward to its backward keeps only the bfloat16 copy its gather
-    // received, where that holds less in all (detail::keeping_low_pays).
+    // received, where that holds less in all (detail::keeping_bf16_pays).
     const bool keep_bf16 = !computes_bf16 && precision.params_bf16 && o_.strategy == ShardingStrategy::ShardGradOp &&
-                           detail::keeping_low_pays(state_.flat.sizes, shards, sizeof(value_type), sizeof(bfloat16));
+                           detail::keeping_bf16_pays(state_.flat.sizes, shards, sizeof(value_type), sizeof(bfloat16));
     lender_.lay_out({precision.params_bf16, precision.grads_bf16, keep_bf16},
                     [this](detail::LabelPhase phase, std::size_t w) { return labelled(phase, w); });
     std::vector<std::string> names, groups;
