@@ -93,6 +93,8 @@ class Endpoint : public NativeCollectives<Endpoint> {
   int size() const noexcept { return size_; }
   /// Rank among the processes on this host: what picks a GPU.
   int local_rank() const noexcept { return local_rank_; }
+  /// Processes on this host.
+  int local_size() const noexcept { return local_size_; }
   /// gradsync's private duplicate of the user's communicator.
   MPI_Comm mpi_comm() const noexcept { return comm_; }
   /// How errors name this communicator's ranks.
