@@ -1,20 +1,13 @@
 #pragma once
 /// \file AllReduce: every rank ends with op over all ranks' buffers.
 
-#include <cstddef>
 #include <ranges>
 #include <span>
 #include <string>
 #include <type_traits>
 
-#include "gradsync/algorithm/tags.hpp"
-#include "gradsync/collective/launch.hpp"
-#include "gradsync/core/collective.hpp"
-#include "gradsync/core/communicator.hpp"
-#include "gradsync/core/options.hpp"
+#include "gradsync/collective/primitive_call.hpp"
 #include "gradsync/core/ops.hpp"
-#include "gradsync/core/types.hpp"
-#include "gradsync/core/validate.hpp"
 
 namespace gradsync {
 
@@ -36,15 +29,15 @@ struct AllReduce {
   /// span or disjoint.
   template <class B, Element T, ReduceOp Op = Sum>
   void operator()(Communicator<B>& comm, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op = {}) const {
-    constexpr std::string_view what = "AllReduce";
+    const detail::PrimitiveCall<Collective::all_reduce, Algo, B> call{comm, options};
     if (in.size() != out.size()) {
-      detail::invalid(what, detail::who(comm), "in and out must have the same size, got in.size() = " +
-                                             std::to_string(in.size()) + " and out.size() = " + std::to_string(out.size()));
+      call.reject("in and out must have the same size, got in.size() = " + std::to_string(in.size()) +
+                  " and out.size() = " + std::to_string(out.size()));
     }
     if (detail::partially_overlap(in, std::span<const T>(out))) {
-      detail::invalid(what, detail::who(comm), "in and out overlap without being the same buffer; pass one span for in place");
+      call.reject("in and out overlap without being the same buffer; pass one span for in place");
     }
-    detail::launch<Collective::all_reduce, Algo>(comm, {in, out, Op::kind, -1, &options}, in.size());
+    call.run(in, out, Op::kind, -1, in.size());
   }
 
   /// Any contiguous range (std::vector, std::array, ...), in place.

@@ -1,19 +1,12 @@
 #pragma once
 /// \file Broadcast: every rank ends with the root's buffer.
 
-#include <cstddef>
 #include <ranges>
 #include <span>
 #include <string>
 #include <type_traits>
 
-#include "gradsync/algorithm/tags.hpp"
-#include "gradsync/collective/launch.hpp"
-#include "gradsync/core/collective.hpp"
-#include "gradsync/core/communicator.hpp"
-#include "gradsync/core/options.hpp"
-#include "gradsync/core/types.hpp"
-#include "gradsync/core/validate.hpp"
+#include "gradsync/collective/primitive_call.hpp"
 
 namespace gradsync {
 
@@ -27,11 +20,11 @@ struct Broadcast {
 
   template <class B, Element T>
   void operator()(Communicator<B>& comm, std::span<T> buf, int root) const {
+    const detail::PrimitiveCall<Collective::broadcast, Algo, B> call{comm, options};
     if (root < 0 || root >= comm.size()) {
-      detail::invalid("Broadcast", detail::who(comm), "root must be in [0, " + std::to_string(comm.size()) + "), got " +
-                                                    std::to_string(root));
+      call.reject("root must be in [0, " + std::to_string(comm.size()) + "), got " + std::to_string(root));
     }
-    detail::launch<Collective::broadcast, Algo>(comm, {buf, buf, OpKind::sum, root, &options}, buf.size());
+    call.run(buf, buf, OpKind::sum, root, buf.size());
   }
 
   template <class B, std::ranges::contiguous_range R>

@@ -4,6 +4,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "gradsync/core/rounded_shift.hpp"
+
 namespace gradsync {
 
 /// bfloat16 storage type. Arithmetic happens in float; conversion from float
@@ -29,9 +31,7 @@ struct bfloat16 {
  private:
   static constexpr std::uint16_t round_from(float f) noexcept {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-    // Adding 0x7fff plus the least significant kept bit (bit 16) rounds to
-    // nearest, ties to even.
-    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t rounded = detail::rounded_shift<16>(u);
     // A NaN must stay a NaN after truncation, so force a mantissa bit. A
     // select rather than an early return keeps the conversion branch-free,
     // so a loop of them vectorizes.

@@ -4,6 +4,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "gradsync/core/rounded_shift.hpp"
+
 namespace gradsync {
 
 /// IEEE 754 binary16 storage. Arithmetic happens in float; conversion from
@@ -51,10 +53,9 @@ struct float16 {
       const float rounded = (scaled + 8388608.0f) - 8388608.0f;      // RNE to integer
       return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(rounded));
     }
-    // Normal: rebias the exponent, round the 13 dropped bits to nearest even.
-    const std::uint32_t lsb = (abs >> 13) & 1u;
-    const std::uint32_t rounded = abs + 0xfffu + lsb;
-    return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+    // Normal: round the 13 dropped mantissa bits to nearest even, then
+    // rebias the exponent from float's 127 to half's 15.
+    return static_cast<std::uint16_t>(sign | (detail::rounded_shift<13>(abs) - (112u << 10)));
   }
 };
 
