@@ -1,6 +1,6 @@
 #!/bin/bash
 # Instructions per call of call_instructions.cpp under callgrind (the VM has no hardware counters;
-# read in docs/PERFORMANCE.md, "Before and after the layered call path").
+# read in docs/PERFORMANCE.md, "Instructions per call").
 #   call_instructions.sh build TREE OUT          builds OUT (Threads) and OUT_mpi against TREE/include
 #   call_instructions.sh threads BIN ALGO FLOATS CALLS RANKS
 #   call_instructions.sh mpi BIN_mpi ALGO FLOATS CALLS NP
