@@ -19,6 +19,7 @@
 #include "support/common.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_sharded_schedule.hpp"
+#include "test_train_squares.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
 // it in one translation unit with other test files (a unity build).
@@ -100,6 +101,49 @@ TEST_CASE("layout: owned ranges, zero padding, and a gather that reproduces the 
       for (const std::size_t k : owned) sum += k;
       CHECK(sum == p);
       if (world == 4 && p == 5) CHECK(owned == std::vector<std::size_t>{2, 2, 1, 0});
+    }
+  }
+}
+
+TEST_CASE("units without elements: every strategy trains as ReplicatedTrainer, with and without prefetch") {
+  // A wrapped unit of no elements has nothing to gather or reduce; it must
+  // still pass through its phases (asked, held, ready) like the others, and
+  // under a limit of one gathered unit it must not hold up the prefetch.
+  const std::vector<std::size_t> sizes{5, 0, 7, 0, 3};
+  const auto train = [&](auto make_trainer) {
+    std::vector<float> rank0;
+    gradsync::run_threads(3, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+      auto trainer = make_trainer(comm, test_squares::Squares{sizes, 3});
+      for (int s = 0; s < 3; ++s) trainer.step(test_squares::Scale{1.0f + float(comm.rank())});
+      const std::vector<float> p = trainer.full_parameters();
+      if (comm.rank() == 0) rank0 = p;
+    });
+    return rank0;
+  };
+  const std::vector<float> replicated = train([](auto& comm, test_squares::Squares m) {
+    struct Full {
+      gradsync::ReplicatedTrainer<test_squares::Squares, gradsync::Sgd<float>, gradsync::Communicator<gradsync::Threads>> t;
+      void step(test_squares::Scale b) { t.step(b); }
+      std::vector<float> full_parameters() { return {t.parameters().begin(), t.parameters().end()}; }
+    };
+    return Full{{comm, std::move(m), gradsync::Sgd<float>({.lr = 0.1})}};
+  });
+  REQUIRE(replicated.size() == 15);
+  for (const auto strategy : {gradsync::ShardingStrategy::FullShard, gradsync::ShardingStrategy::ShardGradOp,
+                              gradsync::ShardingStrategy::NoShard}) {
+    for (const bool prefetch : {false, true}) {
+      CAPTURE(strategy);
+      CAPTURE(prefetch);
+      const std::vector<float> sharded = train([&](auto& comm, test_squares::Squares m) {
+        gradsync::ShardedTrainerOptions o;
+        o.strategy = strategy;
+        o.forward_prefetch = prefetch;
+        o.limit_all_gathers = 1;
+        return gradsync::ShardedTrainer(comm, std::move(m), gradsync::Sgd<float>({.lr = 0.1}), o);
+      });
+      REQUIRE(sharded.size() == replicated.size());
+      // Equal up to the order of the sums, which the two trainers' collectives may differ in.
+      for (std::size_t i = 0; i < sharded.size(); ++i) CHECK(sharded[i] == doctest::Approx(replicated[i]).epsilon(1e-5));
     }
   }
 }
