@@ -14,9 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include "support/common.hpp"
 #include "support/instances.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_model.hpp"
+#include "test_train_nonfinite.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
 // it in one translation unit with other test files (a unity build).
@@ -429,6 +431,29 @@ TEST_CASE("units: the message names both declarations, the unit counts, and ever
   const std::string m = run(5, [&](int r) { return r == 0 ? shorter : r == 3 ? transposed : mine; });
   CHECK(m.find("rank 1 declared unit 1 as 'fc2' (weight [1024 x 10]) (2 units in all), rank 0 declared no unit 1 "
                "(1 unit in all). Ranks that differ from rank 1: 0, 3.") != std::string::npos);
+}
+
+TEST_CASE("on_nonfinite: a NaN or Inf in one rank's gradient or loss throws, skips or passes on every rank") {
+  namespace nf = test_nonfinite;
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  auto g = test::rng_for("replicated on_nonfinite");
+  for (const auto compression : {gradsync::Compression::none, gradsync::Compression::bf16}) {
+    INFO("compression = " << (compression == gradsync::Compression::bf16 ? "bf16" : "none"));
+    const nf::Poison p = nf::draw(g);
+    auto make_for = [&](gradsync::OnNonfinite policy) {
+      return [policy, compression](Communicator<Threads>& comm) {
+        ReplicatedTrainerOptions o;
+        o.on_nonfinite = policy;
+        o.sync.compression = compression;
+        o.sync.collective.deterministic = true;
+        return ReplicatedTrainer(comm, nf::Model{nf::sizes}, gradsync::Sgd<float>({.lr = 0.1, .momentum = 0.9}), o);
+      };
+    };
+    nf::check_policies(
+        p, make_for, [](auto& t) { return t.parameters(); },
+        [](auto& t) { return std::vector<float>(t.parameters().begin(), t.parameters().end()); },
+        [](std::size_t u) { return "unit " + std::to_string(u) + " ('n" + std::to_string(u) + "')"; });
+  }
 }
 
 }  // namespace test_train_replicated_trainer

@@ -19,6 +19,7 @@
 #include "support/common.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_sharded_schedule.hpp"
+#include "test_train_nonfinite.hpp"
 #include "test_train_squares.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
@@ -249,7 +250,7 @@ TEST_CASE("trace: the collectives of one step, per strategy") {
         }
       }
       // The same trace on every rank, and nothing else on the communicator
-      // but the broadcast of the buffers.
+      // but the broadcast of the buffers and the agreement on finite gradients.
       for (std::size_t r = 0; r < traces.size(); ++r) {
         CAPTURE(r);
         REQUIRE(traces[r].size() == traces[0].size());
@@ -257,7 +258,7 @@ TEST_CASE("trace: the collectives of one step, per strategy") {
           CHECK(traces[r][i].collective == traces[0][i].collective);
           CHECK(traces[r][i].unit == traces[0][i].unit);
         }
-        if (world > 1) CHECK(calls[r] == traces[0].size() + 1);
+        if (world > 1) CHECK(calls[r] == traces[0].size() + 2);
       }
     }
   }
@@ -618,6 +619,33 @@ TEST_CASE("HybridShard: a shard_size that does not divide the world throws on ev
     }
   });
   for (const auto& m : messages) CHECK(m.find("shard_size that divides the world size 4, got 3") != std::string::npos);
+}
+
+TEST_CASE("on_nonfinite: a NaN or Inf in one rank's gradient or loss throws, skips or passes on every rank") {
+  namespace nf = test_nonfinite;
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  auto g = test::rng_for("sharded on_nonfinite");
+  for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                          ShardingStrategy::NoShard, ShardingStrategy::HybridShard}) {
+    for (const bool bf16 : {false, true}) {
+      INFO("strategy = " << std::string(name(strategy)) << ", reduce_dtype bfloat16 = " << bf16);
+      const nf::Poison p = nf::draw(g);
+      auto make_for = [&](gradsync::OnNonfinite policy) {
+        return [policy, strategy, bf16, world = p.world](Communicator<Threads>& comm) {
+          ShardedTrainerOptions o;
+          o.strategy = strategy;
+          o.shard_size = world % 2 == 0 ? 2 : 1;
+          o.on_nonfinite = policy;
+          o.collective.deterministic = true;
+          if (bf16) o.reduce_dtype = gradsync::DataType::bfloat16;
+          return ShardedTrainer(comm, nf::Model{nf::sizes}, gradsync::Sgd<float>({.lr = 0.1, .momentum = 0.9}), o);
+        };
+      };
+      nf::check_policies(
+          p, make_for, [](auto& t) { return t.shard(); }, [](auto& t) { return t.full_parameters(); },
+          [](std::size_t u) { return "wrapped unit " + std::to_string(u) + " ('n" + std::to_string(u) + "')"; });
+    }
+  }
 }
 
 }  // namespace test_train_sharded_trainer

@@ -30,6 +30,7 @@ enum class LabelPhase : std::uint8_t {
   bucket,          ///< a bucket's all-reduce (GradSync)
   clip,            ///< clip_grad_norm's norm; the index holds p, the setting max_norm
   check,           ///< a replica check or another whole-model collective
+  nonfinite,       ///< the agreement on whether the step's gradient and loss are finite
 };
 
 /// The shortest text that reads back as `x` ("0.1", "1e-05").
@@ -95,6 +96,7 @@ class StepLabels final : public LabelNames {
       case LabelPhase::replica_reduce: s += "replica-group sum of " + unit(index); break;
       case LabelPhase::bucket: s += "all-reduce of " + unit(index); break;
       case LabelPhase::check: s += "whole-model check"; break;
+      case LabelPhase::nonfinite: s += "agreement on finite gradients and loss"; break;
       case LabelPhase::clip: {
         const auto pb = static_cast<std::uint32_t>(index) << 8;
         float p;

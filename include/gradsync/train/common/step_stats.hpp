@@ -36,6 +36,8 @@ struct StepStats {
   /// reduced gradient shard); 0 without offload.
   std::size_t offload_in_bytes = 0;
   std::size_t offload_out_bytes = 0;
+  /// OnNonfinite::skip_step skipped this step's optimizer update.
+  bool skipped = false;
 
   /// Communication that overlapped compute: collective time not waited for.
   double hidden_comm_seconds() const noexcept {

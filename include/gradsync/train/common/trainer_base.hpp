@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -22,6 +23,8 @@
 #include "gradsync/train/common/agreed_settings.hpp"
 #include "gradsync/train/common/communicates_host_memory.hpp"
 #include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/nonfinite_verdict.hpp"
+#include "gradsync/train/common/on_nonfinite.hpp"
 #include "gradsync/train/common/step_labels.hpp"
 #include "gradsync/train/common/step_stats.hpp"
 #include "gradsync/train/common/trainer_requirements.hpp"
@@ -133,13 +136,56 @@ class TrainerBase {
 
   /// The optimizer's step on `params` with `grads`, which are then zeroed,
   /// timed and counted; what both trainers' optimizer_step() do at heart.
+  /// A step check_nonfinite() marked skipped only drops `grads` and counts.
   void step_optimizer(std::span<value_type> params, std::span<value_type> grads) {
+    if (skip_) {
+      skip_ = false;
+      std::ranges::fill(grads, value_type(0));
+      step_.skipped = true;
+      ++stats_.skipped_steps;
+      ++stats_.steps;
+      return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     opt_.step(params, std::span<const value_type>(grads));
     std::ranges::fill(grads, value_type(0));
     step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
+  }
+
+  /// A forward_backward() or micro-step returned `loss`: check_nonfinite() reports a NaN or Inf.
+  void note_loss(double loss) noexcept {
+    if (!std::isfinite(loss)) loss_nonfinite_ = true;
+  }
+
+  /// After the step's reduction, unless OnNonfinite::ignore: agrees with
+  /// every rank (one 16-byte AllReduce on the world, carrying `base`
+  /// labelled for the step) on whether the step went non-finite, given this
+  /// rank's first unit whose reduced gradient is (`unit`) and the losses
+  /// note_loss() saw. Then under throw_error every rank zeroes `grads` (the
+  /// step's gradient, before the optimizer saw it) and throws Error naming
+  /// the step and `unit_name(u)` or the rank; under skip_step the coming
+  /// step_optimizer() only drops the gradient.
+  template <class Name>
+  void check_nonfinite(OnNonfinite policy, std::optional<std::size_t> unit, Options base, Name&& unit_name,
+                       std::span<value_type> grads) {
+    const bool loss_finite = !loss_nonfinite_;
+    loss_nonfinite_ = false;
+    if (policy == OnNonfinite::ignore) return;
+    const auto verdict =
+        NonfiniteVerdict::agree<Algo>(comm_, labelled(std::move(base), LabelPhase::nonfinite, 0), unit, loss_finite);
+    if (verdict.finite()) return;
+    if (policy == OnNonfinite::skip_step) {
+      skip_ = true;
+      return;
+    }
+    std::ranges::fill(grads, value_type(0));
+    throw Error(where() + ": step " + std::to_string(stats_.steps + 1) + " went non-finite: " +
+                verdict.describe(unit_name) +
+                ". The optimizer did not run: parameters and optimizer state are as before the step, whose "
+                "gradient was dropped. Look for a learning rate too high or a bad batch, or set on_nonfinite = "
+                "OnNonfinite::skip_step to skip such steps.");
   }
 
   /// `base` labelled with what the call moves in the coming step and with
@@ -163,6 +209,10 @@ class TrainerBase {
   bool pending_ = false;
   /// accumulate() calls since the last step.
   std::size_t micro_steps_ = 0;
+  /// A loss since the last check_nonfinite() was NaN or Inf.
+  bool loss_nonfinite_ = false;
+  /// check_nonfinite() found the step non-finite under OnNonfinite::skip_step.
+  bool skip_ = false;
   /// What each collective moves; made once the units or buckets are known.
   std::optional<StepLabels> labels_;
 };

@@ -9,6 +9,8 @@ namespace gradsync {
 /// What a trainer measured, summed over its steps.
 struct TrainerStats {
   std::size_t steps = 0;
+  /// Of those, steps whose update OnNonfinite::skip_step skipped.
+  std::size_t skipped_steps = 0;
   /// forward + backward on this rank's thread.
   double compute_seconds = 0;
   double optimizer_seconds = 0;

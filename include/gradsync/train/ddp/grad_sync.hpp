@@ -29,6 +29,7 @@
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/common/agreed_settings.hpp"
 #include "gradsync/train/common/all_reduce_average.hpp"
+#include "gradsync/train/common/finite_scan.hpp"
 #include "gradsync/train/ddp/bucket_plan.hpp"
 #include "gradsync/train/ddp/grad_sync_options.hpp"
 #include "gradsync/train/ddp/no_sync_guard.hpp"
@@ -274,6 +275,23 @@ class GradSync {
   /// sets it before each step; unset, nothing is compared.
   void set_agreed_lr(double lr) noexcept { lr_bits_ = detail::bits_of(lr); }
 
+  /// From the next synced backward on, whether each bucket's reduced
+  /// gradient is checked for NaN and Inf, in the loop that copies or
+  /// scales it anyway (buckets reduced in place in the gradients are read
+  /// once more, on the thread that reduced them). Off at construction.
+  void set_check_finite(bool on) noexcept { check_finite_ = on; }
+
+  /// After a synced finish() with set_check_finite(true): the first unit (in
+  /// registration order) whose reduced gradient on this rank holds a NaN or
+  /// an Inf. Under AllReduceAverage every rank holds the same mean, so every
+  /// rank finds the same unit; under ReduceScatterAverage only its part.
+  std::optional<std::size_t> first_nonfinite_unit() const noexcept {
+    std::size_t first = no_unit;
+    for (const Bucket& b : buckets_) first = std::min(first, b.first_nonfinite);
+    if (first == no_unit) return std::nullopt;
+    return first;
+  }
+
   /// Disables synchronisation until the guard goes: backward then only
   /// accumulates locally, and the next synced backward reduces the sum.
   using NoSync = detail::NoSyncGuard<GradSync>;
@@ -318,7 +336,11 @@ class GradSync {
     std::vector<T> staging;
     std::vector<bfloat16> packed;
     Request request;
+    /// The first unit whose reduced gradient the last reduction found
+    /// non-finite; written by the job, read once it has been waited for.
+    std::size_t first_nonfinite = no_unit;
   };
+  static constexpr std::size_t no_unit = static_cast<std::size_t>(-1);
 
   std::string unit_name(std::size_t u) const {
     return "unit " + std::to_string(u) + (names_.empty() ? std::string() : " ('" + names_[u] + "')");
@@ -377,6 +399,7 @@ class GradSync {
     // What the bucket moves: its index, in the finish() that the ranks have
     // counted alike, and the learning rate that follows it.
     const CallLabel label = labels_->label(detail::LabelPhase::bucket, k, finished_ + 1, lr_bits_);
+    buckets_[k].first_nonfinite = no_unit;
     if (here) return reduce_bucket(comm_, k, mean, scale, label);
     std::string what = "GradSync bucket " + std::to_string(k) + " (" + std::to_string(plan_[k].count) + " elements)";
     buckets_[k].request = worker_->submit(std::move(what), [this, k, mean, scale, label](Communicator<B>& c) {
@@ -401,6 +424,11 @@ class GradSync {
     const BucketInfo& info = plan_[k];
     Bucket& b = buckets_[k];
     const ReducedPart part = Reduction::result(info.count, c.size(), c.rank());
+    using Scan = detail::FiniteScan<T>;
+    // Records the first unit whose reduced piece the copy or scan found non-finite.
+    auto note = [&](std::size_t u, typename Scan::word seen) {
+      if (check_finite_ && Scan::found(seen) && u < b.first_nonfinite) b.first_nonfinite = u;
+    };
     if (o_.compression == Compression::bf16) {
       std::size_t at = 0;
       for_each_unit(info, [&](std::span<T> g) {
@@ -408,8 +436,13 @@ class GradSync {
         at += g.size();
       });
       reduction_.reduce(c, std::span<bfloat16>(b.packed), info.count, mean);
-      for_each_in_part(info, part, [&](std::span<T> g, std::size_t from) {
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<T>(static_cast<float>(b.packed[from + i]));
+      for_each_in_part(info, part, [&](std::size_t u, std::span<T> g, std::size_t from) {
+        typename Scan::word seen = Scan::start;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          g[i] = static_cast<T>(static_cast<float>(b.packed[from + i]));
+          seen = Scan::fold(seen, g[i]);
+        }
+        note(u, seen);
       });
       return;
     }
@@ -420,9 +453,18 @@ class GradSync {
         at += g.size();
       });
       reduction_.reduce(c, std::span<T>(b.staging), info.count, mean);
-      for_each_in_part(info, part, [&](std::span<T> g, std::size_t from) {
-        std::copy(b.staging.begin() + static_cast<std::ptrdiff_t>(from),
-                  b.staging.begin() + static_cast<std::ptrdiff_t>(from + g.size()), g.begin());
+      for_each_in_part(info, part, [&](std::size_t u, std::span<T> g, std::size_t from) {
+        if (!check_finite_) {
+          std::copy(b.staging.begin() + static_cast<std::ptrdiff_t>(from),
+                    b.staging.begin() + static_cast<std::ptrdiff_t>(from + g.size()), g.begin());
+          return;
+        }
+        typename Scan::word seen = Scan::start;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          g[i] = b.staging[from + i];
+          seen = Scan::fold(seen, g[i]);
+        }
+        note(u, seen);
       });
       return;
     }
@@ -430,6 +472,13 @@ class GradSync {
       for (T& x : b.region) x = scaled(x, scale);
     }
     reduction_.reduce(c, b.region, info.count, mean);
+    // In place, the reduction's own last pass (Avg's division) is below
+    // this layer: one read here, while the bucket is warm in cache.
+    if (check_finite_) {
+      for_each_in_part(info, part, [&](std::size_t u, std::span<T> g, std::size_t) {
+        if (Scan::any(g)) note(u, Scan::exponent);
+      });
+    }
   }
 
   /// x·s in T; a 16-bit x is widened to float and the product rounded once.
@@ -446,8 +495,8 @@ class GradSync {
     for (std::size_t u = info.first_unit; u <= info.last_unit; ++u) f(units_[u]);
   }
 
-  /// Calls f(piece, at) for each piece of a unit that lies in `part` of the
-  /// bucket, `at` being where that piece's result is in the storage.
+  /// Calls f(u, piece, at) for each piece of a unit u that lies in `part` of
+  /// the bucket, `at` being where that piece's result is in the storage.
   template <class F>
   void for_each_in_part(const BucketInfo& info, const ReducedPart& part, F&& f) {
     const std::size_t lo = part.first, hi = part.first + part.count;
@@ -455,7 +504,7 @@ class GradSync {
     for (std::size_t u = info.first_unit; u <= info.last_unit; ++u) {
       const std::size_t n = units_[u].size();
       const std::size_t from = std::max(at, lo), to = std::min(at + n, hi);
-      if (from < to) f(units_[u].subspan(from - at, to - from), part.offset + (from - lo));
+      if (from < to) f(u, units_[u].subspan(from - at, to - from), part.offset + (from - lo));
       at += n;
     }
   }
@@ -487,6 +536,7 @@ class GradSync {
   GradSyncStats stats_{};
   std::optional<detail::StepLabels> labels_;  ///< made with the plan; never moves (the labels point at it)
   std::uint64_t lr_bits_ = 0;
+  bool check_finite_ = false;
   /// finish() calls, synced or not: the count the labels carry, which
   /// reset_stats() leaves alone, since ranks need not reset alike.
   std::uint64_t finished_ = 0;

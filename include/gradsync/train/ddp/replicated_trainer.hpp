@@ -31,6 +31,7 @@
 #include "gradsync/train/common/hash_bytes.hpp"
 #include "gradsync/train/common/memory_need.hpp"
 #include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/on_nonfinite.hpp"
 #include "gradsync/train/optim/optimizer.hpp"
 #include "gradsync/train/common/step_labels.hpp"
 #include "gradsync/train/common/step_stats.hpp"
@@ -61,6 +62,13 @@ struct ReplicatedTrainerOptions {
   /// construction, before anything is allocated or broadcast. Ranks given
   /// different values all throw at construction.
   std::size_t memory_budget = 0;
+  /// A step whose averaged gradient or loss holds a NaN or an Inf: throw
+  /// before the optimizer runs (the default), skip its update, or ignore it
+  /// (see OnNonfinite). The gradient is checked as GradSync copies it out of
+  /// each bucket (in-place buckets: read once more after their all-reduce);
+  /// unless `ignore`, each step ends with one 16-byte all-reduce that agrees
+  /// on the verdict. Ranks given different values all throw at construction.
+  OnNonfinite on_nonfinite = OnNonfinite::throw_error;
 };
 
 /// Trains `Model` with a full replica on every rank of `Comm`: each step
@@ -106,6 +114,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       names.push_back(specs_[u].name);
     }
     sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, names);
+    sync_->set_check_finite(o_.on_nonfinite != OnNonfinite::ignore);
     labels_.emplace("step", "unit", std::move(names), "optimizer lr");
     // Every synced step all-reduces each bucket once.
     for (const BucketInfo& b : sync_->buckets()) {
@@ -135,6 +144,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                           .divisor = o_.join ? active : 0});
     const double loss = run_model(batch);
     sync_grads();
+    check_finite();
     step_ = {};
     step_.compute_seconds = stats_.compute_seconds - before.compute_seconds;
     step_.reduce_seconds = stats_.comm_seconds - before.comm_seconds;
@@ -210,6 +220,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       sync_->set_averaging({.local_scale = 1.0, .divisor = active});
       sync_->mark_all_ready();
       sync_grads();
+      check_finite();
+      step_.skipped = false;
       apply_step();
     }
   }
@@ -403,6 +415,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     }
     const StepContext<compute_type> ctx(provider_);
     const double loss = static_cast<double>(model_.forward_backward(batch, ctx));
+    this->note_loss(loss);
     stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return loss;
   }
@@ -415,6 +428,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
         detail::flag("ReplicatedTrainerOptions::broadcast_buffers", o_.broadcast_buffers, same),
         detail::setting("ReplicatedTrainerOptions::check_replicas_every", o_.check_replicas_every, same),
         detail::flag("ReplicatedTrainerOptions::join", o_.join, same),
+        {"ReplicatedTrainerOptions::on_nonfinite", name(o_.on_nonfinite), same},
     };
     return v;
   }
@@ -437,6 +451,14 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   void apply_step() {
     this->step_optimizer(std::span<value_type>(params_), std::span<value_type>(grads_));
     if (o_.check_replicas_every && stats_.steps % o_.check_replicas_every == 0) check_replicas();
+  }
+
+  /// The step's averaged gradient and losses, checked (OnNonfinite).
+  void check_finite() {
+    this->check_nonfinite(
+        o_.on_nonfinite, sync_->first_nonfinite_unit(), {},
+        [this](std::size_t u) { return "unit " + std::to_string(u) + " ('" + specs_[u].name + "')"; },
+        std::span<value_type>(grads_));
   }
 
   int count_active(int mine) {

@@ -51,6 +51,8 @@ struct Reduction {
   T scale = T(1);
   /// Offloaded, the result lands in the buffer's tail and is copied out to `home`.
   OffloadSpace* space = nullptr;
+  /// Look for NaN and Inf in the result (the unit's `nonfinite` records one).
+  bool check_finite = false;
 };
 
 /// The collectives of every wrapped unit, on the shard group's worker.
@@ -110,11 +112,13 @@ class CollectiveIssuer {
       if (r.scale != T(1)) {
         for (T& x : g) x *= r.scale;
       }
-      unit.start_reduction(
-          worker_->submit("ShardedTrainer all-reduce of " + unit.describe(),
-                          timed(&step_.reduce_seconds, [opts = r.opts, g, wire = r.bf16_wire](Communicator<Backend>& c) {
-                            all_reduce_unit<Algo>(c, opts, g, wire);
-                          })));
+      bool* const nonfinite = &unit.nonfinite;
+      unit.start_reduction(worker_->submit(
+          "ShardedTrainer all-reduce of " + unit.describe(),
+          timed(&step_.reduce_seconds,
+                [opts = r.opts, g, wire = r.bf16_wire, check = r.check_finite, nonfinite](Communicator<Backend>& c) {
+                  if (all_reduce_unit<Algo>(c, opts, g, wire, check)) *nonfinite = true;
+                })));
       return;
     }
     const std::size_t chunk = r.home.size();
@@ -138,17 +142,21 @@ class CollectiveIssuer {
       count_sent(Collective::all_reduce, chunk, *replicas, e);
     }
     const auto divisor = static_cast<T>(comms_.world().size());
+    bool* const nonfinite = &unit.nonfinite;
     unit.start_reduction(worker_->submit(
         std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
                              : "ShardedTrainer reduce-scatter of ") +
             unit.describe(),
-        timed(&step_.reduce_seconds, [r, storage, bf16_in, mine, replicas, divisor](Communicator<Backend>& c) {
+        timed(&step_.reduce_seconds, [r, storage, bf16_in, mine, replicas, divisor, nonfinite](Communicator<Backend>& c) {
+          bool found = false;
           if (r.bf16_wire) {
-            reduce_unit<Algo, bfloat16>(c, r.opts, r.replica_opts, storage, bf16_in, r.count, mine, replicas, divisor,
-                                        r.add);
+            found = reduce_unit<Algo, bfloat16>(c, r.opts, r.replica_opts, storage, bf16_in, r.count, mine, replicas,
+                                                divisor, r.add, r.check_finite);
           } else {
-            reduce_unit<Algo, T>(c, r.opts, r.replica_opts, storage, {}, r.count, mine, replicas, divisor, r.add);
+            found = reduce_unit<Algo, T>(c, r.opts, r.replica_opts, storage, {}, r.count, mine, replicas, divisor,
+                                         r.add, r.check_finite);
           }
+          if (found) *nonfinite = true;
           if (r.space) {
             r.space->copy_out(r.home.data(), mine.data(), mine.size_bytes());
             r.space->wait();

@@ -18,6 +18,7 @@
 #include "gradsync/core/offload_space.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
+#include "gradsync/train/common/finite_scan.hpp"
 
 namespace gradsync::detail::fsdp {
 
@@ -69,17 +70,25 @@ void gather_unit(C& c, const Gather& all_gather, std::span<const T> home, std::s
 }
 
 /// On the worker, NoShard: averages a whole unit's gradient `g` in place,
-/// in bfloat16 on the wire with `bf16_wire` (reduce_dtype).
+/// in bfloat16 on the wire with `bf16_wire` (reduce_dtype). Returns whether
+/// `check` is set and the mean holds a NaN or an Inf: found as the bfloat16
+/// copy-back writes it, else by one more read of `g` (the all-reduce's own
+/// last pass is below this layer).
 template <class Algo, class T, class C>
-void all_reduce_unit(C& c, const Options& opts, std::span<T> g, bool bf16_wire) {
-  if (c.size() == 1) return;
-  if (bf16_wire) {
+bool all_reduce_unit(C& c, const Options& opts, std::span<T> g, bool bf16_wire, bool check) {
+  using Scan = FiniteScan<T>;
+  if (bf16_wire && c.size() > 1) {
     std::vector<bfloat16> packed(g.begin(), g.end());
     AllReduce<Algo>{opts}(c, std::span<bfloat16>(packed), Avg{});
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = to_master<T>(packed[i]);
-  } else {
-    AllReduce<Algo>{opts}(c, g, Avg{});
+    typename Scan::word seen = Scan::start;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      g[i] = to_master<T>(packed[i]);
+      seen = Scan::fold(seen, g[i]);
+    }
+    return check && Scan::found(seen);
   }
+  if (c.size() > 1) AllReduce<Algo>{opts}(c, g, Avg{});
+  return check && Scan::any(g);
 }
 
 /// On the worker: reduces a unit's gradient (`storage`, the padded unit
@@ -91,10 +100,13 @@ void all_reduce_unit(C& c, const Options& opts, std::span<T> g, bool bf16_wire) 
 /// c-element sum first, and in bfloat16 into the packed copy's tail. A
 /// bfloat16 model's gradient (`bf16_in`, N·c, reduces_bf16_grad) is reduced
 /// as it is, in place of `storage`, into a c-element bfloat16 result.
+/// Returns whether `check` is set and `mine` then holds a NaN or an Inf:
+/// found in the copy into `mine` where there is one, else by one read of it.
 template <class Algo, class E, class T, class C, class R>
-void reduce_unit(C& c, const Options& opts, const Options& replica_opts, std::span<T> storage,
+bool reduce_unit(C& c, const Options& opts, const Options& replica_opts, std::span<T> storage,
                  std::span<const bfloat16> bf16_in, std::size_t count, std::span<T> mine, R* replicas, T divisor,
-                 bool add) {
+                 bool add, bool check) {
+  using Scan = FiniteScan<T>;
   const std::size_t chunk = mine.size();
   std::vector<E> packed;
   std::vector<T> sum;
@@ -127,12 +139,16 @@ void reduce_unit(C& c, const Options& opts, const Options& replica_opts, std::sp
   }
   if (replicas && replicas->size() > 1) AllReduce<Algo>{replica_opts}(*replicas, out, Sum{});
   if constexpr (std::is_same_v<E, T>) {
-    if (!add && !replicas) return;
+    if (!add && !replicas) return check && Scan::any(mine);
   }
+  // A NaN or Inf survives the addition, so `mine` after it tells for every micro-step so far.
+  typename Scan::word seen = Scan::start;
   for (std::size_t i = 0; i < chunk; ++i) {
     const T x = replicas ? to_master<T>(out[i]) / divisor : to_master<T>(out[i]);
     mine[i] = add ? mine[i] + x : x;
+    seen = Scan::fold(seen, mine[i]);
   }
+  return check && Scan::found(seen);
 }
 
 }  // namespace gradsync::detail::fsdp

@@ -22,6 +22,7 @@
 #include "gradsync/train/common/bfloat16_copies.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
 #include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/on_nonfinite.hpp"
 #include "gradsync/train/common/unit_agreement.hpp"
 #include "gradsync/train/fsdp/wrap_policy.hpp"
 
@@ -99,6 +100,14 @@ struct ShardedTrainerOptions {
   /// under AccumulationMode::Sharded. Ranks that differ in whether they
   /// offload all throw at construction.
   std::shared_ptr<OffloadSpace> offload{};
+  /// A step whose averaged gradient or loss holds a NaN or an Inf: throw
+  /// before the optimizer runs (the default), skip its update, or ignore it
+  /// (see OnNonfinite). Each rank checks its part of each unit's reduced
+  /// gradient as the reduction's copy-out writes it (where the result lands
+  /// in place, by one more read of its shard on the worker); unless
+  /// `ignore`, one 16-byte all-reduce over every rank after the step's
+  /// reductions agrees on the verdict and on the first wrapped unit to name.
+  OnNonfinite on_nonfinite = OnNonfinite::throw_error;
 };
 
 namespace detail::fsdp {
@@ -182,6 +191,7 @@ inline std::vector<AgreedValue> agreed_options(const ShardedTrainerOptions& o) {
       {"ShardedTrainerOptions::reduce_dtype", dtype(o.reduce_dtype), same},
       {"ShardedTrainerOptions::offload", o.offload != nullptr ? "a space" : "none",
        "Give every rank an offload space, or none: ranks that differ would hold and budget different memory."},
+      {"ShardedTrainerOptions::on_nonfinite", name(o.on_nonfinite), same},
   };
   return v;
 }

@@ -131,6 +131,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       }
       return run_model(batch, true);
     });
+    check_finite();
     pending_ = true;
     return loss;
   }
@@ -415,8 +416,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   template <class Batch>
   double run_model(const Batch& batch, bool sync) {
     lender_.clear_trace();
-    // A step's figures cover all its micro-steps.
-    if (micro_steps_ == 0) step_ = {};
+    // A step's figures, and its search for NaN and Inf, cover all its micro-steps.
+    if (micro_steps_ == 0) {
+      step_ = {};
+      lender_.clear_nonfinite();
+    }
     lender_.begin_step(false);
     const bool reducing = sync || o_.accumulation == AccumulationMode::Sharded;
     // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer;
@@ -433,6 +437,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       round_parameters(true);
       const StepContext<compute_type> ctx(lender_);
       loss = static_cast<double>(model_.forward_backward(batch, ctx));
+      this->note_loss(loss);
     } catch (...) {
       abandon_step();
       throw;
@@ -447,6 +452,21 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       for (value_type& x : state_.grad_shard()) x *= k;
     }
     return loss;
+  }
+
+  /// The step's reduced gradient and losses, checked (OnNonfinite); a
+  /// step that throws drops what its micro-steps accumulated too.
+  void check_finite() {
+    try {
+      failing_together([&] {
+        this->check_nonfinite(
+            o_.on_nonfinite, lender_.first_nonfinite(), o_.collective,
+            [this](std::size_t w) { return lender_.describe(w); }, state_.grad_shard());
+      });
+    } catch (...) {
+      micro_steps_ = 0;
+      throw;
+    }
   }
 
   /// Starts an evaluation (run_model starts a step itself).

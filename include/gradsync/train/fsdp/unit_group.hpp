@@ -280,6 +280,9 @@ class UnitGroup {
   /// A model computing in bfloat16: its gradient of this backward, N·c.
   std::vector<bfloat16> bf16_grad;
   Request reduction;  ///< the gradient's reduction
+  /// A reduction of this step found a NaN or Inf in this rank's part of the
+  /// result; written on the worker, read once the reduction has been waited for.
+  bool nonfinite = false;
   Request gathering;  ///< the gather into `full` or `bf16`, until an ask waits for it
 
  private:

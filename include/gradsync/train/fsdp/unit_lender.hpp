@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -31,6 +32,7 @@
 #include "gradsync/train/fsdp/sharded_state.hpp"
 #include "gradsync/train/fsdp/unit_group.hpp"
 #include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/on_nonfinite.hpp"
 #include "gradsync/train/common/step_labels.hpp"
 #include "gradsync/train/common/step_stats.hpp"
 
@@ -105,6 +107,19 @@ class UnitLender final : public UnitProvider<C> {
   std::size_t peak_transient_bytes() const noexcept { return peak_.bytes(); }
   void reset_peak_transient() noexcept { peak_.reset(); }
   std::string describe(std::size_t w) const { return units_.at(w).describe(); }
+
+  /// A step (not a micro-step) starts: no reduction has found anything yet.
+  void clear_nonfinite() noexcept {
+    for (Unit& unit : units_) unit.nonfinite = false;
+  }
+  /// After finish(): the first wrapped unit whose reduced gradient on this
+  /// rank held a NaN or an Inf in this step (its micro-steps included).
+  std::optional<std::size_t> first_nonfinite() const noexcept {
+    for (const Unit& unit : units_) {
+      if (unit.nonfinite) return unit.index();
+    }
+    return std::nullopt;
+  }
 
   /// Model unit `layer`'s views; the first ask of any member of a wrapped
   /// unit gathers the whole wrapped unit, which its other members then share.
@@ -191,7 +206,8 @@ class UnitLender final : public UnitProvider<C> {
                           .from_bf16 = reduces_bf16_grad(),
                           .add = add_,
                           .scale = local_scale_,
-                          .space = o_.offload.get()});
+                          .space = o_.offload.get(),
+                          .check_finite = o_.on_nonfinite != OnNonfinite::ignore});
   }
 
   /// The end of a backward: waits for every gather and reduction, frees

@@ -1,0 +1,46 @@
+#pragma once
+/// \file OnNonfinite: what a trainer does when a step's averaged gradient or loss is not finite.
+
+#include <cstdint>
+
+namespace gradsync {
+
+/// What a trainer does when a step goes non-finite: a NaN or ±Inf in the
+/// averaged gradient, or a NaN or ±Inf loss on any rank (what the model's
+/// forward_backward returned, in that step or one of its accumulate()
+/// micro-steps). The gradient is checked after the reduction, in the pass
+/// that already reads each reduced element, so a NaN from any rank is seen
+/// wherever the reduction carries it; one 16-byte all-reduce per step then
+/// agrees on the verdict and on the first unit that went non-finite, so
+/// every rank takes the same decision. `ignore` makes neither.
+enum class OnNonfinite : std::uint8_t {
+  /// Every rank throws gradsync::Error from forward_backward() (or step()),
+  /// naming the step, the first unit (in declaration order) whose averaged
+  /// gradient holds a NaN or Inf, or the first rank whose loss did, before
+  /// the optimizer runs: parameters and optimizer state are as before the
+  /// step, the step count does not move, and the step's gradient is
+  /// dropped, so training may go on (with a smaller learning rate, say).
+  throw_error,
+  /// Every rank skips the optimizer update of that step, as mixed-precision
+  /// loss scaling does: the gradient is dropped, parameters and optimizer
+  /// state (Adam's step count included) stay as they were. The step still
+  /// counts in step_count() (the iteration happened, as PyTorch's
+  /// GradScaler skips optimizer.step() but not the loop); TrainerStats::
+  /// skipped_steps counts the steps skipped and StepStats::skipped says
+  /// whether last_step() was one.
+  skip_step,
+  /// No check, no collective: a non-finite gradient reaches the optimizer.
+  ignore,
+};
+
+/// "throw_error", "skip_step", "ignore": how errors and the agreement name it.
+constexpr const char* name(OnNonfinite o) noexcept {
+  switch (o) {
+    case OnNonfinite::throw_error: return "throw_error";
+    case OnNonfinite::skip_step: return "skip_step";
+    case OnNonfinite::ignore: return "ignore";
+  }
+  return "?";
+}
+
+}  // namespace gradsync
