@@ -87,9 +87,16 @@ struct RunArgs {
   double lr = 0.05, target = 0;
   std::size_t train_samples = 0, test_samples = 0;
   std::uint64_t seed = 1;
+  // The data: --data DIR (--mnist DIR, its older name) or --dataset NAME;
+  // neither: Fashion-MNIST where installed (examples/data_source.hpp).
+  std::string data{}, dataset{};
+  // Without --lr or --target: `lr` and `target` on the built-in data,
+  // `real_lr` and `real_target` (where not 0) on IDX data, which needs its own.
+  double real_lr = 0, real_target = 0;
+  bool lr_given = false, target_given = false;
 
-  static constexpr const char* names =
-      "--backend --ranks --epochs --batch --hidden --lr --target --train-samples --test-samples --seed";
+  static constexpr const char* names = "--backend --ranks --epochs --batch --hidden --lr --target --train-samples "
+                                       "--test-samples --seed --data --mnist --dataset";
 
   /// Takes `r`'s current option if it is one of `names`.
   bool read(ArgReader& r) {
@@ -99,11 +106,13 @@ struct RunArgs {
     else if (k == "--epochs") epochs = r.small();
     else if (k == "--batch") batch = r.small();
     else if (k == "--hidden") hidden = r.small();
-    else if (k == "--lr") lr = r.non_negative();
-    else if (k == "--target") target = r.non_negative();
+    else if (k == "--lr") lr = r.non_negative(), lr_given = true;
+    else if (k == "--target") target = r.non_negative(), target_given = true;
     else if (k == "--train-samples") train_samples = r.count();
     else if (k == "--test-samples") test_samples = r.count();
     else if (k == "--seed") seed = r.count();
+    else if (k == "--data" || k == "--mnist") data = r.value();
+    else if (k == "--dataset") dataset = r.value();
     else return false;
     return true;
   }
@@ -117,6 +126,13 @@ struct RunArgs {
       throw std::runtime_error("unknown option " + r.key() + " (expected " + names + extra_names + ")");
     }
     check(program);
+  }
+
+  /// Takes the defaults for IDX data (`synthetic` false) where no option set them.
+  void defaults_for(bool synthetic) {
+    if (synthetic) return;
+    if (!lr_given && real_lr > 0) lr = real_lr;
+    if (!target_given && real_target > 0) target = real_target;
   }
 
   /// Positive sizes, and --backend threads (--ranks of them) or mpi (one rank

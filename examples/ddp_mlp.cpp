@@ -1,7 +1,10 @@
 // Data-parallel training of an MLP classifier with gradsync::ReplicatedTrainer.
 //
-//   ddp_mlp                       4 ranks (threads), built-in synthetic data
-//   ddp_mlp --mnist DIR           MNIST from DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte
+//   ddp_mlp                       4 ranks (threads); Fashion-MNIST where installed
+//                                 (Debian: dataset-fashion-mnist), else built-in synthetic data
+//   ddp_mlp --dataset synthetic   the built-in data (--dataset fashion-mnist: Debian's, or an error)
+//   ddp_mlp --data DIR            MNIST-layout IDX files, plain or .gz: DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte
+//                                 (--mnist DIR is the same)
 //   ddp_mlp --ranks 2 --epochs 5 --hidden 512
 //   mpirun -np 4 ddp_mlp --backend mpi     one rank per process (built with MPI)
 //   ddp_mlp --no-flush-denormals  keep subnormal floats (slower from epoch 5)
@@ -12,8 +15,9 @@
 //
 // Each rank trains on its DistributedSampler shard with batch 64 (effective
 // batch 64 x ranks), the learning rate scaled by the linear rule and decayed
-// by a cosine over the epochs. On the built-in data the default run (6
-// epochs, about 10 s on 2 cores) reaches the 80% target. Eigen does
+// by a cosine over the epochs. The default run (6 epochs, 10-20 s on 2
+// cores) ends near 88.5% on Fashion-MNIST (target 85%) and 83-85% on the
+// built-in data (target 80%). Eigen does
 // the math, single-threaded inside each rank: the parallelism is the ranks.
 // The training code is written once, for any gradsync::Communicator.
 
@@ -46,8 +50,7 @@ using example::Dataset;
 // --lr is the rate at batch 64; --train-samples and --test-samples 0: the dataset's own.
 struct Args : example::RunArgs {
   // The default run ends at 83-85% on the synthetic data (seeds 1-3 and 2024).
-  Args() : RunArgs{.epochs = 6, .hidden = 256, .lr = 0.05, .target = 0.80, .seed = 2024} {}
-  std::string mnist;
+  Args() : RunArgs{.epochs = 6, .hidden = 256, .lr = 0.05, .target = 0.80, .seed = 2024, .real_lr = 0.02, .real_target = 0.85} {}
   // Checkpoints: where to save (after every epoch and at --max-steps) and what to resume from.
   std::string save, resume;
   std::uint64_t max_steps = 0;  // 0: no limit
@@ -60,11 +63,10 @@ struct Args : example::RunArgs {
 
 Args parse(int argc, char** argv) {
   Args a;
-  a.parse(argc, argv, "ddp_mlp", " --mnist --no-flush-denormals --save --resume --max-steps --deterministic",
+  a.parse(argc, argv, "ddp_mlp", " --no-flush-denormals --save --resume --max-steps --deterministic",
           [&](example::ArgReader& r) {
             const std::string& k = r.key();
-            if (k == "--mnist") a.mnist = r.value();
-            else if (k == "--no-flush-denormals") a.flush_denormals = false;
+            if (k == "--no-flush-denormals") a.flush_denormals = false;
             else if (k == "--save") a.save = r.value();
             else if (k == "--resume") a.resume = r.value();
             else if (k == "--max-steps") a.max_steps = r.count();
@@ -78,7 +80,8 @@ Args parse(int argc, char** argv) {
 /// Trains on `comm`'s ranks and returns the final test accuracy (the same
 /// on every rank). Rank 0 prints a line per epoch.
 template <class Comm>
-double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Args& args) {
+double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const example::DataChoice& data,
+                 const Args& args) {
   // Per-thread state, set on each rank's own thread (or process) before the
   // trainer starts its progress worker, which inherits it.
   const gradsync::FlushDenormals flush(args.flush_denormals);
@@ -87,7 +90,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
   if (comm.rank() == 0) {
     std::printf("MLP %d-%d-%d-%d on %s (%zu train / %zu test), %s backend, %d ranks x batch %d = %zu, "
                 "lr %.3g (%.3g at 64)\n",
-                train.dim, args.hidden, args.hidden, train.classes, args.mnist.empty() ? "synthetic data" : "MNIST",
+                train.dim, args.hidden, args.hidden, train.classes, data.name.c_str(),
                 train.size(), test.size(), args.backend.c_str(), comm.size(), args.batch, effective, lr, args.lr);
     if (test.ceiling > 0) std::printf("best possible test accuracy about %.1f%%\n", 100 * test.ceiling);
     std::printf("subnormal floats %s\n", !args.flush_denormals ? "kept (--no-flush-denormals)"
@@ -134,13 +137,15 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const Ar
 
 int main(int argc, char** argv) try {
   Eigen::setNbThreads(1);
-  const Args args = parse(argc, argv);
+  Args args = parse(argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
+  const example::DataChoice data = example::choose_data(args.data, args.dataset);
+  args.defaults_for(data.synthetic());
   Dataset train, test;
-  example::load(train, test, args.mnist, args.train_samples, args.test_samples, args.seed);
+  example::load(train, test, data, args.train_samples, args.test_samples, args.seed);
   const double data_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const example::Outcome outcome =
-      example::run_on_backend(args.backend, args.ranks, [&](auto& comm) { return train_mlp(comm, train, test, args); });
+      example::run_on_backend(args.backend, args.ranks, [&](auto& comm) { return train_mlp(comm, train, test, data, args); });
   char tail[64];
   std::snprintf(tail, sizeof tail, "; data ready in %.2f s", data_seconds);
   return example::finish(outcome, args.target, tail);
