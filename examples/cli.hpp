@@ -95,8 +95,13 @@ struct RunArgs {
   double real_lr = 0, real_target = 0;
   bool lr_given = false, target_given = false;
 
+  // --metrics FILE: rank 0's JSON lines, one per epoch, and one per
+  // --metrics-every steps (0: none) (examples/report.hpp).
+  std::string metrics{};
+  std::uint64_t metrics_every = 0;
+
   static constexpr const char* names = "--backend --ranks --epochs --batch --hidden --lr --target --train-samples "
-                                       "--test-samples --seed --data --mnist --dataset";
+                                       "--test-samples --seed --data --mnist --dataset --metrics --metrics-every";
 
   /// Takes `r`'s current option if it is one of `names`.
   bool read(ArgReader& r) {
@@ -113,6 +118,8 @@ struct RunArgs {
     else if (k == "--seed") seed = r.count();
     else if (k == "--data" || k == "--mnist") data = r.value();
     else if (k == "--dataset") dataset = r.value();
+    else if (k == "--metrics") metrics = r.value();
+    else if (k == "--metrics-every") metrics_every = r.count();
     else return false;
     return true;
   }
@@ -194,14 +201,6 @@ inline int finish(const Outcome& o, double target, const std::string& tail = "")
                 100 * target, tail.c_str());
   }
   return ok ? 0 : 1;
-}
-
-/// An epoch's progress line, printed by rank 0 (the figures are over all ranks).
-inline void print_epoch(int epoch, double loss_per_step, double accuracy, double samples, double seconds,
-                        double comm_per_rank, double exposed_per_rank) {
-  std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %8.0f samples/s  comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
-              epoch, loss_per_step, 100 * accuracy, samples / seconds, comm_per_rank, exposed_per_rank, seconds);
-  std::fflush(stdout);
 }
 
 }  // namespace example

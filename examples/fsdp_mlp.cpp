@@ -13,6 +13,8 @@
 //   fsdp_mlp --resume DIR             continue from either: same step, epoch and sample, Adam state
 //   fsdp_mlp --resume DIR --epochs 6  a finished 4-epoch run: 2 more (with 4: its test accuracy)
 //   fsdp_mlp --max-steps 50 --save DIR    stop (and save) after 50 steps, mid-epoch
+//   fsdp_mlp --metrics m.jsonl --metrics-every 50    a JSON line per epoch and per 50 steps (rank 0)
+//   tools/plot-training m.jsonl -o m.png    loss and test accuracy against epochs and samples
 //
 // The model is 784 - hidden x depth - 10 (default 784-512-512-512-10, 0.93M
 // parameters) trained with Adam: a replica holds parameters, gradients and
@@ -35,6 +37,7 @@
 
 #include "cli.hpp"
 #include "dataset.hpp"
+#include "report.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -124,6 +127,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
                 "memory budget %g MiB per rank\n\n",
                 shape.c_str(), model().parameter_count(), data.name.c_str(),
                 train.size(), test.size(), args.backend.c_str(), n, args.batch, args.lr, args.budget_mib);
+    if (!data.note.empty()) std::printf("data: %s\n", data.note.c_str());
     std::fflush(stdout);
   }
 
@@ -164,6 +168,16 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   }
 
   gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = 7});
+  if (rank == 0) {
+    // Adam's steps are about lr in size whatever the gradient's scale: the rate is not scaled with the batch.
+    char optimizer[160];
+    std::snprintf(optimizer, sizeof optimizer,
+                  "Adam, learning rate %.3g at every world size (not scaled with the batch), then a cosine decay over "
+                  "the epochs",
+                  args.lr);
+    example::print_plan({.ranks = comm.size(), .train_samples = train.size(),
+                         .samples_per_rank = sampler.num_samples(), .batch = args.batch, .optimizer = optimizer});
+  }
   // The learning-rate schedule depends on --epochs, so a checkpoint records it.
   const gradsync::checkpoint::Metadata run_info{{"fsdp_mlp.epochs", std::to_string(args.epochs)}};
   if (!args.resume.empty()) example::resume(trainer, sampler, args.resume, args.resume, "fsdp_mlp.epochs", args.epochs);
