@@ -58,7 +58,7 @@ using example::Dataset;
 struct Args : example::RunArgs {
   Args()
       : RunArgs{.epochs = 4, .hidden = 512, .lr = 1e-3, .target = 0.75, .train_samples = 24000, .test_samples = 4000,
-                .seed = 2024, .real_target = 0.82} {}
+                .seed = 2024, .idx = {.target = 0.82}} {}
   int depth = 3;
   double budget_mib = 8;
   // Checkpoints: where to save (after every epoch and at --max-steps), in which layout, and what to resume from.
@@ -170,11 +170,11 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = 7});
   if (rank == 0) {
     // Adam's steps are about lr in size whatever the gradient's scale: the rate is not scaled with the batch.
-    char optimizer[160];
+    char optimizer[240];
     std::snprintf(optimizer, sizeof optimizer,
-                  "Adam, learning rate %.3g at every world size (not scaled with the batch), then a cosine decay over "
-                  "the epochs",
-                  args.lr);
+                  "Adam, learning rate %.3g at every world size (not scaled with the batch)%s, then a cosine decay "
+                  "over the epochs",
+                  args.lr, args.warmup > 0 ? ", reached by a linear warm-up (--warmup)" : "");
     example::print_plan({.ranks = comm.size(), .train_samples = train.size(),
                          .samples_per_rank = sampler.num_samples(), .batch = args.batch, .optimizer = optimizer});
   }

@@ -48,7 +48,7 @@ namespace {
 
 struct Args : example::RunArgs {
   Args() : RunArgs{.epochs = 3, .hidden = 128, .lr = 0.05, .target = 0.60, .train_samples = 8192, .test_samples = 4096,
-                   .real_target = 0.75} {}
+                   .idx = {.target = 0.75}} {}
   // Checkpoints: where to save (after every epoch) and what to resume from.
   std::string save, resume;
 };
@@ -147,6 +147,10 @@ example::Net seeded_net(int hidden, std::uint64_t seed) {
   return example::Net(hidden);
 }
 
+void set_lr(torch::optim::SGD& opt, double lr) {
+  for (auto& group : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+}
+
 template <class Comm>
 double train(Comm& comm, const Samples& train_set, const Samples& test_set, const example::DataChoice& data,
              const Args& a) {
@@ -178,7 +182,7 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
     checkpoint.read("optimizer", state);
     opt.load(state);
     // The file's rate is its run's world size's: this run scales its own.
-    for (auto& group : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(a.lr * comm.size());
+    set_lr(opt, a.lr * comm.size());
   }
   // A checkpoint is saved after an epoch: its sampler is at the next one's start.
   const int first_epoch = static_cast<int>(sampler.epoch());
@@ -192,7 +196,8 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
     example::print_plan({.ranks = comm.size(), .train_samples = n_train, .samples_per_rank = sampler.num_samples(),
                          .batch = a.batch,
                          .optimizer = example::linear_scaling("SGD momentum 0.9", a.lr, a.batch, a.lr * comm.size(),
-                                                              std::size_t(a.batch) * std::size_t(comm.size())) +
+                                                              std::size_t(a.batch) * std::size_t(comm.size()),
+                                                              a.warmup, a.warmup_steps(sampler.num_samples())) +
                                       ", constant over the epochs"});
     if (!a.resume.empty()) {
       std::printf("resumed from %s after epoch %d\n", checkpoint_file(a.resume).c_str(), first_epoch);
@@ -242,6 +247,7 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
   // Optimizer steps so far: a resumed run starts after whole epochs.
   const std::size_t steps_per_epoch = (per_rank + std::size_t(a.batch) - 1) / std::size_t(a.batch);
   std::uint64_t step = std::uint64_t(first_epoch) * steps_per_epoch;
+  const std::uint64_t warmup_steps = a.warmup_steps(per_rank);
   double accuracy = 0;
   for (int epoch = first_epoch; epoch < a.epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -252,6 +258,10 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
     std::vector<double> window(3, 0.0);
     auto window_start = t0;
     for (auto& batch : *loader) {  // each pass is the next epoch of the sampler
+      if (warmup_steps && step <= warmup_steps) {
+        set_lr(opt, a.lr * comm.size() * example::warmed(step, warmup_steps));
+        metrics.set_lr(a.lr * comm.size() * example::warmed(step, warmup_steps));
+      }
       opt.zero_grad();
       const torch::Tensor logits = ddp(batch.data);
       torch::Tensor loss = torch::nn::functional::cross_entropy(logits, batch.target);

@@ -40,12 +40,17 @@ inline void print_plan(const RunPlan& p) {
   std::fflush(stdout);
 }
 
-/// "SGD momentum 0.9, learning rate 0.02 at batch 64, scaled linearly to 0.08 at batch 256".
+/// "SGD momentum 0.9, learning rate 0.03 at batch 64, scaled linearly to 0.12
+/// at batch 256, reached by a linear warm-up over 0.5 epochs (118 steps)".
 inline std::string linear_scaling(const char* optimizer, double base_lr, int base_batch, double lr,
-                                  std::size_t effective) {
-  char s[256];
-  std::snprintf(s, sizeof s, "%s, learning rate %.3g at batch %d, scaled linearly to %.3g at batch %zu", optimizer,
-                base_lr, base_batch, lr, effective);
+                                  std::size_t effective, double warmup_epochs, std::size_t warmup_steps) {
+  char s[320];
+  int n = std::snprintf(s, sizeof s, "%s, learning rate %.3g at batch %d, scaled linearly to %.3g at batch %zu",
+                        optimizer, base_lr, base_batch, lr, effective);
+  if (warmup_steps > 0 && n > 0 && std::size_t(n) < sizeof s) {
+    std::snprintf(s + n, sizeof s - std::size_t(n), ", reached by a linear warm-up over %g epochs (%zu steps)",
+                  warmup_epochs, warmup_steps);
+  }
   return s;
 }
 

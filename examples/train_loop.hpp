@@ -113,6 +113,8 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
   MetricsFile metrics(rank == 0 ? args.metrics : "", comm.size(), args.batch, lr);
   // Every rank takes part in a step line's sums, so every rank counts the steps.
   const std::uint64_t every = args.metrics.empty() ? 0 : args.metrics_every;
+  // Counted from the run's first step: a resumed run goes on with the warm-up where it was.
+  const std::size_t warmup_steps = args.warmup_steps(sampler.num_samples());
   double accuracy = 0;
   for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
     sampler.set_epoch(epoch);
@@ -131,6 +133,11 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
     for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
       const int b = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
       fill_batch(train, idx, at, b, xb.data(), yb.data());
+      if (warmup_steps && trainer.step_count() <= warmup_steps) {
+        const double step_lr = epoch_lr * warmed(trainer.step_count(), warmup_steps);
+        trainer.optimizer().set_lr(step_lr);
+        metrics.set_lr(step_lr);
+      }
       const double loss = trainer.step(Batch{xb.data(), yb.data(), b});
       const int ok = trainer.model().last_correct();
       loss_sum += loss;
