@@ -24,7 +24,7 @@
 // 1/N of everything and gathers one unit at a time: it prints the plan
 // (units, sizes, shards, bytes per rank), what each rank needs against
 // docs/FSDP.md's formula, a line per epoch, and what each rank really held.
-// The default run (4 epochs of 24,000 samples) takes about 10-16 s on 2
+// The default run (4 epochs of 24,000 samples) takes about 10-20 s on 2
 // cores and ends at about 82% test accuracy on the built-in data (target
 // 75%), about 87% on Fashion-MNIST (target 82%).
 
