@@ -10,6 +10,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -85,11 +86,30 @@ struct RunArgs {
   int ranks = 4, epochs = 1, batch = 64, hidden = 128;
   bool ranks_given = false;
   double lr = 0.05, target = 0;
+  // Epochs (a fraction is fine) over which the learning rate rises linearly
+  // from near 0 to its scaled value (Goyal et al.'s warm-up): large scaled
+  // rates diverge in the first steps, where the gradients are largest.
+  double warmup = 0;
   std::size_t train_samples = 0, test_samples = 0;
   std::uint64_t seed = 1;
+  // The data: --data DIR (--mnist DIR, its older name) or --dataset NAME;
+  // neither: Fashion-MNIST where installed (examples/data_source.hpp).
+  std::string data{}, dataset{};
+  /// A program's defaults for IDX data, where they differ from the built-in
+  /// data's (0: the same); --lr, --warmup and --target override them.
+  struct IdxDefaults {
+    double lr = 0, warmup = 0, target = 0;
+  };
+  IdxDefaults idx{};
+  bool lr_given = false, warmup_given = false, target_given = false;
 
-  static constexpr const char* names =
-      "--backend --ranks --epochs --batch --hidden --lr --target --train-samples --test-samples --seed";
+  // --metrics FILE: rank 0's JSON lines, one per epoch, and one per
+  // --metrics-every steps (0: none) (examples/report.hpp).
+  std::string metrics{};
+  std::uint64_t metrics_every = 0;
+
+  static constexpr const char* names = "--backend --ranks --epochs --batch --hidden --lr --target --train-samples "
+                                       "--test-samples --seed --data --mnist --dataset --metrics --metrics-every --warmup";
 
   /// Takes `r`'s current option if it is one of `names`.
   bool read(ArgReader& r) {
@@ -99,11 +119,16 @@ struct RunArgs {
     else if (k == "--epochs") epochs = r.small();
     else if (k == "--batch") batch = r.small();
     else if (k == "--hidden") hidden = r.small();
-    else if (k == "--lr") lr = r.non_negative();
-    else if (k == "--target") target = r.non_negative();
+    else if (k == "--lr") lr = r.non_negative(), lr_given = true;
+    else if (k == "--target") target = r.non_negative(), target_given = true;
     else if (k == "--train-samples") train_samples = r.count();
     else if (k == "--test-samples") test_samples = r.count();
     else if (k == "--seed") seed = r.count();
+    else if (k == "--data" || k == "--mnist") data = r.value();
+    else if (k == "--dataset") dataset = r.value();
+    else if (k == "--metrics") metrics = r.value();
+    else if (k == "--metrics-every") metrics_every = r.count();
+    else if (k == "--warmup") warmup = r.non_negative(), warmup_given = true;
     else return false;
     return true;
   }
@@ -117,6 +142,20 @@ struct RunArgs {
       throw std::runtime_error("unknown option " + r.key() + " (expected " + names + extra_names + ")");
     }
     check(program);
+  }
+
+  /// The steps --warmup spans, for a shard of `samples_per_rank` per epoch.
+  std::size_t warmup_steps(std::size_t samples_per_rank) const {
+    const std::size_t per_epoch = (samples_per_rank + std::size_t(batch) - 1) / std::size_t(batch);
+    return static_cast<std::size_t>(std::ceil(warmup * double(per_epoch)));
+  }
+
+  /// Takes the defaults for IDX data (`synthetic` false) where no option set them.
+  void defaults_for(bool synthetic) {
+    if (synthetic) return;
+    if (!lr_given && idx.lr > 0) lr = idx.lr;
+    if (!warmup_given && idx.warmup > 0) warmup = idx.warmup;
+    if (!target_given && idx.target > 0) target = idx.target;
   }
 
   /// Positive sizes, and --backend threads (--ranks of them) or mpi (one rank
@@ -142,6 +181,12 @@ struct RunArgs {
 #endif
   }
 };
+
+/// The warm-up's share of the learning rate at step `step` (from 0) of a
+/// run warming up over `steps`: rising linearly, 1 from step `steps` on.
+inline double warmed(std::size_t step, std::size_t steps) {
+  return step >= steps ? 1.0 : double(step + 1) / double(steps + 1);
+}
 
 /// What a training run ends with: rank 0's accuracy, and whether this process prints.
 struct Outcome {
@@ -178,14 +223,6 @@ inline int finish(const Outcome& o, double target, const std::string& tail = "")
                 100 * target, tail.c_str());
   }
   return ok ? 0 : 1;
-}
-
-/// An epoch's progress line, printed by rank 0 (the figures are over all ranks).
-inline void print_epoch(int epoch, double loss_per_step, double accuracy, double samples, double seconds,
-                        double comm_per_rank, double exposed_per_rank) {
-  std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  %8.0f samples/s  comm %.2f s/rank (exposed %.2f s) of %.2f s\n",
-              epoch, loss_per_step, 100 * accuracy, samples / seconds, comm_per_rank, exposed_per_rank, seconds);
-  std::fflush(stdout);
 }
 
 }  // namespace example

@@ -1,12 +1,14 @@
 #pragma once
-// The examples' data: a built-in synthetic classification set (784 features,
-// 10 classes, nonlinear boundaries) and MNIST from its IDX files, and the
-// batch and test loops over them. Shared by examples/ddp_mlp.cpp and
+// The Eigen examples' data: a built-in synthetic classification set (784
+// features, 10 classes, nonlinear boundaries) or IDX files (data_source.hpp),
+// and the batch and test loops over them. Shared by examples/ddp_mlp.cpp and
 // examples/fsdp_mlp.cpp.
 
+// First: its pragma reaches the intrinsics header only if nothing included it before.
 #include "eigen_dense.hpp"
 #include "eigen_mlp.hpp"
-#include "mnist.hpp"
+
+#include "data_source.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,14 +19,6 @@
 #include <vector>
 
 namespace example {
-
-struct Dataset {
-  int dim = 0, classes = 0;
-  std::vector<float> x;  // sample i at x[i * dim]
-  std::vector<int> y;
-  double ceiling = 0;  // best test accuracy possible, where known
-  std::size_t size() const { return y.size(); }
-};
 
 /// splitmix64: the same stream on every platform and standard library, so
 /// every process of an MPI run builds the very same data.
@@ -118,36 +112,14 @@ inline void synthetic(Dataset& train, Dataset& test, std::size_t train_samples, 
   fill(test, test_samples);
 }
 
-/// MNIST from its IDX files, pixels normalised as torchvision's example does.
-inline Dataset from_mnist(const std::string& images, const std::string& labels) {
-  const example::mnist::LabelledImages m = example::mnist::read(images, labels);
-  Dataset d;
-  d.dim = static_cast<int>(m.images.rows * m.images.cols);
-  d.classes = 10;
-  d.x.resize(m.images.pixels.size());
-  for (std::size_t i = 0; i < d.x.size(); ++i) d.x[i] = (m.images.pixels[i] / 255.0f - 0.1307f) / 0.3081f;
-  d.y.assign(m.labels.begin(), m.labels.end());
-  return d;
-}
-
-/// Keeps the first `n` samples (all when n is 0 or more than there are).
-inline void truncate(Dataset& d, std::size_t n) {
-  if (n == 0 || n >= d.size()) return;
-  d.x.resize(n * std::size_t(d.dim));
-  d.y.resize(n);
-}
-
 /// The built-in data (`train_samples` and `test_samples`, 0: 48,000 and
-/// 8,000) or MNIST from `mnist_dir` (its first so many samples, 0: all).
-inline void load(Dataset& train, Dataset& test, const std::string& mnist_dir, std::size_t train_samples,
+/// 8,000) or the IDX data `data` chose (its first so many samples, 0: all).
+inline void load(Dataset& train, Dataset& test, const DataChoice& data, std::size_t train_samples,
                  std::size_t test_samples, std::uint64_t seed) {
-  if (mnist_dir.empty()) {
+  if (data.synthetic()) {
     synthetic(train, test, train_samples ? train_samples : 48000, test_samples ? test_samples : 8000, seed);
   } else {
-    train = from_mnist(mnist_dir + "/train-images-idx3-ubyte", mnist_dir + "/train-labels-idx1-ubyte");
-    test = from_mnist(mnist_dir + "/t10k-images-idx3-ubyte", mnist_dir + "/t10k-labels-idx1-ubyte");
-    truncate(train, train_samples);
-    truncate(test, test_samples);
+    load_idx(train, test, data.dir, train_samples, test_samples);
   }
   if (train.size() == 0 || test.size() == 0) throw std::runtime_error("the training or the test set is empty");
 }

@@ -81,6 +81,9 @@ class BasicEigenMlp {
     const int n = batch.count;
     const std::size_t L = layers();
     forward(batch, ctx);
+    // Scored here, from the forward pass the step needs anyway: a training
+    // accuracy that costs no second pass.
+    last_correct_ = right(acts_[L], batch);
     // Softmax probabilities become dLoss/dlogits in place: (p - onehot) / n.
     Matrix& delta = acts_[L];
     double loss = 0;
@@ -125,7 +128,15 @@ class BasicEigenMlp {
   /// trainer's evaluate().
   int correct(const Batch& batch, const gradsync::StepContext<C>& ctx) {
     forward(batch, ctx);
-    const Matrix& p = acts_[layers()];
+    return right(acts_[layers()], batch);
+  }
+
+  /// How many samples the last forward_backward() classified correctly, before its update.
+  int last_correct() const { return last_correct_; }
+
+ private:
+  /// Samples whose highest probability (a column of `p`) is their label.
+  static int right(const Matrix& p, const Batch& batch) {
     int ok = 0;
     for (int i = 0; i < batch.count; ++i) {
       Eigen::Index arg;
@@ -135,7 +146,6 @@ class BasicEigenMlp {
     return ok;
   }
 
- private:
   /// Layer l's input: the batch itself for l = 0 (no copy), else acts_[l].
   Eigen::Ref<const Matrix> input(std::size_t l, int n) const {
     if (l == 0) return Eigen::Map<const Matrix>(x_, sizes_[0], n);
@@ -199,6 +209,7 @@ class BasicEigenMlp {
   std::uint64_t seed_;
   std::mt19937_64 rng_;  // init_unit's, across the layers
   const float* x_ = nullptr;
+  int last_correct_ = 0;
   // acts_[l]: the output of layer l-1, after ReLU (acts_[0] unused: the
   // batch is read in place); deltas_[l]: dLoss/d that output before ReLU.
   // Each keeps its size from step to step: a step resizes none of them.

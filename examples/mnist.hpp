@@ -1,20 +1,24 @@
 #pragma once
 // MNIST's IDX files: images (magic 0x00000803: unsigned bytes, 3 dimensions)
 // and labels (0x00000801: unsigned bytes, 1 dimension), every header field
-// a big-endian 32-bit integer. Needs only the standard library, so that its
-// test builds without Eigen.
+// a big-endian 32-bit integer; plain or gzip-compressed, as MNIST and
+// Fashion-MNIST are distributed. Needs the standard library and zlib only,
+// so that its test builds without Eigen.
 //
-// Shared by examples/dataset.hpp and test/examples/test_mnist_reader.cpp.
+// Shared by examples/data_source.hpp and test/examples/test_mnist_reader.cpp.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <zlib.h>
 
 namespace example::mnist {
 
@@ -35,8 +39,8 @@ inline constexpr std::uint32_t labels_magic = 0x00000801;
 
 namespace detail {
 
-/// The whole file; a file that cannot be opened or read is an error naming it.
-inline std::vector<std::uint8_t> read_file(const std::string& path) {
+/// The whole file as stored; a file that cannot be opened or read is an error naming it.
+inline std::vector<std::uint8_t> read_raw(const std::string& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) throw std::runtime_error("cannot open " + path);
   const std::streamoff size = f.tellg();
@@ -46,6 +50,72 @@ inline std::vector<std::uint8_t> read_file(const std::string& path) {
   f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   if (!f) throw std::runtime_error("cannot read " + path);
   return bytes;
+}
+
+/// Whether `b` starts as every gzip stream does (RFC 1952's ID1 ID2).
+inline bool is_gzip(std::span<const std::uint8_t> b) { return b.size() >= 2 && b[0] == 0x1f && b[1] == 0x8b; }
+
+/// The bytes a gzip file holds, member after member (gzip allows several,
+/// one after another); a truncated or corrupt stream, or bytes after the
+/// last member that start none, is an error naming `path`.
+inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> in, const std::string& path) {
+  std::vector<std::uint8_t> out;
+  // The trailer's ISIZE is the last member's length mod 2^32: a hint to reserve, never trusted as a length.
+  if (in.size() >= 18) {
+    const std::size_t n = in.size();
+    const std::uint32_t hint = std::uint32_t(in[n - 4]) | (std::uint32_t(in[n - 3]) << 8) |
+                               (std::uint32_t(in[n - 2]) << 16) | (std::uint32_t(in[n - 1]) << 24);
+    out.reserve(std::min<std::size_t>(hint, std::size_t(1) << 30));
+  }
+  z_stream z{};
+  // 16 + MAX_WBITS: a gzip wrapper only, whose CRC-32 and length zlib checks.
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) throw std::runtime_error(path + ": cannot start zlib's inflate");
+  struct End {
+    z_stream& z;
+    ~End() { inflateEnd(&z); }
+  } end{z};
+  std::size_t at = 0;
+  std::uint8_t chunk[1 << 16];
+  while (true) {
+    // avail_in is 32 bits: a file over 4 GiB is fed in pieces.
+    if (z.avail_in == 0 && at < in.size()) {
+      const std::size_t piece = std::min<std::size_t>(in.size() - at, 1u << 30);
+      z.next_in = const_cast<Bytef*>(in.data() + at);
+      z.avail_in = static_cast<uInt>(piece);
+      at += piece;
+    }
+    z.next_out = chunk;
+    z.avail_out = sizeof chunk;
+    const int rc = inflate(&z, Z_NO_FLUSH);
+    out.insert(out.end(), chunk, chunk + (sizeof chunk - z.avail_out));
+    if (rc == Z_STREAM_END) {
+      const std::size_t left = z.avail_in + (in.size() - at);
+      if (left == 0) return out;
+      const std::size_t next = in.size() - left;
+      if (!is_gzip(in.subspan(next))) {
+        throw std::runtime_error(path + ": " + std::to_string(left) +
+                                 " bytes after the end of its gzip stream, which start no other; a corrupt file");
+      }
+      inflateReset(&z);
+      continue;
+    }
+    if (rc == Z_OK) continue;
+    if (rc == Z_BUF_ERROR && z.avail_in == 0 && at == in.size()) {
+      throw std::runtime_error(path + " is truncated: its gzip stream ends early, after " +
+                               std::to_string(out.size()) + " bytes of data; download it again");
+    }
+    const std::string why = z.msg ? z.msg : "zlib error " + std::to_string(rc);
+    throw std::runtime_error(path + " is not a valid gzip file (" + why + " at byte " +
+                             std::to_string(at - z.avail_in) + " of " + std::to_string(in.size()) +
+                             "): a corrupt download?");
+  }
+}
+
+/// The file's bytes, decompressed when it is gzip: told by its first two
+/// bytes, not by its name, so a renamed file reads either way.
+inline std::vector<std::uint8_t> read_file(const std::string& path) {
+  std::vector<std::uint8_t> bytes = read_raw(path);
+  return is_gzip(bytes) ? gunzip(bytes, path) : bytes;
 }
 
 inline std::uint32_t be32(std::span<const std::uint8_t> b, std::size_t at) {
@@ -62,9 +132,6 @@ inline std::string hex(std::uint32_t v) {
 /// Checks the magic number and that `header` bytes are there; names the fix when it can.
 inline void check_header(std::span<const std::uint8_t> b, const std::string& path, std::uint32_t magic,
                          std::size_t header) {
-  if (b.size() >= 2 && b[0] == 0x1f && b[1] == 0x8b) {
-    throw std::runtime_error(path + " is gzip-compressed; gunzip it first");
-  }
   if (b.size() >= 4) {
     const std::uint32_t got = be32(b, 0);
     if (got != magic) {
@@ -147,6 +214,24 @@ inline LabelledImages read(const std::string& images_path, const std::string& la
     }
   }
   return d;
+}
+
+/// `dir`/`name` or, where only it exists, `dir`/`name`.gz; neither is an error naming both.
+inline std::string find(const std::string& dir, const std::string& name) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) throw std::runtime_error(dir + " is not a directory of IDX files");
+  const fs::path plain = fs::path(dir) / name, gz = fs::path(dir) / (name + ".gz");
+  if (fs::exists(plain)) return plain.string();
+  if (fs::exists(gz)) return gz.string();
+  throw std::runtime_error("neither " + plain.string() + " nor " + gz.string() + " exists");
+}
+
+/// One split of the MNIST layout in `dir` (`split`: "train" or "t10k"):
+/// {split}-images-idx3-ubyte and {split}-labels-idx1-ubyte, each plain or .gz.
+inline LabelledImages read_split(const std::string& dir, const std::string& split) {
+  // One at a time: the images file is looked for first, and named first when missing.
+  const std::string images = find(dir, split + "-images-idx3-ubyte");
+  return read(images, find(dir, split + "-labels-idx1-ubyte"));
 }
 
 }  // namespace example::mnist

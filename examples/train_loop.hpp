@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "dataset.hpp"
+#include "report.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -81,8 +82,10 @@ inline std::string nothing_left(const gradsync::DistributedSampler& sampler, int
 /// the steps a resumed run took before. Each epoch's learning rate decays by
 /// a cosine from `lr`; at its end rank 0 prints the epoch's line, with the
 /// figures summed over all ranks (test accuracy: rank r scores its
-/// contiguous share of `test`). A run resumed where nothing is left to train
-/// says so and returns its model's test accuracy.
+/// contiguous share of `test`; train accuracy: the epoch's batches as their
+/// steps' forward passes scored them, before each update), and writes
+/// --metrics lines. A run resumed where nothing is left to train says so
+/// and returns its model's test accuracy.
 template <class Comm, class Trainer>
 double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& sampler, const Dataset& train,
                     const Dataset& test, const RunArgs& args, double lr, std::uint64_t max_steps,
@@ -106,23 +109,58 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
     gradsync::AllReduce<>{}(comm, std::span<double>(correct), gradsync::Sum{});
     return correct[0] / double(test.size());
   }
+  Progress progress(rank == 0);
+  MetricsFile metrics(rank == 0 ? args.metrics : "", comm.size(), args.batch, lr);
+  // Every rank takes part in a step line's sums, so every rank counts the steps.
+  const std::uint64_t every = args.metrics.empty() ? 0 : args.metrics_every;
+  // Counted from the run's first step: a resumed run goes on with the warm-up where it was.
+  const std::size_t warmup_steps = args.warmup_steps(sampler.num_samples());
   double accuracy = 0;
   for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
     sampler.set_epoch(epoch);
-    trainer.optimizer().set_lr(lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs)));
+    const double epoch_lr = lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs));
+    trainer.optimizer().set_lr(epoch_lr);
+    metrics.set_lr(epoch_lr);
     const auto idx = sampler.indices();
     hooks.start();
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
-    std::int64_t steps = 0;
+    std::int64_t steps = 0, right = 0;
+    // Since the last step line: loss, steps, right, samples; and when it was written.
+    std::vector<double> window(4, 0.0);
+    auto window_start = t0;
     const std::size_t first_sample = sampler.position();
     for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
       const int b = static_cast<int>(std::min<std::size_t>(args.batch, idx.size() - at));
       fill_batch(train, idx, at, b, xb.data(), yb.data());
-      loss_sum += trainer.step(Batch{xb.data(), yb.data(), b});
+      if (warmup_steps && trainer.step_count() <= warmup_steps) {
+        const double step_lr = epoch_lr * warmed(trainer.step_count(), warmup_steps);
+        trainer.optimizer().set_lr(step_lr);
+        metrics.set_lr(step_lr);
+      }
+      const double loss = trainer.step(Batch{xb.data(), yb.data(), b});
+      const int ok = trainer.model().last_correct();
+      loss_sum += loss;
+      right += ok;
       hooks.after_step();
       sampler.advance(std::size_t(b));
       ++steps;
+      progress.update(epoch + 1, sampler.position(), sampler.num_samples(), loss_sum / double(steps));
+      if (every) {
+        window[0] += loss, window[1] += 1, window[2] += ok, window[3] += b;
+        if (trainer.step_count() % every == 0) {
+          gradsync::AllReduce<>{}(comm, std::span<double>(window), gradsync::Sum{});
+          const auto now = std::chrono::steady_clock::now();
+          const double s = std::chrono::duration<double>(now - window_start).count();
+          metrics.write({.kind = "step", .epoch = epoch + 1, .step = trainer.step_count(),
+                         .samples_seen = double(std::size_t(epoch) * sampler.num_samples() + sampler.position()) *
+                                         double(n),
+                         .loss = window[0] / window[1], .train_accuracy = window[2] / window[3],
+                         .seconds = s, .samples_per_second = window[3] / s});
+          std::fill(window.begin(), window.end(), 0.0);
+          window_start = now;
+        }
+      }
       if (max_steps && trainer.step_count() >= max_steps) {
         stopped = true;
         break;
@@ -131,12 +169,22 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::int64_t correct = count_correct(trainer, test, test_begin, test_end);
     const auto [comm_seconds, exposed] = hooks.comm_seconds();
-    std::vector<double> sums{loss_sum, double(steps), double(correct), comm_seconds, exposed};
+    const double trained = double(sampler.position() - first_sample);
+    std::vector<double> sums{loss_sum, double(steps), double(correct), comm_seconds, exposed, double(right), trained};
     gradsync::AllReduce<>{}(comm, std::span<double>(sums), gradsync::Sum{});
     accuracy = sums[2] / double(test.size());
     if (rank == 0) {
-      print_epoch(epoch + 1, sums[0] / sums[1], accuracy, double(sampler.position() - first_sample) * double(n),
-                  seconds, sums[3] / double(n), sums[4] / double(n));
+      char tail[96];
+      std::snprintf(tail, sizeof tail, "comm %.2f s/rank (exposed %.2f s)", sums[3] / double(n), sums[4] / double(n));
+      const EpochFigures f{.epoch = epoch + 1, .loss = sums[0] / sums[1],
+                           .train_accuracy = sums[6] > 0 ? sums[5] / sums[6] : 0, .test_accuracy = accuracy,
+                           .samples = sums[6], .seconds = seconds, .tail = tail};
+      progress.clear();
+      print_epoch(f);
+      metrics.write({.kind = "epoch", .epoch = f.epoch, .step = trainer.step_count(),
+                     .samples_seen = double(std::size_t(epoch) * sampler.num_samples() + sampler.position()) * double(n),
+                     .loss = f.loss, .train_accuracy = f.train_accuracy, .test_accuracy = accuracy,
+                     .seconds = seconds, .samples_per_second = f.samples / seconds});
     }
     hooks.end();
   }

@@ -1,6 +1,7 @@
-// examples/mnist.hpp reads IDX files written here byte by byte, and rejects
-// bad magic numbers, bad dimensions, truncated and gzip-compressed files
-// with an error that names the file.
+// examples/mnist.hpp reads IDX files written here byte by byte, plain and
+// gzip-compressed (by zlib, here), and rejects bad magic numbers, bad
+// dimensions, truncated, over-long and corrupt files with an error that
+// names the file.
 #include <doctest/doctest.h>
 
 #include "mnist.hpp"
@@ -13,6 +14,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <zlib.h>
 
 namespace {
 
@@ -33,6 +36,8 @@ class TempDir {
     std::error_code ec;
     fs::remove_all(path_, ec);
   }
+
+  std::string path() const { return path_.string(); }
 
   std::string write(const std::string& name, const Bytes& bytes) const {
     const fs::path p = path_ / name;
@@ -83,6 +88,22 @@ std::string error_of(F&& f) {
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// `plain` as one gzip member, written by zlib's deflate.
+Bytes gzip(const Bytes& plain) {
+  z_stream z{};
+  REQUIRE(deflateInit2(&z, Z_BEST_SPEED, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  Bytes out(deflateBound(&z, static_cast<uLong>(plain.size())) + 32);
+  z.next_in = const_cast<Bytef*>(plain.data());
+  z.avail_in = static_cast<uInt>(plain.size());
+  z.next_out = out.data();
+  z.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  REQUIRE(rc == Z_STREAM_END);
+  return out;
+}
 
 }  // namespace
 
@@ -141,10 +162,104 @@ TEST_CASE("a wrong magic number is an error naming the file, both numbers, and a
   CHECK(contains(error_of([&] { example::mnist::read_images(dir.write("le", le)); }), "0x03080000"));
 }
 
-TEST_CASE("gzip-compressed files are recognised and the fix named") {
+TEST_CASE("gzip-compressed files read as their plain bytes, told by their first bytes, not their names") {
   TempDir dir;
-  const std::string gz = dir.write("images.gz", Bytes{0x1f, 0x8b, 0x08, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
-  CHECK(contains(error_of([&] { example::mnist::read_images(gz); }), "gunzip it first"));
+  const Bytes images = images_file(40, 28, 28);
+  Bytes labels_plain;
+  for (int i = 0; i < 40; ++i) labels_plain.push_back(static_cast<std::uint8_t>(i * 3 % 10));
+  const Bytes labels = labels_file(labels_plain);
+  const auto plain = example::mnist::read(dir.write("images", images), dir.write("labels", labels));
+  const auto gz = example::mnist::read(dir.write("images.gz", gzip(images)), dir.write("labels.gz", gzip(labels)));
+  CHECK(gz.images.count == 40);
+  CHECK(gz.images.pixels == plain.images.pixels);
+  CHECK(gz.labels == plain.labels);
+  // A gzip file without .gz, and a plain one with it.
+  CHECK(example::mnist::read_images(dir.write("renamed", gzip(images))).pixels == plain.images.pixels);
+  CHECK(example::mnist::read_labels(dir.write("plain.gz", labels)) == plain.labels);
+
+  // Two members one after the other (`cat a.gz b.gz`) are one file.
+  const Bytes head(images.begin(), images.begin() + 100), tail(images.begin() + 100, images.end());
+  Bytes two = gzip(head);
+  const Bytes second = gzip(tail);
+  two.insert(two.end(), second.begin(), second.end());
+  CHECK(example::mnist::read_images(dir.write("two.gz", two)).pixels == plain.images.pixels);
+}
+
+TEST_CASE("a directory's files are found plain or with .gz") {
+  TempDir dir;
+  dir.write("train-images-idx3-ubyte.gz", gzip(images_file(5, 2, 2)));
+  dir.write("train-labels-idx1-ubyte", labels_file({0, 1, 2, 3, 4}));
+  const auto d = example::mnist::read_split(dir.path(), "train");
+  CHECK(d.images.count == 5);
+  CHECK(d.labels.size() == 5);
+  const std::string missing = error_of([&] { example::mnist::read_split(dir.path(), "t10k"); });
+  CHECK(contains(missing, "t10k-images-idx3-ubyte"));
+  CHECK(contains(missing, "t10k-images-idx3-ubyte.gz"));
+  CHECK(contains(error_of([] { example::mnist::read_split("/nonexistent/gradsync", "train"); }),
+                 "/nonexistent/gradsync is not a directory"));
+}
+
+TEST_CASE("a truncated or corrupt gzip file is an error naming it and what is wrong") {
+  TempDir dir;
+  const Bytes gz = gzip(images_file(30, 8, 8));
+  REQUIRE(gz.size() > 60);
+
+  // Cut in the deflate data, and cut just before the 8-byte trailer (CRC-32 and length).
+  const Bytes half(gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2));
+  const std::string cut = dir.write("half.gz", half);
+  const std::string e = error_of([&] { example::mnist::read_images(cut); });
+  CHECK(contains(e, cut));
+  CHECK(contains(e, "is truncated: its gzip stream ends early"));
+  const Bytes no_trailer(gz.begin(), gz.end() - 8);
+  CHECK(contains(error_of([&] { example::mnist::read_images(dir.write("nt.gz", no_trailer)); }), "is truncated"));
+  // Only the magic bytes.
+  CHECK(contains(error_of([&] { example::mnist::read_images(dir.write("m.gz", Bytes{0x1f, 0x8b})); }),
+                 "is truncated"));
+
+  // A flipped bit in the CRC-32: zlib checks it against the data.
+  Bytes crc = gz;
+  crc[crc.size() - 8] ^= 0x01;
+  const std::string bad_crc = dir.write("crc.gz", crc);
+  const std::string c = error_of([&] { example::mnist::read_images(bad_crc); });
+  CHECK(contains(c, bad_crc + " is not a valid gzip file"));
+  CHECK(contains(c, "incorrect data check"));
+
+  // A flipped byte inside the deflate data: invalid codes, or else the CRC-32 catches it.
+  Bytes flipped = gz;
+  flipped[20] ^= 0xff;
+  CHECK(contains(error_of([&] { example::mnist::read_images(dir.write("flip.gz", flipped)); }),
+                 "is not a valid gzip file"));
+
+  // Bytes after the stream that start no other member.
+  Bytes trailing = gz;
+  trailing.push_back(0);
+  CHECK(contains(error_of([&] { example::mnist::read_images(dir.write("trail.gz", trailing)); }),
+                 "1 bytes after the end of its gzip stream"));
+}
+
+TEST_CASE("a gzip file's contents are checked as a plain file's are") {
+  TempDir dir;
+  Bytes im = images_file(3, 4, 5);
+  im.pop_back();
+  const std::string short_gz = dir.write("short.gz", gzip(im));
+  const std::string s = error_of([&] { example::mnist::read_images(short_gz); });
+  CHECK(contains(s, short_gz + " is truncated"));
+  CHECK(contains(s, "59 bytes after the header"));
+
+  Bytes long_im = images_file(2, 2, 2);
+  long_im.push_back(0);
+  CHECK(contains(error_of([&] { example::mnist::read_images(dir.write("long.gz", gzip(long_im))); }),
+                 "1 bytes more than"));
+
+  const std::string labels_gz = dir.write("labels.gz", gzip(labels_file({1, 2})));
+  CHECK(contains(error_of([&] { example::mnist::read_images(labels_gz); }), "this is a labels file"));
+
+  const std::string images_gz = dir.write("images.gz", gzip(images_file(3, 2, 2)));
+  CHECK(contains(error_of([&] { example::mnist::read(images_gz, labels_gz); }), "holds 2 labels"));
+  const std::string big = dir.write("big.gz", gzip(labels_file({1, 2, 10})));
+  const std::string b = error_of([&] { example::mnist::read(images_gz, big); });
+  CHECK(contains(b, big));
+  CHECK(contains(b, "label 10 at index 2"));
 }
 
 TEST_CASE("truncated files are errors that say how many bytes were expected and found") {
