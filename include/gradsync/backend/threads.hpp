@@ -58,24 +58,29 @@ struct ThreadsOptions {
   bool flush_denormals = false;
 };
 
-/// Runs `body(Communicator<Threads>&)` on `world_size` threads and returns
-/// when all are done. If a rank throws, the others' pending and later
-/// collectives fail promptly with Aborted, and the first exception is
-/// rethrown here. A rank whose body returns while others still call
-/// collectives makes those calls fail promptly with Aborted naming it; so
-/// does a rank whose sub-communicator (split) is destroyed, by return or by
-/// an exception, while its peers there still call it.
-template <class F>
-void run_threads(int world_size, ThreadsOptions options, F&& body) {
-  static_assert(std::is_invocable_v<F&, Communicator<Threads>&>,
-                "run_threads: the body must be callable as body(gradsync::Communicator<gradsync::Threads>&)");
-  if (world_size < 1) {
-    throw InvalidArgument("gradsync: run_threads expects a world size >= 1, got " + std::to_string(world_size));
-  }
-  if (options.timeout <= options.timeout.zero()) {
-    throw InvalidArgument("gradsync: run_threads expects a positive timeout");
-  }
-  auto world = std::make_shared<detail::threads::World>(world_size);
+namespace detail::threads {
+
+/// A rank's body as run_threads receives it, without its type: the code that
+/// starts, watches and joins the ranks is compiled once per program rather
+/// than once per lambda (a test file calls run_threads hundreds of times).
+/// It refers to the caller's callable, which outlives the call.
+class BodyRef {
+ public:
+  template <class F>
+  explicit BodyRef(F& body) noexcept
+      : body_(static_cast<const void*>(&body)),
+        call_([](const void* b, Communicator<Threads>& comm) { (*static_cast<F*>(const_cast<void*>(b)))(comm); }) {}
+
+  void operator()(Communicator<Threads>& comm) const { call_(body_, comm); }
+
+ private:
+  const void* body_;
+  void (*call_)(const void*, Communicator<Threads>&);
+};
+
+/// run_threads after its checks: see there.
+inline void run_ranks(int world_size, const ThreadsOptions& options, BodyRef body) {
+  auto world = std::make_shared<World>(world_size);
   std::mutex first_mutex;
   std::exception_ptr first;      // the failure itself
   std::exception_ptr abandoned;  // an Aborted before the world failed: a peer left
@@ -92,9 +97,9 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
     if (options.flush_denormals) flush.emplace();
     try {
       body(comm);
-      world->depart(r, detail::threads::Departure::returned);
+      world->depart(r, Departure::returned);
     } catch (...) {
-      world->depart(r, detail::threads::Departure::threw);
+      world->depart(r, Departure::threw);
       // An Aborted from a rank that was only reacting to the failure must
       // not hide the failure itself.
       std::exception_ptr e = std::current_exception();
@@ -106,9 +111,9 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
         aborted = true;
         secondary = world->aborted();
       } catch (const std::exception& ex) {
-        world->abort(r, detail::RankNames::world(), comm.sequence() + 1, ex.what());
+        world->abort(r, RankNames::world(), comm.sequence() + 1, ex.what());
       } catch (...) {
-        world->abort(r, detail::RankNames::world(), comm.sequence() + 1, "unknown exception");
+        world->abort(r, RankNames::world(), comm.sequence() + 1, "unknown exception");
       }
       // An Aborted is never the failure itself when there is one: a rank
       // whose body throws destroys its sub-communicators while unwinding,
@@ -126,6 +131,28 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
   if (first) std::rethrow_exception(first);
   if (abandoned) std::rethrow_exception(abandoned);
   if (reaction) std::rethrow_exception(reaction);
+}
+
+}  // namespace detail::threads
+
+/// Runs `body(Communicator<Threads>&)` on `world_size` threads and returns
+/// when all are done. If a rank throws, the others' pending and later
+/// collectives fail promptly with Aborted, and the first exception is
+/// rethrown here. A rank whose body returns while others still call
+/// collectives makes those calls fail promptly with Aborted naming it; so
+/// does a rank whose sub-communicator (split) is destroyed, by return or by
+/// an exception, while its peers there still call it.
+template <class F>
+void run_threads(int world_size, ThreadsOptions options, F&& body) {
+  static_assert(std::is_invocable_v<F&, Communicator<Threads>&>,
+                "run_threads: the body must be callable as body(gradsync::Communicator<gradsync::Threads>&)");
+  if (world_size < 1) {
+    throw InvalidArgument("gradsync: run_threads expects a world size >= 1, got " + std::to_string(world_size));
+  }
+  if (options.timeout <= options.timeout.zero()) {
+    throw InvalidArgument("gradsync: run_threads expects a positive timeout");
+  }
+  detail::threads::run_ranks(world_size, options, detail::threads::BodyRef(body));
 }
 
 template <class F>
