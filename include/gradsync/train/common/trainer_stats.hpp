@@ -16,7 +16,11 @@ struct TrainerStats {
   double optimizer_seconds = 0;
   /// Gradient communication (the progress worker's time in bucket collectives).
   double comm_seconds = 0;
-  /// The part of comm_seconds that backward did not hide: finish() waiting.
+  /// How long the rank's thread waited for its gradient collectives after
+  /// backward (finish()): the communication backward did not hide. It is
+  /// measured on the rank's thread, not the worker's, so where threads
+  /// outnumber cores it also holds the worker's wait for a core, and can
+  /// exceed comm_seconds.
   double exposed_comm_seconds = 0;
 };
 
