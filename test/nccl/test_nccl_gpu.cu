@@ -4,7 +4,7 @@
 //    one rank where there is one GPU): every algorithm the endpoint accepts,
 //    every element type, Sum/Avg/Max; Native's four collectives; on(stream),
 //    events, barrier; refusals before communication.
-//  - DeviceThreads: 2..5 ranks on GPU 0 running Ring, Tree and
+//  - DeviceThreads: 2..5 and 8 ranks on GPU 0 running Ring, Tree and
 //    RecursiveHalvingDoubling on device memory with the Thrust kernels.
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -254,8 +254,9 @@ TEST_CASE("Nccl: ranks that disagree on a call are named on every rank before an
   }
 }
 
-TEST_CASE("DeviceThreads: Ring, Tree, RecursiveHalvingDoubling on one GPU, 2..5 ranks") {
-  for (int p = 2; p <= 5; ++p) {
+TEST_CASE("DeviceThreads: Ring, Tree, RecursiveHalvingDoubling on one GPU, 2..5 and 8 ranks") {
+  // 2..5 cover the odd and non-power-of-two paths; 8 is a full node's count.
+  for (int p : {2, 3, 4, 5, 8}) {
     CAPTURE(p);
     gradsync::run_device_threads(p, 0, std::chrono::seconds(120), [](auto& comm) {
       check_algorithm<gradsync::Ring>(comm);
