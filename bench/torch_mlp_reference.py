@@ -135,6 +135,7 @@ def main():
     p.add_argument("--lr", type=float, default=0.03, help="learning rate at batch 64, scaled linearly (default 0.03)")
     p.add_argument("--warmup", type=float, default=0.5, help="epochs of linear warm-up (default 0.5)")
     p.add_argument("--seed", type=int, default=7, help="seeds the initial weights and, + epoch, each epoch's order")
+    # One, like each of ddp_mlp's ranks: on the shared 2-core VM two threads ran an epoch 5-40x slower.
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--metrics", default="", help="write ddp_mlp's JSON lines here")
     p.add_argument("--metrics-every", type=int, default=0, help="a step line every so many steps (0: none)")
