@@ -9,6 +9,8 @@
 //   ddp_mlp --lr 0.05 --warmup 1  base rate 0.05 at batch 64, warmed up over the first epoch
 //   mpirun -np 4 ddp_mlp --backend mpi     one rank per process (built with MPI)
 //   ddp_mlp --no-flush-denormals  keep subnormal floats (slower from epoch 5)
+//   ddp_mlp --dataset synthetic --seed 3   another draw of the built-in data; the weights start
+//                                 from seed 100 + rank and the sampler from 7 on any data
 //   ddp_mlp --save DIR            checkpoint to DIR after every epoch (DIR/checkpoint.commit names the file)
 //   ddp_mlp --resume DIR          continue from it: same step, epoch and sample, optimizer state
 //   ddp_mlp --resume DIR --epochs 8       a finished 6-epoch run: 2 more (with 6: its test accuracy)
