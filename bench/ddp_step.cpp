@@ -4,6 +4,7 @@
 //
 //   ddp_step [--steps S] [--ranks 1,2,4] [--large-only|--small-only]
 //            [--sizes 784,1024,1024,10] [--overlap on|off|both] [--no-flush-denormals]
+//            [--on-nonfinite throw_error,ignore,...]
 //   mpirun -np 4 ddp_step --backend mpi [...]     (built with MPI)
 //
 // Models: the peer measurement's MLP 784-1024-1024-10 (1.86M parameters)
@@ -29,6 +30,9 @@
 // "overlap off" launches every bucket after backward, for comparison.
 // Each rank flushes subnormal floats to zero (gradsync::FlushDenormals), as
 // ddp_mlp does, unless --no-flush-denormals.
+// --on-nonfinite times each listed ReplicatedTrainerOptions::on_nonfinite in
+// turn, in the order given (repeat them to interleave: throw_error,ignore,
+// throw_error,ignore), and ends each row with it; the default is throw_error.
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
 #include "step_bench.hpp"
@@ -57,12 +61,14 @@ struct Row {
 
 /// One measurement on `comm`'s ranks; the row is rank 0's.
 template <class Comm>
-Row measure(Comm& comm, const std::vector<int>& sizes, int steps, bool overlap, bool flush_denormals) {
+Row measure(Comm& comm, const std::vector<int>& sizes, int steps, bool overlap, bool flush_denormals,
+            gradsync::OnNonfinite on_nonfinite) {
   // Before the trainer: its progress worker thread starts with this state.
   const gradsync::FlushDenormals flush(flush_denormals);
   const bench::RandomBatch data(sizes, comm.rank());
   gradsync::ReplicatedTrainerOptions o;
   o.sync.overlap = overlap;
+  o.on_nonfinite = on_nonfinite;
   gradsync::ReplicatedTrainer trainer(comm, example::EigenMlp(sizes, 1), gradsync::Sgd<float>({.lr = 0.01}), o);
   const example::Batch b = data.batch();
   for (int i = 0; i < 3; ++i) trainer.step(b);
@@ -114,7 +120,8 @@ Row measure(Comm& comm, const std::vector<int>& sizes, int steps, bool overlap, 
           skew / steps, flat / steps, flat_cold / steps};
 }
 
-void print_row(int n, bool overlap, const Row& r, double base) {
+/// `policy`: the row's on_nonfinite, printed last; null prints nothing.
+void print_row(int n, bool overlap, const Row& r, double base, const char* policy) {
   const double sps = 64.0 * n / r.step;
   std::printf("%4d  %-7s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %10.0f", n, overlap ? "on" : "off",
               1e3 * r.step, 1e3 * r.compute, 1e3 * r.comm, 1e3 * r.exposed, 1e3 * std::max(0.0, r.comm - r.exposed),
@@ -124,13 +131,15 @@ void print_row(int n, bool overlap, const Row& r, double base) {
     std::printf(" comm/flat %.2f (net of skew %.2f; over flat cold %.2f)", r.comm / r.flat,
                 std::max(0.0, r.comm - r.skew) / r.flat, std::max(0.0, r.comm - r.skew) / r.flat_cold);
   }
+  if (policy != nullptr) std::printf("  on_nonfinite %s", policy);
   std::printf("\n");
   std::fflush(stdout);
 }
 
 constexpr const char* usage_text =
     "usage: ddp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
-    "                [--sizes 784,1024,1024,10] [--overlap on|off|both] [--no-flush-denormals]\n";
+    "                [--sizes 784,1024,1024,10] [--overlap on|off|both] [--no-flush-denormals]\n"
+    "                [--on-nonfinite throw_error|skip_step|ignore[,...]]\n";
 
 }  // namespace
 
@@ -155,6 +164,7 @@ int main(int argc, char** argv) {
   const std::string& backend = opt.backend;
   const std::vector<int>& ranks = opt.ranks;
   const std::vector<std::vector<int>> models = opt.models();
+  auto policy_name = [&](gradsync::OnNonfinite p) { return opt.on_nonfinite_given ? gradsync::name(p) : nullptr; };
   auto header = [&](const std::vector<int>& m, int s) {
     std::printf("# %s, per-rank batch 64, SGD, %s, %d steps; ms per step (rank 0)\n", bench::describe(m).c_str(),
                 backend == "mpi" ? "Mpi" : "Threads", s);
@@ -171,13 +181,15 @@ int main(int argc, char** argv) {
       double base[2] = {0, 0};
       for (int n : ranks) {
         for (bool overlap : overlaps) {
-          Row row;
-          gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-            const Row r = measure(comm, m, s, overlap, flush_denormals);
-            if (comm.rank() == 0) row = r;
-          });
-          if (n == 1) base[overlap] = 64.0 / row.step;
-          print_row(n, overlap, row, base[overlap]);
+          for (const gradsync::OnNonfinite policy : opt.on_nonfinite) {
+            Row row;
+            gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+              const Row r = measure(comm, m, s, overlap, flush_denormals, policy);
+              if (comm.rank() == 0) row = r;
+            });
+            if (n == 1) base[overlap] = 64.0 / row.step;
+            print_row(n, overlap, row, base[overlap], policy_name(policy));
+          }
         }
       }
     }
@@ -189,8 +201,10 @@ int main(int argc, char** argv) {
       const int s = steps_for(m);
       if (comm.rank() == 0) header(m, s);
       for (bool overlap : overlaps) {
-        const Row row = measure(comm, m, s, overlap, flush_denormals);
-        if (comm.rank() == 0) print_row(comm.size(), overlap, row, 0);
+        for (const gradsync::OnNonfinite policy : opt.on_nonfinite) {
+          const Row row = measure(comm, m, s, overlap, flush_denormals, policy);
+          if (comm.rank() == 0) print_row(comm.size(), overlap, row, 0, policy_name(policy));
+        }
       }
     }
 #endif

@@ -5,6 +5,7 @@
 //
 //   fsdp_step [--steps S] [--ranks 1,2,4] [--large-only|--small-only] [--sizes 784,1024,1024,10]
 //             [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16] [--reduce-dtype fp32|bf16]
+//             [--on-nonfinite throw_error,ignore,...]
 //   mpirun -np 4 fsdp_step --backend mpi [...]     (built with MPI)
 //
 // Models: the MLP 784-1024-1024-10 (1.86M parameters) and 784-2048-2048-2048-10
@@ -38,6 +39,9 @@
 //             no fp32 buffer): FullShard (8+S)Σc + 2U + 2U, ShardGradOp (8+S)Σc + 2Ψ + 4U.
 //             --reduce-dtype bf16 alone (an fp32 model) reduces in bfloat16 without
 //             changing what is held, beyond the worker's packed copies.
+// --on-nonfinite times each listed on_nonfinite (both trainers' option) in
+// turn, in the order given (repeat them to interleave), and ends each row
+// with it; the default is throw_error.
 // Exits 1 if any run's bytes differ from the formula (timings are never checked).
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
@@ -182,17 +186,21 @@ Row run(Comm& comm, Trainer& trainer, const example::Batch& b, int steps) {
 
 /// One kind on `comm`'s ranks, with model type Model; the row is rank 0's.
 template <class Model, class Comm>
-Row measure_model(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, const Precision& p) {
+Row measure_model(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, const Precision& p,
+                  gradsync::OnNonfinite on_nonfinite) {
   const gradsync::FlushDenormals flush(true);
   const bench::RandomBatch data(sizes, comm.rank());
   const example::Batch b = data.batch();
   const gradsync::Adam<float> adam({.lr = 1e-3});
   if (kind == Kind::ddp) {
+    gradsync::ReplicatedTrainerOptions r;
+    r.on_nonfinite = on_nonfinite;
     gradsync::ReplicatedTrainer<Model, gradsync::Adam<float>, Comm, gradsync::Ring> trainer(comm, Model(sizes, 1),
-                                                                                            adam);
+                                                                                            adam, r);
     return run(comm, trainer, b, steps);
   }
   gradsync::ShardedTrainerOptions o;
+  o.on_nonfinite = on_nonfinite;
   o.strategy = kind == Kind::no_shard        ? ShardingStrategy::NoShard
                : kind == Kind::shard_grad_op ? ShardingStrategy::ShardGradOp
                : kind == Kind::full_shard    ? ShardingStrategy::FullShard
@@ -205,24 +213,30 @@ Row measure_model(Comm& comm, Kind kind, const std::vector<int>& sizes, int step
 }
 
 template <class Comm>
-Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, const Precision& p) {
-  if (p.compute) return measure_model<example::BasicEigenMlp<gradsync::bfloat16>>(comm, kind, sizes, steps, p);
-  return measure_model<example::EigenMlp>(comm, kind, sizes, steps, p);
+Row measure(Comm& comm, Kind kind, const std::vector<int>& sizes, int steps, const Precision& p,
+            gradsync::OnNonfinite on_nonfinite) {
+  if (p.compute) {
+    return measure_model<example::BasicEigenMlp<gradsync::bfloat16>>(comm, kind, sizes, steps, p, on_nonfinite);
+  }
+  return measure_model<example::EigenMlp>(comm, kind, sizes, steps, p, on_nonfinite);
 }
 
-/// Prints a row; returns false if its bytes differ from the formula.
+/// Prints a row, ending with `policy` (the on_nonfinite it ran under) unless
+/// null; returns false if its bytes differ from the formula.
 bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vector<std::size_t>& units,
-               const Precision& p) {
+               const Precision& p, const char* policy) {
   const auto ranks = static_cast<std::size_t>(n);
   const double formula = sent_formula(kind, units, ranks);
   const bool exact = r.sent_all == formula;
   const double mem = memory_formula(kind, units, ranks, p);
   const double mb = 4.0 / double(n) / 1e6;
-  std::printf("%3d  %-11s %8.2f %5.2f %8.2f %8.2f %8.2f %7.2f %8.2f %8.2f %8.2f %8.2f%s %8.1f %8.1f %5.3f\n", n,
+  std::printf("%3d  %-11s %8.2f %5.2f %8.2f %8.2f %8.2f %7.2f %8.2f %8.2f %8.2f %8.2f%s %8.1f %8.1f %5.3f", n,
               name(kind), 1e3 * r.step, ddp_step > 0 ? r.step / ddp_step : 1.0, 1e3 * r.gather, 1e3 * r.compute,
               1e3 * r.reduce, 1e3 * r.optimizer, 1e3 * r.exposed,
               1e3 * std::max(0.0, r.gather + r.reduce - r.exposed), r.sent_all * mb, formula * mb, exact ? " " : "!",
               double(r.peak) / 1048576.0, mem / 1048576.0, double(r.peak) / mem);
+  if (policy != nullptr) std::printf("  %s", policy);
+  std::printf("\n");
   std::fflush(stdout);
   return exact;
 }
@@ -230,7 +244,7 @@ bool print_row(int n, Kind kind, const Row& r, double ddp_step, const std::vecto
 constexpr const char* usage_text =
     "usage: fsdp_step [--backend threads|mpi] [--steps S] [--ranks 1,2,4] [--large-only|--small-only]\n"
     "                 [--sizes 784,1024,1024,10] [--param-dtype fp32|bf16] [--compute-dtype fp32|bf16]\n"
-    "                 [--reduce-dtype fp32|bf16]\n";
+    "                 [--reduce-dtype fp32|bf16] [--on-nonfinite throw_error|skip_step|ignore[,...]]\n";
 
 std::vector<Kind> kinds_for(int n) {
   std::vector<Kind> k{Kind::ddp, Kind::no_shard, Kind::shard_grad_op, Kind::full_shard};
@@ -276,21 +290,24 @@ int main(int argc, char** argv) {
   // The large model is measured over fewer steps: each is ~5x the small one's.
   auto steps_for = [&](const std::vector<int>& m) { return m.size() > 4 ? std::max(3, steps / 3) : steps; };
   bool all_exact = true;
+  auto policy_name = [&](gradsync::OnNonfinite p) { return opt.on_nonfinite_given ? gradsync::name(p) : nullptr; };
 
   if (backend == "threads") {
     for (const auto& m : models) {
       const int s = steps_for(m);
       header(m, "Threads", s, precision);
       for (const int n : opt.ranks) {
-        double ddp = 0;
-        for (const Kind kind : kinds_for(n)) {
-          Row row;
-          gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
-            const Row r = measure(comm, kind, m, s, precision);
-            if (comm.rank() == 0) row = r;
-          });
-          if (kind == Kind::ddp) ddp = row.step;
-          all_exact = print_row(n, kind, row, ddp, unit_sizes(m), precision) && all_exact;
+        for (const gradsync::OnNonfinite policy : opt.on_nonfinite) {
+          double ddp = 0;
+          for (const Kind kind : kinds_for(n)) {
+            Row row;
+            gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+              const Row r = measure(comm, kind, m, s, precision, policy);
+              if (comm.rank() == 0) row = r;
+            });
+            if (kind == Kind::ddp) ddp = row.step;
+            all_exact = print_row(n, kind, row, ddp, unit_sizes(m), precision, policy_name(policy)) && all_exact;
+          }
         }
       }
     }
@@ -300,11 +317,16 @@ int main(int argc, char** argv) {
     for (const auto& m : models) {
       const int s = steps_for(m);
       if (comm.rank() == 0) header(m, "Mpi", s, precision);
-      double ddp = 0;
-      for (const Kind kind : kinds_for(comm.size())) {
-        const Row row = measure(comm, kind, m, s, precision);
-        if (kind == Kind::ddp) ddp = row.step;
-        if (comm.rank() == 0) all_exact = print_row(comm.size(), kind, row, ddp, unit_sizes(m), precision) && all_exact;
+      for (const gradsync::OnNonfinite policy : opt.on_nonfinite) {
+        double ddp = 0;
+        for (const Kind kind : kinds_for(comm.size())) {
+          const Row row = measure(comm, kind, m, s, precision, policy);
+          if (kind == Kind::ddp) ddp = row.step;
+          if (comm.rank() == 0) {
+            all_exact =
+                print_row(comm.size(), kind, row, ddp, unit_sizes(m), precision, policy_name(policy)) && all_exact;
+          }
+        }
       }
     }
     int bad = all_exact ? 0 : 1;

@@ -5,6 +5,8 @@
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
 #include "../examples/eigen_mlp.hpp"
 
+#include <gradsync/train/common/on_nonfinite.hpp>
+
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -43,12 +45,16 @@ inline std::vector<int> parse_list(const std::string& text, const char* option) 
   return out;
 }
 
-/// The flags both tools take: --backend --steps --ranks --sizes --large-only --small-only.
+/// The flags both tools take: --backend --steps --ranks --sizes --large-only --small-only --on-nonfinite.
 struct StepOptions {
   int steps = 0;
   std::vector<int> ranks{1, 2, 4}, sizes;
   bool small = true, large = true, ranks_given = false;
   std::string backend = "threads";
+  /// Each value --on-nonfinite lists, timed in turn; the trainers' default alone without it.
+  std::vector<gradsync::OnNonfinite> on_nonfinite{gradsync::OnNonfinite::throw_error};
+  /// --on-nonfinite was given: rows end with the value they ran under.
+  bool on_nonfinite_given = false;
 
   /// The models to time: --sizes, or the 1.86M and 10.0M MLPs.
   std::vector<std::vector<int>> models() const {
@@ -64,6 +70,23 @@ struct StepOptions {
 [[noreturn]] inline void usage(const char* program, const char* usage_text, const std::string& why) {
   std::fprintf(stderr, "%s: %s\n%s", program, why.c_str(), usage_text);
   std::exit(2);
+}
+
+/// "throw_error,ignore": OnNonfinite values, comma-separated; `fail(why)` on a bad one.
+template <class Fail>
+std::vector<gradsync::OnNonfinite> parse_on_nonfinite(const std::string& text, Fail&& fail) {
+  std::vector<gradsync::OnNonfinite> out;
+  std::stringstream ss(text);
+  for (std::string t; std::getline(ss, t, ',');) {
+    bool known = false;
+    for (const auto o : {gradsync::OnNonfinite::throw_error, gradsync::OnNonfinite::skip_step,
+                         gradsync::OnNonfinite::ignore}) {
+      if (t == gradsync::name(o)) out.push_back(o), known = true;
+    }
+    if (!known) fail("--on-nonfinite takes throw_error, skip_step or ignore, comma-separated, not '" + t + "'");
+  }
+  if (out.empty()) fail("--on-nonfinite needs a value");
+  return out;
 }
 
 /// Parses the common flags; `extra(key, value_or_null, consumed)` gets any
@@ -92,12 +115,16 @@ StepOptions parse_step_options(int argc, char** argv, const char* program, const
         if (o.sizes.size() < 2) fail("--sizes needs at least an input and an output width");
       } else if (k == "--backend" && has_value) {
         o.backend = argv[++i];
+      } else if (k == "--on-nonfinite" && has_value) {
+        o.on_nonfinite = parse_on_nonfinite(argv[++i], fail);
+        o.on_nonfinite_given = true;
       } else if (k == "--large-only") {
         o.small = false;
       } else if (k == "--small-only") {
         o.large = false;
       } else {
-        const bool takes_value = k == "--steps" || k == "--ranks" || k == "--sizes" || k == "--backend";
+        const bool takes_value =
+            k == "--steps" || k == "--ranks" || k == "--sizes" || k == "--backend" || k == "--on-nonfinite";
         fail(takes_value ? k + " needs a value" : "unknown option " + k);
       }
     } catch (const std::logic_error&) {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -125,6 +126,12 @@ PerRank run_ranks(int n, F body) {
 
 torch::Tensor rows(const torch::Tensor& t, std::int64_t first, std::int64_t count) {
   return t.narrow(0, first, count);
+}
+
+/// Mlp's parameter i by name, in registration order.
+std::string parameter_name(std::size_t i) {
+  const char* names[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"};
+  return names[i];
 }
 
 }  // namespace
@@ -682,6 +689,140 @@ TEST_CASE("DistributedDataParallel: wrong use is a clear error naming the parame
     for (const auto& e : got.errors) {
       CAPTURE(e);
       CHECK(e.find("fc1.weight") != std::string::npos);
+    }
+  }
+  SUBCASE("ranks that would treat a NaN differently") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::DistributedDataParallelOptions o;
+      if (comm.rank() == 1) o.on_nonfinite = gradsync::OnNonfinite::skip_step;
+      gradsync::DistributedDataParallel ddp(comm, Mlp(), o);
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) {
+      CAPTURE(e);
+      CHECK(e.find("on_nonfinite skip_step") != std::string::npos);
+    }
+  }
+}
+
+/// Where on_nonfinite's case breaks a gradient: rank `rank`'s gradient of
+/// parameter `param`, element `element`, set to `value` in step `step`.
+struct NonfinitePoison {
+  int world = 3, rank = 0, step = 0;
+  std::size_t param = 0;
+  std::int64_t element = 0;
+  float value = 0;
+};
+
+/// What one rank of on_nonfinite's case saw.
+struct NonfiniteSeen {
+  std::vector<std::string> errors;  ///< per step: what backward() threw, or ""
+  std::vector<int> stepped;         ///< per step: ddp.step() ran the optimizer
+  std::vector<int> finite;          ///< per step: step_is_finite() after backward
+  std::vector<torch::Tensor> params;
+  std::size_t skipped = 0;
+};
+
+TEST_CASE("DistributedDataParallel: on_nonfinite throws on every rank naming the step and parameter, skips the "
+          "optimizer step, or ignores") {
+  CAPTURE(test::test_seed());
+  auto rng = test::rng_for("ddp nonfinite");
+  constexpr int steps = 4;
+  constexpr std::int64_t b = 3;
+  NonfinitePoison p;
+  p.world = std::uniform_int_distribution<int>(3, 5)(rng);
+  p.rank = std::uniform_int_distribution<int>(0, p.world - 1)(rng);
+  p.step = std::uniform_int_distribution<int>(0, steps - 2)(rng);
+  const auto init = initial_weights("ddp nonfinite init");
+  p.param = std::uniform_int_distribution<std::size_t>(0, init.size() - 1)(rng);
+  p.element = std::uniform_int_distribution<std::int64_t>(0, init[p.param].numel() - 1)(rng);
+  const float values[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()};
+  p.value = values[std::uniform_int_distribution<int>(0, 2)(rng)];
+  INFO("world " << p.world << ", rank " << p.rank << ", step " << p.step << ", parameter " << p.param
+                << " element " << p.element << " = " << p.value);
+  const Data d = make_data(steps * p.world * b, "ddp nonfinite data");
+
+  // `poisoned`: p's gradient is broken; `leave_out`: p's step is not run at all (the reference).
+  auto run = [&](gradsync::OnNonfinite policy, bool poisoned, bool leave_out) {
+    std::vector<NonfiniteSeen> seen(static_cast<std::size_t>(p.world));
+    gradsync::run_threads(p.world, [&](Comm& comm) {
+      torch::set_num_threads(1);
+      NonfiniteSeen& me = seen[static_cast<std::size_t>(comm.rank())];
+      Mlp m;
+      load(*m, init);
+      gradsync::DistributedDataParallelOptions o;
+      o.on_nonfinite = policy;
+      gradsync::DistributedDataParallel ddp(comm, m, o);
+      torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+      for (int s = 0; s < steps; ++s) {
+        if (leave_out && s == p.step) continue;
+        opt.zero_grad();
+        const std::int64_t first = (s * p.world + comm.rank()) * b;
+        torch::Tensor loss = torch::nn::functional::cross_entropy(ddp(rows(d.x, first, b)), rows(d.y, first, b));
+        // A hook before the accumulator: the bad value enters this rank's own gradient, before the reduction.
+        const bool bad = poisoned && s == p.step && comm.rank() == p.rank;
+        torch::Tensor target = m->parameters()[p.param];
+        unsigned hook = 0;
+        if (bad) {
+          hook = target.register_hook([&](torch::Tensor g) {
+            g = g.clone(at::MemoryFormat::Contiguous);
+            g.view(-1)[p.element] = p.value;
+            return g;
+          });
+        }
+        std::string error;
+        try {
+          loss.backward();
+        } catch (const gradsync::Error& e) {
+          error = e.what();
+        }
+        if (bad) target.remove_hook(hook);
+        me.errors.push_back(error);
+        me.finite.push_back(ddp.step_is_finite());
+        // A caller that caught the error goes on with the next batch without stepping.
+        me.stepped.push_back(error.empty() && ddp.step(opt));
+      }
+      me.params = snapshot(*m);
+      me.skipped = ddp.skipped_steps();
+    });
+    return seen;
+  };
+
+  const auto reference = run(gradsync::OnNonfinite::throw_error, false, true);
+  for (const gradsync::OnNonfinite policy :
+       {gradsync::OnNonfinite::throw_error, gradsync::OnNonfinite::skip_step, gradsync::OnNonfinite::ignore}) {
+    INFO("on_nonfinite = " << std::string(gradsync::name(policy)));
+    const auto seen = run(policy, true, false);
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      const NonfiniteSeen& s = seen[r];
+      REQUIRE(s.errors.size() == std::size_t(steps));
+      for (int k = 0; k < steps; ++k) {
+        const auto ks = static_cast<std::size_t>(k);
+        const bool hit = k == p.step && policy != gradsync::OnNonfinite::ignore;
+        if (!(hit && policy == gradsync::OnNonfinite::throw_error)) CHECK(s.errors[ks] == "");
+        CHECK(s.finite[ks] == (hit ? 0 : 1));
+        CHECK(s.stepped[ks] == (hit ? 0 : 1));
+      }
+      if (policy == gradsync::OnNonfinite::ignore) {
+        // The bad value reached the optimizer: some parameter is NaN or Inf now.
+        CHECK(std::any_of(s.params.begin(), s.params.end(),
+                          [](const torch::Tensor& t) { return !torch::isfinite(t).all().item<bool>(); }));
+        continue;
+      }
+      // As if the bad step had never run: the optimizer's state is untouched.
+      CHECK(bitwise_equal(s.params, reference[r].params));
+      if (policy == gradsync::OnNonfinite::throw_error) {
+        const std::string& e = s.errors[static_cast<std::size_t>(p.step)];
+        CAPTURE(e);
+        CHECK(e.find("step " + std::to_string(p.step + 1) + " ") != std::string::npos);
+        CHECK(e.find("went non-finite") != std::string::npos);
+        CHECK(e.find("parameter '" + parameter_name(p.param) + "' holds a NaN or an Inf") != std::string::npos);
+        CHECK(s.skipped == 0);
+      } else {
+        CHECK(s.skipped == 1);
+      }
     }
   }
 }

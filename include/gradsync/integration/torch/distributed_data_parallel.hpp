@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -22,77 +23,24 @@
 
 #include "gradsync/algorithm/tags.hpp"
 #include "gradsync/collective/broadcast.hpp"
-#include "gradsync/core/backend_traits.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/float16.hpp"
-#include "gradsync/core/options.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/device_communicator.hpp"
 #include "gradsync/integration/torch/device_grad_sync.hpp"
+#include "gradsync/integration/torch/distributed_data_parallel_options.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
+#include "gradsync/integration/torch/torch_grad_syncs.hpp"
 #include "gradsync/train/ddp/grad_sync.hpp"
 #include "gradsync/train/ddp/grad_sync_options.hpp"
 #include "gradsync/train/ddp/no_sync_guard.hpp"
+#include "gradsync/train/common/on_nonfinite.hpp"
 #include "gradsync/train/common/unit_agreement.hpp"
 
 namespace gradsync {
-
-/// Options of DistributedDataParallel, with PyTorch DDP's defaults.
-struct DistributedDataParallelOptions {
-  /// Largest bucket, in bytes of gradient (PyTorch: bucket_cap_mb = 25).
-  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
-  /// The first bucket (the last layers, whose gradients come first) is
-  /// small, so communication starts early in backward.
-  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
-  /// A parameter that got no gradient in a synced backward contributes
-  /// zeros. Off: that backward throws InvalidArgument naming it.
-  bool find_unused_parameters = false;
-  /// Broadcast rank 0's buffers (BatchNorm statistics...) before a forward
-  /// through operator(), when PyTorch's DDP would: before the first, and
-  /// before each that follows a forward run with gradients enabled and
-  /// outside no_sync(). A forward under torch::NoGradGuard or no_sync()
-  /// leaves the next one on this rank's own buffers. Construction broadcasts
-  /// the buffers whatever this says.
-  bool broadcast_buffers = true;
-  /// Passed to every collective; `deterministic` sums in rank order.
-  Options collective{};
-  /// CUDA tensors only: the cudaStream_t LibTorch computes on, which the
-  /// reductions are ordered against. nullptr is the legacy default stream,
-  /// LibTorch's own default; pass `at::cuda::getCurrentCUDAStream().stream()`
-  /// if the program runs its model on another stream.
-  void* cuda_stream = nullptr;
-};
-
-namespace detail {
-
-/// The gradient synchronisers DistributedDataParallel may hold: one
-/// GradSync per floating dtype on a host communicator, a DeviceGradSync on
-/// a DeviceCommunicator.
-template <class Comm, class Algo>
-struct TorchGradSyncs;
-template <class B, class Algo>
-struct TorchGradSyncs<Communicator<B>, Algo> {
-  using type = std::variant<std::unique_ptr<GradSync<B, float, Algo>>, std::unique_ptr<GradSync<B, double, Algo>>,
-                            std::unique_ptr<GradSync<B, bfloat16, Algo>>, std::unique_ptr<GradSync<B, float16, Algo>>>;
-};
-template <class Algo>
-struct TorchGradSyncs<DeviceCommunicator, Algo> {
-  using type = std::variant<std::unique_ptr<DeviceGradSync>>;
-};
-
-template <class Comm>
-consteval bool host_communicator() {
-  if constexpr (CommunicatorTraits<Comm>::value) {
-    return backend_traits<typename CommunicatorTraits<Comm>::backend>::host_memory;
-  } else {
-    return false;
-  }
-}
-
-}  // namespace detail
 
 /// Data parallelism for a LibTorch module: what torch.nn.parallel.
 /// DistributedDataParallel does in Python, which LibTorch's C++ frontend
@@ -114,6 +62,15 @@ consteval bool host_communicator() {
 /// communicator's progress worker while backward goes on; a callback queued
 /// on the autograd engine finishes the sync before `backward()` returns, so
 /// the training loop is unchanged.
+///
+/// The averaged gradient is then checked for NaN and Inf
+/// (DistributedDataParallelOptions::on_nonfinite): by default backward()
+/// throws gradsync::Error on every rank, naming the step and the first such
+/// parameter, with the gradients zeroed. Under skip_step it zeroes them and
+/// returns; step the optimizer through `ddp.step(opt)`, which skips it then:
+///
+///     loss.backward();
+///     ddp.step(opt);                                        // opt.step() unless non-finite
 ///
 /// Construction is collective: every rank must wrap the same parameters and
 /// buffers (names, shapes, dtypes, which parameters are frozen, in the same
@@ -278,6 +235,27 @@ class DistributedDataParallel {
   const std::vector<BucketInfo>& buckets() const {
     return std::visit([](const auto& s) -> const std::vector<BucketInfo>& { return s->buckets(); }, sync_);
   }
+  /// Whether the averaged gradient of the last synced backward was finite:
+  /// false only under OnNonfinite::skip_step after one that was not, whose
+  /// gradients were zeroed, until the next synced backward. Every rank
+  /// answers alike. Skip the optimizer's step when false (step() does).
+  bool step_is_finite() const noexcept { return finite_; }
+
+  /// `optimizer.step()` unless the last synced backward was non-finite
+  /// (step_is_finite()), as torch.cuda.amp.GradScaler::step: so a skipped
+  /// step leaves the optimizer's state (momentum, Adam's moments and step
+  /// count) as it was. Returns whether the optimizer stepped.
+  template <class Optimizer>
+  bool step(Optimizer& optimizer) {
+    if (!finite_) return false;
+    optimizer.step();
+    return true;
+  }
+
+  /// Synced backwards whose averaged gradient was non-finite under
+  /// OnNonfinite::skip_step (the steps step() skipped).
+  std::size_t skipped_steps() const noexcept { return skipped_; }
+
   /// Names of the parameters that are synchronised, in registration order.
   std::vector<std::string> parameter_names() const {
     std::vector<std::string> out;
@@ -380,6 +358,8 @@ class DistributedDataParallel {
     auto describe = [](const std::string& kind, const std::string& name, const torch::Tensor& t) {
       return kind + " " + name + " " + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes());
     };
+    // Ranks that differ here would part at the first non-finite step, one throwing, another stepping.
+    declared.push_back(std::string("on_nonfinite ") + name(o_.on_nonfinite));
     for (const Named& p : every_param_) {
       declared.push_back(describe(p.tensor.requires_grad() ? "parameter" : "frozen parameter", p.name, p.tensor));
     }
@@ -391,7 +371,8 @@ class DistributedDataParallel {
     }
     constexpr std::string_view fix =
         "Every rank must wrap the same module: the same parameters and buffers, with the same names, dtypes and "
-        "shapes, in the same order, and the same parameters frozen (requires_grad false).";
+        "shapes, in the same order, and the same parameters frozen (requires_grad false), with the same "
+        "DistributedDataParallelOptions::on_nonfinite.";
     if constexpr (on_device) {
       comm_.check_agree(declared, "DistributedDataParallel", fix);
     } else {
@@ -481,7 +462,9 @@ class DistributedDataParallel {
       std::vector<std::span<T>> units;
       for (const Param& p : params_) units.push_back(tensor_span<T>(p.grad_view, p.name));
       using B = typename detail::CommunicatorTraits<Comm>::backend;
-      sync_ = std::make_unique<GradSync<B, T, Algo>>(comm_, std::move(units), g, std::move(names));
+      auto sync = std::make_unique<GradSync<B, T, Algo>>(comm_, std::move(units), g, std::move(names));
+      sync->set_check_finite(o_.on_nonfinite != OnNonfinite::ignore);
+      sync_ = std::move(sync);
     };
     switch (flat_grad_.scalar_type()) {
       case c10::ScalarType::Double: build(double{}); break;
@@ -641,6 +624,49 @@ class DistributedDataParallel {
     }
     if (synced) std::fill(touched_.begin(), touched_.end(), 0);
     std::visit([](auto& s) { s->finish(); }, sync_);
+    if (synced) check_finite();
+  }
+
+  /// After a synced backward: its averaged gradient, the same on every
+  /// rank, checked as DistributedDataParallelOptions::on_nonfinite says.
+  void check_finite() {
+    ++synced_;
+    finite_ = true;
+    if (o_.on_nonfinite == OnNonfinite::ignore) return;
+    const std::optional<std::size_t> bad = first_nonfinite();
+    if (!bad) return;
+    finite_ = false;
+    {
+      torch::NoGradGuard no_grad;
+      flat_grad_.zero_();
+    }
+    if (o_.on_nonfinite == OnNonfinite::skip_step) {
+      ++skipped_;
+      return;
+    }
+    throw Error(where() + ": step " + std::to_string(synced_) +
+                " (synced backwards are counted) went non-finite: the averaged gradient of parameter '" +
+                params_[*bad].name +
+                "' holds a NaN or an Inf. Every rank's gradients were zeroed: do not step the optimizer on them. "
+                "Look for a learning rate too high or a bad batch, or set DistributedDataParallelOptions::"
+                "on_nonfinite = OnNonfinite::skip_step and step through ddp.step(optimizer) to skip such steps.");
+  }
+
+  /// The first parameter (registration order) whose averaged gradient
+  /// holds a NaN or an Inf: GradSync's scan on the host; on the device a
+  /// reduction of the whole gradient, then, only when it fails, one per
+  /// parameter to name it.
+  std::optional<std::size_t> first_nonfinite() {
+    if constexpr (on_device) {
+      torch::NoGradGuard no_grad;
+      if (torch::isfinite(flat_grad_).all().template item<bool>()) return std::nullopt;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (!torch::isfinite(params_[i].grad_view).all().template item<bool>()) return i;
+      }
+      return std::nullopt;
+    } else {
+      return std::visit([](const auto& s) { return s->first_nonfinite_unit(); }, sync_);
+    }
   }
 
   /// A parameter of the module, trainable or frozen.
@@ -659,6 +685,11 @@ class DistributedDataParallel {
   torch::Tensor flat_grad_;
   typename detail::TorchGradSyncs<Comm, Algo>::type sync_;
   bool finish_queued_ = false;
+  /// Synced backwards since construction: the step an error names.
+  std::size_t synced_ = 0;
+  /// See step_is_finite().
+  bool finite_ = true;
+  std::size_t skipped_ = 0;
   /// The next forward broadcasts rank 0's buffers (PyTorch's require_forward_param_sync).
   bool broadcast_buffers_next_ = true;
   std::vector<unsigned char> got_;      ///< got a gradient in this backward
