@@ -275,16 +275,34 @@ class GradSync {
   /// sets it before each step; unset, nothing is compared.
   void set_agreed_lr(double lr) noexcept { lr_bits_ = detail::bits_of(lr); }
 
+  /// Who must see a NaN or an Inf that the check finds.
+  enum class CheckScope {
+    /// Every rank on its own: each reads all it holds of each reduced bucket.
+    each_rank,
+    /// The caller combines the ranks' findings (the least unit over ranks,
+    /// as the trainers' agreement does). A bucket whose whole mean every
+    /// rank holds is then read 1/N per rank, not whole on every rank.
+    across_ranks,
+  };
+
   /// From the next synced backward on, whether each bucket's reduced
   /// gradient is checked for NaN and Inf, in the loop that copies or
-  /// scales it anyway (buckets reduced in place in the gradients are read
-  /// once more, on the thread that reduced them). Off at construction.
-  void set_check_finite(bool on) noexcept { check_finite_ = on; }
+  /// scales it anyway. A bucket reduced in place in the gradients has no
+  /// such loop at this layer (Avg's division is the algorithm's), so it is
+  /// read once more, on the thread that reduced them, while it is warm:
+  /// whole, or this rank's 1/N of it under CheckScope::across_ranks. Off at
+  /// construction.
+  void set_check_finite(bool on, CheckScope scope = CheckScope::each_rank) noexcept {
+    check_finite_ = on;
+    check_scope_ = scope;
+  }
 
   /// After a synced finish() with set_check_finite(true): the first unit (in
   /// registration order) whose reduced gradient on this rank holds a NaN or
-  /// an Inf. Under AllReduceAverage every rank holds the same mean, so every
-  /// rank finds the same unit; under ReduceScatterAverage only its part.
+  /// an Inf. Under AllReduceAverage and CheckScope::each_rank every rank
+  /// holds the same mean and reads all of it, so every rank finds the same
+  /// unit; under ReduceScatterAverage, or CheckScope::across_ranks, it
+  /// finds only what its part holds.
   std::optional<std::size_t> first_nonfinite_unit() const noexcept {
     std::size_t first = no_unit;
     for (const Bucket& b : buckets_) first = std::min(first, b.first_nonfinite);
@@ -473,9 +491,17 @@ class GradSync {
     }
     reduction_.reduce(c, b.region, info.count, mean);
     // In place, the reduction's own last pass (Avg's division) is below
-    // this layer: one read here, while the bucket is warm in cache.
+    // this layer: one read here, while the bucket is warm in cache; 1/N of
+    // it when the caller combines the ranks' findings and every rank holds
+    // the same whole mean.
     if (check_finite_) {
-      for_each_in_part(info, part, [&](std::size_t u, std::span<T> g, std::size_t) {
+      ReducedPart read = part;
+      if (check_scope_ == CheckScope::across_ranks && part.first == 0 && part.count == info.count) {
+        const auto n = static_cast<std::size_t>(c.size()), r = static_cast<std::size_t>(c.rank());
+        const std::size_t lo = part.count * r / n, hi = part.count * (r + 1) / n;
+        read = {part.offset + lo, lo, hi - lo};
+      }
+      for_each_in_part(info, read, [&](std::size_t u, std::span<T> g, std::size_t) {
         if (Scan::any(g)) note(u, Scan::exponent);
       });
     }
@@ -537,6 +563,7 @@ class GradSync {
   std::optional<detail::StepLabels> labels_;  ///< made with the plan; never moves (the labels point at it)
   std::uint64_t lr_bits_ = 0;
   bool check_finite_ = false;
+  CheckScope check_scope_ = CheckScope::each_rank;
   /// finish() calls, synced or not: the count the labels carry, which
   /// reset_stats() leaves alone, since ranks need not reset alike.
   std::uint64_t finished_ = 0;

@@ -114,7 +114,10 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       names.push_back(specs_[u].name);
     }
     sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, names);
-    sync_->set_check_finite(o_.on_nonfinite != OnNonfinite::ignore);
+    // check_nonfinite() takes the least unit over ranks, so each rank need
+    // read only its share of a bucket reduced in place.
+    using Sync = GradSync<backend_type, value_type, Algo>;
+    sync_->set_check_finite(o_.on_nonfinite != OnNonfinite::ignore, Sync::CheckScope::across_ranks);
     labels_.emplace("step", "unit", std::move(names), "optimizer lr");
     // Every synced step all-reduces each bucket once.
     for (const BucketInfo& b : sync_->buckets()) {
