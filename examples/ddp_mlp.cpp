@@ -26,7 +26,8 @@
 // to 0.2 at 4 ranks without a warm-up sends the loss to NaN in the first
 // steps. The default run (6 epochs, about 15 s on 2 cores) ends near 89%
 // on Fashion-MNIST at 1, 2 or 4 ranks of the same effective batch 256
-// (target 85%), and at 83-85% on the built-in data (target 80%). Rank 0
+// (target 88%; 88.8-89.1% over five weight and sampler seeds), and at
+// 83-85% on the built-in data (target 80%). Rank 0
 // first prints how the data, the batch and the learning rate follow from
 // the world size, then per epoch the loss, test and train accuracy,
 // samples/s and seconds (on a terminal, a progress line within the epoch).
@@ -65,7 +66,7 @@ using example::Dataset;
 struct Args : example::RunArgs {
   // The default run ends at 83-85% on the synthetic data (seeds 1-3 and 2024).
   Args() : RunArgs{.epochs = 6, .hidden = 256, .lr = 0.05, .target = 0.80, .seed = 2024,
-                   .idx = {.lr = 0.03, .warmup = 0.5, .target = 0.85}} {}
+                   .idx = {.lr = 0.03, .warmup = 0.5, .target = 0.88}} {}
   // Checkpoints: where to save (after every epoch and at --max-steps) and what to resume from.
   std::string save, resume;
   std::uint64_t max_steps = 0;  // 0: no limit
