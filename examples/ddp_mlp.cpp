@@ -9,8 +9,8 @@
 //   ddp_mlp --lr 0.05 --warmup 1  base rate 0.05 at batch 64, warmed up over the first epoch
 //   mpirun -np 4 ddp_mlp --backend mpi     one rank per process (built with MPI)
 //   ddp_mlp --no-flush-denormals  keep subnormal floats (slower from epoch 5)
-//   ddp_mlp --dataset synthetic --seed 3   another draw of the built-in data; the weights start
-//                                 from seed 100 + rank and the sampler from 7 on any data
+//   ddp_mlp --seed 3              other initial weights and sample order (and, on the built-in
+//                                 data, another draw of it); without --seed both are fixed
 //   ddp_mlp --save DIR            checkpoint to DIR after every epoch (DIR/checkpoint.commit names the file)
 //   ddp_mlp --resume DIR          continue from it: same step, epoch and sample, optimizer state
 //   ddp_mlp --resume DIR --epochs 8       a finished 6-epoch run: 2 more (with 6: its test accuracy)
@@ -116,13 +116,14 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
     std::fflush(stdout);
   }
   // Each rank seeds its own initial weights; the trainer broadcasts rank 0's.
-  example::EigenMlp model({train.dim, args.hidden, args.hidden, train.classes}, 100 + std::uint64_t(comm.rank()));
+  example::EigenMlp model({train.dim, args.hidden, args.hidden, train.classes},
+                                args.weights_seed(comm.rank()));
   // The replica check hashes every rank's parameters: cheap every 100 steps.
   gradsync::ReplicatedTrainerOptions options{.check_replicas_every = 100};
   options.sync.collective.deterministic = args.deterministic;
   gradsync::ReplicatedTrainer trainer(comm, std::move(model), gradsync::Sgd<float>({.lr = lr, .momentum = 0.9}),
                                       options);
-  gradsync::DistributedSampler sampler(train.size(), comm.size(), comm.rank(), {.seed = 7});
+  gradsync::DistributedSampler sampler(train.size(), comm.size(), comm.rank(), {.seed = args.shuffle_seed()});
   if (comm.rank() == 0) {
     example::print_plan({.ranks = comm.size(), .train_samples = train.size(),
                          .samples_per_rank = sampler.num_samples(), .batch = args.batch,

@@ -118,7 +118,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   std::vector<int> sizes{train.dim};
   for (int l = 0; l < args.depth; ++l) sizes.push_back(args.hidden);
   sizes.push_back(train.classes);
-  auto model = [&] { return example::EigenMlp(sizes, 100 + std::uint64_t(rank)); };
+  auto model = [&] { return example::EigenMlp(sizes, args.weights_seed(rank)); };
   const gradsync::Adam<float> adam({.lr = args.lr});
   if (rank == 0) {
     std::string shape;
@@ -167,7 +167,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
     std::fflush(stdout);
   }
 
-  gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = 7});
+  gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = args.shuffle_seed()});
   if (rank == 0) {
     // Adam's steps are about lr in size whatever the gradient's scale: the rate is not scaled with the batch.
     char optimizer[240];
