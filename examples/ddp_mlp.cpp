@@ -117,7 +117,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   }
   // Each rank seeds its own initial weights; the trainer broadcasts rank 0's.
   example::EigenMlp model({train.dim, args.hidden, args.hidden, train.classes},
-                                args.weights_seed(comm.rank()));
+                          args.weights_seed(comm.rank()));
   // The replica check hashes every rank's parameters: cheap every 100 steps.
   gradsync::ReplicatedTrainerOptions options{.check_replicas_every = 100};
   options.sync.collective.deterministic = args.deterministic;
