@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 #include <span>
@@ -673,24 +674,26 @@ TEST_CASE("mixed precision: a dtype other than the master type or bfloat16 throw
 
 namespace {
 
-/// model_for()'s Mlp that throws in backward when told to.
+/// model_for()'s Mlp that throws in backward, or returns a NaN loss, when told to.
 struct Throwing {
   using value_type = float;
   test_train::Mlp<float> mlp;
   bool fail = false;
+  bool nan_loss = false;
 
   std::vector<gradsync::UnitSpec> units() const { return mlp.units(); }
   void bind(std::span<const gradsync::UnitView<float>> views) { mlp.bind(views); }
   double forward_backward(const Batch<float>& batch, const gradsync::StepContext<float>& ctx) {
     const double loss = mlp.forward_backward(batch, ctx);
     if (fail) throw std::runtime_error("the model failed");
-    return loss;
+    return nan_loss ? std::numeric_limits<double>::quiet_NaN() : loss;
   }
 };
 
 }  // namespace
 
-TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a micro-step that throws drops them") {
+TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a micro-step that throws drops them, "
+          "and the losses noted for them") {
   at_worlds_with_batches("accumulation interrupted", 3, 4, 3,
                          [&](int world, std::size_t ranks, const Batches& batches) {
     for (const ShardingStrategy strategy : all_strategies) {
@@ -702,6 +705,8 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
         o.backward_prefetch = BackwardPrefetch::BackwardPre;
         // plain: micro-steps 0, 1 and the step on 2. interrupted: the same with
         // an evaluation after 0, and a failed micro-step (then 3) before it all.
+        // The last rank's loss in the micro-step that the failure drops is a
+        // NaN: dropped with it, it must not fail the step (on_nonfinite).
         std::vector<std::vector<float>> plain(ranks), interrupted(ranks);
         std::vector<std::string> errors(ranks);
         gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
@@ -713,7 +718,9 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
           plain[r] = a.full_parameters();
 
           ShardedTrainer b(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
+          b.model().nan_loss = comm.rank() == comm.size() - 1;
           b.accumulate(batches[3][r]);
+          b.model().nan_loss = false;
           b.model().fail = true;
           try {
             b.accumulate(batches[3][r]);

@@ -152,7 +152,10 @@ void run_threads(int world_size, ThreadsOptions options, F&& body) {
   if (options.timeout <= options.timeout.zero()) {
     throw InvalidArgument("gradsync: run_threads expects a positive timeout");
   }
-  detail::threads::run_ranks(world_size, options, detail::threads::BodyRef(body));
+  // Through a lambda of its own, so that BodyRef always refers to an object:
+  // `body` may also name a function, or overload unary operator&.
+  auto call = [&body](Communicator<Threads>& comm) { body(comm); };
+  detail::threads::run_ranks(world_size, options, detail::threads::BodyRef(call));
 }
 
 template <class F>

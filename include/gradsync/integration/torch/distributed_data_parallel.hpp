@@ -236,9 +236,10 @@ class DistributedDataParallel {
     return std::visit([](const auto& s) -> const std::vector<BucketInfo>& { return s->buckets(); }, sync_);
   }
   /// Whether the averaged gradient of the last synced backward was finite:
-  /// false only under OnNonfinite::skip_step after one that was not, whose
-  /// gradients were zeroed, until the next synced backward. Every rank
-  /// answers alike. Skip the optimizer's step when false (step() does).
+  /// false after one that was not (under skip_step, whose gradients were
+  /// zeroed; under throw_error, which also threw), until the next synced
+  /// backward. Every rank answers alike. Skip the optimizer's step when
+  /// false (step() does).
   bool step_is_finite() const noexcept { return finite_; }
 
   /// `optimizer.step()` unless the last synced backward was non-finite

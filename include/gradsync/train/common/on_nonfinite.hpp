@@ -9,12 +9,15 @@ namespace gradsync {
 /// averaged gradient, or a NaN or ±Inf loss on any rank (what the model's
 /// forward_backward returned, in that step or one of its accumulate()
 /// micro-steps). The gradient is checked after the reduction, in the pass
-/// that already reads each reduced element, so a NaN from any rank is seen
-/// wherever the reduction carries it; one 16-byte all-reduce per step then
+/// that already reads each reduced element (a result reduced in place, whose
+/// last pass is the algorithm's, is read once more), so a NaN from any rank
+/// is seen wherever the reduction carries it; one 16-byte all-reduce per step then
 /// agrees on the verdict and on the first unit that went non-finite, so
 /// every rank takes the same decision. `ignore` makes neither.
 enum class OnNonfinite : std::uint8_t {
-  /// Every rank throws gradsync::Error from forward_backward() (or step()),
+  /// Every rank throws gradsync::Error from forward_backward() (or step(),
+  /// or ReplicatedTrainer::join() on a rank that joined: call it again to
+  /// go on matching the others' steps),
   /// naming the step, the first unit (in declaration order) whose averaged
   /// gradient holds a NaN or Inf, or the first rank whose loss did, before
   /// the optimizer runs: parameters and optimizer state are as before the

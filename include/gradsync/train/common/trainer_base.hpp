@@ -158,6 +158,9 @@ class TrainerBase {
   void note_loss(double loss) noexcept {
     if (!std::isfinite(loss)) loss_nonfinite_ = true;
   }
+  /// The gradient of the losses noted so far was dropped (a rank that
+  /// joined, a step that threw): they must not fail the next step.
+  void forget_losses() noexcept { loss_nonfinite_ = false; }
 
   /// After the step's reduction, unless OnNonfinite::ignore: agrees with
   /// every rank (one 16-byte AllReduce on the world, carrying `base`

@@ -290,8 +290,10 @@ class GradSync {
   /// scales it anyway. A bucket reduced in place in the gradients has no
   /// such loop at this layer (Avg's division is the algorithm's), so it is
   /// read once more, on the thread that reduced them, while it is warm:
-  /// whole, or this rank's 1/N of it under CheckScope::across_ranks. Off at
-  /// construction.
+  /// whole, or this rank's 1/N of it under CheckScope::across_ranks (where
+  /// the reduction is AllReduceAverage, whose result is the same bits on
+  /// every rank). Off at construction. Call it only while idle(): the
+  /// progress worker reads it as it reduces.
   void set_check_finite(bool on, CheckScope scope = CheckScope::each_rank) noexcept {
     check_finite_ = on;
     check_scope_ = scope;
@@ -496,7 +498,7 @@ class GradSync {
     // the same whole mean.
     if (check_finite_) {
       ReducedPart read = part;
-      if (check_scope_ == CheckScope::across_ranks && part.first == 0 && part.count == info.count) {
+      if (check_scope_ == CheckScope::across_ranks && leaves_every_rank_the_mean) {
         const auto n = static_cast<std::size_t>(c.size()), r = static_cast<std::size_t>(c.rank());
         const std::size_t lo = part.count * r / n, hi = part.count * (r + 1) / n;
         read = {part.offset + lo, lo, hi - lo};
@@ -563,6 +565,9 @@ class GradSync {
   std::optional<detail::StepLabels> labels_;  ///< made with the plan; never moves (the labels point at it)
   std::uint64_t lr_bits_ = 0;
   bool check_finite_ = false;
+  /// Whether every rank ends a bucket's reduction holding the whole, same
+  /// mean (AllReduceAverage's result), so that each may read a share of it.
+  static constexpr bool leaves_every_rank_the_mean = std::is_same_v<Reduction, AllReduceAverage<Algo>>;
   CheckScope check_scope_ = CheckScope::each_rank;
   /// finish() calls, synced or not: the count the labels carry, which
   /// reset_stats() leaves alone, since ranks need not reset alike.

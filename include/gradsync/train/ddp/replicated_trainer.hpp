@@ -218,6 +218,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       // batch count is not the others'.
       std::fill(grads_.begin(), grads_.end(), value_type(0));
       micro_steps_ = 0;
+      this->forget_losses();
       sync_->set_sync(true);
       sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
       sync_->set_averaging({.local_scale = 1.0, .divisor = active});

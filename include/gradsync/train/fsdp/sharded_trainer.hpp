@@ -487,10 +487,14 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// and free every gathered unit.
   void abandon_step() noexcept {
     lender_.settle_all();
-    // Gradients accumulated before a failed training step are dropped.
-    if (!lender_.evaluating() && micro_steps_ > 0) {
-      micro_steps_ = 0;
-      std::ranges::fill(state_.grad_shard(), value_type(0));
+    // Gradients accumulated before a failed training step are dropped, and
+    // with them the losses noted for them.
+    if (!lender_.evaluating()) {
+      this->forget_losses();
+      if (micro_steps_ > 0) {
+        micro_steps_ = 0;
+        std::ranges::fill(state_.grad_shard(), value_type(0));
+      }
     }
     lender_.abandon();
   }
