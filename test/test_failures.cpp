@@ -202,6 +202,32 @@ TEST_CASE("run_threads rejects a world size below 1 and a timeout that is not po
 
 namespace {
 
+std::atomic<int> function_body_calls{0};
+void function_body(Comm& comm) { function_body_calls += comm.rank() + 1; }
+
+/// A callable whose unary operator& is not its address.
+struct NoAddressOf {
+  std::atomic<int>* calls;
+  void operator()(Comm&) const { ++*calls; }
+  void operator&() const = delete;
+};
+
+}  // namespace
+
+TEST_CASE("run_threads runs any callable body: a function, a pointer to one, a const or temporary object") {
+  function_body_calls = 0;
+  gs::run_threads(3, function_body);
+  gs::run_threads(3, &function_body);
+  CHECK(function_body_calls == 12);
+  std::atomic<int> calls{0};
+  const NoAddressOf object{&calls};
+  gs::run_threads(2, object);
+  gs::run_threads(2, NoAddressOf{&calls});
+  CHECK(calls == 4);
+}
+
+namespace {
+
 /// Rank `thrower` throws "boom" (after `warmup` good collectives) while the
 /// others are inside `collective` number warmup + 1.
 template <class Algo>
