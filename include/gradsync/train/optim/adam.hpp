@@ -13,6 +13,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/train/optim/optimizer.hpp"
 #include "gradsync/train/optim/optimizer_state_storage.hpp"
+#include "gradsync/train/optim/sqrt_in_place.hpp"
 
 namespace gradsync {
 
@@ -61,13 +62,8 @@ struct AdamStepConstants {
 
 /// Adam on `len` elements: the moments and sqrt(v) first, then p. `Len` is
 /// std::integral_constant for whole blocks, so their loops have a known trip
-/// count and vectorize at -O2 (see for_each_blocked); std::size_t for the tail.
-///
-/// Why sqrt gets a loop of its own: with errno set by math functions (the
-/// default of GCC and Clang), a compiler keeps sqrt scalar, with a branch to
-/// the library for a negative argument, and a loop holding it does not
-/// vectorize at all; alone, the loop around it costs what the scalar sqrt
-/// does, and the two loops around it vectorize. With -fno-math-errno all three do.
+/// count and vectorize at -O2 (see for_each_blocked), and their square roots
+/// go through sqrt_in_place (why: there); std::size_t for the tail.
 template <bool Decoupled, class T, class Len>
 void adam_block(const AdamStepConstants<T>& k, T* __restrict p, const T* __restrict g, T* __restrict m,
                 T* __restrict v, Len len) noexcept {
@@ -79,7 +75,11 @@ void adam_block(const AdamStepConstants<T>& k, T* __restrict p, const T* __restr
     v[j] = k.beta2 * v[j] + k.one_minus_beta2 * gj * gj;
     root[j] = v[j];
   }
-  for (std::size_t j = 0; j < len; ++j) root[j] = std::sqrt(root[j]);
+  if constexpr (std::is_same_v<Len, std::size_t>) {
+    for (std::size_t j = 0; j < len; ++j) root[j] = std::sqrt(root[j]);
+  } else {
+    sqrt_in_place<T, Len::value>(root);
+  }
   for (std::size_t j = 0; j < len; ++j) {
     T pj = p[j];
     if constexpr (Decoupled) pj *= k.decay;
@@ -90,12 +90,14 @@ void adam_block(const AdamStepConstants<T>& k, T* __restrict p, const T* __restr
 /// One Adam (or, `Decoupled`, AdamW) step at step count t over p, g and the
 /// moments m and v, which must not overlap. Out of line as Sgd's steps are (see sgd_plain_step).
 template <bool Decoupled, class T>
-[[gnu::noinline]] void adam_step(const AdamOptions& o, std::size_t t, T* __restrict p, const T* __restrict g, T* __restrict m,
-               T* __restrict v, std::size_t n) noexcept {
+[[gnu::noinline]] void adam_step(const AdamOptions& o, std::size_t t, T* __restrict p, const T* __restrict g,
+                                 T* __restrict m, T* __restrict v, std::size_t n) noexcept {
   const AdamStepConstants<T> k(o, t);
   constexpr std::size_t w = simd_block<T>;
   std::size_t i = 0;
-  for (; i + w <= n; i += w) adam_block<Decoupled>(k, p + i, g + i, m + i, v + i, std::integral_constant<std::size_t, w>{});
+  for (; i + w <= n; i += w) {
+    adam_block<Decoupled>(k, p + i, g + i, m + i, v + i, std::integral_constant<std::size_t, w>{});
+  }
   adam_block<Decoupled>(k, p + i, g + i, m + i, v + i, n - i);
 }
 
