@@ -37,8 +37,9 @@ namespace detail {
 /// numerator and denominator by sqrt(c2) gives the same update as
 /// p -= step_size * m / (sqrt(v) + eps_hat), step_size = lr * sqrt(c2) / c1,
 /// eps_hat = eps * sqrt(c2) (Kingma and Ba's remark under their Algorithm 1):
-/// one sqrt and one division per element instead of three divisions. Results
-/// differ from the unfolded form only by rounding (a few ulp in float).
+/// one sqrt and one division per element instead of three divisions.
+/// PyTorch's loops keep the unfolded denominator; results differ from it only
+/// by rounding (a few ulp of each update; the tests' reference loop bounds it).
 template <class T>
 struct AdamStepConstants {
   T beta1, one_minus_beta1, beta2, one_minus_beta2;
