@@ -11,6 +11,12 @@
 
 namespace gradsync::detail {
 
+/// f(x + j) for j = 0, L, 2L, ... below W: one vector register of L lanes each.
+template <std::size_t L, std::size_t W, class T, class F>
+void for_each_register(T* x, F f) noexcept {
+  for (std::size_t j = 0; j < W; j += L) f(x + j);
+}
+
 /// Replaces each of x[0, W) by its square root, correctly rounded as
 /// std::sqrt's (IEEE 754 requires it of both), so results are the same
 /// bits on every path.
@@ -23,12 +29,6 @@ namespace gradsync::detail {
 /// instructions without errno (no caller passes a negative value: Adam's v is
 /// a sum of squares), 256 bits wide where AVX is on: 128-bit ones there left
 /// Adam at 0.6 of the bound on 16M parameters. Elsewhere the loop is std::sqrt's.
-/// f(x + j) for j = 0, L, 2L, ... below W: one vector register of L lanes each.
-template <std::size_t L, std::size_t W, class T, class F>
-void for_each_register(T* x, F f) noexcept {
-  for (std::size_t j = 0; j < W; j += L) f(x + j);
-}
-
 template <class T, std::size_t W>
 void sqrt_in_place(T* x) noexcept {
   constexpr bool f32 = std::is_same_v<T, float>, f64 = std::is_same_v<T, double>;
