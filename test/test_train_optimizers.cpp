@@ -225,27 +225,31 @@ void reference_sgd_step(const gradsync::SgdOptions& o, bool first, std::vector<T
   }
 }
 
-/// max |a - b| over max |b|: the difference against the values' scale (an
-/// element's own relative difference is unbounded where a step cancels it to
-/// near 0).
+/// max |a - b| over the values' scale: max |b|, or `floor` where that is less
+/// (an element's own relative difference is unbounded where a step cancels
+/// it to near 0, and a span of one element is one such element).
 template <class T>
-double relative_difference(std::span<const T> a, std::span<const T> b) {
-  double diff = 0, scale = 0;
+double relative_difference(std::span<const T> a, std::span<const T> b, double floor) {
+  double diff = 0, scale = floor;
   for (std::size_t i = 0; i < a.size(); ++i) {
     diff = std::max(diff, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
-  return scale > 0 ? diff / scale : diff;
+  return diff / scale;
 }
 
 // Sizes around the vector block (16 floats, 8 doubles) and odd ones: the
 // blocks and the tail agree with the scalar loop. Adam's folded bias
-// corrections round differently from the unfolded ones: a few ulp of each
-// update, under 1e-6 of the values' scale after 6 steps (float; 1e-14 double).
+// corrections round differently from the unfolded ones (and a compiler may
+// fuse multiply-adds in one loop and not the other), so p - update may round
+// one ulp of p apart at each step: at most ~6 ulp (7e-7 of the largest
+// parameter in float) after 6 steps; seen up to 5.9e-7 over 40 seeds at
+// -march=native. The bound, 1.5e-6, is about twice that (1e-14 in double). The
+// scales: parameters ~1, gradients and m ~0.1, v ~0.01.
 TEST_CASE_TEMPLATE("the vectorized optimizer steps equal the scalar reference loops", T, float, double) {
   auto rng = test::rng_for("optimizer steps against the scalar reference");
   INFO("seed = " << test::test_seed());
-  const double tol = std::is_same_v<T, float> ? 1e-6 : 1e-14;
+  const double tol = std::is_same_v<T, float> ? 1.5e-6 : 1e-14;
   std::normal_distribution<T> normal;
   for (const std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{8}, std::size_t{15},
                               std::size_t{16}, std::size_t{17}, std::size_t{31}, std::size_t{33}, std::size_t{100},
@@ -272,9 +276,9 @@ TEST_CASE_TEMPLATE("the vectorized optimizer steps equal the scalar reference lo
           reference_adam_step(o, decoupled, t, q, grads[t - 1], m, v);
         }
         const auto s = decoupled ? adamw.state() : adam.state();
-        CHECK(relative_difference<T>(p, q) <= tol);
-        CHECK(relative_difference<T>(s.buffers[0].second, m) <= tol);
-        CHECK(relative_difference<T>(s.buffers[1].second, v) <= tol);
+        CHECK(relative_difference<T>(p, q, 1.0) <= tol);
+        CHECK(relative_difference<T>(s.buffers[0].second, m, 0.1) <= tol);
+        CHECK(relative_difference<T>(s.buffers[1].second, v, 0.01) <= tol);
       }
     }
     for (const gradsync::SgdOptions& o :
@@ -289,7 +293,7 @@ TEST_CASE_TEMPLATE("the vectorized optimizer steps equal the scalar reference lo
         sgd.step(std::span<T>(p), std::span<const T>(grads[t]));
         reference_sgd_step(o, t == 0, q, grads[t], v);
       }
-      CHECK(relative_difference<T>(p, q) <= tol);
+      CHECK(relative_difference<T>(p, q, 1.0) <= tol);
     }
   }
 }

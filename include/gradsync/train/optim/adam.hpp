@@ -39,7 +39,7 @@ namespace detail {
 /// eps_hat = eps * sqrt(c2) (Kingma and Ba's remark under their Algorithm 1):
 /// one sqrt and one division per element instead of three divisions.
 /// PyTorch's loops keep the unfolded denominator; results differ from it only
-/// by rounding (a few ulp of each update; the tests' reference loop bounds it).
+/// by rounding (a few ulp of p after some steps; the tests' reference loop bounds it).
 template <class T>
 struct AdamStepConstants {
   T beta1, one_minus_beta1, beta2, one_minus_beta2;
