@@ -24,7 +24,7 @@
 // 64, reached by a linear warm-up over the first half epoch (--warmup):
 // He-initialised, the model's first gradients are large, and 0.05 scaled
 // to 0.2 at 4 ranks without a warm-up sends the loss to NaN in the first
-// steps. The default run (6 epochs, about 15 s on 2 cores) ends near 89%
+// steps. The default run (6 epochs, 8 s on 2 idle cores) ends near 89%
 // on Fashion-MNIST at 1, 2 or 4 ranks of the same effective batch 256
 // (target 88%; 88.8-89.1% over five weight and sampler seeds), and at
 // 83-85% on the built-in data (target 80%). Rank 0

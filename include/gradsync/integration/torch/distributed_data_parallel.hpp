@@ -235,11 +235,9 @@ class DistributedDataParallel {
   const std::vector<BucketInfo>& buckets() const {
     return std::visit([](const auto& s) -> const std::vector<BucketInfo>& { return s->buckets(); }, sync_);
   }
-  /// Whether the averaged gradient of the last synced backward was finite:
-  /// false after one that was not (under skip_step, whose gradients were
-  /// zeroed; under throw_error, which also threw), until the next synced
-  /// backward. Every rank answers alike. Skip the optimizer's step when
-  /// false (step() does).
+  /// Whether the last synced backward's averaged gradient was finite; after
+  /// one that was not (gradients zeroed; under throw_error it also threw),
+  /// false until the next, alike on every rank. step() skips the optimizer then.
   bool step_is_finite() const noexcept { return finite_; }
 
   /// `optimizer.step()` unless the last synced backward was non-finite
