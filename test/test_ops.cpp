@@ -104,6 +104,12 @@ void integer_all_reduce_wraps(std::mt19937_64& g, int n) {
     for (std::size_t i = 0; i < count; ++i) want.back()[i] = reference<Op>(in.back(), i);
   }
   const std::vector<gs::Options> options{{}, {.chunk_bytes = 64}, {.deterministic = true}};
+  // 64-byte chunks cut 20011 elements into over a thousand pieces a call,
+  // each a handoff between ranks: under a sanitizer that one pair costs
+  // most of this test, and 1031 elements already make 65 pieces.
+  const auto runs = [&](std::size_t c, std::size_t o) {
+    return !(test::sanitized && options[o].chunk_bytes == 64 && in[c][0].size() > 1031);
+  };
   for_each_type(Algorithms{}, [&](auto algo) {
     using Algo = typename decltype(algo)::type;
     for (std::size_t o = 0; o < options.size(); ++o) {
@@ -117,11 +123,13 @@ void integer_all_reduce_wraps(std::mt19937_64& g, int n) {
         const auto r = static_cast<std::size_t>(comm.rank());
         const gs::AllReduce<Algo> all_reduce{options[o]};
         for (std::size_t c = 0; c < in.size(); ++c) {
+          if (!runs(c, o)) continue;
           all_reduce(comm, std::span<const T>(in[c][r]), std::span<T>(oop[c][r]), Op{});
           all_reduce(comm, std::span<T>(ip[c][r]), Op{});
         }
       });
       for (std::size_t c = 0; c < in.size(); ++c) {
+        if (!runs(c, o)) continue;
         for (std::size_t r : test::local_ranks(n)) {
           const std::string where = "count " + std::to_string(want[c].size()) + ", rank " + std::to_string(r);
           check_equal<T>(oop[c][r], want[c], "out of place, " + where);

@@ -113,12 +113,15 @@ std::string check_all_reduce(Comm& comm, int parent_rank, const std::vector<int>
                              const char* what) {
   std::vector<double> data = values(parent_rank, count);
   gs::AllReduce<Algo>{}(comm, std::span<double>(data));
+  std::vector<double> want(count, 0.0);
+  for (int q : group) {
+    const std::vector<double> v = values(q, count);
+    for (std::size_t i = 0; i < count; ++i) want[i] += v[i];
+  }
   for (std::size_t i = 0; i < count; ++i) {
-    double want = 0.0;
-    for (int q : group) want += values(q, count)[i];
-    if (data[i] != want) {
+    if (data[i] != want[i]) {
       return std::string(what) + ": AllReduce<" + std::string(Algo::name) + "> element " + std::to_string(i) +
-             " is " + std::to_string(data[i]) + ", want " + std::to_string(want);
+             " is " + std::to_string(data[i]) + ", want " + std::to_string(want[i]);
     }
   }
   return {};
