@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 SKIP = 77
 WARNINGS = ["-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Wpedantic", "-Werror"]
@@ -47,11 +48,120 @@ def is_backend(header, name):
     return header.startswith(f"gradsync/backend/{name}")
 
 
-def compile_alone(cxx, include_dir, header, extra_flags):
+def compile_alone(cxx, include_dir, header, extra_flags, base=None):
+    """Compiles `header` as the only line of a translation unit; with `base`
+    (a base header's precompiled form, see BaseHeaders), that base first."""
     source = f"#include <{header}>\n"
-    cmd = cxx + WARNINGS + [f"-I{include_dir}"] + extra_flags + ["-x", "c++", "-"]
+    prefix = ["-include", str(base)] if base else []
+    cmd = cxx + WARNINGS + [f"-I{include_dir}"] + extra_flags + prefix + ["-x", "c++", "-"]
     proc = subprocess.run(cmd, input=source, capture_output=True, text=True)
     return header, proc.returncode, proc.stdout + proc.stderr
+
+
+class BaseHeaders:
+    """Most of a header's compile is parsing what it includes, and many
+    headers include the same few gradsync headers (a collective, the Threads
+    backend) and, through them, much of the standard library. A few such
+    base headers are precompiled once here, and a header that includes base
+    B, directly or through others, is compiled with B's precompiled form
+    first. That checks the same thing as compiling it alone: B and all that B
+    includes are among what the header includes anyway, and its own code
+    comes after its includes (a header with code before an #include is
+    compiled without a base), so its code sees the same declarations in both
+    cases. Includes inside #if blocks are not counted as included.
+    The bases themselves are compiled alone, as every other header."""
+
+    CONDITIONAL = re.compile(r"^\s*#\s*(if|ifdef|ifndef)\b")
+    ENDIF = re.compile(r"^\s*#\s*endif\b")
+    DIRECTIVE = re.compile(r"^\s*#")
+    INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"]([^>\"]+)[>\"]")
+    COUNT = 10
+
+    def __init__(self, include_dir, headers):
+        self.include_dir = include_dir
+        self._direct = {}
+        self.closure = {h: self._closure(h) for h in headers}
+        self.code_first = {h for h in headers if self._scan(h)[1]}
+        self.bases = self._choose(headers)
+
+    def _scan(self, header):
+        """(unconditional includes, whether code precedes an #include)."""
+        if header in self._direct:
+            return self._direct[header]
+        depth, includes, seen_code, code_first, in_comment = 0, [], False, False, False
+        for line in (self.include_dir / header).read_text().splitlines():
+            text = line.strip()
+            if in_comment:
+                in_comment = "*/" not in text
+                continue
+            if not text or text.startswith("//"):
+                continue
+            if text.startswith("/*"):
+                in_comment = "*/" not in text
+                continue
+            if self.CONDITIONAL.match(text):
+                depth += 1
+            elif self.ENDIF.match(text):
+                depth -= 1
+            elif (m := self.INCLUDE.match(text)):
+                code_first = code_first or seen_code
+                if depth == 0:
+                    includes.append(m.group(1))
+            elif not self.DIRECTIVE.match(text):
+                seen_code = True
+        self._direct[header] = (includes, code_first)
+        return self._direct[header]
+
+    def _closure(self, header):
+        seen, todo = set(), [header]
+        while todo:
+            for name in self._scan(todo.pop())[0]:
+                if name not in seen:
+                    seen.add(name)
+                    if name.startswith("gradsync/") and (self.include_dir / name).is_file():
+                        todo.append(name)
+        return seen
+
+    def _choose(self, headers):
+        """Greedily, the bases that spare the most parsing, counted as the
+        number of headers a base brings in, summed over its users; a base
+        must spare more than twice what precompiling it costs (its own
+        parse), since loading its precompiled form costs each user too."""
+        users = [h for h in headers if h not in self.code_first]
+        best, bases = {h: 0 for h in users}, []
+        for _ in range(self.COUNT):
+            def gain(b):
+                size = len(self.closure[b])
+                return sum(max(0, size - best[h]) for h in users if b in self.closure[h])
+            candidates = [b for b in headers if b not in bases and b in self.closure]
+            if not candidates:
+                break
+            pick = max(candidates, key=gain)
+            if gain(pick) <= 2 * len(self.closure[pick]):
+                break
+            bases.append(pick)
+            for h in users:
+                if pick in self.closure[h]:
+                    best[h] = max(best[h], len(self.closure[pick]))
+        return bases
+
+    def base_for(self, header, built):
+        """The built base with the largest closure that `header` includes, or None."""
+        if header in self.code_first:
+            return None
+        fits = [b for b in built if b in self.closure[header]]
+        return max(fits, key=lambda b: len(self.closure[b]), default=None)
+
+
+def precompile(cxx, include_dir, base, extra_flags, work):
+    """The precompiled form of `base` in `work`; None if it does not build
+    (its own compile, alone, then reports why)."""
+    stub = work / (base.replace("/", "_") + ".hpp")
+    stub.write_text(f"#include <{base}>\n")
+    flags = [f for f in WARNINGS if f != "-fsyntax-only"]
+    cmd = cxx + flags + [f"-I{include_dir}"] + extra_flags + ["-x", "c++-header", str(stub), "-o", f"{stub}.gch"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return (base, stub) if proc.returncode == 0 else (base, None)
 
 
 INCLUDE_LINE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]\s*(//.*)?$')
@@ -97,10 +207,17 @@ def run_alone(cxx, include_dir, headers, extra_flags=()):
     headers, umbrellas = split_umbrellas(include_dir, headers)
     for h in umbrellas:
         print(f"umbrella {h}: only #include lines, each of a header compiled alone here or of a system header")
+    extra_flags = list(extra_flags)
+    index = BaseHeaders(include_dir, headers)
     failed = []
     workers = os.cpu_count() or 1
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        jobs = [pool.submit(compile_alone, cxx, include_dir, h, list(extra_flags)) for h in headers]
+    with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        built = dict(pool.map(lambda b: precompile(cxx, include_dir, b, extra_flags, pathlib.Path(tmp)), index.bases))
+        built = {b: stub for b, stub in built.items() if stub}
+        jobs = []
+        for h in headers:
+            base = index.base_for(h, built)
+            jobs.append(pool.submit(compile_alone, cxx, include_dir, h, extra_flags, built[base] if base else None))
         for job in jobs:
             header, rc, output = job.result()
             if rc == 0:
@@ -108,8 +225,10 @@ def run_alone(cxx, include_dir, headers, extra_flags=()):
             else:
                 print(f"FAIL  {header}\n{output}")
                 failed.append(header)
+    with_base = sum(1 for h in headers if index.base_for(h, built))
     print(f"{len(headers) - len(failed)} of {len(headers)} headers compile alone"
-          + (f"; {len(umbrellas)} umbrella(s) made of them" if umbrellas else ""))
+          + (f"; {len(umbrellas)} umbrella(s) made of them" if umbrellas else "")
+          + f"; {with_base} of them after one of {len(built)} precompiled base headers they include")
     return 1 if failed else 0
 
 
