@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/sanitizer_sample.hpp"
 #include "test_train_sharded_schedule.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
@@ -449,6 +450,7 @@ struct Spied {
 }  // namespace
 
 TEST_CASE("prefetch: gather(i-1) before reduce-scatter(i) under BackwardPre and BackwardPost, within the limit") {
+  test::SanitizerSample sample("prefetch trace", 4);
   at_worlds_with_batches("prefetch trace", 4, 2, 2, [&](int world, std::size_t ranks, const Batches& batches) {
     for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard,
                                             ShardingStrategy::ShardGradOp}) {
@@ -457,6 +459,7 @@ TEST_CASE("prefetch: gather(i-1) before reduce-scatter(i) under BackwardPre and 
              {BackwardPrefetch::None, BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
           for (const bool forward : {false, true}) {
             for (const std::size_t limit : {std::size_t{2}, std::size_t{1}, std::size_t{3}, std::size_t{0}}) {
+              if (!sample.keep()) continue;
               INFO("strategy = " << std::string(name(strategy)) << ", wrap = " << (wrapped ? "size 30" : "per unit")
                                  << ", backward = " << std::string(name(backward)) << ", forward = " << forward
                                  << ", limit = " << limit);
@@ -546,11 +549,13 @@ TEST_CASE("prefetch: parity with ReplicatedTrainer still holds, bitwise when det
   const std::uint64_t seed = test::rng_for("prefetch parity")();
   INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
   const auto adam = gradsync::Adam<float>({.lr = 0.01});
+  test::SanitizerSample sample("prefetch parity", 4);
   for_each_parity_run(seed, adam, [&](int world, const Batches& batches, const std::vector<float>& replicated,
                                       bool deterministic) {
     for (const ShardingStrategy strategy : all_strategies) {
       for (const BackwardPrefetch backward : {BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost}) {
         for (const bool wrapped : {false, true}) {
+          if (!sample.keep()) continue;
           INFO("strategy = " << std::string(name(strategy)) << ", backward = " << std::string(name(backward))
                              << ", wrap = " << (wrapped ? "size 30" : "per unit"));
           ShardedTrainerOptions so = options_for(strategy, world);
