@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/refusals.hpp"
 #include "support/sanitizers.hpp"
 #include "test_train_sharded_schedule.hpp"
 #include "test_train_squares.hpp"
@@ -915,14 +916,8 @@ TEST_CASE("bfloat16 compute: a float32 param_dtype and buffers (both trainers) t
     CAPTURE(world);
     auto refused = [&](auto model, ShardedTrainerOptions o, const char* needle) {
       INFO("expected: " << std::string(needle));
-      std::vector<std::string> messages(static_cast<std::size_t>(world));
-      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-        try {
-          ShardedTrainer trainer(comm, model, gradsync::Sgd<float>(), o);
-        } catch (const gradsync::InvalidArgument& e) {
-          messages[static_cast<std::size_t>(comm.rank())] = e.what();
-        }
-      });
+      const std::vector<std::string> messages = test::refusals_on_threads(
+          world, [&](Communicator<Threads>& comm) { ShardedTrainer trainer(comm, model, gradsync::Sgd<float>(), o); });
       for (const std::string& m : messages) {
         INFO(m);
         CHECK(m.find(needle) != std::string::npos);
@@ -933,13 +928,8 @@ TEST_CASE("bfloat16 compute: a float32 param_dtype and buffers (both trainers) t
     f32.param_dtype = gradsync::DataType::float32;
     refused(model, f32, "leave ShardedTrainerOptions::param_dtype unset or make it bfloat16, not float");
     refused(LowSquaresWithBuffer{model}, {}, "declares buffers (unit 'u0', 'running_mean')");
-    std::vector<std::string> messages(static_cast<std::size_t>(world));
-    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-      try {
-        ReplicatedTrainer trainer(comm, LowSquaresWithBuffer{model}, gradsync::Sgd<float>());
-      } catch (const gradsync::InvalidArgument& e) {
-        messages[static_cast<std::size_t>(comm.rank())] = e.what();
-      }
+    const std::vector<std::string> messages = test::refusals_on_threads(world, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, LowSquaresWithBuffer{model}, gradsync::Sgd<float>());
     });
     for (const std::string& m : messages) CHECK(m.find("declares buffers (unit 'u0', 'running_mean')") != std::string::npos);
   }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/refusals.hpp"
 #include "support/sanitizers.hpp"
 #include "test_train_checkpoint.hpp"
 #include "test_train_sharded_schedule.hpp"
@@ -407,19 +408,14 @@ TEST_CASE("memory_budget: a rank given a different budget makes every rank throw
     const std::size_t budget = std::size_t{1} << 30, other = budget + 1 + d(rng);
     for (const bool replicated : {false, true}) {
       CAPTURE(replicated);
-      std::vector<std::string> what(static_cast<std::size_t>(world));
-      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      const std::vector<std::string> what = test::refusals_on_threads(world, [&](Communicator<Threads>& comm) {
         const std::size_t mine = comm.rank() == odd ? other : budget;
-        try {
-          if (replicated) {
-            gradsync::ReplicatedTrainerOptions o;
-            o.memory_budget = mine;
-            gradsync::ReplicatedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), o);
-          } else {
-            ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {.memory_budget = mine});
-          }
-        } catch (const gradsync::InvalidArgument& e) {
-          what[static_cast<std::size_t>(comm.rank())] = e.what();
+        if (replicated) {
+          gradsync::ReplicatedTrainerOptions o;
+          o.memory_budget = mine;
+          gradsync::ReplicatedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), o);
+        } else {
+          ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Sgd<float>(), {.memory_budget = mine});
         }
       });
       INFO(what[0]);
@@ -444,17 +440,12 @@ TEST_CASE("offload: ranks that differ in whether they offload all throw the same
       CAPTURE(odd_offloads);
       for (const bool budget_too : {false, true}) {
         CAPTURE(budget_too);
-        std::vector<std::string> what(static_cast<std::size_t>(world));
-        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const std::vector<std::string> what = test::refusals_on_threads(world, [&](Communicator<Threads>& comm) {
           ShardedTrainerOptions o{.strategy = ShardingStrategy::FullShard};
           if ((comm.rank() == odd) == odd_offloads) o.offload = std::make_shared<HostOffloadSpace>();
           // Budgets that fit either way, so that only the disagreement refuses.
           if (budget_too) o.memory_budget = (std::size_t{1} << 30) + (comm.rank() == odd ? 7 : 0);
-          try {
-            ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Adam<float>(), o);
-          } catch (const gradsync::InvalidArgument& e) {
-            what[static_cast<std::size_t>(comm.rank())] = e.what();
-          }
+          ShardedTrainer trainer(comm, Squares{sizes, 1}, gradsync::Adam<float>(), o);
         });
         INFO(what[0]);
         CHECK(what[0].find("different settings: ") != std::string::npos);

@@ -16,6 +16,7 @@
 
 #include "support/common.hpp"
 #include "support/instances.hpp"
+#include "support/refusals.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_model.hpp"
 #include "test_train_nonfinite.hpp"
@@ -409,15 +410,10 @@ TEST_CASE("units: the message names both declarations, the unit counts, and ever
   auto shorter = mine;
   shorter.pop_back();
   auto run = [&](int world, auto declared) {
-    std::vector<std::string> messages(static_cast<std::size_t>(world));
     gradsync::ThreadsOptions topt;
     topt.timeout = std::chrono::seconds(5);
-    gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
-      try {
-        ReplicatedTrainer trainer(comm, Declared<float>{declared(comm.rank())}, gradsync::Sgd<float>({.lr = 0.1}));
-      } catch (const gradsync::InvalidArgument& e) {
-        messages[static_cast<std::size_t>(comm.rank())] = e.what();
-      }
+    const std::vector<std::string> messages = test::refusals_on_threads(world, topt, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, Declared<float>{declared(comm.rank())}, gradsync::Sgd<float>({.lr = 0.1}));
     });
     for (const auto& m : messages) CHECK(m == messages[0]);
     return messages[0];

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/refusals.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_sharded_schedule.hpp"
 #include "test_train_nonfinite.hpp"
@@ -319,13 +320,8 @@ TEST_CASE("bad input: a zero-sized model throws on every rank") {
   for (int world = 1; world <= 3; ++world) {
     for (const auto& units : {std::vector<gradsync::UnitSpec>{},
                               std::vector<gradsync::UnitSpec>{{"empty", {{"w", {0}}}, {}}}}) {
-      std::vector<std::string> messages(static_cast<std::size_t>(world));
-      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-        try {
-          ShardedTrainer trainer(comm, Declared<float>{units}, gradsync::Sgd<float>());
-        } catch (const gradsync::InvalidArgument& e) {
-          messages[static_cast<std::size_t>(comm.rank())] = e.what();
-        }
+      const std::vector<std::string> messages = test::refusals_on_threads(world, [&](Communicator<Threads>& comm) {
+        ShardedTrainer trainer(comm, Declared<float>{units}, gradsync::Sgd<float>());
       });
       for (const auto& m : messages) CHECK(m.find("declares no parameters") != std::string::npos);
     }
