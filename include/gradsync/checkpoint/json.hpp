@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gradsync/checkpoint/utf8.hpp"
+#include "gradsync/core/json_string.hpp"
 
 namespace gradsync::checkpoint::detail {
 
@@ -501,23 +502,6 @@ class JsonParser {
 /// Parses `text` (one JSON value of the subset above); the document keeps it.
 inline JsonDocument parse_json(std::string text) { return JsonParser(std::move(text)).parse_document(); }
 
-/// Appends `s` as a JSON string literal; bytes >= 0x80 pass through as UTF-8.
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (char c : s) {
-    auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      out += "\\u00";
-      out += "0123456789abcdef"[u >> 4];
-      out += "0123456789abcdef"[u & 0xF];
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-}
+using gradsync::detail::append_json_string;
 
 }  // namespace gradsync::checkpoint::detail

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/call_view.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/flight_recorder.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/rank_names.hpp"
@@ -72,7 +74,8 @@ class Communicator {
         call_(o.call_),
         label_(o.label_),
         scratch_(std::move(o.scratch_)),
-        failure_(std::move(o.failure_)) {}
+        failure_(std::move(o.failure_)),
+        flight_(std::move(o.flight_)) {}
 
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
@@ -153,6 +156,18 @@ class Communicator {
   /// every later call at once (see run()).
   bool failed() const noexcept { return !failure_.empty(); }
 
+  /// Writes this rank's flight record now: its last calls (256 unless
+  /// GRADSYNC_FLIGHT_ENTRIES says otherwise), what each was and how far it
+  /// got, as gradsync writes it by itself when a call fails. Into `dir`,
+  /// else $GRADSYNC_FLIGHT_DIR, else the working directory; returns the
+  /// file's path. Not collective. docs/DEBUGGING.md describes the file and
+  /// tools/flight-analyze reads the files of all ranks.
+  std::string write_flight_record(std::string dir = {}) const {
+    if (dir.empty()) dir = detail::flight_dir();
+    if (dir.empty()) dir = ".";
+    return flight_.write(dir, flight_context("requested", "", label_.names));
+  }
+
  private:
   friend struct detail::RunCall;
   friend struct detail::EndpointAccess;
@@ -193,20 +208,49 @@ class Communicator {
       call.label = label_;
     }
     call_ = call;
+    detail::FlightEntry& flight = flight_.issue(call_);
     try {
       // begin_call/end_call are protocol hooks, not capabilities: a backend
       // brackets a call with them to check that ranks agree on it, and code
       // above the backends never asks whether they exist.
       if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
+      detail::FlightRecorder::start(flight);
       detail::CallView<B> view(ep_, call_, timeout_, scratch_);
       std::forward<F>(body)(view);
       if constexpr (requires { ep_.end_call(call_, timeout_); }) ep_.end_call(call_, timeout_);
+      detail::FlightRecorder::end(flight, detail::FlightState::completed);
     } catch (const std::exception& e) {
-      record_failure(detail::current_failure_kind(), e.what());
+      detail::FlightRecorder::end(flight, detail::FlightState::failed);
+      const detail::FailureKind kind = detail::current_failure_kind();
+      // The record first: under a backend policy that ends the job on a
+      // failure (Mpi's abort_job), record_failure does not return.
+      write_failure_record(kind, e.what());
+      record_failure(kind, e.what());
       throw;
     } catch (...) {
+      detail::FlightRecorder::end(flight, detail::FlightState::failed);
+      write_failure_record(detail::FailureKind::error, "unknown exception");
       record_failure(detail::FailureKind::error, "unknown exception");
       throw;
+    }
+  }
+
+  detail::FlightRecorder::Context flight_context(std::string_view reason, std::string_view message,
+                                                 const LabelNames* live) const noexcept {
+    return {.rank = rank(), .size = size(), .names = &rank_names(), .reason = reason, .message = message,
+            .live_names = live};
+  }
+
+  /// The flight record of the call that just failed, where flight_dir()
+  /// says. A record that cannot be written is reported on stderr: the
+  /// failure being thrown is the news, and must not be replaced.
+  void write_failure_record(detail::FailureKind kind, const char* what) const noexcept {
+    try {
+      const std::string dir = detail::flight_dir();
+      if (!dir.empty()) flight_.write(dir, flight_context(detail::name(kind), what, call_.label.names));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    } catch (...) {
     }
   }
 
@@ -258,6 +302,7 @@ class Communicator {
   CallLabel label_{};  ///< set by detail::LabelScope around a caller's collectives
   detail::ScratchPool scratch_;
   std::string failure_;  ///< empty until a call fails
+  detail::FlightRecorder flight_{detail::flight_capacity()};
   std::atomic<bool> busy_{false};
 };
 

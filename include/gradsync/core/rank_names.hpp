@@ -57,6 +57,9 @@ class RankNames {
     return d_->world[static_cast<std::size_t>(rank)];
   }
 
+  /// The group's name: "world" for a communicator not made by split.
+  std::string group() const { return d_ ? d_->group : std::string("world"); }
+
   /// "rank 3" on the world; "world rank 5 (rank 1 of shard group 2)" on a
   /// group made by split.
   std::string who(int rank) const {

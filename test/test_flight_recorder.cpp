@@ -1,0 +1,162 @@
+// The flight recorder: each communicator's ring of its last calls, and the
+// record every rank writes when a call fails (test/flight/ checks what
+// tools/flight-analyze makes of the records, under faults).
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradsync/gradsync.hpp"
+#include "support/common.hpp"
+#include "support/temp_dir.hpp"
+
+// Everything in this file is in its own namespace: test/meson.build compiles
+// it in one translation unit with other test files (a unity build).
+namespace test_flight_recorder {
+
+namespace gs = gradsync;
+using gs::Communicator;
+using gs::Threads;
+using gs::detail::FlightRecorder;
+using gs::detail::FlightState;
+
+std::string read(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+/// Sets GRADSYNC_FLIGHT_DIR for its lifetime (before any rank's thread
+/// starts, so every rank reads it).
+struct FlightDir {
+  explicit FlightDir(const std::filesystem::path& p) { setenv("GRADSYNC_FLIGHT_DIR", p.c_str(), 1); }
+  ~FlightDir() {
+    if (old.empty()) {
+      unsetenv("GRADSYNC_FLIGHT_DIR");
+    } else {
+      setenv("GRADSYNC_FLIGHT_DIR", old.c_str(), 1);
+    }
+  }
+  std::string old = std::getenv("GRADSYNC_FLIGHT_DIR") ? std::getenv("GRADSYNC_FLIGHT_DIR") : "";
+};
+
+TEST_CASE("flight record: the ring keeps the last calls, oldest first, with how far each got") {
+  auto g = test::rng_for("flight ring");
+  const std::size_t capacity = 1 + g() % 8, calls = capacity + g() % 20;
+  CAPTURE(capacity);
+  CAPTURE(calls);
+  FlightRecorder ring(capacity);
+  for (std::size_t k = 1; k <= calls; ++k) {
+    gs::detail::CallInfo call{};
+    call.collective = gs::Collective::all_reduce;
+    call.seq = k;
+    auto& e = ring.issue(call);
+    CHECK(e.state == FlightState::issued);
+    FlightRecorder::start(e);
+    if (k % 3) FlightRecorder::end(e, k == calls ? FlightState::failed : FlightState::completed);
+  }
+  CHECK(ring.recorded() == calls);
+  REQUIRE(ring.held() == std::min(capacity, calls));
+  for (std::size_t i = 0; i < ring.held(); ++i) {
+    const auto& e = ring.entry(i);
+    const std::uint64_t seq = calls - ring.held() + 1 + i;
+    CHECK(e.call.seq == seq);
+    CHECK(e.issued_ns > 0);
+    if (seq % 3 == 0) {
+      CHECK(e.state == FlightState::started);
+      CHECK(e.ended_ns == 0);
+    } else {
+      CHECK(e.state == (seq == calls ? FlightState::failed : FlightState::completed));
+      CHECK(e.ended_ns >= e.issued_ns);
+    }
+    if (i) CHECK(e.issued_ns >= ring.entry(i - 1).issued_ns);
+  }
+}
+
+TEST_CASE("flight record: written on request, each rank's last calls, completed") {
+  test::TempDir dir;
+  std::vector<std::string> paths(3);
+  gs::run_threads(3, [&](Communicator<Threads>& comm) {
+    std::vector<float> x(101, 1.0f), all(303);
+    for (int k = 0; k < 5; ++k) gs::AllReduce{}(comm, std::span<float>(x));
+    gs::AllGather{}(comm, std::span<const float>(x), std::span<float>(all));
+    paths[static_cast<std::size_t>(comm.rank())] = comm.write_flight_record(dir.path.string());
+  });
+  for (int r = 0; r < 3; ++r) {
+    const auto expected = dir.path / ("gradsync-flight-world-rank" + std::to_string(r) + ".json");
+    CHECK(paths[static_cast<std::size_t>(r)] == expected.string());
+    const std::string text = read(expected);
+    CHECK(occurrences(text, "\"state\": \"completed\"") == 6);
+    CHECK(occurrences(text, "\"collective\": \"AllReduce\"") == 5);
+    CHECK(occurrences(text, "\"what\": \"AllGather #6 (") == 1);
+    CHECK(occurrences(text, "\"reason\": \"requested\"") == 1);
+    CHECK(occurrences(text, "\"rank\": " + std::to_string(r) + ",") == 1);
+  }
+}
+
+TEST_CASE("flight record: a failing call writes every rank's record, named by its group and world rank") {
+  // Two groups of a split world; in one of them a rank calls something else
+  // at a random call: every rank of that group records the call as failed,
+  // and the other group writes nothing.
+  auto g = test::rng_for("flight failure");
+  const int n = 4 + static_cast<int>(g() % 3);
+  const int odd = static_cast<int>(g() % 2), bad_call = 2 + static_cast<int>(g() % 4);
+  CAPTURE(n);
+  CAPTURE(odd);
+  CAPTURE(bad_call);
+  test::TempDir dir;
+  const FlightDir env(dir.path);
+  std::mutex m;
+  std::vector<int> failed_world_ranks;
+  gs::run_threads(n, [&](Communicator<Threads>& comm) {
+    comm.set_timeout(std::chrono::seconds(20));
+    const int color = comm.rank() % 2;
+    auto group = comm.split(color, 0, color ? "odd ranks" : "even ranks");
+    std::vector<float> x(37, 1.0f), all(37 * static_cast<std::size_t>(group->size()));
+    try {
+      for (int k = 1; k <= 6; ++k) {
+        if (color == 1 && group->rank() == odd && k == bad_call) {
+          gs::AllGather{}(*group, std::span<const float>(x), std::span<float>(all));
+        } else {
+          gs::AllReduce{}(*group, std::span<float>(x));
+        }
+      }
+    } catch (const gs::InvalidArgument&) {
+      const std::lock_guard lock(m);
+      failed_world_ranks.push_back(comm.rank());
+    }
+  });
+  std::vector<int> files;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path)) {
+    const std::string name = f.path().filename().string();
+    INFO(name);
+    REQUIRE(name.starts_with("gradsync-flight-odd-ranks-rank"));
+    files.push_back(std::stoi(name.substr(30)));
+    const std::string text = read(f.path());
+    CHECK(occurrences(text, "\"reason\": \"InvalidArgument\"") == 1);
+    CHECK(occurrences(text, "\"state\": \"failed\"") == 1);
+    CHECK(occurrences(text, "\"state\": \"completed\"") == static_cast<std::size_t>(bad_call - 1));
+    CHECK(occurrences(text, "\"group\": \"odd ranks\"") == 1);
+  }
+  std::sort(files.begin(), files.end());
+  std::sort(failed_world_ranks.begin(), failed_world_ranks.end());
+  CHECK(files == failed_world_ranks);
+  CHECK(files.size() == static_cast<std::size_t>(n / 2));
+}
+
+}  // namespace test_flight_recorder
