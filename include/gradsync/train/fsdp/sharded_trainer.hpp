@@ -30,7 +30,7 @@
 #include "gradsync/train/fsdp/accumulation_mode.hpp"
 #include "gradsync/train/fsdp/backward_prefetch.hpp"
 #include "gradsync/train/common/bfloat16_copies.hpp"
-#include "gradsync/train/optim/clip_grad_norm.hpp"
+#include "gradsync/train/fsdp/clip_grad_norm.hpp"
 #include "gradsync/train/fsdp/buffer_pool.hpp"
 #include "gradsync/train/fsdp/unit_lender.hpp"
 #include "gradsync/train/fsdp/hybrid_groups.hpp"
@@ -161,37 +161,20 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// order p of the averaged gradient (infinity: the largest magnitude).
   /// Each rank takes Σ|g|^p (or max|g|) over its shard, an AllReduce Sum (or
   /// Max) combines them, so every rank returns the same value; under NoShard
-  /// every rank holds the whole gradient (each element counted once). If the norm exceeds max_norm, the gradient is
-  /// scaled by max_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.
+  /// every rank holds the whole gradient (each element counted once). If the
+  /// norm exceeds max_norm, the gradient is scaled by max_norm / (norm +
+  /// 1e-6), as PyTorch's clip_grad_norm_.
   /// Collective, labelled with max_norm and p: ranks that clip differently
   /// fail here on every rank, naming both (NoShard and HybridShard pay one
   /// 8-byte all-reduce over all ranks for it).
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ShardedTrainer", max_norm, p);
     this->check_pending("clip_grad_norm");
-    double partial = detail::norm_partial(std::span<const value_type>(state_.grad_shard()), p);
     Options opts = o_.collective;
     opts.label = this->clip_label(max_norm, p);
-    const AllReduce<Algo> all_reduce{opts};
-    // Replicas hold the same shards: the shard group's partials are the whole.
-    if (sharded() && comms_.shard().size() > 1) {
-      failing_together([&] {
-        if (std::isinf(p)) {
-          all_reduce(comms_.shard(), std::span<double>(&partial, 1), Max{});
-        } else {
-          all_reduce(comms_.shard(), std::span<double>(&partial, 1), Sum{});
-        }
-      });
-    }
-    // Where that call did not span every rank (NoShard, HybridShard), one
-    // 8-byte Max of equal values over all of them is the agreement on
-    // max_norm and p: ranks that clip differently would step apart silently.
-    if (comm_.size() > 1 && !(sharded() && comms_.shard_is_world())) {
-      failing_together([&] { all_reduce(comm_, std::span<double>(&partial, 1), Max{}); });
-    }
-    const double total = detail::norm_total(partial, p);
-    detail::clip_to(state_.grad_shard(), total, max_norm);
-    return total;
+    return failing_together([&] {
+      return detail::fsdp::clip_grad_norm<Algo>(comms_, sharded(), state_.grad_shard(), max_norm, p, opts);
+    });
   }
 
   /// The second half of step(): the optimizer step on this rank's shard;
