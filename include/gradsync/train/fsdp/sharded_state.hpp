@@ -4,7 +4,8 @@
 /// replicated buffers, NoShard's views) and how construction builds it:
 /// lay out the wrapped units, describe them in a ShardPlan, let the model
 /// write its initial values, broadcast rank 0's and keep this rank's
-/// chunks. Apart from the step's code because none of it runs in a step.
+/// chunks; and, between steps, gather what it keeps back into whole units.
+/// Apart from the step's code because none of it runs in a step.
 
 #include <algorithm>
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/offload_space.hpp"
@@ -176,6 +178,43 @@ struct ShardedState {
       }
     }
     if (!buffers.empty()) broadcast(world, std::span<T>(buffers), 0);
+  }
+
+  /// One wrapped unit's `chunk` (c elements of a shard-shaped buffer)
+  /// gathered over `group` into `full` (its size · c, padding last);
+  /// NoShard, where the chunk is the whole unit: copied. Collective over the group.
+  template <class Algo, class Comm>
+  void gather_chunk(Comm& group, std::span<const T> chunk, std::span<T> full, const Options& opts) const {
+    if (!flat.sharded) {
+      std::ranges::copy(chunk, full.begin());
+      return;
+    }
+    AllGather<Algo>{opts}(group, chunk, full);
+  }
+
+  /// Every wrapped unit's parameters, unpadded, in order, gathered over
+  /// `group` (the shard group); `opts_of(w)` labels unit w's gather.
+  /// Collective over the group.
+  template <class Algo, class Comm, class Labeller>
+  std::vector<T> gather_all(Comm& group, Labeller&& opts_of) const {
+    std::vector<T> all;
+    all.reserve(flat.total);
+    const auto shards = static_cast<std::size_t>(flat.sharded ? group.size() : 1);
+    for (std::size_t w = 0; w < flat.groups.size(); ++w) {
+      const std::size_t c = flat.chunks[w];
+      std::vector<T> full(c * shards);
+      std::span<const T> in = chunk(w);
+      if (space) {
+        // The offloaded chunk crosses by copy, into its own block: gathered in place.
+        const std::span<T> own = std::span<T>(full).subspan(static_cast<std::size_t>(group.rank()) * c, c);
+        space->copy_in(own.data(), in.data(), own.size_bytes());
+        space->wait();
+        in = own;
+      }
+      gather_chunk<Algo>(group, in, std::span<T>(full), opts_of(w));
+      all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(flat.sizes[w]));
+    }
+    return all;
   }
 
  private:

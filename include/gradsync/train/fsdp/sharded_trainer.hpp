@@ -236,29 +236,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Gathers every unit's parameters, unpadded, units in declaration order
   /// (what ReplicatedTrainer::parameters() holds). Collective.
   std::vector<value_type> full_parameters() {
-    std::vector<value_type> all;
-    all.reserve(state_.flat.total);
-    for (std::size_t u = 0; u < unit_count(); ++u) {
-      if (!sharded()) {
-        const auto s = unit_shard(u);
-        all.insert(all.end(), s.begin(), s.end());
-        continue;
-      }
-      const std::size_t c = state_.flat.chunks[u];
-      std::vector<value_type> full(c * static_cast<std::size_t>(shard_count()));
-      std::span<const value_type> in = unit_shard(u);
-      if (offloaded()) {
-        // The offloaded chunk crosses by copy, into its own block: gathered in place.
-        const std::span<value_type> own =
-            std::span<value_type>(full).subspan(static_cast<std::size_t>(shard_rank()) * c, c);
-        o_.offload->copy_in(own.data(), in.data(), own.size_bytes());
-        o_.offload->wait();
-        in = own;
-      }
-      AllGather<Algo>{labelled(detail::LabelPhase::gather, u)}(comms_.shard(), in, std::span<value_type>(full));
-      all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(state_.flat.sizes[u]));
-    }
-    return all;
+    return state_.template gather_all<Algo>(comms_.shard(), [this](std::size_t w) {
+      return labelled(detail::LabelPhase::gather, w);
+    });
   }
 
   std::span<value_type> buffers() noexcept { return state_.buffers; }
@@ -331,11 +311,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                             " elements into " + std::to_string(c * n) + ", got " + std::to_string(chunk.size()) +
                             " into " + std::to_string(full.size()));
     }
-    if (!sharded()) {
-      std::copy(chunk.begin(), chunk.end(), full.begin());
-      return;
-    }
-    AllGather<Algo>{labelled(detail::LabelPhase::gather, u)}(comms_.shard(), chunk, full);
+    state_.template gather_chunk<Algo>(comms_.shard(), chunk, full, labelled(detail::LabelPhase::gather, u));
   }
 
 
