@@ -26,6 +26,7 @@
 #include "gradsync/train/fsdp/offloaded.hpp"
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
+#include "gradsync/train/common/bfloat16_copies.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/fsdp/shard_plan.hpp"
 
@@ -178,6 +179,17 @@ struct ShardedState {
       }
     }
     if (!buffers.empty()) broadcast(world, std::span<T>(buffers), 0);
+  }
+
+  /// NoShard with a bfloat16 model: its copy of the parameters, rounded
+  /// from the shard (which the optimizer, a checkpoint's load or the user
+  /// may have changed); `zero_grads`: a step's, whose gradients start at 0.
+  void round_copies(bool zero_grads) {
+    if constexpr (computes_bf16) {
+      if (flat.sharded) return;
+      round_into(std::span<const T>(shard_params), std::span<bfloat16>(bf16_params));
+      if (zero_grads) std::ranges::fill(bf16_grads, bfloat16(0.0f));
+    }
   }
 
   /// One wrapped unit's `chunk` (c elements of a shard-shaped buffer)

@@ -202,7 +202,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         t.step_ = step;
       }
     } end{*this, step_};
-    round_parameters(false);
+    state_.round_copies(false);
     const StepContext<compute_type> ctx(lender_);
     return std::forward<F>(f)(ctx);
   }
@@ -393,7 +393,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     const double exposed_before = step_.exposed_comm_seconds;
     double loss = 0;
     try {
-      round_parameters(true);
+      state_.round_copies(true);
       const StepContext<compute_type> ctx(lender_);
       loss = static_cast<double>(model_.forward_backward(batch, ctx));
       this->note_loss(loss);
@@ -430,17 +430,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
 
   /// Starts an evaluation (run_model starts a step itself).
   void begin_step(bool evaluating) { lender_.begin_step(evaluating); }
-
-  /// NoShard with a bfloat16 model: its copy of the parameters, rounded
-  /// from the shard (which the optimizer, a checkpoint's load or the user
-  /// may have changed); `zero_grads`: a step's, whose gradients start at 0.
-  void round_parameters(bool zero_grads) {
-    if constexpr (computes_bf16) {
-      if (sharded()) return;
-      detail::round_into(std::span<const value_type>(state_.shard_params), std::span<bfloat16>(state_.bf16_params));
-      if (zero_grads) std::ranges::fill(state_.bf16_grads, bfloat16(0.0f));
-    }
-  }
 
   /// After a step that threw, or an evaluation: let what is in flight end
   /// and free every gathered unit.
