@@ -244,19 +244,11 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   std::span<value_type> buffers() noexcept { return state_.buffers; }
 
   /// Bytes this rank keeps between steps: its parameter and gradient shards
-  /// and the optimizer's state on them, (2 + S)·sizeof(T)·Σ_u c_u, S being
-  /// the optimizer's state elements per parameter (0 for SGD, 1 with
-  /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say,
-  /// through `state_per_element()`). Buffers are replicated and left out.
-  /// With offload these are in the offload space, and this is 0 (the
-  /// optimizer's state if it cannot be lent storage, see bind_state).
-  /// NoShard with a bfloat16 model adds its copies of the parameters and
-  /// gradients, 2·2·Ψ.
+  /// and the optimizer's state on them (the formula, with what offload and a
+  /// bfloat16 model change: detail::fsdp::persistent_bytes, memory.hpp).
   std::size_t persistent_bytes() const noexcept {
-    const std::size_t state = optimizer_state_per_element() * sizeof(value_type) * state_.master().size();
-    if (offloaded()) return state_in_space() ? 0 : state;
-    return 2 * sizeof(value_type) * state_.shard_params.size() + state +
-           (state_.bf16_params.size() + state_.bf16_grads.size()) * sizeof(bfloat16);
+    return detail::fsdp::persistent_bytes(state_.master().size(), state_.bf16_params.size() + state_.bf16_grads.size(),
+                                          memory_facts());
   }
 
   /// What this rank needs, by the formula (detail::sharded_memory_need):
