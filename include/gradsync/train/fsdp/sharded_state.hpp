@@ -28,6 +28,7 @@
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
 #include "gradsync/train/common/bfloat16_copies.hpp"
 #include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/unit_agreement.hpp"
 #include "gradsync/train/fsdp/shard_plan.hpp"
 
 namespace gradsync::detail::fsdp {
@@ -72,11 +73,13 @@ struct ShardedState {
   std::span<const T> chunk(std::size_t w) const { return master().subspan(flat.offsets.at(w), flat.chunks.at(w)); }
 
   /// Groups the model units into wrapped units (o.wrap) over `shards` ranks
-  /// and allocates the shards; offloaded, in the space, with the optimizer's
-  /// state lent from it too when it can take it (`bind_state`), so that none
-  /// of it stays on the compute side.
+  /// (of `replicas` copies), describes them in the plan, and allocates the
+  /// shards; offloaded, in the space, with the optimizer's state lent from
+  /// it too when it can take it (`bind_state`), so that none of it stays on
+  /// the compute side.
   template <class Opt>
-  void lay_out(const ShardedTrainerOptions& o, std::size_t shards, Opt& opt, std::size_t state_per_element) {
+  void lay_out(const ShardedTrainerOptions& o, std::size_t shards, std::size_t replicas, Opt& opt,
+               std::size_t state_per_element) {
     flat = FlatShard::make(o.wrap.group(specs), specs, shards, o.strategy != ShardingStrategy::NoShard);
     space = o.offload;
     const std::size_t at = flat.shard_elements;
@@ -91,29 +94,28 @@ struct ShardedState {
       shard_params.assign(at, T(0));
       shard_grads.assign(at, T(0));
     }
+    make_plan(o, shards, replicas, state_per_element);
   }
 
-  /// The ShardPlan of the layout: each wrapped unit's model units, sizes and bytes.
-  void make_plan(const ShardedTrainerOptions& o, std::size_t shards, std::size_t replicas,
-                 std::size_t state_per_element) {
-    plan.policy = o.wrap.describe();
-    plan.strategy = name(o.strategy);
-    plan.shards = static_cast<int>(shards);
-    plan.replicas = static_cast<int>(replicas);
-    plan.element_bytes = sizeof(T);
-    plan.state_per_element = state_per_element;
-    for (std::size_t w = 0; w < flat.groups.size(); ++w) {
-      ShardPlan::Unit unit;
-      const auto [first, last] = flat.groups[w];
-      unit.name = first == last ? specs[first].name : specs[first].name + ".." + specs[last].name;
-      for (std::size_t m = first; m <= last; ++m) unit.model_units.push_back(m);
-      unit.params = flat.sizes[w];
-      unit.shard = flat.chunks[w];
-      unit.padding = flat.sharded ? shards * flat.chunks[w] - flat.sizes[w] : 0;
-      unit.bytes_per_rank = (2 + state_per_element) * sizeof(T) * flat.chunks[w];
-      unit.gathered_bytes = flat.sharded ? shards * flat.chunks[w] * sizeof(C) : 0;
-      plan.units.push_back(std::move(unit));
+  /// Each wrapped unit's name, quoted, as its collectives' labels put it in words.
+  std::vector<std::string> label_names() const {
+    std::vector<std::string> names;
+    for (const ShardPlan::Unit& unit : plan.units) names.push_back("'" + unit.name + "'");
+    return names;
+  }
+
+  /// A custom wrapping predicate may look at more than the units: every
+  /// rank must have grouped them alike. Collective over `world`.
+  template <class Comm>
+  void check_plan_agrees(Comm& world) const {
+    std::vector<std::string> groups;
+    for (const ShardPlan::Unit& unit : plan.units) {
+      groups.push_back("'" + unit.name + "' (model units " + std::to_string(unit.model_units.front()) + " to " +
+                       std::to_string(unit.model_units.back()) + ")");
     }
+    check_units_agree(world, groups, "ShardedTrainer wrapping plan",
+                      "The custom WrapPolicy predicate must group the units alike on every rank: check what it "
+                      "depends on besides its arguments (rank, configuration).");
   }
 
   /// Views of model unit `layer` over `params` and `grads` (as many, or
@@ -230,6 +232,30 @@ struct ShardedState {
   }
 
  private:
+  /// The ShardPlan of the layout: each wrapped unit's model units, sizes and bytes.
+  void make_plan(const ShardedTrainerOptions& o, std::size_t shards, std::size_t replicas,
+                 std::size_t state_per_element) {
+    plan.policy = o.wrap.describe();
+    plan.strategy = name(o.strategy);
+    plan.shards = static_cast<int>(shards);
+    plan.replicas = static_cast<int>(replicas);
+    plan.element_bytes = sizeof(T);
+    plan.state_per_element = state_per_element;
+    for (std::size_t w = 0; w < flat.groups.size(); ++w) {
+      ShardPlan::Unit unit;
+      const auto [first, last] = flat.groups[w];
+      unit.name = first == last ? specs[first].name : specs[first].name + ".." + specs[last].name;
+      for (std::size_t m = first; m <= last; ++m) unit.model_units.push_back(m);
+      unit.params = flat.sizes[w];
+      unit.shard = flat.chunks[w];
+      unit.padding = flat.sharded ? shards * flat.chunks[w] - flat.sizes[w] : 0;
+      unit.bytes_per_rank = (2 + state_per_element) * sizeof(T) * flat.chunks[w];
+      unit.gathered_bytes = flat.sharded ? shards * flat.chunks[w] * sizeof(C) : 0;
+      plan.units.push_back(std::move(unit));
+    }
+  }
+
+
   /// NoShard: the model sees the shard in place, in steps too (check_offload
   /// refuses NoShard with offload); a bfloat16 model sees copies of it
   /// (every unit whole), as under ReplicatedTrainer. It writes its initial values.

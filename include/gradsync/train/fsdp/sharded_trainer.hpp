@@ -329,28 +329,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// of their collectives; a custom wrapping predicate's grouping is agreed.
   void lay_out(detail::fsdp::Precision precision) {
     const auto shards = static_cast<std::size_t>(comms_.shard().size());
-    state_.lay_out(o_, shards, opt_, optimizer_state_per_element());
-    state_.make_plan(o_, shards, static_cast<std::size_t>(comm_.size()) / shards, optimizer_state_per_element());
-    // param_dtype bfloat16 under ShardGradOp: a unit kept gathered from its
-    // forward to its backward keeps only the bfloat16 copy its gather
-    // received, where that holds less in all (detail::keeping_bf16_pays).
-    const bool keep_bf16 = !computes_bf16 && precision.params_bf16 && o_.strategy == ShardingStrategy::ShardGradOp &&
-                           detail::keeping_bf16_pays(state_.flat.sizes, shards, sizeof(value_type), sizeof(bfloat16));
-    lender_.lay_out({precision.params_bf16, precision.grads_bf16, keep_bf16},
-                    [this](detail::LabelPhase phase, std::size_t w) { return labelled(phase, w); });
-    std::vector<std::string> names, groups;
-    for (const ShardPlan::Unit& planned : state_.plan.units) {
-      names.push_back("'" + planned.name + "'");
-      groups.push_back("'" + planned.name + "' (model units " + std::to_string(planned.model_units.front()) +
-                       " to " + std::to_string(planned.model_units.back()) + ")");
-    }
-    labels_.emplace("step", "wrapped unit", std::move(names), "optimizer lr");
-    if (o_.wrap.is_custom()) {
-      // A predicate may look at more than the units: its grouping must agree too.
-      detail::check_units_agree(comm_, groups, "ShardedTrainer wrapping plan",
-                                "The custom WrapPolicy predicate must group the units alike on every rank: check "
-                                "what it depends on besides its arguments (rank, configuration).");
-    }
+    state_.lay_out(o_, shards, static_cast<std::size_t>(comm_.size()) / shards, opt_, optimizer_state_per_element());
+    lender_.lay_out(precision, [this](detail::LabelPhase phase, std::size_t w) { return labelled(phase, w); });
+    labels_.emplace("step", "wrapped unit", state_.label_names(), "optimizer lr");
+    if (o_.wrap.is_custom()) state_.check_plan_agrees(comm_);
   }
 
   /// Runs f; a failure of one of HybridShard's communicators fails the others alike.

@@ -31,6 +31,7 @@
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharded_state.hpp"
 #include "gradsync/train/fsdp/unit_group.hpp"
+#include "gradsync/train/common/memory_need.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/common/on_nonfinite.hpp"
 #include "gradsync/train/common/step_labels.hpp"
@@ -49,21 +50,22 @@ class UnitLender final : public UnitProvider<C> {
   /// The options labelled for a collective of the coming step (phase, wrapped unit).
   using Labeller = std::function<Options(LabelPhase, std::size_t)>;
 
-  /// What param_dtype and reduce_dtype say, and whether kept units keep
-  /// only their bfloat16 copy (ShardGradOp, where it pays).
-  struct Precision {
-    bool params_bf16 = false, grads_bf16 = false, keep_bf16 = false;
-  };
-
   UnitLender(const ShardedTrainerOptions& o, HybridGroups<Comm>& comms, ShardedState<T, C>& state, StepStats& step,
              std::string where)
       : o_(o), comms_(comms), state_(state), where_(std::move(where)), issuer_(units_, comms, step, sharded()),
         step_(step) {}
 
-  /// One UnitGroup per wrapped unit of the state's layout.
+  /// One UnitGroup per wrapped unit of the state's layout; `precision`:
+  /// what param_dtype and reduce_dtype say.
   void lay_out(Precision precision, Labeller labelled) {
     precision_ = precision;
     labelled_ = std::move(labelled);
+    // param_dtype bfloat16 under ShardGradOp: a unit kept gathered from its
+    // forward to its backward keeps only the bfloat16 copy its gather
+    // received, where that holds less in all (keeping_bf16_pays).
+    keep_bf16_ = !computes_bf16 && precision.params_bf16 && o_.strategy == ShardingStrategy::ShardGradOp &&
+                 keeping_bf16_pays(state_.flat.sizes, static_cast<std::size_t>(comms_.shard().size()), sizeof(T),
+                                   sizeof(bfloat16));
     for (std::size_t w = 0; w < state_.flat.groups.size(); ++w) {
       units_.emplace_back(w, state_.plan.units[w].name, state_.flat.first_member(w), state_.flat.last_member(w),
                           o_.strategy);
@@ -87,7 +89,7 @@ class UnitLender final : public UnitProvider<C> {
     add_ = add;
   }
   bool evaluating() const noexcept { return evaluating_; }
-  bool keeps_bf16() const noexcept { return precision_.keep_bf16; }
+  bool keeps_bf16() const noexcept { return keep_bf16_; }
   /// No unit is kept gathered past its use (between steps).
   bool idle() const noexcept { return lingering_.empty(); }
 
@@ -178,7 +180,7 @@ class UnitLender final : public UnitProvider<C> {
     const ReleaseRules rules{.evaluating = evaluating_,
                              .keep_last_forward_unit = o_.keep_last_forward_unit,
                              .keeps_gathered = keeps_gathered(),
-                             .keeps_bf16 = precision_.keep_bf16};
+                             .keeps_bf16 = keep_bf16_};
     Unit& unit = unit_of(layer);
     if (unit.release(layer, rules, giver())) lingering_.push_back(unit.index());
   }
@@ -301,7 +303,7 @@ class UnitLender final : public UnitProvider<C> {
     } else {
       // A unit kept in bfloat16 keeps the copy it receives; otherwise that copy is the worker's scratch.
       unit.start_gather(take(padded, false),
-                        precision_.keep_bf16 ? std::vector<bfloat16>(padded) : std::vector<bfloat16>());
+                        keep_bf16_ ? std::vector<bfloat16>(padded) : std::vector<bfloat16>());
     }
     track_transient();
     issuer_.gather(unit, labelled_(LabelPhase::gather, w), state_.chunk(w), precision_.params_bf16, o_.offload.get());
@@ -360,6 +362,8 @@ class UnitLender final : public UnitProvider<C> {
   StepStats& step_;
   Labeller labelled_;
   Precision precision_;
+  /// Kept units keep only their bfloat16 copy (ShardGradOp, where it pays).
+  bool keep_bf16_ = false;
   bool evaluating_ = false;
   /// This backward reduces each ready unit (false: a NoSync micro-step).
   bool reducing_ = true;
