@@ -146,12 +146,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   double accumulate(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     this->check_no_pending("accumulate");
-    if (offloaded() && o_.accumulation == AccumulationMode::Sharded) {
-      throw InvalidArgument(where() +
-                            ": accumulate() with ShardedTrainerOptions::offload needs AccumulationMode::NoSync; "
-                            "sharded accumulation would add every micro-step's reduced shard into the offloaded "
-                            "gradient shard, which only copies reach (PyTorch FSDP refuses it with CPU offload too)");
-    }
+    detail::fsdp::check_accumulate(o_, where());
     const double loss = failing_together([&] { return run_model(batch, false); });
     ++micro_steps_;
     return loss;
