@@ -343,21 +343,9 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// else a micro-step of accumulate().
   template <class Batch>
   double run_model(const Batch& batch, bool sync) {
-    lender_.clear_trace();
-    // A step's figures, and its search for NaN and Inf, cover all its micro-steps.
-    if (micro_steps_ == 0) {
-      step_ = {};
-      lender_.clear_nonfinite();
-    }
-    lender_.begin_step(false);
-    const bool reducing = sync || o_.accumulation == AccumulationMode::Sharded;
-    // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer;
-    // sharded accumulation adds every micro-step's mean into the shard.
-    lender_.set_reduction(reducing,
-                          sync && o_.accumulation == AccumulationMode::NoSync
-                              ? static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1))
-                              : value_type(1),
-                          o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0);
+    // A step's figures cover all its micro-steps.
+    if (micro_steps_ == 0) step_ = {};
+    lender_.begin_training_step(sync, micro_steps_);
     const auto t0 = std::chrono::steady_clock::now();
     const double exposed_before = step_.exposed_comm_seconds;
     double loss = 0;
@@ -373,12 +361,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     this->stats_.compute_seconds += wall;
     step_.compute_seconds += wall - (step_.exposed_comm_seconds - exposed_before);
-    lender_.finish(!reducing);
-    // Sharded accumulation summed K means into the shard: their mean.
-    if (sync && o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0) {
-      const auto k = static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1));
-      for (value_type& x : state_.grad_shard()) x *= k;
-    }
+    lender_.finish();
     return loss;
   }
 

@@ -81,12 +81,25 @@ class UnitLender final : public UnitProvider<C> {
     evaluating_ = evaluating;
     for (Unit& unit : units_) unit.begin_step();
   }
-  /// How this backward reduces: `reducing` (false: a NoSync micro-step),
-  /// `local_scale` applied first, `add` into the shard (sharded accumulation).
-  void set_reduction(bool reducing, T local_scale, bool add) noexcept {
-    reducing_ = reducing;
-    local_scale_ = local_scale;
-    add_ = add;
+  /// A training step's forward and backward starts: `sync`, the step that
+  /// reduces (forward_backward), else a micro-step of accumulate(), after
+  /// `earlier` micro-steps of this step. ShardedTrainerOptions::accumulation
+  /// says how it reduces.
+  void begin_training_step(bool sync, std::size_t earlier) {
+    issuer_.trace.clear();
+    // A step's search for NaN and Inf covers all its micro-steps.
+    if (earlier == 0) {
+      for (Unit& unit : units_) unit.nonfinite = false;
+    }
+    begin_step(false);
+    const bool sharded_accumulation = o_.accumulation == AccumulationMode::Sharded;
+    reducing_ = sync || sharded_accumulation;
+    // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer;
+    // sharded accumulation adds every micro-step's mean into the shard, and
+    // finish() takes the mean of the K.
+    local_scale_ = sync && !sharded_accumulation ? static_cast<T>(1.0 / static_cast<double>(earlier + 1)) : T(1);
+    add_ = sharded_accumulation && earlier > 0;
+    summed_means_ = sync && sharded_accumulation ? earlier + 1 : 1;
   }
   bool evaluating() const noexcept { return evaluating_; }
   bool keeps_bf16() const noexcept { return keep_bf16_; }
@@ -105,15 +118,10 @@ class UnitLender final : public UnitProvider<C> {
   }
 
   const std::vector<ShardedTraceEvent>& trace() const noexcept { return issuer_.trace; }
-  void clear_trace() noexcept { issuer_.trace.clear(); }
   std::size_t peak_transient_bytes() const noexcept { return peak_.bytes(); }
   void reset_peak_transient() noexcept { peak_.reset(); }
   std::string describe(std::size_t w) const { return units_.at(w).describe(); }
 
-  /// A step (not a micro-step) starts: no reduction has found anything yet.
-  void clear_nonfinite() noexcept {
-    for (Unit& unit : units_) unit.nonfinite = false;
-  }
   /// After finish(): the first wrapped unit whose reduced gradient on this
   /// rank held a NaN or an Inf in this step (its micro-steps included).
   std::optional<std::size_t> first_nonfinite() const noexcept {
@@ -213,10 +221,12 @@ class UnitLender final : public UnitProvider<C> {
   }
 
   /// The end of a backward: waits for every gather and reduction, frees
-  /// units and buffers (`keep_grads`: a NoSync micro-step, whose unsharded
-  /// gradients stay), and throws the first failure, or names the units that
-  /// reported no gradient.
-  void finish(bool keep_grads) {
+  /// units and buffers (a NoSync micro-step's unsharded gradients stay),
+  /// and throws the first failure, or names the units that reported no
+  /// gradient. Sharded accumulation then turns the shard's sum of K means
+  /// into their mean.
+  void finish() {
+    const bool keep_grads = !reducing_;
     std::string missing;
     for (std::size_t layer = 0; layer < state_.specs.size(); ++layer) {
       if (!unit_of(layer).member_ready(layer)) missing += (missing.empty() ? "" : ", ") + layer_name(layer);
@@ -232,6 +242,10 @@ class UnitLender final : public UnitProvider<C> {
     if (!missing.empty()) {
       throw InvalidArgument(where_ + ": backward reported no gradient for " + missing +
                             ". Every unit must call ctx.ready(u) in every step");
+    }
+    if (summed_means_ > 1) {
+      const auto k = static_cast<T>(1.0 / static_cast<double>(summed_means_));
+      for (T& x : state_.grad_shard()) x *= k;
     }
   }
 
@@ -371,6 +385,8 @@ class UnitLender final : public UnitProvider<C> {
   T local_scale_ = T(1);
   /// Sharded accumulation after the first micro-step: reductions add into the shard.
   bool add_ = false;
+  /// Sharded accumulation's synced step: the means of this many micro-steps are summed in the shard.
+  std::size_t summed_means_ = 1;
   /// Wrapped units kept gathered after their forward until another is asked
   /// for (keep_last_forward_unit, or members not yet asked).
   std::vector<std::size_t> lingering_;
