@@ -2,84 +2,59 @@
 /// \file ShardedTrainer: parameters, gradients and optimizer state 1/N per rank (PyTorch FSDP, ZeRO-3 semantics).
 ///
 /// The façade: the public class, its step and the order of its calls. Its
-/// parts are in train/fsdp/: the persistent state and its construction
-/// (sharded_state.hpp), the communicators (hybrid_groups.hpp), the model's
-/// asks (unit_lender.hpp), one wrapped unit's lifecycle (unit_group.hpp) and
-/// the collectives it queues (collective_issuer.hpp, collectives.hpp).
+/// parts are in train/fsdp/: the persistent state, its construction and
+/// its gathers between steps (sharded_state.hpp), the communicators
+/// (hybrid_groups.hpp), the model's asks (unit_lender.hpp), one wrapped
+/// unit's lifecycle (unit_group.hpp), the collectives it queues
+/// (collective_issuer.hpp, collectives.hpp), clipping over the shards
+/// (clip_grad_norm.hpp) and the memory accounting (memory.hpp).
 
 #include <chrono>
-#include <cmath>
 #include <cstddef>
-#include <exception>
 #include <span>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/collective/all_gather.hpp"
-#include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
-#include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
-#include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
-#include "gradsync/train/fsdp/accumulation_mode.hpp"
-#include "gradsync/train/fsdp/backward_prefetch.hpp"
-#include "gradsync/train/common/bfloat16_copies.hpp"
-#include "gradsync/train/fsdp/clip_grad_norm.hpp"
-#include "gradsync/train/fsdp/buffer_pool.hpp"
-#include "gradsync/train/fsdp/unit_lender.hpp"
-#include "gradsync/train/fsdp/hybrid_groups.hpp"
-#include "gradsync/train/fsdp/memory.hpp"
-#include "gradsync/train/fsdp/options.hpp"
-#include "gradsync/train/fsdp/sharded_state.hpp"
-#include "gradsync/train/fsdp/sharding_strategy.hpp"
-#include "gradsync/train/fsdp/trace_event.hpp"
-#include "gradsync/train/fsdp/unit_group.hpp"
 #include "gradsync/train/common/memory_need.hpp"
 #include "gradsync/train/common/model.hpp"
-#include "gradsync/train/optim/optimizer.hpp"
-#include "gradsync/train/fsdp/shard_plan.hpp"
 #include "gradsync/train/common/step_labels.hpp"
 #include "gradsync/train/common/step_stats.hpp"
 #include "gradsync/train/common/trainer_base.hpp"
 #include "gradsync/train/common/trainer_requirements.hpp"
 #include "gradsync/train/common/trainer_stats.hpp"
-#include "gradsync/train/common/unit_agreement.hpp"
+#include "gradsync/train/fsdp/accumulation_mode.hpp"
+#include "gradsync/train/fsdp/backward_prefetch.hpp"
+#include "gradsync/train/fsdp/clip_grad_norm.hpp"
+#include "gradsync/train/fsdp/hybrid_groups.hpp"
+#include "gradsync/train/fsdp/memory.hpp"
+#include "gradsync/train/fsdp/options.hpp"
+#include "gradsync/train/fsdp/shard_plan.hpp"
+#include "gradsync/train/fsdp/sharded_state.hpp"
+#include "gradsync/train/fsdp/sharding_strategy.hpp"
+#include "gradsync/train/fsdp/trace_event.hpp"
+#include "gradsync/train/fsdp/unit_lender.hpp"
 #include "gradsync/train/fsdp/wrap_policy.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
 
 namespace gradsync {
 
 /// Trains `Model` with 1/N of every unit's parameters, gradients and
-/// optimizer state on each rank of `Comm`. docs/FSDP.md states the
-/// semantics in full, with their sources; in short:
-///
-/// - Layout: a wrapped unit of P elements is padded with zeros to N·c,
-///   c = ⌈P/N⌉, and rank r owns elements [r·c, r·c + c). The owned chunks of
-///   all units lie in one flat array, which the optimizer steps; plan()
-///   describes it (a ShardPlan).
-/// - A step: the model's first ask for a unit in a step (StepContext::params)
-///   is its forward and gathers it (AllGather); the second is its backward,
-///   which gathers again unless the strategy kept it. `ctx.ready(u)`
-///   reduce-scatters the gradient (a sum, divided on the owning rank).
-///   Every collective runs on the communicator's ProgressWorker in the order
-///   the model asks, the same on every rank; prefetch decisions depend only
-///   on those asks, never on timing. NoShard all-reduces each unit instead.
-/// - Construction checks that every rank declared the same units and
-///   settings, broadcasts rank 0's parameters and buffers, and keeps only
-///   this rank's shard. step() is forward_backward() then optimizer_step();
-///   clip_grad_norm() may run between them.
-/// - ShardedTrainerOptions picks the strategy (FullShard, ShardGradOp,
-///   NoShard, HybridShard over groups of shard_size), wrapping, prefetch and
-///   limit_all_gathers, mixed precision (param_dtype, reduce_dtype), offload
-///   and the memory budget; accumulate() runs a micro-step, Sharded or NoSync
-///   (AccumulationMode). memory_need() is the per-rank formula,
-///   peak_transient_bytes() what was held, last_step() where a step's time
-///   and bytes went.
+/// optimizer state on each rank of `Comm`: each wrapped unit is gathered
+/// when the model asks for it and its gradient reduce-scattered to its
+/// owners when ready, every collective on the communicator's ProgressWorker
+/// in the order the model asks, the same on every rank. step() is
+/// forward_backward() then optimizer_step(); clip_grad_norm() may run
+/// between them, accumulate() runs a micro-step. ShardedTrainerOptions picks
+/// the strategy, wrapping, prefetch, mixed precision, offload and the
+/// memory budget. docs/FSDP.md states the semantics in full (layout,
+/// strategies, prefetch, accumulation, clipping, memory), with their sources.
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -187,7 +162,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// ask for the same units in the same order.
   template <class F>
   decltype(auto) evaluate(F&& f) {
-    begin_step(true);
+    lender_.begin_step(true);
     // An evaluation's gathers are not the last step's.
     struct End {
       ShardedTrainer& t;
@@ -301,7 +276,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     state_.template gather_chunk<Algo>(comms_.shard(), chunk, full, labelled(detail::LabelPhase::gather, u));
   }
 
-
  private:
   using Base::comm_, Base::model_, Base::opt_, Base::step_, Base::pending_, Base::micro_steps_, Base::labels_,
       Base::where;
@@ -379,9 +353,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       throw;
     }
   }
-
-  /// Starts an evaluation (run_model starts a step itself).
-  void begin_step(bool evaluating) { lender_.begin_step(evaluating); }
 
   /// After a step that threw, or an evaluation: let what is in flight end
   /// and free every gathered unit.
