@@ -139,7 +139,7 @@ class UnitLender final : public UnitProvider<C> {
     const std::size_t w = unit.index();
     const bool backward = unit.ask(layer, evaluating_, where_, layer_name(layer));
     if (!sharded()) {
-      unit.hold(layer);
+      unit.members().hold(layer);
       return state_.resident_views[layer];
     }
     // A unit whose forward ended goes once another is asked for.
@@ -168,7 +168,8 @@ class UnitLender final : public UnitProvider<C> {
         }
         grads = std::span<bfloat16>(unit.bf16_grad).subspan(at, size);
       }
-      return unit.hand_out(layer, state_.make_view(layer, std::span<bfloat16>(unit.bf16).subspan(at, size), grads));
+      return unit.members().hand_out(
+          layer, state_.make_view(layer, std::span<bfloat16>(unit.bf16).subspan(at, size), grads));
     } else {
       std::span<T> grads;
       if (backward) {
@@ -176,7 +177,7 @@ class UnitLender final : public UnitProvider<C> {
         if (unit.grad.empty()) take_grad(unit);
         grads = std::span<T>(unit.grad).subspan(at, size);
       }
-      return unit.hand_out(layer, state_.make_view(layer, std::span<T>(unit.full).subspan(at, size), grads));
+      return unit.members().hand_out(layer, state_.make_view(layer, std::span<T>(unit.full).subspan(at, size), grads));
     }
   }
 
@@ -198,7 +199,7 @@ class UnitLender final : public UnitProvider<C> {
   void ready(std::size_t layer) override {
     check_layer(layer, "reported ready");
     Unit& unit = unit_of(layer);
-    if (!unit.report_ready(layer, evaluating_, where_, layer_name(layer))) return;
+    if (!unit.members().report_ready(layer, evaluating_, where_, layer_name(layer))) return;
     const std::size_t w = unit.index();
     if constexpr (computes_bf16) {
       if (!reduces_bf16_grad()) fold_bf16_grad(unit);
@@ -229,7 +230,7 @@ class UnitLender final : public UnitProvider<C> {
     const bool keep_grads = !reducing_;
     std::string missing;
     for (std::size_t layer = 0; layer < state_.specs.size(); ++layer) {
-      if (!unit_of(layer).member_ready(layer)) missing += (missing.empty() ? "" : ", ") + layer_name(layer);
+      if (!unit_of(layer).members().ready(layer)) missing += (missing.empty() ? "" : ", ") + layer_name(layer);
     }
     std::exception_ptr first;
     {
