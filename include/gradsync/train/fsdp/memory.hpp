@@ -1,9 +1,10 @@
 #pragma once
-/// \file ShardedTrainer's memory accounting: its options and layout turned
-/// into the shape detail::sharded_memory_need computes with, what
-/// construction holds, the budget check with its advice, and the high-water
-/// mark of what a step really held. The formula itself is memory_need.hpp's,
-/// shared with the documentation and the tests.
+/// \file ShardedTrainer's memory accounting: what a rank keeps between
+/// steps, its options and layout turned into the shape
+/// detail::sharded_memory_need computes with, what construction holds, the
+/// budget check with its advice, and the high-water mark of what a step
+/// really held. The formula itself is memory_need.hpp's, shared with the
+/// documentation and the tests.
 
 #include <algorithm>
 #include <cstddef>
@@ -48,6 +49,23 @@ inline std::size_t construction_need(ShardingStrategy strategy, const FlatShard&
   if (strategy == ShardingStrategy::NoShard) return 0;
   const std::size_t elements = f.inits_units ? std::ranges::max(flat.sizes) : flat.total;
   return elements * f.element_bytes;
+}
+
+/// Bytes a rank keeps between steps (ShardedTrainer::persistent_bytes), from
+/// what it holds: its parameter and gradient shards of `shard_elements`
+/// each and the optimizer's state on them, (2 + S)·e·Σ_u c_u, S being the
+/// optimizer's state elements per parameter (0 for SGD, 1 with momentum, 2
+/// for Adam and AdamW; 0 for an optimizer that does not say, through
+/// `state_per_element()`). Buffers are replicated and left out. With
+/// offload these are in the offload space, and this is 0 (the optimizer's
+/// state if it cannot be lent storage, see bind_state). NoShard with a
+/// bfloat16 model adds its `bf16_copies` of the parameters and gradients,
+/// 2·2·Ψ.
+inline std::size_t persistent_bytes(std::size_t shard_elements, std::size_t bf16_copies,
+                                    const MemoryFacts& f) noexcept {
+  const std::size_t state = f.state_per_element * f.element_bytes * shard_elements;
+  if (f.offload) return f.state_in_space ? 0 : state;
+  return 2 * f.element_bytes * shard_elements + state + bf16_copies * sizeof(bfloat16);
 }
 
 /// What a trainer with options `o` would need per rank under `strategy`.

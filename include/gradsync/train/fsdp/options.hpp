@@ -155,6 +155,16 @@ inline void check_offload(const ShardedTrainerOptions& o, const std::string& whe
   }
 }
 
+/// accumulate() under offload needs NoSync.
+inline void check_accumulate(const ShardedTrainerOptions& o, const std::string& where) {
+  if (o.offload != nullptr && o.accumulation == AccumulationMode::Sharded) {
+    throw InvalidArgument(where +
+                          ": accumulate() with ShardedTrainerOptions::offload needs AccumulationMode::NoSync; "
+                          "sharded accumulation would add every micro-step's reduced shard into the offloaded "
+                          "gradient shard, which only copies reach (PyTorch FSDP refuses it with CPU offload too)");
+  }
+}
+
 /// HybridShard's ranks per shard group out of `world`: shard_size, or the
 /// whole world for 0; it must divide the world.
 inline int shard_group_size(const ShardedTrainerOptions& o, int world, const std::string& where) {

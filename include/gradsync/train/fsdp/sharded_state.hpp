@@ -4,7 +4,8 @@
 /// replicated buffers, NoShard's views) and how construction builds it:
 /// lay out the wrapped units, describe them in a ShardPlan, let the model
 /// write its initial values, broadcast rank 0's and keep this rank's
-/// chunks. Apart from the step's code because none of it runs in a step.
+/// chunks; and, between steps, gather what it keeps back into whole units.
+/// Apart from the step's code because none of it runs in a step.
 
 #include <algorithm>
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/offload_space.hpp"
@@ -24,7 +26,9 @@
 #include "gradsync/train/fsdp/offloaded.hpp"
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
+#include "gradsync/train/common/bfloat16_copies.hpp"
 #include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/unit_agreement.hpp"
 #include "gradsync/train/fsdp/shard_plan.hpp"
 
 namespace gradsync::detail::fsdp {
@@ -69,11 +73,13 @@ struct ShardedState {
   std::span<const T> chunk(std::size_t w) const { return master().subspan(flat.offsets.at(w), flat.chunks.at(w)); }
 
   /// Groups the model units into wrapped units (o.wrap) over `shards` ranks
-  /// and allocates the shards; offloaded, in the space, with the optimizer's
-  /// state lent from it too when it can take it (`bind_state`), so that none
-  /// of it stays on the compute side.
+  /// (of `replicas` copies), describes them in the plan, and allocates the
+  /// shards; offloaded, in the space, with the optimizer's state lent from
+  /// it too when it can take it (`bind_state`), so that none of it stays on
+  /// the compute side.
   template <class Opt>
-  void lay_out(const ShardedTrainerOptions& o, std::size_t shards, Opt& opt, std::size_t state_per_element) {
+  void lay_out(const ShardedTrainerOptions& o, std::size_t shards, std::size_t replicas, Opt& opt,
+               std::size_t state_per_element) {
     flat = FlatShard::make(o.wrap.group(specs), specs, shards, o.strategy != ShardingStrategy::NoShard);
     space = o.offload;
     const std::size_t at = flat.shard_elements;
@@ -88,29 +94,28 @@ struct ShardedState {
       shard_params.assign(at, T(0));
       shard_grads.assign(at, T(0));
     }
+    make_plan(o, shards, replicas, state_per_element);
   }
 
-  /// The ShardPlan of the layout: each wrapped unit's model units, sizes and bytes.
-  void make_plan(const ShardedTrainerOptions& o, std::size_t shards, std::size_t replicas,
-                 std::size_t state_per_element) {
-    plan.policy = o.wrap.describe();
-    plan.strategy = name(o.strategy);
-    plan.shards = static_cast<int>(shards);
-    plan.replicas = static_cast<int>(replicas);
-    plan.element_bytes = sizeof(T);
-    plan.state_per_element = state_per_element;
-    for (std::size_t w = 0; w < flat.groups.size(); ++w) {
-      ShardPlan::Unit unit;
-      const auto [first, last] = flat.groups[w];
-      unit.name = first == last ? specs[first].name : specs[first].name + ".." + specs[last].name;
-      for (std::size_t m = first; m <= last; ++m) unit.model_units.push_back(m);
-      unit.params = flat.sizes[w];
-      unit.shard = flat.chunks[w];
-      unit.padding = flat.sharded ? shards * flat.chunks[w] - flat.sizes[w] : 0;
-      unit.bytes_per_rank = (2 + state_per_element) * sizeof(T) * flat.chunks[w];
-      unit.gathered_bytes = flat.sharded ? shards * flat.chunks[w] * sizeof(C) : 0;
-      plan.units.push_back(std::move(unit));
+  /// Each wrapped unit's name, quoted, as its collectives' labels put it in words.
+  std::vector<std::string> label_names() const {
+    std::vector<std::string> names;
+    for (const ShardPlan::Unit& unit : plan.units) names.push_back("'" + unit.name + "'");
+    return names;
+  }
+
+  /// A custom wrapping predicate may look at more than the units: every
+  /// rank must have grouped them alike. Collective over `world`.
+  template <class Comm>
+  void check_plan_agrees(Comm& world) const {
+    std::vector<std::string> groups;
+    for (const ShardPlan::Unit& unit : plan.units) {
+      groups.push_back("'" + unit.name + "' (model units " + std::to_string(unit.model_units.front()) + " to " +
+                       std::to_string(unit.model_units.back()) + ")");
     }
+    check_units_agree(world, groups, "ShardedTrainer wrapping plan",
+                      "The custom WrapPolicy predicate must group the units alike on every rank: check what it "
+                      "depends on besides its arguments (rank, configuration).");
   }
 
   /// Views of model unit `layer` over `params` and `grads` (as many, or
@@ -178,7 +183,79 @@ struct ShardedState {
     if (!buffers.empty()) broadcast(world, std::span<T>(buffers), 0);
   }
 
+  /// NoShard with a bfloat16 model: its copy of the parameters, rounded
+  /// from the shard (which the optimizer, a checkpoint's load or the user
+  /// may have changed); `zero_grads`: a step's, whose gradients start at 0.
+  void round_copies(bool zero_grads) {
+    if constexpr (computes_bf16) {
+      if (flat.sharded) return;
+      round_into(std::span<const T>(shard_params), std::span<bfloat16>(bf16_params));
+      if (zero_grads) std::ranges::fill(bf16_grads, bfloat16(0.0f));
+    }
+  }
+
+  /// One wrapped unit's `chunk` (c elements of a shard-shaped buffer)
+  /// gathered over `group` into `full` (its size · c, padding last);
+  /// NoShard, where the chunk is the whole unit: copied. Collective over the group.
+  template <class Algo, class Comm>
+  void gather_chunk(Comm& group, std::span<const T> chunk, std::span<T> full, const Options& opts) const {
+    if (!flat.sharded) {
+      std::ranges::copy(chunk, full.begin());
+      return;
+    }
+    AllGather<Algo>{opts}(group, chunk, full);
+  }
+
+  /// Every wrapped unit's parameters, unpadded, in order, gathered over
+  /// `group` (the shard group); `opts_of(w)` labels unit w's gather.
+  /// Collective over the group.
+  template <class Algo, class Comm, class Labeller>
+  std::vector<T> gather_all(Comm& group, Labeller&& opts_of) const {
+    std::vector<T> all;
+    all.reserve(flat.total);
+    const auto shards = static_cast<std::size_t>(flat.sharded ? group.size() : 1);
+    for (std::size_t w = 0; w < flat.groups.size(); ++w) {
+      const std::size_t c = flat.chunks[w];
+      std::vector<T> full(c * shards);
+      std::span<const T> in = chunk(w);
+      if (space) {
+        // The offloaded chunk crosses by copy, into its own block: gathered in place.
+        const std::span<T> own = std::span<T>(full).subspan(static_cast<std::size_t>(group.rank()) * c, c);
+        space->copy_in(own.data(), in.data(), own.size_bytes());
+        space->wait();
+        in = own;
+      }
+      gather_chunk<Algo>(group, in, std::span<T>(full), opts_of(w));
+      all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(flat.sizes[w]));
+    }
+    return all;
+  }
+
  private:
+  /// The ShardPlan of the layout: each wrapped unit's model units, sizes and bytes.
+  void make_plan(const ShardedTrainerOptions& o, std::size_t shards, std::size_t replicas,
+                 std::size_t state_per_element) {
+    plan.policy = o.wrap.describe();
+    plan.strategy = name(o.strategy);
+    plan.shards = static_cast<int>(shards);
+    plan.replicas = static_cast<int>(replicas);
+    plan.element_bytes = sizeof(T);
+    plan.state_per_element = state_per_element;
+    for (std::size_t w = 0; w < flat.groups.size(); ++w) {
+      ShardPlan::Unit unit;
+      const auto [first, last] = flat.groups[w];
+      unit.name = first == last ? specs[first].name : specs[first].name + ".." + specs[last].name;
+      for (std::size_t m = first; m <= last; ++m) unit.model_units.push_back(m);
+      unit.params = flat.sizes[w];
+      unit.shard = flat.chunks[w];
+      unit.padding = flat.sharded ? shards * flat.chunks[w] - flat.sizes[w] : 0;
+      unit.bytes_per_rank = (2 + state_per_element) * sizeof(T) * flat.chunks[w];
+      unit.gathered_bytes = flat.sharded ? shards * flat.chunks[w] * sizeof(C) : 0;
+      plan.units.push_back(std::move(unit));
+    }
+  }
+
+
   /// NoShard: the model sees the shard in place, in steps too (check_offload
   /// refuses NoShard with offload); a bfloat16 model sees copies of it
   /// (every unit whole), as under ReplicatedTrainer. It writes its initial values.

@@ -2,84 +2,59 @@
 /// \file ShardedTrainer: parameters, gradients and optimizer state 1/N per rank (PyTorch FSDP, ZeRO-3 semantics).
 ///
 /// The façade: the public class, its step and the order of its calls. Its
-/// parts are in train/fsdp/: the persistent state and its construction
-/// (sharded_state.hpp), the communicators (hybrid_groups.hpp), the model's
-/// asks (unit_lender.hpp), one wrapped unit's lifecycle (unit_group.hpp) and
-/// the collectives it queues (collective_issuer.hpp, collectives.hpp).
+/// parts are in train/fsdp/: the persistent state, its construction and
+/// its gathers between steps (sharded_state.hpp), the communicators
+/// (hybrid_groups.hpp), the model's asks (unit_lender.hpp), one wrapped
+/// unit's lifecycle (unit_group.hpp), the collectives it queues
+/// (collective_issuer.hpp, collectives.hpp), clipping over the shards
+/// (clip_grad_norm.hpp) and the memory accounting (memory.hpp).
 
 #include <chrono>
-#include <cmath>
 #include <cstddef>
-#include <exception>
 #include <span>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gradsync/algorithm/tags.hpp"
-#include "gradsync/collective/all_gather.hpp"
-#include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
-#include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
-#include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
-#include "gradsync/train/fsdp/accumulation_mode.hpp"
-#include "gradsync/train/fsdp/backward_prefetch.hpp"
-#include "gradsync/train/common/bfloat16_copies.hpp"
-#include "gradsync/train/optim/clip_grad_norm.hpp"
-#include "gradsync/train/fsdp/buffer_pool.hpp"
-#include "gradsync/train/fsdp/unit_lender.hpp"
-#include "gradsync/train/fsdp/hybrid_groups.hpp"
-#include "gradsync/train/fsdp/memory.hpp"
-#include "gradsync/train/fsdp/options.hpp"
-#include "gradsync/train/fsdp/sharded_state.hpp"
-#include "gradsync/train/fsdp/sharding_strategy.hpp"
-#include "gradsync/train/fsdp/trace_event.hpp"
-#include "gradsync/train/fsdp/unit_group.hpp"
 #include "gradsync/train/common/memory_need.hpp"
 #include "gradsync/train/common/model.hpp"
-#include "gradsync/train/optim/optimizer.hpp"
-#include "gradsync/train/fsdp/shard_plan.hpp"
 #include "gradsync/train/common/step_labels.hpp"
 #include "gradsync/train/common/step_stats.hpp"
 #include "gradsync/train/common/trainer_base.hpp"
 #include "gradsync/train/common/trainer_requirements.hpp"
 #include "gradsync/train/common/trainer_stats.hpp"
-#include "gradsync/train/common/unit_agreement.hpp"
+#include "gradsync/train/fsdp/accumulation_mode.hpp"
+#include "gradsync/train/fsdp/backward_prefetch.hpp"
+#include "gradsync/train/fsdp/clip_grad_norm.hpp"
+#include "gradsync/train/fsdp/hybrid_groups.hpp"
+#include "gradsync/train/fsdp/memory.hpp"
+#include "gradsync/train/fsdp/options.hpp"
+#include "gradsync/train/fsdp/shard_plan.hpp"
+#include "gradsync/train/fsdp/sharded_state.hpp"
+#include "gradsync/train/fsdp/sharding_strategy.hpp"
+#include "gradsync/train/fsdp/trace_event.hpp"
+#include "gradsync/train/fsdp/unit_lender.hpp"
 #include "gradsync/train/fsdp/wrap_policy.hpp"
+#include "gradsync/train/optim/optimizer.hpp"
 
 namespace gradsync {
 
 /// Trains `Model` with 1/N of every unit's parameters, gradients and
-/// optimizer state on each rank of `Comm`. docs/FSDP.md states the
-/// semantics in full, with their sources; in short:
-///
-/// - Layout: a wrapped unit of P elements is padded with zeros to N·c,
-///   c = ⌈P/N⌉, and rank r owns elements [r·c, r·c + c). The owned chunks of
-///   all units lie in one flat array, which the optimizer steps; plan()
-///   describes it (a ShardPlan).
-/// - A step: the model's first ask for a unit in a step (StepContext::params)
-///   is its forward and gathers it (AllGather); the second is its backward,
-///   which gathers again unless the strategy kept it. `ctx.ready(u)`
-///   reduce-scatters the gradient (a sum, divided on the owning rank).
-///   Every collective runs on the communicator's ProgressWorker in the order
-///   the model asks, the same on every rank; prefetch decisions depend only
-///   on those asks, never on timing. NoShard all-reduces each unit instead.
-/// - Construction checks that every rank declared the same units and
-///   settings, broadcasts rank 0's parameters and buffers, and keeps only
-///   this rank's shard. step() is forward_backward() then optimizer_step();
-///   clip_grad_norm() may run between them.
-/// - ShardedTrainerOptions picks the strategy (FullShard, ShardGradOp,
-///   NoShard, HybridShard over groups of shard_size), wrapping, prefetch and
-///   limit_all_gathers, mixed precision (param_dtype, reduce_dtype), offload
-///   and the memory budget; accumulate() runs a micro-step, Sharded or NoSync
-///   (AccumulationMode). memory_need() is the per-rank formula,
-///   peak_transient_bytes() what was held, last_step() where a step's time
-///   and bytes went.
+/// optimizer state on each rank of `Comm`: each wrapped unit is gathered
+/// when the model asks for it and its gradient reduce-scattered to its
+/// owners when ready, every collective on the communicator's ProgressWorker
+/// in the order the model asks, the same on every rank. step() is
+/// forward_backward() then optimizer_step(); clip_grad_norm() may run
+/// between them, accumulate() runs a micro-step. ShardedTrainerOptions picks
+/// the strategy, wrapping, prefetch, mixed precision, offload and the
+/// memory budget. docs/FSDP.md states the semantics in full (layout,
+/// strategies, prefetch, accumulation, clipping, memory), with their sources.
 ///
 /// \tparam M     the model (see gradsync::Model); its forward_backward must use StepContext.
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
@@ -146,12 +121,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   double accumulate(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     this->check_no_pending("accumulate");
-    if (offloaded() && o_.accumulation == AccumulationMode::Sharded) {
-      throw InvalidArgument(where() +
-                            ": accumulate() with ShardedTrainerOptions::offload needs AccumulationMode::NoSync; "
-                            "sharded accumulation would add every micro-step's reduced shard into the offloaded "
-                            "gradient shard, which only copies reach (PyTorch FSDP refuses it with CPU offload too)");
-    }
+    detail::fsdp::check_accumulate(o_, where());
     const double loss = failing_together([&] { return run_model(batch, false); });
     ++micro_steps_;
     return loss;
@@ -161,37 +131,20 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// order p of the averaged gradient (infinity: the largest magnitude).
   /// Each rank takes Σ|g|^p (or max|g|) over its shard, an AllReduce Sum (or
   /// Max) combines them, so every rank returns the same value; under NoShard
-  /// every rank holds the whole gradient (each element counted once). If the norm exceeds max_norm, the gradient is
-  /// scaled by max_norm / (norm + 1e-6), as PyTorch's clip_grad_norm_.
+  /// every rank holds the whole gradient (each element counted once). If the
+  /// norm exceeds max_norm, the gradient is scaled by max_norm / (norm +
+  /// 1e-6), as PyTorch's clip_grad_norm_.
   /// Collective, labelled with max_norm and p: ranks that clip differently
   /// fail here on every rank, naming both (NoShard and HybridShard pay one
   /// 8-byte all-reduce over all ranks for it).
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ShardedTrainer", max_norm, p);
     this->check_pending("clip_grad_norm");
-    double partial = detail::norm_partial(std::span<const value_type>(state_.grad_shard()), p);
     Options opts = o_.collective;
     opts.label = this->clip_label(max_norm, p);
-    const AllReduce<Algo> all_reduce{opts};
-    // Replicas hold the same shards: the shard group's partials are the whole.
-    if (sharded() && comms_.shard().size() > 1) {
-      failing_together([&] {
-        if (std::isinf(p)) {
-          all_reduce(comms_.shard(), std::span<double>(&partial, 1), Max{});
-        } else {
-          all_reduce(comms_.shard(), std::span<double>(&partial, 1), Sum{});
-        }
-      });
-    }
-    // Where that call did not span every rank (NoShard, HybridShard), one
-    // 8-byte Max of equal values over all of them is the agreement on
-    // max_norm and p: ranks that clip differently would step apart silently.
-    if (comm_.size() > 1 && !(sharded() && comms_.shard_is_world())) {
-      failing_together([&] { all_reduce(comm_, std::span<double>(&partial, 1), Max{}); });
-    }
-    const double total = detail::norm_total(partial, p);
-    detail::clip_to(state_.grad_shard(), total, max_norm);
-    return total;
+    return failing_together([&] {
+      return detail::fsdp::clip_grad_norm<Algo>(comms_, sharded(), state_.grad_shard(), max_norm, p, opts);
+    });
   }
 
   /// The second half of step(): the optimizer step on this rank's shard;
@@ -209,7 +162,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// ask for the same units in the same order.
   template <class F>
   decltype(auto) evaluate(F&& f) {
-    begin_step(true);
+    lender_.begin_step(true);
     // An evaluation's gathers are not the last step's.
     struct End {
       ShardedTrainer& t;
@@ -219,7 +172,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
         t.step_ = step;
       }
     } end{*this, step_};
-    round_parameters(false);
+    state_.round_copies(false);
     const StepContext<compute_type> ctx(lender_);
     return std::forward<F>(f)(ctx);
   }
@@ -253,47 +206,19 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Gathers every unit's parameters, unpadded, units in declaration order
   /// (what ReplicatedTrainer::parameters() holds). Collective.
   std::vector<value_type> full_parameters() {
-    std::vector<value_type> all;
-    all.reserve(state_.flat.total);
-    for (std::size_t u = 0; u < unit_count(); ++u) {
-      if (!sharded()) {
-        const auto s = unit_shard(u);
-        all.insert(all.end(), s.begin(), s.end());
-        continue;
-      }
-      const std::size_t c = state_.flat.chunks[u];
-      std::vector<value_type> full(c * static_cast<std::size_t>(shard_count()));
-      std::span<const value_type> in = unit_shard(u);
-      if (offloaded()) {
-        // The offloaded chunk crosses by copy, into its own block: gathered in place.
-        const std::span<value_type> own =
-            std::span<value_type>(full).subspan(static_cast<std::size_t>(shard_rank()) * c, c);
-        o_.offload->copy_in(own.data(), in.data(), own.size_bytes());
-        o_.offload->wait();
-        in = own;
-      }
-      AllGather<Algo>{labelled(detail::LabelPhase::gather, u)}(comms_.shard(), in, std::span<value_type>(full));
-      all.insert(all.end(), full.begin(), full.begin() + static_cast<std::ptrdiff_t>(state_.flat.sizes[u]));
-    }
-    return all;
+    return state_.template gather_all<Algo>(comms_.shard(), [this](std::size_t w) {
+      return labelled(detail::LabelPhase::gather, w);
+    });
   }
 
   std::span<value_type> buffers() noexcept { return state_.buffers; }
 
   /// Bytes this rank keeps between steps: its parameter and gradient shards
-  /// and the optimizer's state on them, (2 + S)·sizeof(T)·Σ_u c_u, S being
-  /// the optimizer's state elements per parameter (0 for SGD, 1 with
-  /// momentum, 2 for Adam and AdamW; 0 for an optimizer that does not say,
-  /// through `state_per_element()`). Buffers are replicated and left out.
-  /// With offload these are in the offload space, and this is 0 (the
-  /// optimizer's state if it cannot be lent storage, see bind_state).
-  /// NoShard with a bfloat16 model adds its copies of the parameters and
-  /// gradients, 2·2·Ψ.
+  /// and the optimizer's state on them (the formula, with what offload and a
+  /// bfloat16 model change: detail::fsdp::persistent_bytes, memory.hpp).
   std::size_t persistent_bytes() const noexcept {
-    const std::size_t state = optimizer_state_per_element() * sizeof(value_type) * state_.master().size();
-    if (offloaded()) return state_in_space() ? 0 : state;
-    return 2 * sizeof(value_type) * state_.shard_params.size() + state +
-           (state_.bf16_params.size() + state_.bf16_grads.size()) * sizeof(bfloat16);
+    return detail::fsdp::persistent_bytes(state_.master().size(), state_.bf16_params.size() + state_.bf16_grads.size(),
+                                          memory_facts());
   }
 
   /// What this rank needs, by the formula (detail::sharded_memory_need):
@@ -348,13 +273,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
                             " elements into " + std::to_string(c * n) + ", got " + std::to_string(chunk.size()) +
                             " into " + std::to_string(full.size()));
     }
-    if (!sharded()) {
-      std::copy(chunk.begin(), chunk.end(), full.begin());
-      return;
-    }
-    AllGather<Algo>{labelled(detail::LabelPhase::gather, u)}(comms_.shard(), chunk, full);
+    state_.template gather_chunk<Algo>(comms_.shard(), chunk, full, labelled(detail::LabelPhase::gather, u));
   }
-
 
  private:
   using Base::comm_, Base::model_, Base::opt_, Base::step_, Base::pending_, Base::micro_steps_, Base::labels_,
@@ -378,28 +298,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// of their collectives; a custom wrapping predicate's grouping is agreed.
   void lay_out(detail::fsdp::Precision precision) {
     const auto shards = static_cast<std::size_t>(comms_.shard().size());
-    state_.lay_out(o_, shards, opt_, optimizer_state_per_element());
-    state_.make_plan(o_, shards, static_cast<std::size_t>(comm_.size()) / shards, optimizer_state_per_element());
-    // param_dtype bfloat16 under ShardGradOp: a unit kept gathered from its
-    // forward to its backward keeps only the bfloat16 copy its gather
-    // received, where that holds less in all (detail::keeping_bf16_pays).
-    const bool keep_bf16 = !computes_bf16 && precision.params_bf16 && o_.strategy == ShardingStrategy::ShardGradOp &&
-                           detail::keeping_bf16_pays(state_.flat.sizes, shards, sizeof(value_type), sizeof(bfloat16));
-    lender_.lay_out({precision.params_bf16, precision.grads_bf16, keep_bf16},
-                    [this](detail::LabelPhase phase, std::size_t w) { return labelled(phase, w); });
-    std::vector<std::string> names, groups;
-    for (const ShardPlan::Unit& planned : state_.plan.units) {
-      names.push_back("'" + planned.name + "'");
-      groups.push_back("'" + planned.name + "' (model units " + std::to_string(planned.model_units.front()) +
-                       " to " + std::to_string(planned.model_units.back()) + ")");
-    }
-    labels_.emplace("step", "wrapped unit", std::move(names), "optimizer lr");
-    if (o_.wrap.is_custom()) {
-      // A predicate may look at more than the units: its grouping must agree too.
-      detail::check_units_agree(comm_, groups, "ShardedTrainer wrapping plan",
-                                "The custom WrapPolicy predicate must group the units alike on every rank: check "
-                                "what it depends on besides its arguments (rank, configuration).");
-    }
+    state_.lay_out(o_, shards, static_cast<std::size_t>(comm_.size()) / shards, opt_, optimizer_state_per_element());
+    lender_.lay_out(precision, [this](detail::LabelPhase phase, std::size_t w) { return labelled(phase, w); });
+    labels_.emplace("step", "wrapped unit", state_.label_names(), "optimizer lr");
+    if (o_.wrap.is_custom()) state_.check_plan_agrees(comm_);
   }
 
   /// Runs f; a failure of one of HybridShard's communicators fails the others alike.
@@ -415,26 +317,14 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// else a micro-step of accumulate().
   template <class Batch>
   double run_model(const Batch& batch, bool sync) {
-    lender_.clear_trace();
-    // A step's figures, and its search for NaN and Inf, cover all its micro-steps.
-    if (micro_steps_ == 0) {
-      step_ = {};
-      lender_.clear_nonfinite();
-    }
-    lender_.begin_step(false);
-    const bool reducing = sync || o_.accumulation == AccumulationMode::Sharded;
-    // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer;
-    // sharded accumulation adds every micro-step's mean into the shard.
-    lender_.set_reduction(reducing,
-                          sync && o_.accumulation == AccumulationMode::NoSync
-                              ? static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1))
-                              : value_type(1),
-                          o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0);
+    // A step's figures cover all its micro-steps.
+    if (micro_steps_ == 0) step_ = {};
+    lender_.begin_training_step(sync, micro_steps_);
     const auto t0 = std::chrono::steady_clock::now();
     const double exposed_before = step_.exposed_comm_seconds;
     double loss = 0;
     try {
-      round_parameters(true);
+      state_.round_copies(true);
       const StepContext<compute_type> ctx(lender_);
       loss = static_cast<double>(model_.forward_backward(batch, ctx));
       this->note_loss(loss);
@@ -445,12 +335,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     this->stats_.compute_seconds += wall;
     step_.compute_seconds += wall - (step_.exposed_comm_seconds - exposed_before);
-    lender_.finish(!reducing);
-    // Sharded accumulation summed K means into the shard: their mean.
-    if (sync && o_.accumulation == AccumulationMode::Sharded && micro_steps_ > 0) {
-      const auto k = static_cast<value_type>(1.0 / static_cast<double>(micro_steps_ + 1));
-      for (value_type& x : state_.grad_shard()) x *= k;
-    }
+    lender_.finish();
     return loss;
   }
 
@@ -466,20 +351,6 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     } catch (...) {
       micro_steps_ = 0;
       throw;
-    }
-  }
-
-  /// Starts an evaluation (run_model starts a step itself).
-  void begin_step(bool evaluating) { lender_.begin_step(evaluating); }
-
-  /// NoShard with a bfloat16 model: its copy of the parameters, rounded
-  /// from the shard (which the optimizer, a checkpoint's load or the user
-  /// may have changed); `zero_grads`: a step's, whose gradients start at 0.
-  void round_parameters(bool zero_grads) {
-    if constexpr (computes_bf16) {
-      if (sharded()) return;
-      detail::round_into(std::span<const value_type>(state_.shard_params), std::span<bfloat16>(state_.bf16_params));
-      if (zero_grads) std::ranges::fill(state_.bf16_grads, bfloat16(0.0f));
     }
   }
 

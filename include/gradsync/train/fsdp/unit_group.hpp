@@ -5,7 +5,8 @@
 /// that decide when a released unit is freed, kept or left to linger (the
 /// sharding strategies' difference) are here and nowhere else. Which
 /// collective runs for a move is collective_issuer.hpp's business, when a
-/// move happens the trainer's (it follows the model's asks).
+/// move happens the trainer's (it follows the model's asks), and whether
+/// the model keeps to its protocol unit_members.hpp's.
 
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +19,7 @@
 #include "gradsync/core/request.hpp"
 #include "gradsync/train/fsdp/buffer_pool.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
-#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/fsdp/unit_members.hpp"
 
 namespace gradsync::detail::fsdp {
 
@@ -48,15 +49,6 @@ constexpr const char* name(GradPhase p) noexcept {
   return names[static_cast<int>(p)];
 }
 
-/// A model unit in this step: the protocol is the model's, per model unit.
-template <class C>
-struct MemberState {
-  UnitView<C> view;  ///< what the model sees while it holds the unit
-  int asks = 0;      ///< in this step: 1 = forward, 2 = backward
-  bool held = false;
-  bool ready = false;
-};
-
 /// What decides, besides the strategy, what a release does in this step.
 struct ReleaseRules {
   bool evaluating = false;
@@ -74,7 +66,7 @@ template <class T, class C>
 class UnitGroup {
  public:
   UnitGroup(std::size_t index, std::string name, std::size_t first, std::size_t last, ShardingStrategy strategy)
-      : index_(index), name_(std::move(name)), first_(first), strategy_(strategy), members_(last - first + 1) {}
+      : index_(index), name_(std::move(name)), strategy_(strategy), members_(first, last) {}
 
   std::size_t index() const noexcept { return index_; }
   /// "wrapped unit 2 ('layer2..layer3')", for messages.
@@ -89,62 +81,17 @@ class UnitGroup {
   }
 
   /// A step (or evaluation) starts: no member asked, held or ready.
-  void begin_step() noexcept {
-    for (MemberState<C>& m : members_) m = {std::move(m.view), 0, false, false};
-    held_ = ready_ = 0;
-  }
+  void begin_step() noexcept { members_.begin_step(); }
+  /// The model protocol of its model units; an ask goes through ask().
+  UnitMembers<C>& members() noexcept { return members_; }
 
   /// The model asks for member `layer` (`layer_name` for messages); returns
   /// whether it is the backward ask. A lingering unit is taken back.
   bool ask(std::size_t layer, bool evaluating, const std::string& where, const std::string& layer_name) {
-    MemberState<C>& m = member(layer);
-    if (m.held) {
-      throw InvalidArgument(where + ": the model asked for " + layer_name +
-                            " while it still holds it; ask once and keep the handle (ctx.params) while you use it");
-    }
-    if (!evaluating && m.asks == 2) {
-      throw InvalidArgument(where + ": the model asked for " + layer_name +
-                            " a third time in one step; a step asks once in forward and once in backward");
-    }
-    ++m.asks;
+    const bool backward = members_.ask(layer, evaluating, where, layer_name);
     if (params_ == ParamPhase::lingering) params_ = ParamPhase::gathered;
-    return !evaluating && m.asks == 2;
+    return backward;
   }
-
-  /// The model holds member `layer` until its release.
-  void hold(std::size_t layer) noexcept {
-    member(layer).held = true;
-    ++held_;
-  }
-  /// Lends member `layer` as `view` (over the gathered unit) until its release.
-  const UnitView<C>& hand_out(std::size_t layer, UnitView<C> view) {
-    member(layer).view = std::move(view);
-    hold(layer);
-    return member(layer).view;
-  }
-
-  /// The model reports member `layer`'s gradient final; returns true once
-  /// every member's is, when the unit's gradient can be reduced.
-  bool report_ready(std::size_t layer, bool evaluating, const std::string& where, const std::string& layer_name) {
-    MemberState<C>& m = member(layer);
-    if (evaluating) {
-      throw InvalidArgument(where + ": the model reported " + layer_name +
-                            " ready during evaluate(), which runs no backward");
-    }
-    if (m.ready) {
-      throw InvalidArgument(where + ": the model reported " + layer_name + " ready twice in one backward");
-    }
-    if (!m.held || m.asks != 2) {
-      throw InvalidArgument(where + ": the model reported " + layer_name +
-                            " ready without holding it from a backward ask; in backward, hold `auto p = "
-                            "ctx.params(u)` (its second ask of the step), add the gradient into p's grad views, "
-                            "then call ctx.ready(u)");
-    }
-    m.ready = true;
-    return ++ready_ == members_.size();
-  }
-  /// Member `layer` reported its gradient in this backward.
-  bool member_ready(std::size_t layer) const noexcept { return members_[layer - first_].ready; }
 
   /// The model lets go of member `layer`. Once it holds no member, the
   /// strategy decides: FullShard frees the unit after its forward (or lets
@@ -155,32 +102,30 @@ class UnitGroup {
   /// to free it once another unit is asked for.
   template <class Give>
   bool release(std::size_t layer, const ReleaseRules& rules, Give&& give) {
-    MemberState<C>& m = member(layer);
-    if (!m.held) return false;
-    m.held = false;
-    --held_;
-    if (strategy_ == ShardingStrategy::NoShard || held_ > 0) return false;
+    const int asks = members_.let_go(layer);
+    if (asks == 0) return false;
+    if (strategy_ == ShardingStrategy::NoShard || members_.held() > 0) return false;
     if (rules.evaluating) {
-      if (!members_asked(1)) {
+      if (!members_.all_asked(1)) {
         linger(true);
         return true;
       }
       reshard(give);
       return false;
     }
-    if (m.asks == 1) {
+    if (asks == 1) {
       if (!frees_after_forward()) {
         if (rules.keeps_bf16) keep_bf16_only(give);
         return false;
       }
-      if (members_asked(1) && !rules.keep_last_forward_unit) {
+      if (members_.all_asked(1) && !rules.keep_last_forward_unit) {
         reshard(give);
         return false;
       }
       linger(false);
       return true;
     }
-    if (!members_asked(2)) return false;
+    if (!members_.all_asked(2)) return false;
     if (!rules.keeps_gathered) {
       reshard(give);
     } else if (rules.keeps_bf16) {
@@ -191,7 +136,7 @@ class UnitGroup {
   /// Frees a lingering unit the model does not hold (false: it holds one).
   template <class Give>
   void free_if_unheld(Give&& give) {
-    if (held_ == 0) reshard(give);
+    if (members_.held() == 0) reshard(give);
   }
 
   /// A gather into `into` (N·c, the master type; empty for a bfloat16
@@ -264,8 +209,7 @@ class UnitGroup {
     drop_bf16_grad();
     grads_ = grad.empty() ? GradPhase::none : GradPhase::filling;
     if (strategy_ != ShardingStrategy::NoShard && !keep_gathered) reshard(give);
-    held_ = 0;
-    for (MemberState<C>& m : members_) m.held = false;
+    members_.drop_holds();
   }
 
   /// The buffers, which the collectives read and write on the worker; the
@@ -286,16 +230,8 @@ class UnitGroup {
   Request gathering;  ///< the gather into `full` or `bf16`, until an ask waits for it
 
  private:
-  MemberState<C>& member(std::size_t layer) noexcept { return members_[layer - first_]; }
   bool frees_after_forward() const noexcept {
     return strategy_ == ShardingStrategy::FullShard || strategy_ == ShardingStrategy::HybridShard;
-  }
-  /// Every member has been asked for at least `asks` times in this step.
-  bool members_asked(int asks) const noexcept {
-    for (const MemberState<C>& m : members_) {
-      if (m.asks < asks) return false;
-    }
-    return true;
   }
   /// Lingering is FullShard's, after forward, and any sharded strategy's in evaluation.
   void linger(bool evaluating) {
@@ -318,11 +254,8 @@ class UnitGroup {
 
   std::size_t index_;
   std::string name_;
-  std::size_t first_;
   ShardingStrategy strategy_;
-  std::vector<MemberState<C>> members_;
-  std::size_t held_ = 0;   ///< members the model holds
-  std::size_t ready_ = 0;  ///< members reported ready in this backward
+  UnitMembers<C> members_;
   ParamPhase params_ = ParamPhase::sharded;
   GradPhase grads_ = GradPhase::none;
 };

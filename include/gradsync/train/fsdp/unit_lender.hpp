@@ -31,6 +31,7 @@
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharded_state.hpp"
 #include "gradsync/train/fsdp/unit_group.hpp"
+#include "gradsync/train/common/memory_need.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/common/on_nonfinite.hpp"
 #include "gradsync/train/common/step_labels.hpp"
@@ -49,21 +50,22 @@ class UnitLender final : public UnitProvider<C> {
   /// The options labelled for a collective of the coming step (phase, wrapped unit).
   using Labeller = std::function<Options(LabelPhase, std::size_t)>;
 
-  /// What param_dtype and reduce_dtype say, and whether kept units keep
-  /// only their bfloat16 copy (ShardGradOp, where it pays).
-  struct Precision {
-    bool params_bf16 = false, grads_bf16 = false, keep_bf16 = false;
-  };
-
   UnitLender(const ShardedTrainerOptions& o, HybridGroups<Comm>& comms, ShardedState<T, C>& state, StepStats& step,
              std::string where)
       : o_(o), comms_(comms), state_(state), where_(std::move(where)), issuer_(units_, comms, step, sharded()),
         step_(step) {}
 
-  /// One UnitGroup per wrapped unit of the state's layout.
+  /// One UnitGroup per wrapped unit of the state's layout; `precision`:
+  /// what param_dtype and reduce_dtype say.
   void lay_out(Precision precision, Labeller labelled) {
     precision_ = precision;
     labelled_ = std::move(labelled);
+    // param_dtype bfloat16 under ShardGradOp: a unit kept gathered from its
+    // forward to its backward keeps only the bfloat16 copy its gather
+    // received, where that holds less in all (keeping_bf16_pays).
+    keep_bf16_ = !computes_bf16 && precision.params_bf16 && o_.strategy == ShardingStrategy::ShardGradOp &&
+                 keeping_bf16_pays(state_.flat.sizes, static_cast<std::size_t>(comms_.shard().size()), sizeof(T),
+                                   sizeof(bfloat16));
     for (std::size_t w = 0; w < state_.flat.groups.size(); ++w) {
       units_.emplace_back(w, state_.plan.units[w].name, state_.flat.first_member(w), state_.flat.last_member(w),
                           o_.strategy);
@@ -79,15 +81,28 @@ class UnitLender final : public UnitProvider<C> {
     evaluating_ = evaluating;
     for (Unit& unit : units_) unit.begin_step();
   }
-  /// How this backward reduces: `reducing` (false: a NoSync micro-step),
-  /// `local_scale` applied first, `add` into the shard (sharded accumulation).
-  void set_reduction(bool reducing, T local_scale, bool add) noexcept {
-    reducing_ = reducing;
-    local_scale_ = local_scale;
-    add_ = add;
+  /// A training step's forward and backward starts: `sync`, the step that
+  /// reduces (forward_backward), else a micro-step of accumulate(), after
+  /// `earlier` micro-steps of this step. ShardedTrainerOptions::accumulation
+  /// says how it reduces.
+  void begin_training_step(bool sync, std::size_t earlier) {
+    issuer_.trace.clear();
+    // A step's search for NaN and Inf covers all its micro-steps.
+    if (earlier == 0) {
+      for (Unit& unit : units_) unit.nonfinite = false;
+    }
+    begin_step(false);
+    const bool sharded_accumulation = o_.accumulation == AccumulationMode::Sharded;
+    reducing_ = sync || sharded_accumulation;
+    // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer;
+    // sharded accumulation adds every micro-step's mean into the shard, and
+    // finish() takes the mean of the K.
+    local_scale_ = sync && !sharded_accumulation ? static_cast<T>(1.0 / static_cast<double>(earlier + 1)) : T(1);
+    add_ = sharded_accumulation && earlier > 0;
+    summed_means_ = sync && sharded_accumulation ? earlier + 1 : 1;
   }
   bool evaluating() const noexcept { return evaluating_; }
-  bool keeps_bf16() const noexcept { return precision_.keep_bf16; }
+  bool keeps_bf16() const noexcept { return keep_bf16_; }
   /// No unit is kept gathered past its use (between steps).
   bool idle() const noexcept { return lingering_.empty(); }
 
@@ -103,15 +118,10 @@ class UnitLender final : public UnitProvider<C> {
   }
 
   const std::vector<ShardedTraceEvent>& trace() const noexcept { return issuer_.trace; }
-  void clear_trace() noexcept { issuer_.trace.clear(); }
   std::size_t peak_transient_bytes() const noexcept { return peak_.bytes(); }
   void reset_peak_transient() noexcept { peak_.reset(); }
   std::string describe(std::size_t w) const { return units_.at(w).describe(); }
 
-  /// A step (not a micro-step) starts: no reduction has found anything yet.
-  void clear_nonfinite() noexcept {
-    for (Unit& unit : units_) unit.nonfinite = false;
-  }
   /// After finish(): the first wrapped unit whose reduced gradient on this
   /// rank held a NaN or an Inf in this step (its micro-steps included).
   std::optional<std::size_t> first_nonfinite() const noexcept {
@@ -129,7 +139,7 @@ class UnitLender final : public UnitProvider<C> {
     const std::size_t w = unit.index();
     const bool backward = unit.ask(layer, evaluating_, where_, layer_name(layer));
     if (!sharded()) {
-      unit.hold(layer);
+      unit.members().hold(layer);
       return state_.resident_views[layer];
     }
     // A unit whose forward ended goes once another is asked for.
@@ -158,7 +168,8 @@ class UnitLender final : public UnitProvider<C> {
         }
         grads = std::span<bfloat16>(unit.bf16_grad).subspan(at, size);
       }
-      return unit.hand_out(layer, state_.make_view(layer, std::span<bfloat16>(unit.bf16).subspan(at, size), grads));
+      return unit.members().hand_out(
+          layer, state_.make_view(layer, std::span<bfloat16>(unit.bf16).subspan(at, size), grads));
     } else {
       std::span<T> grads;
       if (backward) {
@@ -166,7 +177,7 @@ class UnitLender final : public UnitProvider<C> {
         if (unit.grad.empty()) take_grad(unit);
         grads = std::span<T>(unit.grad).subspan(at, size);
       }
-      return unit.hand_out(layer, state_.make_view(layer, std::span<T>(unit.full).subspan(at, size), grads));
+      return unit.members().hand_out(layer, state_.make_view(layer, std::span<T>(unit.full).subspan(at, size), grads));
     }
   }
 
@@ -178,7 +189,7 @@ class UnitLender final : public UnitProvider<C> {
     const ReleaseRules rules{.evaluating = evaluating_,
                              .keep_last_forward_unit = o_.keep_last_forward_unit,
                              .keeps_gathered = keeps_gathered(),
-                             .keeps_bf16 = precision_.keep_bf16};
+                             .keeps_bf16 = keep_bf16_};
     Unit& unit = unit_of(layer);
     if (unit.release(layer, rules, giver())) lingering_.push_back(unit.index());
   }
@@ -188,7 +199,7 @@ class UnitLender final : public UnitProvider<C> {
   void ready(std::size_t layer) override {
     check_layer(layer, "reported ready");
     Unit& unit = unit_of(layer);
-    if (!unit.report_ready(layer, evaluating_, where_, layer_name(layer))) return;
+    if (!unit.members().report_ready(layer, evaluating_, where_, layer_name(layer))) return;
     const std::size_t w = unit.index();
     if constexpr (computes_bf16) {
       if (!reduces_bf16_grad()) fold_bf16_grad(unit);
@@ -211,13 +222,15 @@ class UnitLender final : public UnitProvider<C> {
   }
 
   /// The end of a backward: waits for every gather and reduction, frees
-  /// units and buffers (`keep_grads`: a NoSync micro-step, whose unsharded
-  /// gradients stay), and throws the first failure, or names the units that
-  /// reported no gradient.
-  void finish(bool keep_grads) {
+  /// units and buffers (a NoSync micro-step's unsharded gradients stay),
+  /// and throws the first failure, or names the units that reported no
+  /// gradient. Sharded accumulation then turns the shard's sum of K means
+  /// into their mean.
+  void finish() {
+    const bool keep_grads = !reducing_;
     std::string missing;
     for (std::size_t layer = 0; layer < state_.specs.size(); ++layer) {
-      if (!unit_of(layer).member_ready(layer)) missing += (missing.empty() ? "" : ", ") + layer_name(layer);
+      if (!unit_of(layer).members().ready(layer)) missing += (missing.empty() ? "" : ", ") + layer_name(layer);
     }
     std::exception_ptr first;
     {
@@ -230,6 +243,10 @@ class UnitLender final : public UnitProvider<C> {
     if (!missing.empty()) {
       throw InvalidArgument(where_ + ": backward reported no gradient for " + missing +
                             ". Every unit must call ctx.ready(u) in every step");
+    }
+    if (summed_means_ > 1) {
+      const auto k = static_cast<T>(1.0 / static_cast<double>(summed_means_));
+      for (T& x : state_.grad_shard()) x *= k;
     }
   }
 
@@ -301,7 +318,7 @@ class UnitLender final : public UnitProvider<C> {
     } else {
       // A unit kept in bfloat16 keeps the copy it receives; otherwise that copy is the worker's scratch.
       unit.start_gather(take(padded, false),
-                        precision_.keep_bf16 ? std::vector<bfloat16>(padded) : std::vector<bfloat16>());
+                        keep_bf16_ ? std::vector<bfloat16>(padded) : std::vector<bfloat16>());
     }
     track_transient();
     issuer_.gather(unit, labelled_(LabelPhase::gather, w), state_.chunk(w), precision_.params_bf16, o_.offload.get());
@@ -360,6 +377,8 @@ class UnitLender final : public UnitProvider<C> {
   StepStats& step_;
   Labeller labelled_;
   Precision precision_;
+  /// Kept units keep only their bfloat16 copy (ShardGradOp, where it pays).
+  bool keep_bf16_ = false;
   bool evaluating_ = false;
   /// This backward reduces each ready unit (false: a NoSync micro-step).
   bool reducing_ = true;
@@ -367,6 +386,8 @@ class UnitLender final : public UnitProvider<C> {
   T local_scale_ = T(1);
   /// Sharded accumulation after the first micro-step: reductions add into the shard.
   bool add_ = false;
+  /// Sharded accumulation's synced step: the means of this many micro-steps are summed in the shard.
+  std::size_t summed_means_ = 1;
   /// Wrapped units kept gathered after their forward until another is asked
   /// for (keep_last_forward_unit, or members not yet asked).
   std::vector<std::size_t> lingering_;
