@@ -157,7 +157,7 @@ class Control {
     s.call = call;
     // On one host this rank says it is in the call before it looks for the
     // peers' flags, and a failed peer raises its flag before it reads this
-    // slot (may_read), each with a full fence between: so either that peer
+    // slot (may_read), all sequentially consistent: so either that peer
     // sees this rank in the call and keeps its sends until this rank lets
     // go, or this rank sees its flag here and refuses the call below.
     if (s.slots) {
@@ -165,7 +165,6 @@ class Control {
       const std::size_t b = call.seq & 1;
       std::atomic_ref<std::uint64_t>(mine.h[b]).store(hash, std::memory_order_relaxed);
       std::atomic_ref<std::uint64_t>(mine.seq[b]).store(call.seq, std::memory_order_seq_cst);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
     }
     // Notices already here first: a peer that gave up on this call (or an
     // earlier one) may have let go of sends that a receive posted now would
@@ -309,7 +308,6 @@ class Control {
     }
     if (s.released[static_cast<std::size_t>(q)]) return false;
     if (!s.slots) return true;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
     return std::atomic_ref<std::uint64_t>(s.slots[q].seq[seq & 1]).load(std::memory_order_seq_cst) >= seq;
   }
 
@@ -588,9 +586,8 @@ class Control {
   void post(const Notice& said) noexcept {
     State& s = *s_;
     // Raised before any notice leaves: a peer that finds it down has no
-    // notice of this rank's to probe for. A full fence after it: see begin.
+    // notice of this rank's to probe for. Sequentially consistent: see begin.
     if (s.slots) std::atomic_ref<std::uint64_t>(s.slots[s.rank].spoke).store(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
     std::erase_if(s.outbox, [](Outgoing& o) {
       int done = 0;
       MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
