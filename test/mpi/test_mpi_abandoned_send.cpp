@@ -114,7 +114,8 @@ TEST_CASE("a rank that abandons a large call never leaves a peer reading its fre
     // Mostly long enough for the others to have posted their receives; now
     // and then so short that the neighbour stops on its way in.
     const auto delay = std::chrono::milliseconds(rng() % 4 == 0 ? rng() % 3 : 10 + rng() % 30);
-    // Far longer than a failed call takes to give up on its sends.
+    // Long enough that a call which let its sends go on a short timer would
+    // have unmapped the buffer before the neighbour runs again.
     const auto stall = std::chrono::milliseconds(300 + rng() % 200);
     const bool by_messages = rng() % 2 == 0;
     const std::uint64_t salt = rng();
