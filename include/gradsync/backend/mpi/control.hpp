@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -543,29 +542,11 @@ class Control {
     return true;
   }
 
-  /// This rank's notice to the others.
-  Notice notice(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for, bool unwound,
-                bool joined, bool released) const noexcept {
-    const State& s = *s_;
-    Notice n;
-    n.left = left ? 1 : 0;
-    n.unwound = unwound ? 1 : 0;
-    n.joined = joined ? 1 : 0;
-    n.released = released ? 1 : 0;
-    n.kind = kind;
-    n.rank = s.rank;
-    n.seq = seq;
-    n.nonce = s.nonce;
-    n.waiting_for = waiting_for;
-    std::memcpy(n.text, why.data(), std::min(why.size(), sizeof(n.text) - 1));
-    return n;
-  }
-
   void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for,
             bool unwound = false, bool joined = true, bool released = false) noexcept {
     State& s = *s_;
     s.spoken = true;
-    s.said = notice(left, kind, seq, why, waiting_for, unwound, joined, released);
+    s.said = Notice::make(s.rank, s.nonce, left, kind, seq, why, waiting_for, unwound, joined, released);
     s.said_any = true;
     s.released_sent = released;
     post(s.said);
@@ -577,7 +558,8 @@ class Control {
     State& s = *s_;
     if (s.released_sent) return;
     s.released_sent = true;
-    Notice n = s.said_any ? s.said : notice(false, FailureKind::aborted, s.call.seq, "", -1, false, true, true);
+    Notice n = s.said_any ? s.said
+                          : Notice::make(s.rank, s.nonce, false, FailureKind::aborted, s.call.seq, "", -1, false, true, true);
     n.released = 1;
     n.only_released = s.said_any ? 0 : 1;
     post(n);

@@ -39,6 +39,23 @@ struct Notice {
   char text[480] = {};
 
   std::string_view what() const noexcept { return {text, strnlen(text, sizeof(text))}; }
+
+  /// Rank `rank`'s notice on the communicator of `nonce`; `why` is cut to fit.
+  static Notice make(std::int32_t rank, std::uint64_t nonce, bool left, FailureKind kind, std::uint64_t seq,
+                     std::string_view why, std::int32_t waiting_for, bool unwound, bool joined, bool released) noexcept {
+    Notice n;
+    n.left = left ? 1 : 0;
+    n.unwound = unwound ? 1 : 0;
+    n.joined = joined ? 1 : 0;
+    n.released = released ? 1 : 0;
+    n.kind = kind;
+    n.rank = rank;
+    n.seq = seq;
+    n.nonce = nonce;
+    n.waiting_for = waiting_for;
+    std::memcpy(n.text, why.data(), std::min(why.size(), sizeof(n.text) - 1));
+    return n;
+  }
 };
 
 }  // namespace gradsync::detail::mpi
