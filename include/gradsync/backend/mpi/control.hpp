@@ -21,6 +21,7 @@
 
 #include "gradsync/backend/mpi/agreement_steps.hpp"
 #include "gradsync/backend/mpi/idle_backoff.hpp"
+#include "gradsync/backend/mpi/peer_watch.hpp"
 #include "gradsync/backend/mpi/shared_slots.hpp"
 #include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
@@ -86,8 +87,11 @@ class Control {
     }
     MPI_Bcast(&s_->nonce, 1, MPI_UINT64_T, 0, s_->comm);
     // Mapped even when calls are not checked: the slots also say who has
-    // sent notices, which spares every call its probes for them.
-    if (share(one_host) || !check_calls) return;
+    // sent notices, which spares every call its probes for them, and which
+    // process each rank is. Otherwise the agreement goes by messages.
+    s_->slots = map_shared_slots(s_->comm, s_->rank, s_->size, s_->nonce, one_host, s_->slots_bytes);
+    if (s_->slots) s_->watch = PeerWatch(s_->slots, s_->size, s_->rank);
+    if (s_->slots || !check_calls) return;
     s_->steps = agreement_steps(s_->rank, s_->size);
     const std::size_t n = s_->steps.size();
     s_->in.resize(n);
@@ -300,15 +304,21 @@ class Control {
   /// (once this rank has told the peers it failed or left): yes unless q
   /// said it released (see tell), or, on one host, q has not begun that
   /// call, and so will see this rank's flag before it posts a receive (see
-  /// begin). Takes the notices that have arrived.
+  /// begin), or q's process is gone (PeerWatch: killed ranks say nothing).
+  /// Across hosts only q's word counts. Takes the notices that have arrived.
   bool may_read(int q, std::uint64_t seq) noexcept {
     State& s = *s_;
     for (Notice n; receive(n);) {
     }
     if (s.released[static_cast<std::size_t>(q)]) return false;
     if (!s.slots) return true;
-    return std::atomic_ref<std::uint64_t>(s.slots[q].seq[seq & 1]).load(std::memory_order_seq_cst) >= seq;
+    if (std::atomic_ref<std::uint64_t>(s.slots[q].seq[seq & 1]).load(std::memory_order_seq_cst) < seq) return false;
+    return !gone(q);
   }
+
+  /// Whether q's process is known to be gone: on one host, where the slots
+  /// say which process it is (see PeerWatch); never across hosts.
+  bool gone(int q) noexcept { return s_->slots && s_->watch.gone(q); }
 
   /// What the others say after this rank timed out: tells them first, then
   /// listens for up to `grace`, and returns a sentence to append naming those
@@ -389,6 +399,7 @@ class Control {
     std::size_t sent = 0;    ///< steps whose send is posted
     Slot* slots = nullptr;   ///< the shared segment, one slot per rank
     std::size_t slots_bytes = 0;
+    PeerWatch watch;         ///< the peers' processes, with the slots
     int seen = 0;            ///< ranks whose slot this call has read
     bool armed = false;      ///< the next call's receives are posted
     bool pending = false;    ///< agreement started, verdict not yet read
@@ -407,14 +418,6 @@ class Control {
     std::vector<std::uint8_t> released;
     std::vector<Outgoing> outbox;
   };
-
-  /// Maps a segment that every rank shares, if they all run on this host and
-  /// can; collective. False: the agreement goes by messages.
-  bool share(bool one_host) {
-    State& s = *s_;
-    s.slots = map_shared_slots(s.comm, s.rank, s.size, s.nonce, one_host, s.slots_bytes);
-    return s.slots != nullptr;
-  }
 
   /// Lets MPI advance, as every wait must (see poll); the notice, if one
   /// is there, stays for receive() to take.

@@ -463,8 +463,12 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// Cancels the receives in flight and waits for them: MPI_Cancel alone
   /// lets MPI write into the buffer later (a message already matched still
   /// lands), after its owner freed it. The wait is short (an unmatched
-  /// receive completes at once, a matched one when its data is in); past a
-  /// generous bound the process ends rather than return with memory MPI may
+  /// receive completes at once, a matched one when its data is in), unless
+  /// the sender died mid-message: then the rest never comes, and on one host
+  /// the receive goes once its sender's process is gone (Control::gone: a
+  /// dead process writes nothing, and what it sent before is taken by the
+  /// polls meanwhile). Past a generous bound (across hosts, the only end for
+  /// such a receive) the process ends rather than return with memory MPI may
   /// still write. Sends are left alone here (see let_sends_go).
   void take_back_receives() noexcept {
     for (std::size_t i = 0; i < requests_.size(); ++i) {
@@ -485,16 +489,19 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// completes or its peer can no longer match it (Control::may_read): the
   /// peer said it took back its receives, having heard this rank's notice
   /// (sent before this), or, on one host, it has not begun this call and will
-  /// refuse it. A live peer in the call hears the notice within a poll; past
-  /// the bound (a peer gone silent in the call) the process ends.
+  /// refuse it, or its process is gone (killed: it never says a word, but
+  /// reads nothing either). A live peer in the call hears the notice within
+  /// a poll; past the bound (a peer gone silent in the call, or across hosts
+  /// a dead one, whose death no slot shows) the process ends.
   void let_sends_go(std::uint64_t seq) noexcept {
     settle_requests(true, [&](const Op& op) {
       return "an MPI send to " + names().who(op.peer) + " was neither received nor released by it";
     }, "MPI may still read its buffer", seq);
   }
 
-  /// Polls the requests of `sends` (or receives) until each is done, or for
-  /// a send, its peer can no longer read it; past cancel_bound, says why
+  /// Polls the requests of `sends` (or receives) until each is done, or its
+  /// peer can no longer touch it (for a send, may_read; for a receive, its
+  /// process is gone); past cancel_bound, says why
   /// (`stuck` of the first one left, then `risk`) and ends the process.
   template <class Stuck>
   void settle_requests(bool sends, Stuck&& stuck, const char* risk, std::uint64_t seq = 0) noexcept {
@@ -506,7 +513,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
         if (requests_[i] == MPI_REQUEST_NULL || (ops_[i].kind == Op::send) != sends) continue;
         int done = 0;
         if (MPI_Test(&requests_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done ||
-            (sends && !control_.may_read(ops_[i].peer, seq))) {
+            (sends ? !control_.may_read(ops_[i].peer, seq) : control_.gone(ops_[i].peer))) {
           if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
           continue;
         }

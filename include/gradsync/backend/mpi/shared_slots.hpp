@@ -10,21 +10,27 @@
 #define GRADSYNC_MPI_SHARED_AGREEMENT 1
 #endif
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
+#include "gradsync/backend/mpi/peer_process.hpp"
+
 namespace gradsync::detail::mpi {
 
 /// One rank's line of the shared segment: its hash for the calls of each
-/// parity, which call it is (0: none yet), and whether it has sent the
-/// others its notice (raised before the first message leaves).
+/// parity, which call it is (0: none yet), whether it has sent the others
+/// its notice (raised before the first message leaves), and which process
+/// it is (ProcessId, written once at mapping: see PeerWatch).
 struct alignas(64) Slot {
   std::uint64_t seq[2] = {};
   std::uint64_t h[2] = {};
   std::uint64_t spoke = 0;
+  std::uint64_t pid = 0;
+  std::uint64_t start = 0;
 };
 
 /// Maps a segment of `size` slots that every rank of `comm` shares, if they
@@ -62,6 +68,13 @@ inline Slot* map_shared_slots(MPI_Comm comm, int rank, int size, std::uint64_t n
   void* p = fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (fd >= 0) close(fd);
   ok = p != MAP_FAILED ? 1 : 0;
+  // Before the collective below, after which the others read it.
+  if (ok) {
+    Slot& mine = static_cast<Slot*>(p)[rank];
+    const ProcessId me = this_process();
+    std::atomic_ref<std::uint64_t>(mine.pid).store(me.pid, std::memory_order_release);
+    std::atomic_ref<std::uint64_t>(mine.start).store(me.start, std::memory_order_release);
+  }
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
   if (rank == 0 && name[0]) shm_unlink(name);
   if (!ok) {
