@@ -2,11 +2,16 @@
 """Rank 2 of 3 dies by SIGKILL mid-loop (see kill_rank.cpp); checks that the
 survivors end within the deadline plus slack.
 
-  kill_rank.py MPIRUN KILL_RANK_EXE throw|abort [DEADLINE_S] [RUNS] [ring|native]
+  kill_rank.py MPIRUN KILL_RANK_EXE throw|abort [DEADLINE_S] [RUNS] [ring|native] [FLOATS]
 
 throw: both survivors end with Timeout or Aborted, naming rank 2.
 abort: a survivor prints why and MPI_Aborts the job, which ends in time.
+FLOATS: large messages, and rank 2 dies inside a call at a drawn time (see
+kill_rank.cpp); each run's seed is printed, GRADSYNC_TEST_SEED=<seed>
+replays it.
 """
+import os
+import random
 import subprocess
 import sys
 import threading
@@ -15,9 +20,14 @@ import time
 SLACK_S = 1.5  # past the deadline: hearing out the others, then leaving
 
 
-def run_once(mpirun, exe, policy, deadline, algo):
+def run_once(mpirun, exe, policy, deadline, algo, floats):
     cmd = [mpirun, '--allow-run-as-root', '--oversubscribe', '--enable-recovery', '--mca', 'btl', 'self,vader,tcp',
            '-np', '3', exe, policy, str(deadline), algo]
+    if floats:
+        env_seed = os.environ.get('GRADSYNC_TEST_SEED')
+        seed = int(env_seed, 0) if env_seed else random.getrandbits(63)
+        print('seed %d' % seed, flush=True)
+        cmd += [str(floats), str(seed)]
     # Each line is stamped as it arrives: under abort, when a survivor said
     # it was aborting is gradsync's part; how long mpirun then takes to tear
     # the job down is Open MPI's (1 to 4 s here, in steps of about a second).
@@ -36,6 +46,9 @@ def run_once(mpirun, exe, policy, deadline, algo):
         problems.append('expected one KILL line')
         return problems, out
     killed = kills[0]
+    for l in out.splitlines():
+        if l.startswith('LARGE '):
+            print(l)
     if policy == 'throw':
         ranks = sorted(int(s[1]) for s in survivors)
         if ranks != [0, 1]:
@@ -76,8 +89,9 @@ def main():
     deadline = float(sys.argv[4]) if len(sys.argv) > 4 else 2.0
     runs = int(sys.argv[5]) if len(sys.argv) > 5 else 3
     algo = sys.argv[6] if len(sys.argv) > 6 else 'ring'
+    floats = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     for i in range(runs):
-        problems, out = run_once(mpirun, exe, policy, deadline, algo)
+        problems, out = run_once(mpirun, exe, policy, deadline, algo, floats)
         if problems:
             print(out)
             print('run %d of %d FAILED:\n  %s' % (i + 1, runs, '\n  '.join(problems)))

@@ -3,12 +3,6 @@
 /// on each call, and tell each other that they failed or left.
 
 #include <mpi.h>
-#if __has_include(<sys/mman.h>)
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-#define GRADSYNC_MPI_SHARED_AGREEMENT 1
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -16,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -26,7 +19,10 @@
 #include <utility>
 #include <vector>
 
+#include "gradsync/backend/mpi/agreement_steps.hpp"
 #include "gradsync/backend/mpi/idle_backoff.hpp"
+#include "gradsync/backend/mpi/peer_watch.hpp"
+#include "gradsync/backend/mpi/shared_slots.hpp"
 #include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
@@ -62,6 +58,12 @@ namespace gradsync::detail::mpi {
 /// raises a flag in its slot before its notices leave, and a call starts
 /// without probing for notices while no peer's flag is up. Waits probe
 /// regardless: that also keeps MPI moving for the peers (see poll).
+///
+/// Release: a failed rank's unfinished sends may still be read by a peer
+/// that matched them (see Endpoint::let_sends_go), so once a rank has taken
+/// back its own receives it says so (a notice marked `released`, or its
+/// goodbye), and may_read tells a rank whose sends wait which peers can no
+/// longer read them.
 class Control {
  public:
   Control() = default;
@@ -75,6 +77,7 @@ class Control {
     MPI_Comm_size(s_->comm, &s_->size);
     s_->gone.assign(static_cast<std::size_t>(s_->size), never);
     s_->heard.resize(static_cast<std::size_t>(s_->size));
+    s_->released.assign(static_cast<std::size_t>(s_->size), 0);
     // A notice sent on an earlier communicator could still be in flight when
     // MPI hands its context to a new one: a nonce per communicator tells it.
     if (s_->rank == 0) {
@@ -84,9 +87,12 @@ class Control {
     }
     MPI_Bcast(&s_->nonce, 1, MPI_UINT64_T, 0, s_->comm);
     // Mapped even when calls are not checked: the slots also say who has
-    // sent notices, which spares every call its probes for them.
-    if (share(one_host) || !check_calls) return;
-    s_->steps = schedule(s_->rank, s_->size);
+    // sent notices, which spares every call its probes for them, and which
+    // process each rank is. Otherwise the agreement goes by messages.
+    s_->slots = map_shared_slots(s_->comm, s_->rank, s_->size, s_->nonce, one_host, s_->slots_bytes);
+    if (s_->slots) s_->watch = PeerWatch(s_->slots, s_->size, s_->rank);
+    if (s_->slots || !check_calls) return;
+    s_->steps = agreement_steps(s_->rank, s_->size);
     const std::size_t n = s_->steps.size();
     s_->in.resize(n);
     s_->out.resize(n);
@@ -98,19 +104,15 @@ class Control {
   Control& operator=(Control&&) noexcept = default;
   Control(const Control&) = delete;
   Control& operator=(const Control&) = delete;
-  /// Says goodbye to the peers (unless this rank's failure already did), so
-  /// that a peer still waiting for it fails at once, naming it.
+  /// Says goodbye to the peers (see leave).
   ~Control() {
     if (!s_) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     // Before unmapping: sending raises this rank's flag in its slot.
-    if (!finalized && !s_->spoken) send(true, FailureKind::aborted, s_->call.seq, "", -1, std::uncaught_exceptions() > 0);
-#ifdef GRADSYNC_MPI_SHARED_AGREEMENT
+    if (!finalized) leave();
     // The peers keep their own mappings: the segment lives while any does.
-    if (s_->slots) munmap(s_->slots, s_->slots_bytes);
-    s_->slots = nullptr;
-#endif
+    unmap_shared_slots(s_->slots, s_->slots_bytes);
     if (finalized) {
       // MPI is gone, and with it every request: nothing to free.
       s_.release();  // NOLINT: buffers MPI may have held; the process is ending
@@ -151,23 +153,35 @@ class Control {
 
   /// Starts `call`: fails at once if a peer is known not to join it, then
   /// sends this rank's part of the agreement. `wire` and `hash` are the
-  /// call's WireCall and its hash, which the endpoint has made already.
-  void begin(const CallInfo& call, const WireCall& wire, std::uint64_t hash) {
+  /// call's WireCall and its hash, which the endpoint has made already;
+  /// `timeout` bounds the wait for a notice whose flag is up.
+  void begin(const CallInfo& call, const WireCall& wire, std::uint64_t hash, std::chrono::nanoseconds timeout) {
     State& s = *s_;
     s.call = call;
+    // On one host this rank says it is in the call before it looks for the
+    // peers' flags, and a failed peer raises its flag before it reads this
+    // slot (may_read), all sequentially consistent: so either that peer
+    // sees this rank in the call and keeps its sends until this rank lets
+    // go, or this rank sees its flag here and refuses the call below.
+    if (s.slots) {
+      Slot& mine = s.slots[s.rank];
+      const std::size_t b = call.seq & 1;
+      std::atomic_ref<std::uint64_t>(mine.h[b]).store(hash, std::memory_order_relaxed);
+      std::atomic_ref<std::uint64_t>(mine.seq[b]).store(call.seq, std::memory_order_seq_cst);
+    }
     // Notices already here first: a peer that gave up on this call (or an
-    // earlier one) has abandoned its sends, and a receive posted now could
-    // match one and read memory its owner has freed. Two MPI_Iprobes when
-    // there are none: Open MPI's probe matches first and advances the
-    // transport after, so one probe misses a notice that has already
-    // arrived but is not yet taken off the shared-memory queue. On one
-    // host the slots say whether any peer has sent one at all: the probes
-    // cost a small call more than the rest of its setup.
+    // earlier one) may have let go of sends that a receive posted now would
+    // match. Two MPI_Iprobes when there are none: Open MPI's probe matches
+    // first and advances the transport after, so one probe misses a notice
+    // that has already arrived but is not yet taken off the shared-memory
+    // queue. On one host the slots say whether any peer has sent one at all:
+    // the probes cost a small call more than the rest of its setup.
     if (notice_unheard()) {
       for (int round = 0; round < 2; ++round) {
         for (Notice n; receive(n);) {
         }
       }
+      await_flagged(timeout);
     }
     for (int q = 0; q < s.size; ++q) {
       if (s.gone[static_cast<std::size_t>(q)] < call.seq) throw_notice(q, std::chrono::nanoseconds::zero(), -1);
@@ -186,13 +200,8 @@ class Control {
     s.sent = 0;
     s.seen = 0;
     s.pending = true;
-    if (s.slots) {
-      Slot& mine = s.slots[s.rank];
-      const std::size_t b = call.seq & 1;
-      std::atomic_ref<std::uint64_t>(mine.h[b]).store(h, std::memory_order_relaxed);
-      std::atomic_ref<std::uint64_t>(mine.seq[b]).store(call.seq, std::memory_order_release);
-      return;
-    }
+    // (On one host, the hash is in the slot already.)
+    if (s.slots) return;
     send_step();
   }
 
@@ -268,11 +277,48 @@ class Control {
   /// the call that fails: the current one, or, for a communicator failed
   /// while idle (for a failure on another one), the next, which the peers
   /// may be waiting in already.
-  void tell(FailureKind kind, std::string_view why, int waiting_for = -1, std::uint64_t seq = 0) noexcept {
-    if (!s_ || s_->spoken) return;
+  /// `released`: this rank has taken back its receives on the data channel
+  /// and posts none again; said once, alone if the peers heard of the
+  /// failure already.
+  void tell(FailureKind kind, std::string_view why, int waiting_for = -1, std::uint64_t seq = 0,
+            bool released = false) noexcept {
+    if (!s_) return;
+    if (s_->spoken) {
+      if (released) send_released();
+      return;
+    }
     abandon();
-    send(false, kind, std::max(seq, s_->call.seq), why, waiting_for, false, seq <= s_->call.seq);
+    send(false, kind, std::max(seq, s_->call.seq), why, waiting_for, false, seq <= s_->call.seq, released);
   }
+
+  /// Says goodbye to the peers (unless this rank's failure already did), so
+  /// that a peer still waiting for it fails at once, naming it. Only once
+  /// this rank's receives are taken back: a goodbye also says `released`.
+  void leave() noexcept {
+    if (!s_) return;
+    if (s_->spoken) return send_released();
+    send(true, FailureKind::aborted, s_->call.seq, "", -1, std::uncaught_exceptions() > 0, true, true);
+  }
+
+  /// Whether rank q may still read a send this rank posted in call `seq`
+  /// (once this rank has told the peers it failed or left): yes unless q
+  /// said it released (see tell), or, on one host, q has not begun that
+  /// call, and so will see this rank's flag before it posts a receive (see
+  /// begin), or q's process is gone (PeerWatch: killed ranks say nothing).
+  /// Across hosts only q's word counts. Takes the notices that have arrived.
+  bool may_read(int q, std::uint64_t seq) noexcept {
+    State& s = *s_;
+    for (Notice n; receive(n);) {
+    }
+    if (s.released[static_cast<std::size_t>(q)]) return false;
+    if (!s.slots) return true;
+    if (std::atomic_ref<std::uint64_t>(s.slots[q].seq[seq & 1]).load(std::memory_order_seq_cst) < seq) return false;
+    return !gone(q);
+  }
+
+  /// Whether q's process is known to be gone: on one host, where the slots
+  /// say which process it is (see PeerWatch); never across hosts.
+  bool gone(int q) noexcept { return s_->slots && s_->watch.gone(q); }
 
   /// What the others say after this rank timed out: tells them first, then
   /// listens for up to `grace`, and returns a sentence to append naming those
@@ -324,11 +370,6 @@ class Control {
  private:
   static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
   static constexpr int notice_tag = 1;
-  // The agreement's own tags, apart from the notices' (which are probed
-  // from any source): a pair that folds, its unfold, then round j.
-  static constexpr int fold_tag = 2;
-  static constexpr int unfold_tag = 3;
-  static constexpr int round_tag = 4;
 
   struct Outgoing {
     MPI_Request request = MPI_REQUEST_NULL;
@@ -339,21 +380,6 @@ class Control {
     std::uint64_t h = 0;
     std::uint64_t not_h = 0;
   };
-  /// One step of this rank's part in the agreement: send the value so far
-  /// to `to`, then and in what `from` sends (-1: no such half).
-  struct Step {
-    int to = -1;
-    int from = -1;
-    int tag = 0;
-  };
-  /// One rank's line of the shared segment: its hash for the calls of
-  /// each parity, which call it is (0: none yet), and whether it has sent
-  /// the others its notice (raised before the first message leaves).
-  struct alignas(64) Slot {
-    std::uint64_t seq[2] = {};
-    std::uint64_t h[2] = {};
-    std::uint64_t spoke = 0;
-  };
   /// On the heap, so that MPI's pointers into it survive a move.
   struct State {
     MPI_Comm comm = MPI_COMM_NULL;
@@ -363,7 +389,7 @@ class Control {
     std::uint64_t nonce = 0;
     CallInfo call{};
     WireCall wire{};
-    std::vector<Step> steps;
+    std::vector<AgreementStep> steps;
     std::vector<Word> in;   ///< per step, what its peer sent
     std::vector<Word> out;  ///< per step, what this rank sent
     std::vector<MPI_Request> recvs;
@@ -373,92 +399,25 @@ class Control {
     std::size_t sent = 0;    ///< steps whose send is posted
     Slot* slots = nullptr;   ///< the shared segment, one slot per rank
     std::size_t slots_bytes = 0;
+    PeerWatch watch;         ///< the peers' processes, with the slots
     int seen = 0;            ///< ranks whose slot this call has read
     bool armed = false;      ///< the next call's receives are posted
     bool pending = false;    ///< agreement started, verdict not yet read
     bool abandoned = false;  ///< a collective request was given up
     bool spoken = false;     ///< the peers know this rank failed or left
+    bool released_sent = false;  ///< the peers know this rank posts no receive again
+    Notice said{};               ///< this rank's notice, if it sent one
+    bool said_any = false;       ///< whether it did
     RankNames names;         ///< how errors name the ranks
     std::vector<WireCall> calls;  ///< every rank's call, gathered on disagreement
     MPI_Request gather = MPI_REQUEST_NULL;
     /// Per rank: the number of calls after which it is gone (never: here).
     std::vector<std::uint64_t> gone;
     std::vector<Notice> heard;
+    /// Per rank: it said it holds no receive on the data channel (see tell).
+    std::vector<std::uint8_t> released;
     std::vector<Outgoing> outbox;
   };
-
-  /// Rank r's steps in a recursive-doubling all-reduce over p ranks. For p
-  /// not a power of two, the first 2(p - p') ranks (p' the largest power of
-  /// two <= p) pair up: the even one hands its value to the odd one, which
-  /// stands for both in the rounds, then hands the result back.
-  static std::vector<Step> schedule(int r, int p) {
-    int pow2 = 1;
-    while (pow2 * 2 <= p) pow2 *= 2;
-    const int extra = p - pow2;
-    std::vector<Step> steps;
-    if (r < 2 * extra && r % 2 == 0) {
-      steps.push_back({r + 1, -1, fold_tag});
-      steps.push_back({-1, r + 1, unfold_tag});
-      return steps;
-    }
-    const bool folds = r < 2 * extra;
-    if (folds) steps.push_back({-1, r - 1, fold_tag});
-    const int v = folds ? r / 2 : r - extra;
-    for (int d = 1, j = 0; d < pow2; d *= 2, ++j) {
-      const int w = v ^ d;
-      const int q = w < extra ? 2 * w + 1 : w + extra;
-      steps.push_back({q, q, round_tag + j});
-    }
-    if (folds) steps.push_back({r - 1, -1, unfold_tag});
-    return steps;
-  }
-
-  /// Maps a segment that every rank shares, if they all run on this host and
-  /// can; collective. False: the agreement goes by messages.
-  bool share(bool one_host) {
-    State& s = *s_;
-    int ok = one_host ? 1 : 0;
-    if (const char* env = std::getenv("GRADSYNC_MPI_AGREEMENT"); env && std::string_view(env) == "messages") ok = 0;
-#ifndef GRADSYNC_MPI_SHARED_AGREEMENT
-    ok = 0;
-#endif
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s.comm);
-    if (!ok) return false;
-#ifdef GRADSYNC_MPI_SHARED_AGREEMENT
-    const std::size_t bytes = sizeof(Slot) * static_cast<std::size_t>(s.size);
-    // Rank 0 creates it under a name no other communicator has; the others
-    // open it, and once all have, rank 0 unlinks the name.
-    char name[64] = {};
-    int fd = -1;
-    if (s.rank == 0) {
-      std::snprintf(name, sizeof(name), "/gradsync-%ld-%016llx", static_cast<long>(getpid()),
-                    static_cast<unsigned long long>(s.nonce));
-      fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-        close(fd);
-        shm_unlink(name);
-        fd = -1;
-      }
-      if (fd < 0) name[0] = '\0';
-    }
-    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, s.comm);
-    if (s.rank != 0 && name[0]) fd = shm_open(name, O_RDWR, 0600);
-    void* p = fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (fd >= 0) close(fd);
-    ok = p != MAP_FAILED ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, s.comm);
-    if (s.rank == 0 && name[0]) shm_unlink(name);
-    if (!ok) {
-      if (p != MAP_FAILED) munmap(p, bytes);
-      return false;
-    }
-    s.slots = static_cast<Slot*>(p);
-    s.slots_bytes = bytes;
-    return true;
-#else
-    return false;
-#endif
-  }
 
   /// Lets MPI advance, as every wait must (see poll); the notice, if one
   /// is there, stays for receive() to take.
@@ -470,14 +429,39 @@ class Control {
   /// Whether a peer's notice may be waiting to be taken: always without the
   /// shared segment; with it, only once a peer that this rank has not heard
   /// from yet has raised its flag (each rank sends one notice at most).
-  bool notice_unheard() const noexcept {
+  bool notice_unheard() const noexcept { return !s_->slots || flagged() >= 0; }
+
+  /// A peer whose flag is up and whose first notice has not been taken yet;
+  /// -1 if none (or no shared segment). A peer that said only `released`
+  /// failed for a reason every rank hears of otherwise: it counts as heard.
+  int flagged() const noexcept {
     const State& s = *s_;
-    if (!s.slots) return true;
+    if (!s.slots) return -1;
     for (int q = 0; q < s.size; ++q) {
-      if (q == s.rank || s.gone[static_cast<std::size_t>(q)] != never) continue;
-      if (std::atomic_ref<std::uint64_t>(s.slots[q].spoke).load(std::memory_order_acquire) != 0) return true;
+      const auto i = static_cast<std::size_t>(q);
+      if (q == s.rank || s.gone[i] != never || s.released[i]) continue;
+      if (std::atomic_ref<std::uint64_t>(s.slots[q].spoke).load(std::memory_order_seq_cst) != 0) return q;
     }
-    return false;
+    return -1;
+  }
+
+  /// Waits until every peer whose flag is up has been heard: its notice
+  /// leaves just after the flag goes up, and it may have let go of sends
+  /// that a receive posted before then would match (see begin). Past
+  /// `timeout` the call is refused, naming that peer.
+  void await_flagged(std::chrono::nanoseconds timeout) {
+    const IdleBackoff backoff;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int q = flagged(); q >= 0; q = flagged()) {
+      Notice n;
+      if (receive(n)) continue;
+      if (std::chrono::steady_clock::now() > deadline) {
+        const State& s = *s_;
+        throw Aborted("gradsync: " + s.names.who(s.rank) + " refused " + describe(s.call) + ": " + s.names.who(q) +
+                      " says it failed or left, but its notice did not arrive within the deadline");
+      }
+      backoff.idle();
+    }
   }
 
   /// Reads the other ranks' slots for the current call, as far as they have
@@ -500,7 +484,7 @@ class Control {
   bool arm() noexcept {
     State& s = *s_;
     for (std::size_t i = 0; i < s.steps.size(); ++i) {
-      const Step& st = s.steps[i];
+      const AgreementStep& st = s.steps[i];
       if (st.from < 0 || s.recvs[i] != MPI_REQUEST_NULL) continue;
       if (MPI_Irecv(&s.in[i], 2, MPI_UINT64_T, st.from, st.tag, s.comm, &s.recvs[i]) != MPI_SUCCESS) return false;
     }
@@ -512,7 +496,7 @@ class Control {
   void send_step() {
     State& s = *s_;
     if (s.sent > s.step) return;
-    const Step& st = s.steps[s.step];
+    const AgreementStep& st = s.steps[s.step];
     s.sent = s.step + 1;
     if (st.to < 0) return;
     s.out[s.step] = s.value;
@@ -529,7 +513,7 @@ class Control {
     State& s = *s_;
     for (; s.step < s.steps.size(); ++s.step) {
       send_step();
-      const Step& st = s.steps[s.step];
+      const AgreementStep& st = s.steps[s.step];
       if (st.from < 0) continue;
       int done = 0;
       if (MPI_Test(&s.recvs[s.step], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
@@ -562,12 +546,33 @@ class Control {
   }
 
   void send(bool left, FailureKind kind, std::uint64_t seq, std::string_view why, int waiting_for,
-            bool unwound = false, bool joined = true) noexcept {
+            bool unwound = false, bool joined = true, bool released = false) noexcept {
     State& s = *s_;
     s.spoken = true;
+    s.said = Notice::make(s.rank, s.nonce, left, kind, seq, why, waiting_for, unwound, joined, released);
+    s.said_any = true;
+    s.released_sent = released;
+    post(s.said);
+  }
+
+  /// The notice already sent again, now saying `released` (see tell), or
+  /// where none was sent, one that says only that.
+  void send_released() noexcept {
+    State& s = *s_;
+    if (s.released_sent) return;
+    s.released_sent = true;
+    Notice n = s.said_any ? s.said
+                          : Notice::make(s.rank, s.nonce, false, FailureKind::aborted, s.call.seq, "", -1, false, true, true);
+    n.released = 1;
+    n.only_released = s.said_any ? 0 : 1;
+    post(n);
+  }
+
+  void post(const Notice& said) noexcept {
+    State& s = *s_;
     // Raised before any notice leaves: a peer that finds it down has no
-    // notice of this rank's to probe for.
-    if (s.slots) std::atomic_ref<std::uint64_t>(s.slots[s.rank].spoke).store(1, std::memory_order_release);
+    // notice of this rank's to probe for. Sequentially consistent: see begin.
+    if (s.slots) std::atomic_ref<std::uint64_t>(s.slots[s.rank].spoke).store(1, std::memory_order_seq_cst);
     std::erase_if(s.outbox, [](Outgoing& o) {
       int done = 0;
       MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
@@ -576,17 +581,7 @@ class Control {
     try {
       for (int q = 0; q < s.size; ++q) {
         if (q == s.rank) continue;
-        auto n = std::make_unique<Notice>();
-        n->left = left ? 1 : 0;
-        n->unwound = unwound ? 1 : 0;
-        n->joined = joined ? 1 : 0;
-        n->kind = kind;
-        n->rank = s.rank;
-        n->seq = seq;
-        n->nonce = s.nonce;
-        n->waiting_for = waiting_for;
-        std::memcpy(n->text, why.data(), std::min(why.size(), sizeof(n->text) - 1));
-        Outgoing o{MPI_REQUEST_NULL, std::move(n)};
+        Outgoing o{MPI_REQUEST_NULL, std::make_unique<Notice>(said)};
         if (MPI_Isend(o.notice.get(), sizeof(Notice), MPI_BYTE, q, notice_tag, s.comm, &o.request) == MPI_SUCCESS) {
           s.outbox.push_back(std::move(o));
         }
@@ -607,6 +602,9 @@ class Control {
         return false;
       }
       if (n.nonce != s.nonce || n.rank != st.MPI_SOURCE) continue;
+      // A goodbye is sent only once the receives are taken back.
+      if (n.released || n.left) s.released[static_cast<std::size_t>(n.rank)] = 1;
+      if (n.only_released) return true;
       auto& gone = s.gone[static_cast<std::size_t>(n.rank)];
       // Failing in call k means it completes no call from k on.
       gone = std::min(gone, n.left || n.seq == 0 ? n.seq : n.seq - 1);

@@ -78,9 +78,17 @@ class Endpoint : public NativeCollectives<Endpoint> {
   Endpoint(Endpoint&& o) noexcept { swap(o); }
   Endpoint& operator=(Endpoint&&) = delete;
   ~Endpoint() {
-    cancel();
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // Nothing is in flight unless a call ended without fail() (it always
+    // takes everything back): then this rank leaves, and only after that do
+    // its sends go (see let_sends_go).
+    if (!finalized && !requests_.empty()) {
+      take_back_receives();
+      control_.leave();
+      let_sends_go(user_call_.seq);
+    }
+    clear();
     native_.keep_abandoned(finalized != 0);
     // The data duplicate is kept until MPI ends, never freed: a peer may
     // still send to it (it does not know this rank left), and Open MPI
@@ -106,7 +114,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// Starts the call's agreement, which its waits then watch. Refuses the
   /// call before anything is posted if a peer already said it failed in this
   /// call or an earlier one (see Control::begin).
-  void begin_call(const CallInfo& call, std::chrono::nanoseconds) {
+  void begin_call(const CallInfo& call, std::chrono::nanoseconds timeout) {
     user_call_ = call;
     // The call's hash (sequence number included) goes into the tag bits
     // above tag_call_free (up to MPI_TAG_UB), so that messages of calls the
@@ -118,7 +126,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
     const std::uint32_t mask = static_cast<std::uint32_t>((std::uint64_t{1} << tag_bits_) - 1) & ~tag_call_free;
     tag_salt_ = static_cast<std::uint32_t>(h ^ (h >> 32)) & mask;
     // The agreement compares the same hash: made once per call.
-    control_.begin(call, wire, h);
+    control_.begin(call, wire, h, timeout);
   }
 
   /// No rank returns from a call the ranks disagreed on.
@@ -231,10 +239,18 @@ class Endpoint : public NativeCollectives<Endpoint> {
     finish_erased(type, op, data, count, size_);
   }
 
+  /// Takes back what is in flight, then tells the others (if they do not
+  /// know yet) and lets the sends go once no peer can read them.
   void fail(const CallInfo& call, std::string_view why, FailureKind kind) noexcept {
     if (failure_policy == MpiFailurePolicy::abort_job) abort_job(why, call);
-    cancel();
-    control_.tell(kind, why, -1, call.seq);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      take_back_receives();
+      control_.tell(kind, why, -1, call.seq, true);
+      let_sends_go(call.seq);
+    }
+    clear();
   }
 
  private:
@@ -444,74 +460,95 @@ class Endpoint : public NativeCollectives<Endpoint> {
     }
   }
 
-  /// Takes back what is in flight. A receive is cancelled and then waited
-  /// for: MPI_Cancel alone lets MPI write into the buffer later (a message
-  /// already matched still lands), after its owner freed it. The wait is
-  /// short (an unmatched receive completes at once, a matched one when its
-  /// data is in); past a generous bound the process ends rather than return
-  /// with memory MPI may still write. Sends are left to complete or die with
-  /// the job (MPI cannot reliably cancel a send): a peer either receives
-  /// them at once, cancels its receive (above), or refuses the call before
-  /// posting one (Control::begin). What remains is a race: a peer that
-  /// checks for notices just before this rank sends its own, then posts a
-  /// receive matching a send whose buffer this rank's caller has freed by
-  /// then, reads that memory. Only a peer that starts the call later than
-  /// every other rank gave up on it can do so.
-  void cancel() noexcept {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return;
-    // Receives are cancelled; a send cannot be. A send its receiver already
-    // matched is read by MPI only while this process progresses, so it gets
-    // a short grace to finish: freed unfinished, its buffer would be read
-    // after the caller freed it, when a later MPI call here answers the
-    // receiver. Sends still pending after the grace were never matched, and
-    // the peers cancel their receives, so they never will be.
+  /// Cancels the receives in flight and waits for them: MPI_Cancel alone
+  /// lets MPI write into the buffer later (a message already matched still
+  /// lands), after its owner freed it. The wait is short (an unmatched
+  /// receive completes at once, a matched one when its data is in), unless
+  /// the sender died mid-message: then the rest never comes, and on one host
+  /// the receive goes once its sender's process is gone (Control::gone: a
+  /// dead process writes nothing, and what it sent before is taken by the
+  /// polls meanwhile). Past a generous bound (across hosts, the only end for
+  /// such a receive) the process ends rather than return with memory MPI may
+  /// still write. Sends are left alone here (see let_sends_go).
+  void take_back_receives() noexcept {
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       if (requests_[i] != MPI_REQUEST_NULL && ops_[i].kind != Op::send) MPI_Cancel(&requests_[i]);
     }
+    settle_requests(false, [&](const Op& op) {
+      return "a cancelled MPI receive from " + names().who(op.peer) + " did not complete";
+    }, "MPI may still write into its buffer");
+  }
+
+  /// Waits for the sends in flight until no peer can read them any more.
+  /// MPI cannot reliably cancel a send, and a receiver reads a large one
+  /// (Open MPI's single-copy path, or a rendezvous that makes this rank push
+  /// the data) whenever its own MPI runs after matching it, which on a
+  /// loaded host can be long after this rank gave up. Freed unfinished, the
+  /// send would read the caller's buffer after the caller has freed it: a
+  /// crash, or another's data to the receiver. So one goes only once it
+  /// completes or its peer can no longer match it (Control::may_read): the
+  /// peer said it took back its receives, having heard this rank's notice
+  /// (sent before this), or, on one host, it has not begun this call and will
+  /// refuse it, or its process is gone (killed: it never says a word, but
+  /// reads nothing either). A live peer in the call hears the notice within
+  /// a poll; past the bound (a peer gone silent in the call, or across hosts
+  /// a dead one, whose death no slot shows) the process ends.
+  void let_sends_go(std::uint64_t seq) noexcept {
+    settle_requests(true, [&](const Op& op) {
+      return "an MPI send to " + names().who(op.peer) + " was neither received nor released by it";
+    }, "MPI may still read its buffer", seq);
+  }
+
+  /// Polls the requests of `sends` (or receives) until each is done, or its
+  /// peer can no longer touch it (for a send, may_read; for a receive, its
+  /// process is gone); past cancel_bound, says why
+  /// (`stuck` of the first one left, then `risk`) and ends the process.
+  template <class Stuck>
+  void settle_requests(bool sends, Stuck&& stuck, const char* risk, std::uint64_t seq = 0) noexcept {
     const auto start = std::chrono::steady_clock::now();
     const IdleBackoff backoff(start);
-    for (bool pending = true; pending;) {
-      pending = false;
-      const auto waited = std::chrono::steady_clock::now() - start;
+    for (;;) {
+      const Op* left = nullptr;
       for (std::size_t i = 0; i < requests_.size(); ++i) {
-        if (requests_[i] == MPI_REQUEST_NULL) continue;
+        if (requests_[i] == MPI_REQUEST_NULL || (ops_[i].kind == Op::send) != sends) continue;
         int done = 0;
-        if (MPI_Test(&requests_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+        if (MPI_Test(&requests_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done ||
+            (sends ? !control_.may_read(ops_[i].peer, seq) : control_.gone(ops_[i].peer))) {
           if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
           continue;
         }
-        if (ops_[i].kind == Op::send) {
-          if (waited > send_grace) {
-            MPI_Request_free(&requests_[i]);
-            continue;
-          }
-        } else if (waited > cancel_bound) {
-          std::fprintf(stderr,
-                       "gradsync: internal error: %s: a cancelled MPI receive from %s did not complete "
-                       "within %d s; ending the process, since MPI may still write into its buffer\n",
-                       names().who(rank_).c_str(), names().who(ops_[i].peer).c_str(),
-                       static_cast<int>(cancel_bound.count()));
-          std::fflush(stderr);
-          MPI_Abort(comm_, 1);
-          std::abort();
-        }
-        pending = true;
+        if (!left) left = &ops_[i];
       }
-      if (pending) backoff.idle();
+      if (!left) return;
+      if (std::chrono::steady_clock::now() - start > cancel_bound) {
+        std::string what;
+        try {
+          what = stuck(*left);
+        } catch (...) {
+          what = "an MPI request did not complete";
+        }
+        std::fprintf(stderr, "gradsync: internal error: %s: %s within %d s; ending the process, since %s\n",
+                     names().who(rank_).c_str(), what.c_str(), static_cast<int>(cancel_bound.count()), risk);
+        std::fflush(stderr);
+        MPI_Abort(comm_, 1);
+        std::abort();
+      }
+      backoff.idle();
     }
+  }
+
+  /// Forgets what was in flight, once none of it can touch memory any more.
+  void clear() noexcept {
     requests_.clear();
     ops_.clear();
     completed_.clear();
     buffers_.release_all();
   }
 
-  /// How long a cancelled receive may take to complete: a matched message
-  /// still in flight, at worst a large one from a loaded host.
+  /// How long a cancelled receive may take to complete (a matched message
+  /// still in flight, at worst a large one from a loaded host), and a send
+  /// to be received or released by its peer.
   static constexpr std::chrono::seconds cancel_bound{30};
-  /// How long an abandoned send may take to finish if its receiver matched it.
-  static constexpr std::chrono::milliseconds send_grace{100};
 
   /// The algorithm's tag, salted with the call (see begin_call): xor with
   /// a constant keeps a call's tags apart from each other.
