@@ -1,7 +1,10 @@
 // optim_step: one optimizer step on n float parameters against the memory
 // bound, beside memcpy in the same run.
 //
-//   optim_step [--sizes 64K,1M,4M,16M,64M] [--repeats R] [--bound-bytes B]
+//   optim_step [--sizes 64K,1M,4M,16M,64M] [--repeats R] [--bound-bytes B] [--threads T]
+//
+// --threads T: each step shared by T threads (the options' `threads`); the
+// bound stays one thread's, so "/bound" above 1 is what the threads add.
 //
 // An optimizer step on more parameters than the caches hold can go no faster
 // than its traffic: the bytes it must read and write per parameter, at the
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
                                  std::size_t{16} << 20, std::size_t{64} << 20};
   int repeats = 5;
   std::size_t bound_bytes = std::size_t{256} << 20;
+  unsigned threads = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sizes" && i + 1 < argc) {
@@ -109,8 +113,11 @@ int main(int argc, char** argv) {
       repeats = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--bound-bytes" && i + 1 < argc) {
       bound_bytes = std::max<std::size_t>(parse_count(argv[++i]), 1);
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = static_cast<unsigned>(std::max(1, std::atoi(argv[++i])));
     } else {
-      std::fprintf(stderr, "usage: optim_step [--sizes 64K,1M,4M,16M,64M] [--repeats R] [--bound-bytes B]\n");
+      std::fprintf(stderr,
+                   "usage: optim_step [--sizes 64K,1M,4M,16M,64M] [--repeats R] [--bound-bytes B] [--threads T]\n");
       return 2;
     }
   }
@@ -129,16 +136,18 @@ int main(int argc, char** argv) {
     update_gbs = bytes / s / 1e9;
   }
   const double bound_gbs = std::max(copy_gbs, update_gbs);
-  std::printf("# optimizer step on float parameters; GB = 1e9; %zu bytes per array: memcpy %.2f GB/s, "
-              "a += s * b %.2f GB/s (read + written); bound %.2f GB/s\n",
-              bound_bytes, copy_gbs, update_gbs, bound_gbs);
+  std::printf("# optimizer step on float parameters, %u thread(s) per step; GB = 1e9; %zu bytes per array: memcpy "
+              "%.2f GB/s, a += s * b %.2f GB/s (read + written, one thread); bound %.2f GB/s\n",
+              threads, bound_bytes, copy_gbs, update_gbs, bound_gbs);
   std::printf("# %-12s %10s %5s %10s %8s %7s\n", "optimizer", "params", "B/p", "ms/step", "GB/s", "/bound");
   for (const std::size_t n : sizes) {
-    row("sgd", gradsync::Sgd<float>({.lr = 1e-3}), n, 12, repeats, bound_gbs);
-    row("sgd_momentum", gradsync::Sgd<float>({.lr = 1e-3, .momentum = 0.9}), n, 20, repeats, bound_gbs);
-    row("sgd_nesterov", gradsync::Sgd<float>({.lr = 1e-3, .momentum = 0.9, .nesterov = true}), n, 20, repeats,
+    const unsigned t = threads;
+    row("sgd", gradsync::Sgd<float>({.lr = 1e-3, .threads = t}), n, 12, repeats, bound_gbs);
+    row("sgd_momentum", gradsync::Sgd<float>({.lr = 1e-3, .momentum = 0.9, .threads = t}), n, 20, repeats, bound_gbs);
+    row("sgd_nesterov", gradsync::Sgd<float>({.lr = 1e-3, .momentum = 0.9, .nesterov = true, .threads = t}), n, 20,
+        repeats, bound_gbs);
+    row("adam", gradsync::Adam<float>({.lr = 1e-3, .threads = t}), n, 28, repeats, bound_gbs);
+    row("adamw", gradsync::AdamW<float>({.lr = 1e-3, .weight_decay = 0.01, .threads = t}), n, 28, repeats,
         bound_gbs);
-    row("adam", gradsync::Adam<float>({.lr = 1e-3}), n, 28, repeats, bound_gbs);
-    row("adamw", gradsync::AdamW<float>({.lr = 1e-3, .weight_decay = 0.01}), n, 28, repeats, bound_gbs);
   }
 }

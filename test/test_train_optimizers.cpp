@@ -329,6 +329,57 @@ TEST_CASE_TEMPLATE("optimizer shards at odd offsets step bitwise as the whole sp
   }
 }
 
+// options.threads splits a step into parts on several threads: the result
+// must be bitwise that of one thread, for every option set, at sizes that
+// split into 2 to 4 parts with a tail, and saved state must keep the setting.
+TEST_CASE_TEMPLATE("an optimizer step shared by threads is bitwise the one-thread step", T, float, double) {
+  auto rng = test::rng_for("optimizer threads");
+  INFO("seed = " << test::test_seed());
+  std::normal_distribution<T> normal;
+  const std::size_t n = 2 * gradsync::detail::min_step_part + rng() % (3 * gradsync::detail::min_step_part);
+  const unsigned threads = 2 + static_cast<unsigned>(rng() % 3);
+  CAPTURE(n);
+  CAPTURE(threads);
+  auto check = [&](auto one, auto many, const char* what) {
+    INFO(what);
+    std::vector<T> p(n), g(n);
+    for (T& x : p) x = normal(rng);
+    std::vector<T> q = p;
+    for (int step = 0; step < 3; ++step) {
+      for (T& x : g) x = normal(rng);
+      one.step(std::span<T>(p), std::span<const T>(g));
+      many.step(std::span<T>(q), std::span<const T>(g));
+    }
+    CHECK(p == q);
+    const auto a = one.state(), b = many.state();
+    REQUIRE(a.buffers.size() == b.buffers.size());
+    for (std::size_t k = 0; k < a.buffers.size(); ++k) {
+      CHECK(std::equal(a.buffers[k].second.begin(), a.buffers[k].second.end(), b.buffers[k].second.begin(),
+                       b.buffers[k].second.end()));
+    }
+    // Loading a state keeps the thread count: it is not a hyper-parameter.
+    gradsync::OptimizerState<T> loaded{b.steps, {}, {}};
+    for (const auto& [name, value] : b.hyperparameters) loaded.hyperparameters.push_back(value);
+    for (const auto& [name, values] : b.buffers) loaded.buffers.emplace_back(values.begin(), values.end());
+    many.load_state(std::move(loaded));
+    CHECK(many.options().threads == threads);
+  };
+  for (const bool nesterov : {false, true}) {
+    for (const double momentum : {0.0, 0.9}) {
+      if (nesterov && momentum == 0) continue;
+      const gradsync::SgdOptions o{.lr = 0.05, .momentum = momentum, .weight_decay = 0.01, .nesterov = nesterov};
+      gradsync::SgdOptions m = o;
+      m.threads = threads;
+      check(gradsync::Sgd<T>(o), gradsync::Sgd<T>(m), nesterov ? "Sgd nesterov" : momentum ? "Sgd momentum" : "Sgd");
+    }
+  }
+  gradsync::AdamOptions a{.lr = 0.01, .weight_decay = 0.01};
+  gradsync::AdamOptions am = a;
+  am.threads = threads;
+  check(gradsync::Adam<T>(a), gradsync::Adam<T>(am), "Adam");
+  check(gradsync::AdamW<T>(a), gradsync::AdamW<T>(am), "AdamW");
+}
+
 TEST_CASE("linear LR scaling: 0.1 at batch 64 becomes 0.4 at effective batch 256") {
   CHECK(gradsync::linear_scaled_lr(0.1, 64, 256) == Approx(0.4));
   CHECK(gradsync::linear_scaled_lr(0.1, 64, 64) == Approx(0.1));

@@ -14,6 +14,7 @@
 #include "gradsync/train/optim/optimizer.hpp"
 #include "gradsync/train/optim/optimizer_state_storage.hpp"
 #include "gradsync/train/optim/sqrt_in_place.hpp"
+#include "gradsync/train/optim/step_parts.hpp"
 
 namespace gradsync {
 
@@ -25,6 +26,12 @@ struct AdamOptions {
   double eps = 1e-8;
   /// Adam: added to the gradient (L2). AdamW: decoupled, p *= 1 - lr * weight_decay.
   double weight_decay = 0;
+  /// Threads that share a step, for a trainer with idle cores: 1 (the
+  /// default, since ranks usually own the cores) steps on the caller alone.
+  /// More split a step of at least 2 x 64 Ki elements into contiguous parts
+  /// (detail::for_step_parts); results are bitwise the same. Not a
+  /// hyper-parameter: checkpoints and the ranks' agreement leave it out.
+  unsigned threads = 1;
 };
 
 namespace detail {
@@ -159,7 +166,7 @@ class AdamImpl {
   void load_state(OptimizerState<T> s) {
     check_state(s);
     const auto& h = s.hyperparameters;
-    o_ = {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4]};
+    o_ = {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4], .threads = o_.threads};
     moments_.assign(std::move(s.buffers));
     t_ = static_cast<std::size_t>(s.steps);
   }
@@ -167,8 +174,12 @@ class AdamImpl {
   void step(std::span<T> params, std::span<const T> grads) {
     check_step_sizes(name(), params.size(), grads.size(), moments_.size());
     if (moments_.size() == 0) moments_.zero(params.size());
-    adam_step<Decoupled>(o_, ++t_, params.data(), grads.data(), moments_.buffer(0).data(), moments_.buffer(1).data(),
-                         params.size());
+    const std::size_t t = ++t_;
+    T *p = params.data(), *m = moments_.buffer(0).data(), *v = moments_.buffer(1).data();
+    const T* g = grads.data();
+    for_step_parts(params.size(), o_.threads, simd_block<T>, [&](std::size_t b, std::size_t e) {
+      adam_step<Decoupled>(o_, t, p + b, g + b, m + b, v + b, e - b);
+    });
   }
 
  private:

@@ -12,6 +12,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/train/optim/optimizer.hpp"
 #include "gradsync/train/optim/optimizer_state_storage.hpp"
+#include "gradsync/train/optim/step_parts.hpp"
 
 namespace gradsync {
 
@@ -25,6 +26,9 @@ struct SgdOptions {
   double weight_decay = 0;
   /// Step along g + momentum * v instead of v.
   bool nesterov = false;
+  /// Threads that share a step (see AdamOptions::threads): 1 by default;
+  /// results are bitwise the same. Not a hyper-parameter.
+  unsigned threads = 1;
 };
 
 namespace detail {
@@ -131,7 +135,12 @@ class Sgd {
   void load_state(OptimizerState<T> s) {
     check_state(s);
     const auto& h = s.hyperparameters;
-    o_ = {.lr = h[0], .momentum = h[1], .dampening = h[2], .weight_decay = h[3], .nesterov = h[4] != 0};
+    o_ = {.lr = h[0],
+          .momentum = h[1],
+          .dampening = h[2],
+          .weight_decay = h[3],
+          .nesterov = h[4] != 0,
+          .threads = o_.threads};
     velocity_.assign(std::move(s.buffers));
     steps_ = static_cast<std::size_t>(s.steps);
   }
@@ -139,20 +148,26 @@ class Sgd {
   void step(std::span<T> params, std::span<const T> grads) {
     detail::check_step_sizes("Sgd", params.size(), grads.size(), velocity_.size());
     const std::size_t n = params.size();
+    T* p = params.data();
+    const T* g = grads.data();
     if (o_.momentum == 0) {
-      detail::sgd_plain_step(o_, params.data(), grads.data(), n);
+      detail::for_step_parts(n, o_.threads, detail::simd_block<T>, [&](std::size_t b, std::size_t e) {
+        detail::sgd_plain_step(o_, p + b, g + b, e - b);
+      });
     } else {
       const bool first = steps_ == 0;
       if (first) velocity_.zero(n);
       T* v = velocity_.buffer(0).data();
       // Each option its own loop, so none branches per element.
-      if (first) {
-        o_.nesterov ? detail::sgd_momentum_step<true, true>(o_, params.data(), grads.data(), v, n)
-                    : detail::sgd_momentum_step<true, false>(o_, params.data(), grads.data(), v, n);
-      } else {
-        o_.nesterov ? detail::sgd_momentum_step<false, true>(o_, params.data(), grads.data(), v, n)
-                    : detail::sgd_momentum_step<false, false>(o_, params.data(), grads.data(), v, n);
-      }
+      detail::for_step_parts(n, o_.threads, detail::simd_block<T>, [&](std::size_t b, std::size_t e) {
+        if (first) {
+          o_.nesterov ? detail::sgd_momentum_step<true, true>(o_, p + b, g + b, v + b, e - b)
+                      : detail::sgd_momentum_step<true, false>(o_, p + b, g + b, v + b, e - b);
+        } else {
+          o_.nesterov ? detail::sgd_momentum_step<false, true>(o_, p + b, g + b, v + b, e - b)
+                      : detail::sgd_momentum_step<false, false>(o_, p + b, g + b, v + b, e - b);
+        }
+      });
     }
     ++steps_;
   }
