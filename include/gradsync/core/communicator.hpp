@@ -3,10 +3,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <optional>
 #include <string>
