@@ -114,6 +114,31 @@ TEST_CASE("flight record: written on request, each rank's last calls, completed"
   }
 }
 
+TEST_CASE("flight record: 256 calls by default, into the working directory unless GRADSYNC_FLIGHT_DIR says") {
+  test::TempDir dir;
+  std::vector<std::string> texts(3);
+  gs::run_threads(3, [&](Communicator<Threads>& comm) {
+    std::vector<float> x(1, 1.0f);
+    for (int k = 0; k < 300; ++k) gs::AllReduce{}(comm, std::span<float>(x));
+    texts[static_cast<std::size_t>(comm.rank())] = read(comm.write_flight_record(dir.path.string()));
+  });
+  for (const std::string& text : texts) {
+    CHECK(occurrences(text, "\"capacity\": 256,") == 1);
+    CHECK(occurrences(text, "\"recorded\": 300,") == 1);
+    CHECK(occurrences(text, "\"state\": \"completed\"") == 256);
+    // The oldest kept is call 45, the newest call 300.
+    CHECK(occurrences(text, "{\"seq\": 45,") == 1);
+    CHECK(occurrences(text, "{\"seq\": 44,") == 0);
+    CHECK(occurrences(text, "{\"seq\": 300,") == 1);
+  }
+  const FlightDir env(dir.path);
+  CHECK(gs::detail::flight_dir() == dir.path.string());
+  setenv("GRADSYNC_FLIGHT_DIR", "off", 1);
+  CHECK(gs::detail::flight_dir().empty());
+  unsetenv("GRADSYNC_FLIGHT_DIR");
+  CHECK(gs::detail::flight_dir() == ".");
+}
+
 TEST_CASE("flight record: a failing call writes every rank's record, named by its group and world rank") {
   // Two groups of a split world; in one of them a rank calls something else
   // at a random call: every rank of that group records the call as failed,
