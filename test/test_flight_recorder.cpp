@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
@@ -187,6 +189,47 @@ TEST_CASE("flight record: a failing call writes every rank's record, named by it
   std::sort(failed_world_ranks.begin(), failed_world_ranks.end());
   CHECK(files == failed_world_ranks);
   CHECK(files.size() == static_cast<std::size_t>(n / 2));
+}
+
+TEST_CASE("flight record: GRADSYNC_FLIGHT_ENTRIES sizes the ring, and 0 keeps none and writes no record") {
+  const char* was = std::getenv("GRADSYNC_FLIGHT_ENTRIES");
+  const std::string old = was ? was : "";
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() { had ? setenv("GRADSYNC_FLIGHT_ENTRIES", value.c_str(), 1) : unsetenv("GRADSYNC_FLIGHT_ENTRIES"); }
+  } restore{was != nullptr, old};
+  const std::pair<const char*, std::size_t> cases[] = {{"100", 100}, {"0", 0}, {"", 256}, {"12x", 256}, {"9999999", 1u << 20}};
+  for (const auto& [text, expected] : cases) {
+    CAPTURE(text);
+    setenv("GRADSYNC_FLIGHT_ENTRIES", text, 1);
+    CHECK(gs::detail::flight_capacity() == expected);
+  }
+
+  FlightRecorder none(0);
+  gs::detail::CallInfo call{};
+  call.seq = 1;
+  auto& e = none.issue(call);
+  FlightRecorder::start(e);
+  FlightRecorder::end(e, FlightState::failed);
+  CHECK(none.recorded() == 0);
+  CHECK(none.held() == 0);
+
+  // A failing call under GRADSYNC_FLIGHT_ENTRIES=0 still fails as always, and leaves no file.
+  test::TempDir dir;
+  const FlightDir env(dir.path);
+  setenv("GRADSYNC_FLIGHT_ENTRIES", "0", 1);
+  std::atomic<int> failed{0};
+  gs::run_threads(3, gs::ThreadsOptions{.timeout = std::chrono::milliseconds(50)}, [&](Communicator<Threads>& comm) {
+    std::vector<float> x(7, 1.0f);
+    try {
+      if (comm.rank() != 1) gs::AllReduce{}(comm, std::span<float>(x));
+    } catch (const gs::Error&) {
+      ++failed;
+    }
+  });
+  CHECK(failed.load() == 2);
+  CHECK(std::filesystem::is_empty(dir.path));
 }
 
 }  // namespace test_flight_recorder

@@ -247,7 +247,8 @@ class Communicator {
   void write_failure_record(detail::FailureKind kind, const char* what) const noexcept {
     try {
       const std::string dir = detail::flight_dir();
-      if (!dir.empty()) flight_.write(dir, flight_context(detail::name(kind), what, call_.label.names));
+      if (!dir.empty() && flight_.capacity() != 0)
+        flight_.write(dir, flight_context(detail::name(kind), what, call_.label.names));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
     } catch (...) {

@@ -87,22 +87,27 @@ inline std::string flight_dir() {
   return env;
 }
 
-/// Calls a communicator's ring holds: $GRADSYNC_FLIGHT_ENTRIES, else 256.
+/// Calls a communicator's ring holds: $GRADSYNC_FLIGHT_ENTRIES (at most
+/// 2^20; 0 keeps none, to measure the recorder's cost or to do without it),
+/// else 256.
 inline std::size_t flight_capacity() noexcept {
   const char* env = std::getenv("GRADSYNC_FLIGHT_ENTRIES");
-  const unsigned long long n = env ? std::strtoull(env, nullptr, 10) : 0;
-  return n ? static_cast<std::size_t>(std::min<unsigned long long>(n, 1u << 20)) : 256;
+  if (env == nullptr) return 256;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(env, &end, 10);
+  if (end == env || *end != '\0') return 256;
+  return static_cast<std::size_t>(std::min<unsigned long long>(n, 1u << 20));
 }
 
 /// The ring of one communicator's last calls.
 class FlightRecorder {
  public:
   /// A ring of `capacity` calls, rounded up to a power of two (an index is
-  /// then a mask, not a division).
+  /// then a mask, not a division); 0 keeps no calls.
   explicit FlightRecorder(std::size_t capacity)
-      : capacity_(std::bit_ceil(std::max<std::size_t>(capacity, 1))),
-        mask_(capacity_ - 1),
-        ring_(std::make_unique<FlightEntry[]>(capacity_)) {}
+      : capacity_(capacity == 0 ? 0 : std::bit_ceil(capacity)),
+        mask_(capacity_ == 0 ? 0 : capacity_ - 1),
+        ring_(std::make_unique<FlightEntry[]>(std::max<std::size_t>(capacity_, 1))) {}
 
   static std::int64_t now_ns() noexcept {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -123,6 +128,8 @@ class FlightRecorder {
   /// Records `call` as issued; the slot stays valid until `capacity` more
   /// calls are issued.
   FlightEntry& issue(const CallInfo& call) noexcept {
+    // Kept nowhere: the one entry is scratch that start() and end() may write.
+    if (capacity_ == 0) [[unlikely]] return ring_[0];
     FlightEntry& e = ring_[recorded_++ & mask_];
     e.call = call;
     e.state = FlightState::issued;
