@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Two builds of gradsync, timed interleaved: all_reduce_perf (threads, N = 2; mpi, np 2 bound to cores),
 time per call per algorithm, size and placement, and ddp_step ms/step. It made
-all_reduce_step_before_after.txt (315de20 against 895d760, 8 rounds; docs/PERFORMANCE.md).
+checked_call_latency_two_builds.txt (315de20 against 895d760, 8 rounds; docs/PERFORMANCE.md).
 
-  all_reduce_step_before_after.py BEFORE AFTER [ROUNDS] [PICKLE]
+  checked_call_latency_two_builds.py BEFORE AFTER [ROUNDS] [PICKLE]
 
 BEFORE and AFTER are build trees (BEFORE/bench/all_reduce_perf, ...). Each round runs every tool once
 per tree, alternating which goes first. A process on this 2-core VM is either fast or slow for its whole
