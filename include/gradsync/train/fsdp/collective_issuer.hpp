@@ -24,6 +24,8 @@
 #include "gradsync/core/offload_space.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/trace_recorder.hpp"
+#include "gradsync/core/trace_scope.hpp"
 #include "gradsync/train/fsdp/collectives.hpp"
 #include "gradsync/train/fsdp/hybrid_groups.hpp"
 #include "gradsync/train/fsdp/trace_event.hpp"
@@ -86,7 +88,9 @@ class CollectiveIssuer {
     // The worker's time in the gather is gather_seconds; the caller's wait for it (wait_gathered) is exposed.
     unit.gathering = worker_->submit(
         "ShardedTrainer gather of " + unit.describe(),
-        timed(&step_.gather_seconds, [all_gather, home, out, kept, bf16_wire, space](Communicator<Backend>& c) {
+        timed(&step_.gather_seconds, [all_gather, home, out, kept, bf16_wire, space, w = unit.index()](
+                                         Communicator<Backend>& c) {
+          const TraceScope span(trace_recorder(c), TraceKind::gather, w);
           gather_unit<computes_bf16>(c, all_gather, home, out, kept, bf16_wire, space);
         }));
   }
@@ -116,7 +120,9 @@ class CollectiveIssuer {
       unit.start_reduction(worker_->submit(
           "ShardedTrainer all-reduce of " + unit.describe(),
           timed(&step_.reduce_seconds,
-                [opts = r.opts, g, wire = r.bf16_wire, check = r.check_finite, nonfinite](Communicator<Backend>& c) {
+                [opts = r.opts, g, wire = r.bf16_wire, check = r.check_finite, nonfinite,
+                 w = unit.index()](Communicator<Backend>& c) {
+                  const TraceScope span(trace_recorder(c), TraceKind::all_reduce, w);
                   if (all_reduce_unit<Algo>(c, opts, g, wire, check)) *nonfinite = true;
                 })));
       return;
@@ -147,7 +153,9 @@ class CollectiveIssuer {
         std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
                              : "ShardedTrainer reduce-scatter of ") +
             unit.describe(),
-        timed(&step_.reduce_seconds, [r, storage, bf16_in, mine, replicas, divisor, nonfinite](Communicator<Backend>& c) {
+        timed(&step_.reduce_seconds, [r, storage, bf16_in, mine, replicas, divisor, nonfinite,
+                                      w = unit.index()](Communicator<Backend>& c) {
+          const TraceScope span(trace_recorder(c), TraceKind::reduce_scatter, w);
           bool found = false;
           if (r.bf16_wire) {
             found = reduce_unit<Algo, bfloat16>(c, r.opts, r.replica_opts, storage, bf16_in, r.count, mine, replicas,
