@@ -102,7 +102,7 @@ def main():
             for rank in range(WORLD):
                 if f"rank {rank} " not in out.stdout:
                     problems.append(f"{case}: trace-summary does not name rank {rank}")
-            if "step 1:" not in out.stdout or "slowest rank" not in out.stdout:
+            if "step 1:" not in out.stdout or "slowest rank" not in out.stdout or "exposed" not in out.stdout:
                 problems.append(f"{case}: trace-summary gives no step 1 and its slowest rank")
             with open(merged, encoding="utf-8") as f:
                 pids = {e["pid"] for e in json.load(f)["traceEvents"]}
