@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 
 #include <cstddef>
 #include <cstdlib>

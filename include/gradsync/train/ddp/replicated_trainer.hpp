@@ -486,7 +486,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
    public:
     explicit Provider(ReplicatedTrainer& t, bool evaluating = false) : t_(t), evaluating_(evaluating) {}
     const UnitView<compute_type>& acquire(std::size_t u) override {
-      const detail::ComputeSpans::Call call(t_.spans_, u);
+      t_.spans_.switch_to(u);
       if (u >= t_.views_.size()) {
         throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(t_.comm_.rank()) +
                               ": the model asked for unit " + std::to_string(u) + ", which does not exist (" +
@@ -496,7 +496,6 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     }
     void release(std::size_t) noexcept override {}
     void ready(std::size_t u) override {
-      const detail::ComputeSpans::Call call(t_.spans_, detail::ComputeSpans::no_unit);
       if (evaluating_) {
         throw InvalidArgument("gradsync: ReplicatedTrainer::evaluate on rank " + std::to_string(t_.comm_.rank()) +
                               ": the model reported unit " + std::to_string(u) +
@@ -522,7 +521,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   std::vector<bfloat16> bf16_params_, bf16_grads_;
   std::vector<UnitView<compute_type>> bf16_views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
-  /// The model's compute per unit on the timeline, between its calls into provider_.
+  /// The model's compute per unit on the timeline, switched at its asks to provider_.
   detail::ComputeSpans spans_;
   /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
   std::size_t step_sent_ = 0;

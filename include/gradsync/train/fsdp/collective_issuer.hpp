@@ -26,6 +26,7 @@
 #include "gradsync/core/request.hpp"
 #include "gradsync/core/trace_recorder.hpp"
 #include "gradsync/core/trace_scope.hpp"
+#include "gradsync/train/common/compute_spans.hpp"
 #include "gradsync/train/fsdp/collectives.hpp"
 #include "gradsync/train/fsdp/hybrid_groups.hpp"
 #include "gradsync/train/fsdp/trace_event.hpp"
@@ -99,6 +100,7 @@ class CollectiveIssuer {
   void wait_gathered(Group& unit) {
     if (unit.gathering.valid()) {
       const Stopwatch waiting(&step_.exposed_comm_seconds);
+      const ComputeSpans::Wait gap(spans);
       unit.gathering.wait();
     }
     unit.gather_done();
@@ -182,6 +184,7 @@ class CollectiveIssuer {
       Group& unit = units_[in_reduction_[done]];
       if (in_reduction_.size() - done > in_flight) {
         const Stopwatch waiting(&step_.exposed_comm_seconds);
+        const ComputeSpans::Wait gap(spans);
         settle(unit.reduction);
       } else {
         bool over = true;
@@ -227,6 +230,8 @@ class CollectiveIssuer {
 
   /// The collectives of the last step, in the order this rank issued them.
   std::vector<ShardedTraceEvent> trace;
+  /// The model's compute per unit on the timeline, with a gap where a wait here is.
+  ComputeSpans spans;
 
  private:
   /// Adds what this rank sends in a Ring `collective` of `count` elements

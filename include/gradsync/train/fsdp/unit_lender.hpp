@@ -24,7 +24,6 @@
 #include "gradsync/train/fsdp/accumulation_mode.hpp"
 #include "gradsync/train/fsdp/backward_prefetch.hpp"
 #include "gradsync/train/common/bfloat16_copies.hpp"
-#include "gradsync/train/common/compute_spans.hpp"
 #include "gradsync/train/fsdp/buffer_pool.hpp"
 #include "gradsync/train/fsdp/collective_issuer.hpp"
 #include "gradsync/train/fsdp/hybrid_groups.hpp"
@@ -93,7 +92,7 @@ class UnitLender final : public UnitProvider<C> {
       for (Unit& unit : units_) unit.nonfinite = false;
     }
     begin_step(false);
-    spans_.begin(trace_recorder(comms_.world()), state_.specs.size());
+    issuer_.spans.begin(trace_recorder(comms_.world()), state_.specs.size());
     const bool sharded_accumulation = o_.accumulation == AccumulationMode::Sharded;
     reducing_ = sync || sharded_accumulation;
     // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer;
@@ -136,7 +135,7 @@ class UnitLender final : public UnitProvider<C> {
   /// Model unit `layer`'s views; the first ask of any member of a wrapped
   /// unit gathers the whole wrapped unit, which its other members then share.
   const UnitView<C>& acquire(std::size_t layer) override {
-    const ComputeSpans::Call call(spans_, layer);
+    issuer_.spans.switch_to(layer);
     check_layer(layer, "asked for");
     Unit& unit = unit_of(layer);
     const std::size_t w = unit.index();
@@ -189,7 +188,6 @@ class UnitLender final : public UnitProvider<C> {
   void release(std::size_t layer) noexcept override {
     // A handle kept past the end of its step was already let go of.
     if (layer >= state_.specs.size()) return;
-    const ComputeSpans::Call call(spans_, ComputeSpans::no_unit);
     const ReleaseRules rules{.evaluating = evaluating_,
                              .keep_last_forward_unit = o_.keep_last_forward_unit,
                              .keeps_gathered = keeps_gathered(),
@@ -201,7 +199,6 @@ class UnitLender final : public UnitProvider<C> {
   /// Model unit `layer`'s gradient is final; once every member of its
   /// wrapped unit is, the wrapped unit's gradient is reduced.
   void ready(std::size_t layer) override {
-    const ComputeSpans::Call call(spans_, ComputeSpans::no_unit);
     check_layer(layer, "reported ready");
     Unit& unit = unit_of(layer);
     if (!unit.members().report_ready(layer, evaluating_, where_, layer_name(layer))) return;
@@ -232,7 +229,7 @@ class UnitLender final : public UnitProvider<C> {
   /// gradient. Sharded accumulation then turns the shard's sum of K means
   /// into their mean.
   void finish() {
-    spans_.end();
+    issuer_.spans.end();
     const bool keep_grads = !reducing_;
     std::string missing;
     for (std::size_t layer = 0; layer < state_.specs.size(); ++layer) {
@@ -262,7 +259,7 @@ class UnitLender final : public UnitProvider<C> {
   /// After a step that threw, or an evaluation: what is in flight ends and
   /// every gathered unit is freed (an evaluation keeps the gradients).
   void abandon() noexcept {
-    spans_.end();
+    issuer_.spans.end();
     issuer_.settle_all();
     release_all(evaluating_);
     evaluating_ = false;
@@ -399,8 +396,6 @@ class UnitLender final : public UnitProvider<C> {
   /// for (keep_last_forward_unit, or members not yet asked).
   std::vector<std::size_t> lingering_;
   TransientPeak peak_;
-  /// The model's compute per unit on the timeline, between its calls into the lender.
-  ComputeSpans spans_;
   /// Storage of freed gathered units and gradient buffers, kept for the
   /// next of the same size; with what is in use, at most the transient need.
   BufferPool<T> pool_;
