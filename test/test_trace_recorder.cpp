@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -26,25 +27,20 @@ namespace gs = gradsync;
 using gs::Communicator;
 using gs::Threads;
 
-/// Sets (or, given nullptr, unsets) GRADSYNC_TRACE for its lifetime, before
-/// any rank's thread starts, so every rank reads it.
-struct TraceEnv {
-  explicit TraceEnv(const char* dir) {
-    if (dir) {
-      setenv("GRADSYNC_TRACE", dir, 1);
-    } else {
-      unsetenv("GRADSYNC_TRACE");
-    }
-  }
-  ~TraceEnv() {
-    if (old.empty()) {
-      unsetenv("GRADSYNC_TRACE");
-    } else {
-      setenv("GRADSYNC_TRACE", old.c_str(), 1);
-    }
-  }
-  std::string old = std::getenv("GRADSYNC_TRACE") ? std::getenv("GRADSYNC_TRACE") : "";
-};
+/// Runs `body` with GRADSYNC_TRACE set to `dir` (unset for nullptr), set
+/// before any rank's thread starts so every rank reads it, and puts back
+/// what the environment held.
+template <class F>
+void with_trace_env(const char* dir, F&& body) {
+  const char* was = std::getenv("GRADSYNC_TRACE");
+  const std::optional<std::string> old = was ? std::optional<std::string>(was) : std::nullopt;
+  dir ? setenv("GRADSYNC_TRACE", dir, 1) : unsetenv("GRADSYNC_TRACE");
+  struct Restore {
+    const std::optional<std::string>& old;
+    ~Restore() { old ? setenv("GRADSYNC_TRACE", old->c_str(), 1) : unsetenv("GRADSYNC_TRACE"); }
+  } restore{old};
+  body();
+}
 
 TEST_CASE("timeline: GRADSYNC_TRACE writes each rank's collectives, in order, with their words") {
   auto g = test::rng_for("timeline calls");
@@ -53,8 +49,7 @@ TEST_CASE("timeline: GRADSYNC_TRACE writes each rank's collectives, in order, wi
   constexpr int world = 3;
   const int calls = 3 + static_cast<int>(g() % 5);
   const std::size_t count = 1 + g() % 300;
-  {
-    const TraceEnv env(dir.path.c_str());
+  with_trace_env(dir.path.c_str(), [&] {
     gs::run_threads(world, [&](Communicator<Threads>& comm) {
       CHECK(comm.tracing());
       std::vector<float> v(count, static_cast<float>(comm.rank()));
@@ -66,7 +61,7 @@ TEST_CASE("timeline: GRADSYNC_TRACE writes each rank's collectives, in order, wi
         }
       }
     });
-  }
+  });
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     const test::TraceFile f = test::read_trace(dir.path / ("gradsync-trace-rank" + std::to_string(r) + ".json"));
@@ -95,14 +90,15 @@ TEST_CASE("timeline: GRADSYNC_TRACE writes each rank's collectives, in order, wi
 
 TEST_CASE("timeline: off, no rank records or writes anything; write_trace says how to turn it on") {
   const test::TempDir dir;
-  const TraceEnv env(nullptr);
   const auto cwd = std::filesystem::current_path();
-  gs::run_threads(3, [&](Communicator<Threads>& comm) {
-    CHECK_FALSE(comm.tracing());
-    std::vector<double> v(7, 1.0);
-    gs::AllReduce<gs::Ring>{}(comm, std::span<double>(v), gs::Sum{});
-    CHECK_THROWS_WITH_AS(comm.write_trace(dir.path.string()), doctest::Contains("GRADSYNC_TRACE=DIR"),
-                         gs::InvalidArgument);
+  with_trace_env(nullptr, [&] {
+    gs::run_threads(3, [&](Communicator<Threads>& comm) {
+      CHECK_FALSE(comm.tracing());
+      std::vector<double> v(7, 1.0);
+      gs::AllReduce<gs::Ring>{}(comm, std::span<double>(v), gs::Sum{});
+      CHECK_THROWS_WITH_AS(comm.write_trace(dir.path.string()), doctest::Contains("GRADSYNC_TRACE=DIR"),
+                           gs::InvalidArgument);
+    });
   });
   CHECK(std::filesystem::is_empty(dir.path));
   CHECK_FALSE(std::filesystem::exists(cwd / "gradsync-trace-rank0.json"));
@@ -110,7 +106,6 @@ TEST_CASE("timeline: off, no rank records or writes anything; write_trace says h
 
 TEST_CASE("timeline: a rank keeps its first max_events and counts the rest as dropped") {
   const test::TempDir dir;
-  const TraceEnv env(nullptr);
   gs::run_threads(3, [&](Communicator<Threads>& comm) {
     comm.trace_to(dir.path.string(), 4);
     std::vector<float> v(5, 1.0f);
@@ -125,7 +120,6 @@ TEST_CASE("timeline: a rank keeps its first max_events and counts the rest as dr
 
 TEST_CASE("timeline: a progress worker's calls go on its own track, a split group's into the rank's file") {
   const test::TempDir dir;
-  const TraceEnv env(nullptr);
   gs::run_threads(3, [&](Communicator<Threads>& comm) {
     comm.trace_to(dir.path.string());
     std::vector<float> v(64, 1.0f);

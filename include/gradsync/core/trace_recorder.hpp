@@ -21,12 +21,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,27 +55,24 @@ enum class TraceKind : std::uint8_t {
   checkpoint_load,
 };
 
-/// A phase's name and what its index counts ("forward", "unit"); the
+/// A phase's name, what its index counts ("forward", "unit"), and the
 /// category tools/trace-summary sums: compute, communication, step or checkpoint.
 struct TraceKindWords {
   std::string_view name, index_word, category;
 };
 constexpr TraceKindWords words(TraceKind k) noexcept {
-  switch (k) {
-    case TraceKind::collective: return {"collective", "", "communication"};
-    case TraceKind::step: return {"step", "", "step"};
-    case TraceKind::forward: return {"forward", "unit", "compute"};
-    case TraceKind::backward: return {"backward", "unit", "compute"};
-    case TraceKind::gather: return {"gather", "wrapped unit", "communication"};
-    case TraceKind::reduce_scatter: return {"reduce-scatter", "wrapped unit", "communication"};
-    case TraceKind::all_reduce: return {"all-reduce", "wrapped unit", "communication"};
-    case TraceKind::bucket: return {"all-reduce", "bucket", "communication"};
-    case TraceKind::optimizer: return {"optimizer step", "", "compute"};
-    case TraceKind::clip: return {"clip_grad_norm", "", "compute"};
-    case TraceKind::checkpoint_save: return {"checkpoint save", "", "checkpoint"};
-    case TraceKind::checkpoint_load: return {"checkpoint load", "", "checkpoint"};
-  }
-  return {"?", "", "?"};
+  constexpr std::string_view names[] = {"collective",     "step",           "forward",        "backward",
+                                        "gather",         "reduce-scatter", "all-reduce",     "all-reduce",
+                                        "optimizer step", "clip_grad_norm", "checkpoint save", "checkpoint load"};
+  const auto i = static_cast<std::size_t>(k);
+  if (i >= std::size(names)) return {"?", "", "?"};
+  if (k == TraceKind::collective) return {names[i], "", "communication"};
+  if (k == TraceKind::step) return {names[i], "", "step"};
+  if (k == TraceKind::forward || k == TraceKind::backward) return {names[i], "unit", "compute"};
+  if (k == TraceKind::bucket) return {names[i], "bucket", "communication"};
+  if (k >= TraceKind::gather && k <= TraceKind::all_reduce) return {names[i], "wrapped unit", "communication"};
+  if (k == TraceKind::optimizer || k == TraceKind::clip) return {names[i], "", "compute"};
+  return {names[i], "", "checkpoint"};
 }
 
 /// The name of the calling thread's track; a ProgressWorker names its own.
@@ -264,15 +263,21 @@ class TraceRecorder {
   /// the path. Throws Error naming the path if it cannot be written.
   std::string write(const std::string& dir, int rank, int size) {
     const std::string path = dir + "/gradsync-trace-rank" + std::to_string(pid_) + ".json";
-    if (mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) throw Error("gradsync: could not make " + dir + " for the trace");
     const std::string tmp = path + ".tmp" + std::to_string(static_cast<long long>(getpid()));
     const std::uint64_t upto = recorded();
     const std::string text = to_json(rank, size);
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+    // The directory is made if missing (one level), as GRADSYNC_TRACE may name a new one.
+    if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) throw Error("gradsync: could not make " + dir + " for the trace");
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = fd >= 0;
+    for (std::size_t at = 0; ok && at < text.size();) {
+      const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
+      ok = n > 0 || (n < 0 && errno == EINTR);
+      if (n > 0) at += static_cast<std::size_t>(n);
+    }
+    if (fd >= 0 && ::close(fd) != 0) ok = false;
     if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::remove(tmp.c_str());
+      ::unlink(tmp.c_str());
       throw Error("gradsync: could not write the trace " + path);
     }
     written_ = upto;
