@@ -17,6 +17,7 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/trace_recorder.hpp"
 
 namespace gradsync {
 
@@ -118,6 +119,8 @@ class ProgressWorker {
   };
 
   void loop() {
+    // Its collectives go on a track of its own in the rank's timeline, beside the rank's thread.
+    detail::trace_thread_name() = "progress worker";
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });

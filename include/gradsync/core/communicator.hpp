@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,6 +24,7 @@
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/rank_names.hpp"
+#include "gradsync/core/trace_recorder.hpp"
 #include "gradsync/core/types.hpp"
 
 namespace gradsync {
@@ -32,6 +34,7 @@ struct RunCall;
 struct EndpointAccess;
 struct FailAccess;
 struct RankNamesAccess;
+struct TraceAccess;
 template <Backend B>
 class LabelScope;
 }  // namespace detail
@@ -63,7 +66,9 @@ class Communicator {
   /// optionally followed by the backend's options).
   template <class... Args>
     requires std::constructible_from<endpoint_type, Args&&...>
-  explicit Communicator(Args&&... args) : ep_(std::forward<Args>(args)...) {}
+  explicit Communicator(Args&&... args) : ep_(std::forward<Args>(args)...) {
+    if (std::string dir = detail::trace_dir_from_env(); !dir.empty()) trace_to(std::move(dir));
+  }
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   /// Movable while idle, so factories can return several (one per GPU).
@@ -75,7 +80,8 @@ class Communicator {
         label_(o.label_),
         scratch_(std::move(o.scratch_)),
         failure_(std::move(o.failure_)),
-        flight_(std::move(o.flight_)) {}
+        flight_(std::move(o.flight_)),
+        trace_(std::move(o.trace_)) {}
 
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
@@ -147,6 +153,8 @@ class Communicator {
         if (!ep) return;
         child.emplace(std::move(*ep));
         child->timeout_ = timeout_;
+        // The same rank's timeline: one file per rank, its groups' calls in it.
+        child->trace_ = trace_;
       });
       return child;
     }
@@ -168,11 +176,42 @@ class Communicator {
     return flight_.write(dir, flight_context("requested", "", label_.names));
   }
 
+  /// Records this rank's timeline from now on (GRADSYNC_TRACE=`dir` does
+  /// it at construction): every collective on this communicator and on
+  /// those split from it later, and the phases of the trainers on them,
+  /// the first `max_events` (0: GRADSYNC_TRACE_EVENTS, else 65536) kept.
+  /// Written into `dir` as gradsync-trace-rank<world rank>.json when the
+  /// last of these communicators goes, when a trainer on it is destroyed,
+  /// or by write_trace(). Call it between collectives; a timeline already
+  /// recorded is written first. docs/DEBUGGING.md describes the file.
+  void trace_to(std::string dir, std::size_t max_events = 0) {
+    if (dir.empty()) throw InvalidArgument("gradsync: " + who() + ": trace_to expects a directory");
+    if (trace_) trace_->flush();
+    const int world = rank_names().world_rank(rank());
+    trace_ = std::make_shared<detail::TraceRecorder>(std::move(dir), world >= 0 ? world : rank(),
+                                                     detail::short_type_name<B>(),
+                                                     max_events ? max_events : detail::trace_capacity());
+    trace_->describe_writer(rank(), size());
+  }
+  /// Whether this communicator records a timeline.
+  bool tracing() const noexcept { return trace_ != nullptr; }
+  /// Writes this rank's timeline now into `dir`, else the directory it
+  /// records for; returns the file's path. Not collective. Throws
+  /// InvalidArgument when no timeline is recorded.
+  std::string write_trace(std::string dir = {}) const {
+    if (!trace_) {
+      throw InvalidArgument("gradsync: " + who() +
+                            ": write_trace, but no timeline is recorded: set GRADSYNC_TRACE=DIR or call trace_to(DIR)");
+    }
+    return trace_->write(dir.empty() ? trace_->dir() : dir, rank(), size());
+  }
+
  private:
   friend struct detail::RunCall;
   friend struct detail::EndpointAccess;
   friend struct detail::FailAccess;
   friend struct detail::RankNamesAccess;
+  friend struct detail::TraceAccess;
   friend class detail::LabelScope<B>;
 
   /// Runs one collective: stamps it with the next sequence number, and if it
@@ -209,18 +248,26 @@ class Communicator {
     }
     call_ = call;
     detail::FlightEntry& flight = flight_.issue(call_);
+    // Off, the timeline costs this test of a pointer at each mark.
+    detail::TraceRecorder* const trace = trace_.get();
+    std::int64_t issued = 0, started = 0, moved = 0;
+    if (trace) issued = detail::TraceRecorder::now_ns();
     try {
       // begin_call/end_call are protocol hooks, not capabilities: a backend
       // brackets a call with them to check that ranks agree on it, and code
       // above the backends never asks whether they exist.
       if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
       detail::FlightRecorder::start(flight);
+      if (trace) started = detail::TraceRecorder::now_ns();
       detail::CallView<B> view(ep_, call_, timeout_, scratch_);
       std::forward<F>(body)(view);
+      if (trace) moved = detail::TraceRecorder::now_ns();
       if constexpr (requires { ep_.end_call(call_, timeout_); }) ep_.end_call(call_, timeout_);
       detail::FlightRecorder::end(flight, detail::FlightState::completed);
+      if (trace) trace->collective(call_, issued, started, moved, detail::TraceRecorder::now_ns(), false);
     } catch (const std::exception& e) {
       detail::FlightRecorder::end(flight, detail::FlightState::failed);
+      trace_failed(trace, issued, started, moved);
       const detail::FailureKind kind = detail::current_failure_kind();
       // The record first: under a backend policy that ends the job on a
       // failure (Mpi's abort_job), record_failure does not return.
@@ -229,10 +276,20 @@ class Communicator {
       throw;
     } catch (...) {
       detail::FlightRecorder::end(flight, detail::FlightState::failed);
+      trace_failed(trace, issued, started, moved);
       write_failure_record(detail::FailureKind::error, "unknown exception");
       record_failure(detail::FailureKind::error, "unknown exception");
       throw;
     }
+  }
+
+  /// A call that threw ends its timeline slice where it threw.
+  void trace_failed(detail::TraceRecorder* trace, std::int64_t issued, std::int64_t started,
+                    std::int64_t moved) const noexcept {
+    if (!trace) return;
+    const std::int64_t now = detail::TraceRecorder::now_ns();
+    if (!started) started = now;
+    trace->collective(call_, issued, started, moved ? moved : now, now, true);
   }
 
   detail::FlightRecorder::Context flight_context(std::string_view reason, std::string_view message,
@@ -304,6 +361,8 @@ class Communicator {
   detail::ScratchPool scratch_;
   std::string failure_;  ///< empty until a call fails
   detail::FlightRecorder flight_{detail::flight_capacity()};
+  /// This rank's timeline, shared with the communicators split from it; null: off.
+  std::shared_ptr<detail::TraceRecorder> trace_;
   std::atomic<bool> busy_{false};
 };
 
@@ -315,6 +374,21 @@ struct RankNamesAccess {
     return comm.rank_names();
   }
 };
+
+/// The one friend of Communicator that reaches its timeline.
+struct TraceAccess {
+  template <Backend B>
+  static TraceRecorder* get(const Communicator<B>& comm) noexcept {
+    return comm.trace_.get();
+  }
+};
+
+/// `comm`'s timeline, null when it records none: what the trainers'
+/// TraceScope marks their phases on.
+template <Backend B>
+TraceRecorder* trace_recorder(const Communicator<B>& comm) noexcept {
+  return TraceAccess::get(comm);
+}
 
 /// How errors name `comm`'s ranks, for the layers above the communicator.
 template <Backend B>

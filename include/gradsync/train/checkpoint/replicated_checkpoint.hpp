@@ -23,6 +23,7 @@
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/trace_scope.hpp"
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_source.hpp"
@@ -567,6 +568,7 @@ void save_trainer(Trainer& trainer, const DistributedSampler* sampler, const std
                   const checkpoint::Metadata& metadata, CheckpointOptions options) {
   using T = typename Trainer::value_type;
   using Algo = typename Trainer::algorithm;
+  const TraceScope span(trace_recorder(trainer.communicator()), TraceKind::checkpoint_save, trainer.step_count());
   const bool sharded = options.format == CheckpointFormat::sharded;
   if (sharded) check_sharded_path(path);
   const SaveList<T> l = save_list(trainer, sampler, metadata);
@@ -585,6 +587,7 @@ void save_trainer(Trainer& trainer, const DistributedSampler* sampler, const std
 template <class Trainer>
 checkpoint::Metadata load_trainer(Trainer& trainer, DistributedSampler* sampler, const std::filesystem::path& path) {
   using T = typename Trainer::value_type;
+  const TraceScope span(trace_recorder(trainer.communicator()), TraceKind::checkpoint_load, trainer.step_count());
   const ShardSource<T> me = TrainerCheckpoint<Trainer>::held(trainer);
   return load_state(trainer, sampler, path, me.held, me.params.size(), [&](StagedState<T>& s) {
     std::copy(s.params.begin(), s.params.end(), TrainerCheckpoint<Trainer>::params(trainer).begin());

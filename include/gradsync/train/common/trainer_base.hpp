@@ -20,6 +20,8 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/options.hpp"
+#include "gradsync/core/trace_recorder.hpp"
+#include "gradsync/core/trace_scope.hpp"
 #include "gradsync/train/common/agreed_settings.hpp"
 #include "gradsync/train/common/communicates_host_memory.hpp"
 #include "gradsync/train/common/model.hpp"
@@ -94,6 +96,24 @@ class TrainerBase {
   /// `name`: the trainer's, as messages and the agreement say it ("ShardedTrainer").
   TrainerBase(std::string_view name, Comm& comm, M model, Opt optimizer)
       : name_(name), comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)) {}
+  /// The trainer's end writes the rank's timeline, its labels in words.
+  ~TrainerBase() {
+    if (TraceRecorder* t = timeline()) {
+      if (labels_) t->forget_names(&*labels_);
+      t->flush();
+    }
+  }
+
+  /// The rank's timeline; null when it records none.
+  TraceRecorder* timeline() const noexcept { return trace_recorder(comm_); }
+  /// A step's model call starts: the first of its micro-steps starts the
+  /// step's span on the timeline, which optimizer_step() ends.
+  void mark_step_begin() {
+    TraceRecorder* t = timeline();
+    if (!t || micro_steps_ != 0) return;
+    if (labels_) t->keep_names(&*labels_);
+    step_began_ns_ = TraceRecorder::now_ns();
+  }
 
   /// "gradsync: ShardedTrainer on rank 3", the start of every message.
   std::string where() const {
@@ -138,6 +158,14 @@ class TrainerBase {
   /// timed and counted; what both trainers' optimizer_step() do at heart.
   /// A step check_nonfinite() marked skipped only drops `grads` and counts.
   void step_optimizer(std::span<value_type> params, std::span<value_type> grads) {
+    struct StepSpan {
+      TrainerBase& t;
+      ~StepSpan() {
+        TraceRecorder* r = t.timeline();
+        if (r && t.step_began_ns_) r->phase(TraceKind::step, t.stats_.steps, t.step_began_ns_, TraceRecorder::now_ns());
+        t.step_began_ns_ = 0;
+      }
+    } step_span{*this};
     if (skip_) {
       skip_ = false;
       std::ranges::fill(grads, value_type(0));
@@ -147,8 +175,11 @@ class TrainerBase {
       return;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    opt_.step(params, std::span<const value_type>(grads));
-    std::ranges::fill(grads, value_type(0));
+    {
+      const TraceScope span(timeline(), TraceKind::optimizer, stats_.steps + 1);
+      opt_.step(params, std::span<const value_type>(grads));
+      std::ranges::fill(grads, value_type(0));
+    }
     step_.optimizer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.optimizer_seconds += step_.optimizer_seconds;
     ++stats_.steps;
@@ -218,6 +249,8 @@ class TrainerBase {
   bool skip_ = false;
   /// What each collective moves; made once the units or buckets are known.
   std::optional<StepLabels> labels_;
+  /// When this step's first model call started, on the timeline; 0: none.
+  std::int64_t step_began_ns_ = 0;
 };
 
 }  // namespace gradsync::detail

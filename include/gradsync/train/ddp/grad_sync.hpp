@@ -26,6 +26,8 @@
 #include "gradsync/core/float16.hpp"
 #include "gradsync/core/label_scope.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/trace_recorder.hpp"
+#include "gradsync/core/trace_scope.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/common/agreed_settings.hpp"
 #include "gradsync/train/common/all_reduce_average.hpp"
@@ -146,6 +148,7 @@ class GradSync {
     tracker_ = ReadinessTracker(plan_);
     allocate();
     worker_ = ProgressWorker<B>::shared(comm_);
+    if (detail::TraceRecorder* t = detail::trace_recorder(comm_)) t->keep_names(&*labels_);
   }
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -154,6 +157,7 @@ class GradSync {
   /// the worker is shared, so it may outlive this GradSync.
   ~GradSync() {
     for (auto& b : buckets_) detail::settle(b.request);
+    if (detail::TraceRecorder* t = detail::trace_recorder(comm_)) t->forget_names(&*labels_);
   }
 
   const std::vector<BucketInfo>& buckets() const noexcept { return plan_.buckets(); }
@@ -441,6 +445,7 @@ class GradSync {
   void reduce_bucket(Communicator<B>& c, std::size_t k, bool mean, scale_type scale, const CallLabel& label) {
     // The reduction policy's collectives carry the bucket's label.
     const detail::LabelScope<B> labelled(c, label);
+    const detail::TraceScope span(detail::trace_recorder(c), detail::TraceKind::bucket, k);
     const BucketInfo& info = plan_[k];
     Bucket& b = buckets_[k];
     const ReducedPart part = Reduction::result(info.count, c.size(), c.rank());

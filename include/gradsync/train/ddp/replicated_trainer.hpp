@@ -23,9 +23,11 @@
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/trace_scope.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/train/common/agreed_settings.hpp"
 #include "gradsync/train/common/bfloat16_copies.hpp"
+#include "gradsync/train/common/compute_spans.hpp"
 #include "gradsync/train/optim/clip_grad_norm.hpp"
 #include "gradsync/train/ddp/grad_sync.hpp"
 #include "gradsync/train/common/hash_bytes.hpp"
@@ -168,6 +170,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ReplicatedTrainer", max_norm, p);
     this->check_pending("clip_grad_norm");
+    const detail::TraceScope span(this->timeline(), detail::TraceKind::clip, stats_.steps + 1);
     double total = detail::norm_total(detail::norm_partial(std::span<const value_type>(grads_), p), p);
     if (comm_.size() > 1) {
       // Max of equal values changes nothing; the call is the agreement.
@@ -411,6 +414,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
 
   template <class Batch>
   double run_model(const Batch& batch) {
+    this->mark_step_begin();
     const auto t0 = std::chrono::steady_clock::now();
     if constexpr (computes_bf16) {
       round_parameters();
@@ -418,6 +422,11 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       std::ranges::fill(bf16_grads_, bfloat16(0.0f));
     }
     const StepContext<compute_type> ctx(provider_);
+    spans_.begin(this->timeline(), views_.size());
+    struct End {
+      detail::ComputeSpans& spans;
+      ~End() { spans.end(); }
+    } end{spans_};
     const double loss = static_cast<double>(model_.forward_backward(batch, ctx));
     this->note_loss(loss);
     stats_.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -477,6 +486,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
    public:
     explicit Provider(ReplicatedTrainer& t, bool evaluating = false) : t_(t), evaluating_(evaluating) {}
     const UnitView<compute_type>& acquire(std::size_t u) override {
+      t_.spans_.switch_to(u);
       if (u >= t_.views_.size()) {
         throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(t_.comm_.rank()) +
                               ": the model asked for unit " + std::to_string(u) + ", which does not exist (" +
@@ -511,6 +521,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   std::vector<bfloat16> bf16_params_, bf16_grads_;
   std::vector<UnitView<compute_type>> bf16_views_;
   std::unique_ptr<GradSync<backend_type, value_type, Algo>> sync_;
+  /// The model's compute per unit on the timeline, switched at its asks to provider_.
+  detail::ComputeSpans spans_;
   /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
   std::size_t step_sent_ = 0;
 };

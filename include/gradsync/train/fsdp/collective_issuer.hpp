@@ -24,6 +24,9 @@
 #include "gradsync/core/offload_space.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/request.hpp"
+#include "gradsync/core/trace_recorder.hpp"
+#include "gradsync/core/trace_scope.hpp"
+#include "gradsync/train/common/compute_spans.hpp"
 #include "gradsync/train/fsdp/collectives.hpp"
 #include "gradsync/train/fsdp/hybrid_groups.hpp"
 #include "gradsync/train/fsdp/trace_event.hpp"
@@ -86,7 +89,9 @@ class CollectiveIssuer {
     // The worker's time in the gather is gather_seconds; the caller's wait for it (wait_gathered) is exposed.
     unit.gathering = worker_->submit(
         "ShardedTrainer gather of " + unit.describe(),
-        timed(&step_.gather_seconds, [all_gather, home, out, kept, bf16_wire, space](Communicator<Backend>& c) {
+        timed(&step_.gather_seconds, [all_gather, home, out, kept, bf16_wire, space, w = unit.index()](
+                                         Communicator<Backend>& c) {
+          const TraceScope span(trace_recorder(c), TraceKind::gather, w);
           gather_unit<computes_bf16>(c, all_gather, home, out, kept, bf16_wire, space);
         }));
   }
@@ -95,6 +100,7 @@ class CollectiveIssuer {
   void wait_gathered(Group& unit) {
     if (unit.gathering.valid()) {
       const Stopwatch waiting(&step_.exposed_comm_seconds);
+      const ComputeSpans::Wait gap(spans);
       unit.gathering.wait();
     }
     unit.gather_done();
@@ -116,7 +122,9 @@ class CollectiveIssuer {
       unit.start_reduction(worker_->submit(
           "ShardedTrainer all-reduce of " + unit.describe(),
           timed(&step_.reduce_seconds,
-                [opts = r.opts, g, wire = r.bf16_wire, check = r.check_finite, nonfinite](Communicator<Backend>& c) {
+                [opts = r.opts, g, wire = r.bf16_wire, check = r.check_finite, nonfinite,
+                 w = unit.index()](Communicator<Backend>& c) {
+                  const TraceScope span(trace_recorder(c), TraceKind::all_reduce, w);
                   if (all_reduce_unit<Algo>(c, opts, g, wire, check)) *nonfinite = true;
                 })));
       return;
@@ -147,7 +155,9 @@ class CollectiveIssuer {
         std::string(replicas ? "ShardedTrainer reduce-scatter and replica all-reduce of "
                              : "ShardedTrainer reduce-scatter of ") +
             unit.describe(),
-        timed(&step_.reduce_seconds, [r, storage, bf16_in, mine, replicas, divisor, nonfinite](Communicator<Backend>& c) {
+        timed(&step_.reduce_seconds, [r, storage, bf16_in, mine, replicas, divisor, nonfinite,
+                                      w = unit.index()](Communicator<Backend>& c) {
+          const TraceScope span(trace_recorder(c), TraceKind::reduce_scatter, w);
           bool found = false;
           if (r.bf16_wire) {
             found = reduce_unit<Algo, bfloat16>(c, r.opts, r.replica_opts, storage, bf16_in, r.count, mine, replicas,
@@ -174,6 +184,7 @@ class CollectiveIssuer {
       Group& unit = units_[in_reduction_[done]];
       if (in_reduction_.size() - done > in_flight) {
         const Stopwatch waiting(&step_.exposed_comm_seconds);
+        const ComputeSpans::Wait gap(spans);
         settle(unit.reduction);
       } else {
         bool over = true;
@@ -219,6 +230,8 @@ class CollectiveIssuer {
 
   /// The collectives of the last step, in the order this rank issued them.
   std::vector<ShardedTraceEvent> trace;
+  /// The model's compute per unit on the timeline, with a gap where a wait here is.
+  ComputeSpans spans;
 
  private:
   /// Adds what this rank sends in a Ring `collective` of `count` elements

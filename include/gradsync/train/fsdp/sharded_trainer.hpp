@@ -22,6 +22,7 @@
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/options.hpp"
+#include "gradsync/core/trace_scope.hpp"
 #include "gradsync/train/common/memory_need.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/common/step_labels.hpp"
@@ -142,6 +143,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     this->check_pending("clip_grad_norm");
     Options opts = o_.collective;
     opts.label = this->clip_label(max_norm, p);
+    const detail::TraceScope span(this->timeline(), detail::TraceKind::clip, this->stats_.steps + 1);
     return failing_together([&] {
       return detail::fsdp::clip_grad_norm<Algo>(comms_, sharded(), state_.grad_shard(), max_norm, p, opts);
     });
@@ -319,6 +321,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   double run_model(const Batch& batch, bool sync) {
     // A step's figures cover all its micro-steps.
     if (micro_steps_ == 0) step_ = {};
+    this->mark_step_begin();
     lender_.begin_training_step(sync, micro_steps_);
     const auto t0 = std::chrono::steady_clock::now();
     const double exposed_before = step_.exposed_comm_seconds;

@@ -92,6 +92,7 @@ class UnitLender final : public UnitProvider<C> {
       for (Unit& unit : units_) unit.nonfinite = false;
     }
     begin_step(false);
+    issuer_.spans.begin(trace_recorder(comms_.world()), state_.specs.size());
     const bool sharded_accumulation = o_.accumulation == AccumulationMode::Sharded;
     reducing_ = sync || sharded_accumulation;
     // NoSync scales the local sum by 1/K before the mean, as ReplicatedTrainer;
@@ -134,6 +135,7 @@ class UnitLender final : public UnitProvider<C> {
   /// Model unit `layer`'s views; the first ask of any member of a wrapped
   /// unit gathers the whole wrapped unit, which its other members then share.
   const UnitView<C>& acquire(std::size_t layer) override {
+    issuer_.spans.switch_to(layer);
     check_layer(layer, "asked for");
     Unit& unit = unit_of(layer);
     const std::size_t w = unit.index();
@@ -227,6 +229,7 @@ class UnitLender final : public UnitProvider<C> {
   /// gradient. Sharded accumulation then turns the shard's sum of K means
   /// into their mean.
   void finish() {
+    issuer_.spans.end();
     const bool keep_grads = !reducing_;
     std::string missing;
     for (std::size_t layer = 0; layer < state_.specs.size(); ++layer) {
@@ -256,6 +259,7 @@ class UnitLender final : public UnitProvider<C> {
   /// After a step that threw, or an evaluation: what is in flight ends and
   /// every gathered unit is freed (an evaluation keeps the gradients).
   void abandon() noexcept {
+    issuer_.spans.end();
     issuer_.settle_all();
     release_all(evaluating_);
     evaluating_ = false;
