@@ -14,8 +14,8 @@ of back-to-back steps on one flat float32 tensor with a fixed gradient) and
 count the same bytes per parameter (SGD with momentum 20, Adam and AdamW 28).
 The table gives, per size and optimizer, the median over rounds of each
 one's ms per step with the range, GB/s at the median, and the throughput
-ratio gradsync/PyTorch (PyTorch's ms over gradsync's: above 1, gradsync is
-faster). Build optim_step at -O2 (meson --buildtype=release); it compiles
+ratio gradsync/PyTorch: PyTorch's ms over gradsync's in the same round
+(above 1, gradsync is faster), median and range over rounds. Build optim_step at -O2 (meson --buildtype=release); it compiles
 with -march=native unless -Dnative_arch=false.
 Exits 2 when the interpreter or optim_step is missing, 1 on a run error.
 """
@@ -24,7 +24,7 @@ import pathlib
 import shlex
 import sys
 
-from torch2 import add_python_option, check_python, fail, run, summary, uptime
+from torch2 import add_python_option, check_python, fail, paired_ratio, run, summary, uptime
 
 here = pathlib.Path(__file__).resolve().parent
 ROWS = ["sgd_momentum", "adam", "adamw"]
@@ -85,7 +85,8 @@ def main():
     for e in sorted(errors):
         print(f"# {e}: PyTorch refused it (see the peer's error line)")
     print(f"\n# optimizer step, one flat float32 tensor, one thread; median of {a.rounds} interleaved rounds "
-          f"(each the median of {a.repeats} repeats), [min-max] over rounds; GB = 1e9 at the median")
+          f"(each the median of {a.repeats} repeats), [min-max] over rounds; GB = 1e9 at the median; "
+          f"gradsync/X: X's ms over gradsync's, round by round")
     head = "| params | optimizer | B/p | gradsync ms | GB/s |"
     rule = "|---:|---|---:|---:|---:|"
     for m in modes:
@@ -113,7 +114,7 @@ def main():
                     continue
                 tm, tlo, thi = summary(t)
                 line += f" {tm:.3f} [{tlo:.3f}-{thi:.3f}] | {bpp[name] * n / tm / 1e6:.1f} |"
-                ratios += f" {tm / g:.2f} |"
+                ratios += f" {paired_ratio(t, gs)} |"
             print(line + ratios)
     return 0
 

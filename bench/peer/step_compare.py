@@ -18,7 +18,8 @@ Same models (MLP 784-1024-1024-10 and 784-2048-2048-2048-10), per-rank batch
 64, Adam (PyTorch's fused=True unless --adam), step protocol (2 warm-up steps,
 a barrier, rank 0's mean over --steps steps; the larger model
 max(3, steps // 3)). Tables: the median over rounds of each ms/step with the
-range, PyTorch's over gradsync's (above 1, gradsync is faster) against the
+range, PyTorch's over gradsync's round by round (above 1, gradsync is
+faster; median and range over rounds) against the
 targets (N = 1: 1.3 for every trainer; N = 2: 2 for DDP, 3 for FullShard),
 and gradsync's sharded steps over its own ReplicatedTrainer in the same run
 (fsdp_step's xDDP; targets on the 10M model: FullShard 1.15, ShardGradOp 1.05).
@@ -30,7 +31,7 @@ import shlex
 import shutil
 import sys
 
-from torch2 import add_python_option, check_python, fail, run, summary, uptime
+from torch2 import add_python_option, check_python, fail, paired_ratio, run, summary, uptime
 
 here = pathlib.Path(__file__).resolve().parent
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -128,7 +129,7 @@ def main():
     for m in models:
         model = m.replace(",", "-")
         print(f"\n# MLP {model}, per-rank batch 64, Adam, one thread per rank; ms/step: median of {a.rounds} "
-              f"interleaved rounds [min-max]; ratio: PyTorch's median over gradsync's")
+              f"interleaved rounds [min-max]; ratio: PyTorch's ms over gradsync's in the same round, median [min-max]")
         print("| N | trainer | " + " | ".join(f"gradsync {c} ms" for c in gs) + " | PyTorch 2.x ms | " +
               " | ".join(f"PyTorch/gradsync {c}" for c in gs) + " | target |")
         print("|---:|---|" + "---:|" * (2 * len(gs) + 2))
@@ -139,7 +140,7 @@ def main():
                 for c in gs:
                     v = ms.get((c, model, trainer, n))
                     cells.append(cell(v) if v else "-")
-                    ratios.append(f"{summary(pt)[0] / summary(v)[0]:.2f}" if v and pt else "-")
+                    ratios.append(paired_ratio(pt or [], v or []))
                 target = TARGET.get((n, trainer))
                 print(f"| {n} | {trainer} | " + " | ".join(cells) + f" | {cell(pt) if pt else '-'} | " +
                       " | ".join(ratios) + f" | {f'≥ {target}' if target else '-'} |")

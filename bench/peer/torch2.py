@@ -74,3 +74,14 @@ def uptime():
 def summary(values):
     """(median, min, max) of a non-empty list."""
     return statistics.median(values), min(values), max(values)
+
+
+def paired_ratio(num, den):
+    """"median [min-max]" of num[r] / den[r] over the rounds r both have: each
+    round's pair ran back to back, so their ratio drifts less with the
+    machine's load than the medians' ratio does."""
+    r = [a / b for a, b in zip(num, den)]
+    if not r:
+        return "-"
+    m, lo, hi = summary(r)
+    return f"{m:.2f} [{lo:.2f}-{hi:.2f}]"
