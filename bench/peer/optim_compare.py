@@ -19,12 +19,11 @@ ratio gradsync/PyTorch: PyTorch's ms over gradsync's in the same round
 with -march=native unless -Dnative_arch=false.
 Exits 2 when the interpreter or optim_step is missing, 1 on a run error.
 """
-import argparse
 import pathlib
 import shlex
 import sys
 
-from torch2 import add_python_option, check_python, fail, paired_ratio, run, summary, uptime
+from torch2 import built_tool, check_python, driver_options, paired_ratio, run, summary, uptime
 
 here = pathlib.Path(__file__).resolve().parent
 ROWS = ["sgd_momentum", "adam", "adamw"]
@@ -42,17 +41,12 @@ def parse_rows(text):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-B", "--build", default="build-o2", help="build directory with bench/optim_step")
-    add_python_option(p)
+    p = driver_options(__doc__, "optim_step")
     p.add_argument("--sizes", default="64K,1M,16M,64M")
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
     version = check_python(a.python)
-    exe = pathlib.Path(a.build) / "bench" / "optim_step"
-    if not exe.is_file():
-        fail(f"{exe} not built: meson setup {a.build} --buildtype=release && ninja -C {a.build} bench/optim_step")
+    exe = built_tool(a.build, "optim_step")
     sizes = a.sizes.split(",")
     modes = ["foreach", "fused"]
     # ms[(size, contender)] -> list over rounds; contender "gradsync/adam", "adam/fused", ...

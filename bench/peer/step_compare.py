@@ -25,13 +25,12 @@ and gradsync's sharded steps over its own ReplicatedTrainer in the same run
 (fsdp_step's xDDP; targets on the 10M model: FullShard 1.15, ShardGradOp 1.05).
 Exits 2 when the interpreter or fsdp_step is missing, 1 on a run error.
 """
-import argparse
 import pathlib
 import shlex
 import shutil
 import sys
 
-from torch2 import add_python_option, check_python, fail, paired_ratio, run, summary, uptime
+from torch2 import built_tool, check_python, driver_options, fail, paired_ratio, run, summary, uptime
 
 here = pathlib.Path(__file__).resolve().parent
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -68,11 +67,8 @@ def cell(values):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-B", "--build", default="build-o2", help="build directory with bench/fsdp_step")
-    add_python_option(p)
+    p = driver_options(__doc__, "fsdp_step")
     p.add_argument("--ranks", default="1,2,4")
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--adam", choices=["fused", "foreach", "default"], default="fused", help="PyTorch's Adam")
     p.add_argument("--mpi", action="store_true", help="also fsdp_step --backend mpi under mpirun")
@@ -81,9 +77,7 @@ def main():
     g.add_argument("--large-only", action="store_true")
     a = p.parse_args()
     version = check_python(a.python)
-    exe = pathlib.Path(a.build) / "bench" / "fsdp_step"
-    if not exe.is_file():
-        fail(f"{exe} not built: meson setup {a.build} --buildtype=release && ninja -C {a.build} bench/fsdp_step")
+    exe = built_tool(a.build, "fsdp_step")
     if a.mpi and not shutil.which("mpirun"):
         fail("--mpi: no mpirun on PATH (install Open MPI, e.g. openmpi-bin libopenmpi-dev, and rebuild fsdp_step)")
     ranks = [int(n) for n in a.ranks.split(",")]

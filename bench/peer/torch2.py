@@ -8,7 +8,9 @@ interpreter with --python or GRADSYNC_TORCH2_PYTHON:
 
     python3 -m venv DIR && DIR/bin/pip install torch numpy
 """
+import argparse
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -29,6 +31,23 @@ def fail(message):
 def add_python_option(p):
     p.add_argument("--python", default=os.environ.get("GRADSYNC_TORCH2_PYTHON"),
                    help="interpreter with PyTorch 2.x (default: $GRADSYNC_TORCH2_PYTHON)")
+
+
+def driver_options(doc, tool, rounds=3):
+    """A driver's parser: its usage from `doc`, -B (the build with bench/`tool`), --python and --rounds."""
+    p = argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
+    p.add_argument("-B", "--build", default="build-o2", help=f"build directory with bench/{tool}")
+    add_python_option(p)
+    p.add_argument("--rounds", type=int, default=rounds)
+    return p
+
+
+def built_tool(build, tool):
+    """build/bench/tool, or exit 2 saying how to build it."""
+    exe = pathlib.Path(build) / "bench" / tool
+    if not exe.is_file():
+        fail(f"{exe} not built: meson setup {build} --buildtype=release && ninja -C {build} bench/{tool}")
+    return exe
 
 
 def check_python(python):
