@@ -23,6 +23,10 @@ faster; median and range over rounds) against the
 targets (N = 1: 1.3 for every trainer; N = 2: 2 for DDP, 3 for FullShard),
 and gradsync's sharded steps over its own ReplicatedTrainer in the same run
 (fsdp_step's xDDP; targets on the 10M model: FullShard 1.15, ShardGradOp 1.05).
+"compute+optim" is fsdp_step's compute (forward + backward, less the waits for
+collectives) plus optim columns: the step with no communication cost; the
+ceiling, PyTorch's ms over it round by round, is the most that a faster
+communication could bring the ratio to.
 Exits 2 when the interpreter or fsdp_step is missing, 1 on a run error.
 """
 import pathlib
@@ -41,14 +45,14 @@ XDDP_TARGET = {"FullShard": 1.15, "ShardGradOp": 1.05}
 
 
 def parse_fsdp_step(text):
-    """[(model, trainer, N, ms, xDDP)] from fsdp_step's output."""
+    """[(model, trainer, N, ms, xDDP, compute + optim ms)] from fsdp_step's output."""
     rows, model = [], None
     for line in text.splitlines():
         if line.startswith("# MLP "):
             model = line.split()[2]
         elif line.strip() and not line.startswith("#"):
             f = line.split()
-            rows.append((model, f[1], int(f[0]), float(f[2]), float(f[3])))
+            rows.append((model, f[1], int(f[0]), float(f[2]), float(f[3]), float(f[5]) + float(f[7])))
     return rows
 
 
@@ -57,7 +61,7 @@ def parse_peer(text):
     for line in text.splitlines():
         f = line.split()
         if f and not line.startswith("#"):
-            rows.append((f[0], TORCH_KIND[f[1]], int(f[2]), float(f[3]), None))
+            rows.append((f[0], TORCH_KIND[f[1]], int(f[2]), float(f[3]), None, None))
     return rows
 
 
@@ -98,11 +102,11 @@ def main():
                 "--adam", a.adam] + peer_models
 
     contenders = ["Threads"] + (["Mpi"] if a.mpi else []) + ["PyTorch"]
-    ms, xddp = {}, {}  # (contender, model, trainer, N) -> list over rounds
+    ms, xddp, busy = {}, {}, {}  # (contender, model, trainer, N) -> list over rounds
     print(f"# {' '.join(map(shlex.quote, sys.argv))}")
     print(f"# load before: {uptime()}")
     print(f"# torch {version} (Adam {a.adam}); fsdp_step {exe}; one thread per rank")
-    print("# raw rows: round contender model trainer N ms/step xDDP")
+    print("# raw rows: round contender model trainer N ms/step [xDDP compute+optim_ms]")
     for r in range(a.rounds):
         for i, n in enumerate(ranks):
             k = (r + i) % len(contenders)
@@ -112,12 +116,15 @@ def main():
                 except (RuntimeError, OSError) as e:
                     print(e, file=sys.stderr)
                     return 1
-                for model, trainer, rn, t, x in (parse_peer(out) if who == "PyTorch" else parse_fsdp_step(out)):
-                    ms.setdefault((who, model, trainer, rn), []).append(t)
+                for model, trainer, rn, t, x, c in (parse_peer(out) if who == "PyTorch" else parse_fsdp_step(out)):
+                    key = (who, model, trainer, rn)
+                    ms.setdefault(key, []).append(t)
+                    extra = ""
                     if x is not None:
-                        xddp.setdefault((who, model, trainer, rn), []).append(x)
-                    print(f"{r + 1} {who:8} {model:22} {trainer:12} {rn} {t:9.2f} {'' if x is None else f'{x:.2f}'}",
-                          flush=True)
+                        xddp.setdefault(key, []).append(x)
+                        busy.setdefault(key, []).append(c)
+                        extra = f" {x:.2f} {c:.2f}"
+                    print(f"{r + 1} {who:8} {model:22} {trainer:12} {rn} {t:9.2f}{extra}", flush=True)
     print(f"# load after: {uptime()}")
     gs = [c for c in contenders if c != "PyTorch"]
     for m in models:
@@ -125,8 +132,8 @@ def main():
         print(f"\n# MLP {model}, per-rank batch 64, Adam, one thread per rank; ms/step: median of {a.rounds} "
               f"interleaved rounds [min-max]; ratio: PyTorch's ms over gradsync's in the same round, median [min-max]")
         print("| N | trainer | " + " | ".join(f"gradsync {c} ms" for c in gs) + " | PyTorch 2.x ms | " +
-              " | ".join(f"PyTorch/gradsync {c}" for c in gs) + " | target |")
-        print("|---:|---|" + "---:|" * (2 * len(gs) + 2))
+              " | ".join(f"PyTorch/gradsync {c}" for c in gs) + " | target | gradsync Threads compute+optim ms | ceiling |")
+        print("|---:|---|" + "---:|" * (2 * len(gs) + 4))
         for n in ranks:
             for trainer in COMPARED:
                 pt = ms.get(("PyTorch", model, trainer, n))
@@ -136,8 +143,10 @@ def main():
                     cells.append(cell(v) if v else "-")
                     ratios.append(paired_ratio(pt or [], v or []))
                 target = TARGET.get((n, trainer))
+                b = busy.get(("Threads", model, trainer, n))
                 print(f"| {n} | {trainer} | " + " | ".join(cells) + f" | {cell(pt) if pt else '-'} | " +
-                      " | ".join(ratios) + f" | {f'≥ {target}' if target else '-'} |")
+                      " | ".join(ratios) + f" | {f'≥ {target}' if target else '-'} | {cell(b) if b else '-'} | " +
+                      f"{paired_ratio(pt or [], b or [])} |")
         print(f"\n# MLP {model}: gradsync's sharded step over its ReplicatedTrainer's in the same run "
               f"(fsdp_step's xDDP), median [min-max] over rounds")
         print("| N | " + " | ".join(f"{t} ({c})" for c in gs for t in XDDP_TARGET) + " |")
