@@ -15,8 +15,12 @@ count the same bytes per parameter (SGD with momentum 20, Adam and AdamW 28).
 The table gives, per size and optimizer, the median over rounds of each
 one's ms per step with the range, GB/s at the median, and the throughput
 ratio gradsync/PyTorch: PyTorch's ms over gradsync's in the same round
-(above 1, gradsync is faster), median and range over rounds. Build optim_step at -O2 (meson --buildtype=release); it compiles
-with -march=native unless -Dnative_arch=false.
+(above 1, gradsync is faster), median and range over rounds. Build the
+tools at -O2 (-march=native unless -Dnative_arch=false):
+
+    meson setup build-o2 --buildtype=plain -Doptimization=2 -Dcuda=disabled -Dnccl=disabled -Dtorch=disabled -Dtests=disabled
+    nice ninja -C build-o2 bench/optim_step bench/fsdp_step
+
 Exits 2 when the interpreter or optim_step is missing, 1 on a run error.
 """
 import pathlib

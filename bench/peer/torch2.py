@@ -46,7 +46,7 @@ def built_tool(build, tool):
     """build/bench/tool, or exit 2 saying how to build it."""
     exe = pathlib.Path(build) / "bench" / tool
     if not exe.is_file():
-        fail(f"{exe} not built: meson setup {build} --buildtype=release && ninja -C {build} bench/{tool}")
+        fail(f"{exe} not built: meson setup {build} --buildtype=plain -Doptimization=2 && ninja -C {build} bench/{tool}")
     return exe
 
 
