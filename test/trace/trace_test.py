@@ -5,8 +5,8 @@ Perfetto's readers rely on: one process per rank named for it, complete
 slices with dur >= 0, times monotonic on each track, slices properly nested
 on each track, the dropped count in the metadata; and that one
 ShardedTrainer step holds its strategy's collectives on the worker's track.
-Then tools/trace-summary must name every rank, and --merge give one process
-per rank.
+Then tools/trace-summary must name every rank, --merge give one process
+per rank, and --png draw FullShard's step as a PNG file.
 
   trace_test.py TRACE_SUMMARY TRAIN_TESTS_EXE
 """
@@ -108,6 +108,15 @@ def main():
                 pids = {e["pid"] for e in json.load(f)["traceEvents"]}
             if pids != set(range(WORLD)):
                 problems.append(f"{case}: the merged trace's processes are {sorted(pids)}")
+            if case == "FullShard":
+                png = os.path.join(d, "step.png")
+                out = subprocess.run([summary, directory, "--png", png], capture_output=True, text=True, timeout=120)
+                if out.returncode != 0:
+                    problems.append(f"trace-summary --png exited {out.returncode}: {out.stderr[-800:]}")
+                else:
+                    with open(png, "rb") as f:
+                        if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                            problems.append("trace-summary --png wrote no PNG file")
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0
