@@ -200,10 +200,11 @@ TEST_CASE("flight record: GRADSYNC_FLIGHT_ENTRIES sizes the ring, and 0 keeps no
     ~Restore() { had ? setenv("GRADSYNC_FLIGHT_ENTRIES", value.c_str(), 1) : unsetenv("GRADSYNC_FLIGHT_ENTRIES"); }
   } restore{was != nullptr, old};
   const std::pair<const char*, std::size_t> cases[] = {{"100", 100}, {"0", 0}, {"", 256}, {"12x", 256}, {"9999999", 1u << 20}};
-  for (const auto& [text, expected] : cases) {
+  for (const auto& c : cases) {
+    const char* text = c.first;
     CAPTURE(text);
     setenv("GRADSYNC_FLIGHT_ENTRIES", text, 1);
-    CHECK(gs::detail::flight_capacity() == expected);
+    CHECK(gs::detail::flight_capacity() == c.second);
   }
 
   FlightRecorder none(0);
