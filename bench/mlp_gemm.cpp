@@ -14,12 +14,14 @@
 // times the same products with PyTorch for comparison.
 
 #include "../examples/eigen_dense.hpp"
+#include "int_list.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -99,44 +101,33 @@ double peak_flops(const char** how) {
 #endif
 }
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  std::string item;
-  for (const char* p = s;; ++p) {
-    if (*p == ',' || *p == '\0') {
-      const int x = std::atoi(item.c_str());
-      if (x <= 0) return {};
-      v.push_back(x);
-      item.clear();
-      if (*p == '\0') break;
-    } else {
-      item += *p;
-    }
-  }
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> sizes = {784, 1024, 1024, 10};
   int batch = 64, repeats = 30;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--sizes" && has_value) {
-      sizes = parse_list(argv[++i]);
-    } else if (a == "--batch" && has_value) {
-      batch = std::atoi(argv[++i]);
-    } else if (a == "--repeats" && has_value) {
-      repeats = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: mlp_gemm [--sizes 784,1024,1024,10] [--batch 64] [--repeats 30]\n");
-      return 2;
+  const char* usage = "usage: mlp_gemm [--sizes 784,1024,1024,10] [--batch 64] [--repeats 30]\n";
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      const bool has_value = i + 1 < argc;
+      if (a == "--sizes" && has_value) {
+        sizes = bench::parse_list(argv[++i], "--sizes");
+      } else if (a == "--batch" && has_value) {
+        batch = bench::parse_list(argv[++i], "--batch").at(0);
+      } else if (a == "--repeats" && has_value) {
+        repeats = bench::parse_list(argv[++i], "--repeats").at(0);
+      } else {
+        std::fprintf(stderr, "%s", usage);
+        return 2;
+      }
     }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "mlp_gemm: not a list of positive integers: %s\n%s", e.what(), usage);
+    return 2;
   }
-  if (sizes.size() < 2 || batch < 1 || repeats < 1) {
-    std::fprintf(stderr, "mlp_gemm: --sizes needs two widths or more, --batch and --repeats at least 1\n");
+  if (sizes.size() < 2) {
+    std::fprintf(stderr, "mlp_gemm: --sizes needs two widths or more\n");
     return 2;
   }
   Eigen::setNbThreads(1);

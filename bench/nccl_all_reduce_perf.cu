@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -46,6 +47,7 @@
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/core/endpoint_of.hpp"
 #include "device_threads.hpp"
+#include "int_list.hpp"
 
 namespace {
 
@@ -311,19 +313,6 @@ int run_on_one_gpu(const Args& args) {
   return rc;
 }
 
-std::vector<int> parse_ranks(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    char* end = nullptr;
-    const long n = std::strtol(p, &end, 10);
-    if (end == p || n < 1 || n > 64) return {};
-    v.push_back(static_cast<int>(n));
-    p = *end == ',' ? end + 1 : end;
-    if (*end != ',' && *end != '\0') return {};
-  }
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,8 +333,15 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (a == "--ranks") {
-      args.ranks = parse_ranks(next());
-      if (args.ranks.empty()) { std::fprintf(stderr, "--ranks wants a list like 2,4,8 (1 to 64 each)\n"); return 2; }
+      try {
+        args.ranks = bench::parse_list(next(), "--ranks");
+      } catch (const std::invalid_argument&) {
+        args.ranks.clear();
+      }
+      if (args.ranks.empty() || *std::max_element(args.ranks.begin(), args.ranks.end()) > 64) {
+        std::fprintf(stderr, "--ranks wants a list like 2,4,8 (1 to 64 each)\n");
+        return 2;
+      }
     } else if (a == "--algo" || a == "-a") {
       args.algo = next();
     } else if (a == "-b" || a == "--minbytes") {

@@ -4,6 +4,7 @@
 
 // First: eigen_dense.hpp's pragma reaches the intrinsics header only if nothing included it before.
 #include "../examples/eigen_mlp.hpp"
+#include "int_list.hpp"
 
 #include <gradsync/train/common/on_nonfinite.hpp>
 
@@ -29,20 +30,6 @@ inline std::string describe(const std::vector<int>& sizes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, " (%.2fM params)", static_cast<double>(params) / 1e6);
   return name + buf;
-}
-
-/// Positive integers, comma-separated; throws std::invalid_argument otherwise.
-inline std::vector<int> parse_list(const std::string& text, const char* option) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string t; std::getline(ss, t, ',');) {
-    std::size_t used = 0;
-    const int v = std::stoi(t, &used);
-    if (used != t.size() || v < 1) throw std::invalid_argument(t);
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument(option);
-  return out;
 }
 
 /// The flags both tools take: --backend --steps --ranks --sizes --large-only --small-only --on-nonfinite.
