@@ -1,5 +1,5 @@
 // The trainers on the timeline: one ShardedTrainer step per strategy on 3
-// ranks has exactly the collectives its strategy issues, on the progress
+// ranks (HybridShard on 4) has exactly the collectives its strategy issues, on the progress
 // worker's track inside the step's span, beside the compute of each unit;
 // a ReplicatedTrainer step has its buckets, its optimizer step and its
 // checkpoint save and load. GRADSYNC_TRACE_TEST_DIR keeps the files for
@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/common.hpp"
@@ -64,16 +65,22 @@ std::size_t named(const test::TraceFile& f, const std::string& prefix) {
 
 }  // namespace
 
-TEST_CASE("timeline: one ShardedTrainer step on 3 ranks holds the collectives its strategy issues") {
+TEST_CASE("timeline: one ShardedTrainer step holds the collectives its strategy issues") {
   auto g = test::rng_for("timeline sharded step");
   INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
   const TraceOut out;
-  constexpr int world = 3;
-  const Batches batches = random_batches(g(), 1, world, 3);
-  for (const ShardingStrategy strategy :
-       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+  // 3 ranks; HybridShard at 4, two groups of 2, its replicas' all-reduces
+  // on a split communicator, recorded in the same rank's file.
+  const std::pair<ShardingStrategy, int> cases[] = {{ShardingStrategy::FullShard, 3},
+                                                    {ShardingStrategy::ShardGradOp, 3},
+                                                    {ShardingStrategy::NoShard, 3},
+                                                    {ShardingStrategy::HybridShard, 4}};
+  for (const auto& [strategy_of_case, world_of_case] : cases) {
+    const ShardingStrategy strategy = strategy_of_case;
+    const int world = world_of_case;
+    const Batches batches = random_batches(g(), 1, world, 3);
     const std::string name(gradsync::name(strategy));
-    INFO("strategy = " << name);
+    INFO("strategy = " << name << ", world = " << world);
     const std::filesystem::path dir = out.dir() / name;
     std::vector<Trace> traces(world);
     gradsync::run_threads(world, [&](Communicator<Threads>& comm) {

@@ -1,6 +1,7 @@
 // ShardedTrainer over the Mpi backend, one rank per mpirun process (2 to 4):
 // parity with ReplicatedTrainer for every strategy and optimizer, bitwise
-// under deterministic; the collectives of a step; a rank whose units differ;
+// under deterministic; the collectives of a step, and on each process's
+// timeline file; a rank whose units differ;
 // and a rank that asks for another unit of equal size. The runs and
 // expectations are the Threads tests' own (test_train_sharded_schedule.hpp,
 // test_train_swapping.hpp); each process checks its rank and compares
@@ -15,10 +16,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "../support/common.hpp"
+#include "../support/temp_dir.hpp"
+#include "../support/trace_events.hpp"
 #include "../support/unit_disagreement.hpp"
 #include "../support/world.hpp"
 #include "../test_train_sharded_schedule.hpp"
@@ -134,6 +138,55 @@ TEST_CASE("mpi trace: the collectives of one step, in order and counted, the sam
       }
     }
   });
+}
+
+TEST_CASE("mpi timeline: each process's file holds its step's collectives, and the ranks' steps share one clock") {
+  const int world = test::mpi_size();
+  const auto batches = random_batches(test::rng_for("mpi timeline")(), 1, world, 2);
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world);
+  for (const ShardingStrategy s : strategies_for(world)) {
+    INFO("strategy = " << std::string(name(s)));
+    const test::TempDir out;  // this process's own: each rank reads back the file it wrote
+    test::run_world(world, [&](Communicator<Mpi>& comm) {
+      comm.trace_to(out.path.string());
+      ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05}), options_for(s, world));
+      trainer.step(batches[0][static_cast<std::size_t>(comm.rank())]);
+      const test::TraceFile f = test::read_trace(comm.write_trace());
+      std::map<std::string, std::size_t> expected;
+      for (const auto& e : expected_trace(s, layers.size(), true)) ++expected[std::string(name(e.collective))];
+      // In a HybridShard group of one rank the reduce-scatter is a copy, not a call.
+      if (s == ShardingStrategy::HybridShard && hybrid_shard_size(world) == 1) expected.erase("ReduceScatter");
+      std::map<std::string, std::size_t> on_worker;
+      double from = -1, to = -1;
+      for (const test::TraceLine& e : f.events) {
+        CHECK(e.pid == comm.rank());
+        if (e.name == "step 1") from = e.ts, to = e.ts + e.dur;
+      }
+      REQUIRE(from >= 0);
+      for (const test::TraceLine& e : f.events) {
+        if (e.cat == "communication" && !test::trace_field(e.line, "seq").empty() &&
+            f.thread_names.at(e.tid) == "progress worker" && e.ts >= from && e.ts + e.dur <= to) {
+          ++on_worker[e.name];
+          CHECK(test::trace_field(e.line, "backend") == "Mpi");
+        }
+      }
+      const auto words = [](const std::map<std::string, std::size_t>& m) {
+        std::string t;
+        for (const auto& [k, n] : m) t += k + " x" + std::to_string(n) + "; ";
+        return t;
+      };
+      CHECK(words(on_worker) == words(expected));
+      // CLOCK_MONOTONIC is one clock for the host's processes: every rank's
+      // step, which waits in collectives for all the others, overlaps every other's.
+      const auto us = [](double t) { return static_cast<std::uint64_t>(t); };
+      std::vector<std::uint64_t> mine(static_cast<std::size_t>(world));
+      mine[static_cast<std::size_t>(comm.rank())] = us(from);
+      const std::vector<std::uint64_t> starts = test::all_values(world, mine);
+      mine[static_cast<std::size_t>(comm.rank())] = us(to) + 1;
+      const std::vector<std::uint64_t> ends = test::all_values(world, mine);
+      CHECK(*std::max_element(starts.begin(), starts.end()) <= *std::min_element(ends.begin(), ends.end()));
+    });
+  }
 }
 
 // Across processes, each rank writing its own values unit by unit (init_unit:

@@ -16,17 +16,20 @@ import subprocess
 import sys
 import tempfile
 
-WORLD = 3
 UNITS = 4  # test_schedule's model: 4 units, wrapped one each
 # One step's collectives on the worker per strategy (keep_last_forward_unit,
 # no prefetch): FullShard gathers every unit in forward and all but the last
 # again in backward, then reduce-scatters each; ShardGradOp gathers once;
-# NoShard all-reduces each unit.
+# NoShard all-reduces each unit; HybridShard is FullShard within a group of 2
+# plus an all-reduce of each unit's shard across the groups.
 EXPECTED = {
     "FullShard": {"AllGather": 2 * UNITS - 1, "ReduceScatter": UNITS},
     "ShardGradOp": {"AllGather": UNITS, "ReduceScatter": UNITS},
     "NoShard": {"AllReduce": UNITS},
+    "HybridShard": {"AllGather": 2 * UNITS - 1, "ReduceScatter": UNITS, "AllReduce": UNITS},
 }
+# Ranks per case (test_train_trace.cpp): HybridShard needs two groups.
+WORLD = {"FullShard": 3, "ShardGradOp": 3, "NoShard": 3, "HybridShard": 4, "Replicated": 3}
 
 
 def check_file(path, rank, problems):
@@ -89,7 +92,7 @@ def main():
             return 1
         for case in list(EXPECTED) + ["Replicated"]:
             directory = os.path.join(d, case)
-            for rank in range(WORLD):
+            for rank in range(WORLD[case]):
                 trace = check_file(os.path.join(directory, f"gradsync-trace-rank{rank}.json"), rank, problems)
                 if case in EXPECTED and worker_collectives_in_step(trace) != EXPECTED[case]:
                     problems.append(f"{case} rank {rank}: the step's worker collectives "
@@ -99,14 +102,14 @@ def main():
             print(f"$ trace-summary {case}\n{out.stdout}{out.stderr}")
             if out.returncode != 0:
                 problems.append(f"{case}: trace-summary exited {out.returncode}")
-            for rank in range(WORLD):
+            for rank in range(WORLD[case]):
                 if f"rank {rank} " not in out.stdout:
                     problems.append(f"{case}: trace-summary does not name rank {rank}")
             if "step 1:" not in out.stdout or "slowest rank" not in out.stdout or "exposed" not in out.stdout:
                 problems.append(f"{case}: trace-summary gives no step 1 and its slowest rank")
             with open(merged, encoding="utf-8") as f:
                 pids = {e["pid"] for e in json.load(f)["traceEvents"]}
-            if pids != set(range(WORLD)):
+            if pids != set(range(WORLD[case])):
                 problems.append(f"{case}: the merged trace's processes are {sorted(pids)}")
             if case == "FullShard":
                 png = os.path.join(d, "step.png")
