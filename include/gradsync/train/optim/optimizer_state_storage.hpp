@@ -20,12 +20,21 @@ namespace gradsync::detail {
 /// from then on they are slices of that storage, for as long as it lives.
 /// A copy owns its values: a copy of a bound optimizer holds them in
 /// vectors, bound to nothing, so two optimizers never step one storage.
+///
+/// Each own buffer starts `lead(k)` elements into its vector, a different
+/// number of bytes past a page boundary for each slot. glibc maps every
+/// large vector on its own pages, at the same offset in a page, and places
+/// one below the last: at 16 M float parameters the parameters, gradients
+/// and both moments of an Adam step then lie exactly 64 MiB + 4 KiB apart,
+/// and this 2-core VM's step ran at 0.73 of the memory bound there against
+/// 1.0 to 1.2 at 15 M and 17 M (bench/optim_step); moving the moments'
+/// starts by a few hundred bytes restored it (docs/PERFORMANCE.md).
 template <class T>
 class OptimizerStateStorage {
  public:
   explicit OptimizerStateStorage(std::size_t slots) : own_(slots) {}
   OptimizerStateStorage(const OptimizerStateStorage& o) : own_(o.slots()) {
-    for (std::size_t k = 0; k < slots(); ++k) own_[k].assign(o.buffer(k).begin(), o.buffer(k).end());
+    for (std::size_t k = 0; k < slots(); ++k) own(k, o.buffer(k));
   }
   OptimizerStateStorage(OptimizerStateStorage&& o) noexcept
       : own_(std::move(o.own_)), lent_(std::exchange(o.lent_, {})), n_(std::exchange(o.n_, 0)),
@@ -47,19 +56,21 @@ class OptimizerStateStorage {
   bool bound() const noexcept { return bound_; }
   /// Elements per buffer: bound, the length it was bound for; else 0
   /// before the first step or load.
-  std::size_t size() const noexcept { return bound_ ? n_ : (own_.empty() ? 0 : own_.front().size()); }
+  std::size_t size() const noexcept { return bound_ ? n_ : (own_.empty() ? 0 : buffer(0).size()); }
   /// Elements held in the optimizer's own vectors (none once bound).
   std::size_t own_elements() const noexcept {
     std::size_t n = 0;
-    for (const auto& b : own_) n += b.size();
+    for (std::size_t k = 0; k < slots(); ++k) n += bound_ ? 0 : buffer(k).size();
     return n;
   }
 
   std::span<T> buffer(std::size_t k) noexcept {
-    return bound_ ? lent_.subspan(k * n_, n_) : std::span<T>(own_[k]);
+    if (bound_) return lent_.subspan(k * n_, n_);
+    return own_[k].empty() ? std::span<T>() : std::span<T>(own_[k]).subspan(lead(k));
   }
   std::span<const T> buffer(std::size_t k) const noexcept {
-    return bound_ ? std::span<const T>(lent_).subspan(k * n_, n_) : std::span<const T>(own_[k]);
+    if (bound_) return std::span<const T>(lent_).subspan(k * n_, n_);
+    return own_[k].empty() ? std::span<const T>() : std::span<const T>(own_[k]).subspan(lead(k));
   }
 
   /// Every buffer n zeros (bound: n is its length, which the step checked).
@@ -68,7 +79,7 @@ class OptimizerStateStorage {
       std::ranges::fill(lent_, T(0));
       return;
     }
-    for (auto& b : own_) b.assign(n, T(0));
+    for (std::size_t k = 0; k < slots(); ++k) own_[k].assign(lead(k) + n, T(0));
   }
 
   /// Back to "no state": own vectors emptied; lent storage zeroed, since it stays.
@@ -93,11 +104,15 @@ class OptimizerStateStorage {
     }
   }
 
-  /// Replaces the values, after check_assign: own vectors take the buffers
-  /// as they are; lent storage copies them, an empty one as zeros.
+  /// Replaces the values, after check_assign: own vectors take a copy of
+  /// each buffer as it is (an empty or missing one: no state); lent storage copies
+  /// them, an empty one as zeros.
   void assign(std::vector<std::vector<T>>&& buffers) {
     if (!bound_) {
-      own_ = std::move(buffers);
+      // Fewer buffers than slots: an Sgd without momentum lists none.
+      for (std::size_t k = 0; k < slots(); ++k) {
+        own(k, k < buffers.size() ? std::span<const T>(buffers[k]) : std::span<const T>());
+      }
       return;
     }
     for (std::size_t k = 0; k < slots(); ++k) {
@@ -143,6 +158,19 @@ class OptimizerStateStorage {
   }
 
  private:
+  /// Where buffer k starts in its vector: 512 bytes further for each slot
+  /// (a multiple of 64 bytes, so a vector's alignment is kept).
+  static constexpr std::size_t lead(std::size_t k) noexcept { return (k + 1) * (512 / sizeof(T)); }
+  /// Own buffer k becomes a copy of `values` (empty: none).
+  void own(std::size_t k, std::span<const T> values) {
+    if (values.empty()) {
+      own_[k].clear();
+      return;
+    }
+    own_[k].assign(lead(k) + values.size(), T(0));
+    std::ranges::copy(values, own_[k].begin() + static_cast<std::ptrdiff_t>(lead(k)));
+  }
+
   std::vector<std::vector<T>> own_;
   std::span<T> lent_;
   std::size_t n_ = 0;
