@@ -6,9 +6,13 @@
 // Every rank's result is collected and checked on the main thread after
 // run_threads, so a failing rank never leaves the others waiting.
 
-#include "torch_ddp_support.hpp"
+#include "torch_fsdp_support.hpp"
+
+#include <gradsync/checkpoint/safetensors_reader.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,85 +28,7 @@ namespace {
 using Comm = gradsync::Communicator<gradsync::Threads>;
 using gradsync::ShardingStrategy;
 using namespace test_torch;
-
-/// Two layers, 12·13 + 13 + 13·11 + 11 = 323 parameters for (12, 13, 11):
-/// a unit no N in 2..4 divides.
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int in, int hidden, int out)
-      : a(register_module("a", torch::nn::Linear(in, hidden))), b(register_module("b", torch::nn::Linear(hidden, out))) {}
-  torch::Tensor forward(torch::Tensor x) { return torch::tanh(b(torch::relu(a(x)))); }
-  torch::nn::Linear a, b;
-};
-TORCH_MODULE(Block);
-
-/// b1 (323 parameters), b2 (11·9 + 9 + 9·10 + 10 = 208: 2 and 4 divide it,
-/// 3 does not), then the root's own unit: head (55) and a frozen scale
-/// (10), with a buffer added before the head. In double: the parity below
-/// is then rounding apart, not float's cancellation magnified by Adam.
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : b1(register_module("b1", Block(12, 13, 11))),
-        b2(register_module("b2", Block(11, 9, 10))),
-        head(register_module("head", torch::nn::Linear(10, 5))) {
-    scale = register_parameter("scale", torch::full({10}, 1.5), /*requires_grad=*/false);
-    shift = register_buffer("shift", torch::linspace(-0.5, 0.5, 10));
-    to(torch::kDouble);
-  }
-  torch::Tensor forward(torch::Tensor x) { return head(b2(b1(x)) * scale + shift); }
-  gradsync::ShardedModule<Block> b1, b2;
-  torch::nn::Linear head;
-  torch::Tensor scale, shift;
-};
-TORCH_MODULE(Net);
-
-/// A Net's parameters and buffers from the case's seed, scale and shift too.
-std::vector<torch::Tensor> initial_state(std::string_view salt) {
-  auto rng = test::rng_for(salt);
-  torch::manual_seed(rng());
-  Net m;
-  torch::NoGradGuard no_grad;
-  m->scale.uniform_(0.5, 2.0);
-  m->shift.normal_(0.0, 0.5);
-  return state(*m);
-}
-
-enum class Opt { sgd_momentum, adam, adamw };
-
-const char* opt_name(Opt o) {
-  switch (o) {
-    case Opt::sgd_momentum: return "SGD with momentum";
-    case Opt::adam: return "Adam";
-    case Opt::adamw: return "AdamW";
-  }
-  return "?";
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, torch::nn::Module& m) {
-  switch (o) {
-    case Opt::adam: return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-2));
-    case Opt::adamw:
-      return std::make_unique<torch::optim::AdamW>(m.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-    case Opt::sgd_momentum: break;
-  }
-  return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-}
-
-/// `steps` optimizer steps of `forward` on x against y.
-template <class Forward>
-void fit(Forward forward, torch::optim::Optimizer& opt, const Data& d, int steps) {
-  for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    torch::nn::functional::cross_entropy(forward(d.x), d.y).backward();
-    opt.step();
-  }
-}
-
-/// The values of a state dict, in its order (parameters, then buffers).
-std::vector<torch::Tensor> values(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
-  std::vector<torch::Tensor> out;
-  for (const auto& item : dict) out.push_back(item.value());
-  return out;
-}
+using namespace test_torch_fsdp_support;
 
 /// ‖a − b‖ / ‖b‖, the largest over the tensors.
 double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
@@ -138,13 +64,6 @@ PerRank run_ranks(int n, F body) {
 }
 
 Data rank_rows(const Data& d, int rank, std::int64_t b) { return {d.x.narrow(0, rank * b, b), d.y.narrow(0, rank * b, b)}; }
-
-/// b1, b2, then the root, as FSDP2 wants them: innermost first.
-void wrap(gradsync::ShardedModule<Net>& m, Comm& comm, const gradsync::FullyShardOptions& o) {
-  gradsync::fully_shard(m->b1, comm, o);
-  gradsync::fully_shard(m->b2, comm, o);
-  gradsync::fully_shard(m, comm, o);
-}
 
 std::int64_t numel(const std::vector<torch::Tensor>& ts) {
   std::int64_t n = 0;
@@ -190,6 +109,7 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         const std::string strategy_name = gradsync::name(strategy);
         CAPTURE(strategy_name);
         std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+        std::vector<std::size_t> bytes(static_cast<std::size_t>(n));
         PerRank got = run_ranks(n, [&](Comm& comm) {
           gradsync::ShardedModule<Net> m;
           // Only rank 0 starts from the reference: wrapping must broadcast it.
@@ -198,6 +118,7 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
           o.strategy = strategy;
           wrap(m, comm, o);
           local[static_cast<std::size_t>(comm.rank())] = numel(m->parameters());
+          bytes[static_cast<std::size_t>(comm.rank())] = gradsync::fully_shard_persistent_bytes(m);
           auto optimizer_ = make_optimizer(opt, *m);
           fit([&](const torch::Tensor& x) { return m(x); }, *optimizer_, rank_rows(d, comm.rank(), b), steps);
           return values(gradsync::full_state_dict(m));
@@ -212,6 +133,8 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
           std::int64_t most = 0;
           for (std::int64_t p : units) most += strategy == ShardingStrategy::NoShard ? p : (p + n - 1) / n;
           CHECK(local[ru] <= most);
+          // Parameters and gradients: twice each unit's padded shard, in double.
+          CHECK(bytes[ru] == 2 * static_cast<std::size_t>(most) * sizeof(double));
         }
         std::int64_t total = 0;
         for (std::int64_t l : local) total += l;
@@ -223,6 +146,52 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         CHECK(error <= 1e-5);
         CHECK(from_ddp <= 1e-5);
       }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp after its backward, NoShard never") {
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  // b1.a.weight is 13 x 12, the first 156 of b1's 323 elements; a rank's
+  // shard is ⌈323/3⌉ = 108 of them: rank 0 holds 108 of the weight, rank 1
+  // 48, rank 2 none.
+  struct Seen {
+    std::vector<std::int64_t> before, after_forward, after_backward, grad;
+  };
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    std::vector<Seen> seen(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      wrap(m, comm, o);
+      Seen& s = seen[static_cast<std::size_t>(comm.rank())];
+      const torch::Tensor& w = m->b1->a->weight;
+      s.before = w.sizes().vec();
+      Data d = make_data(4, "fsdp lifecycle data");
+      d.x = d.x.to(torch::kDouble);
+      torch::Tensor loss = torch::nn::functional::cross_entropy(m(d.x), d.y);
+      s.after_forward = w.sizes().vec();
+      loss.backward();
+      s.after_backward = w.sizes().vec();
+      s.grad = w.grad().defined() ? w.grad().sizes().vec() : std::vector<std::int64_t>{-1};
+      return std::vector<torch::Tensor>{};
+    });
+    const std::vector<std::vector<std::int64_t>> pieces{{108}, {48}, {0}};
+    const std::vector<std::int64_t> full{13, 12};
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[r] == "");
+      const bool sharded = strategy != ShardingStrategy::NoShard;
+      CHECK(seen[r].before == (sharded ? pieces[r] : full));
+      CHECK(seen[r].after_forward == (strategy == ShardingStrategy::ShardGradOp || !sharded ? full : pieces[r]));
+      CHECK(seen[r].after_backward == (sharded ? pieces[r] : full));
+      // The gradient matches the piece the optimizer steps on.
+      CHECK(seen[r].grad == seen[r].after_backward);
     }
   }
 }
@@ -250,6 +219,94 @@ TEST_CASE("fully_shard: a frozen parameter keeps its value and a buffer is rank 
     CHECK(torch::equal(got.state[static_cast<std::size_t>(r)][0], reference->scale));
     CHECK(torch::equal(got.state[static_cast<std::size_t>(r)][1], reference->shift));
   }
+}
+
+TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils::clip_grad_norm_ on one process") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 4;
+  const int n = 3, steps = 5;
+  // Small enough that every step clips.
+  const double max_norm = 0.05;
+  const auto init = initial_state("fsdp clip init");
+  Data d = make_data(n * b, "fsdp clip data");
+  d.x = d.x.to(torch::kDouble);
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(Opt::sgd_momentum, *alone);
+  std::vector<double> norms;
+  for (int s = 0; s < steps; ++s) {
+    alone_opt->zero_grad();
+    torch::nn::functional::cross_entropy(alone->forward(d.x), d.y).backward();
+    norms.push_back(torch::nn::utils::clip_grad_norm_(alone->parameters(), max_norm));
+    alone_opt->step();
+  }
+  const std::vector<torch::Tensor> expected = state(*alone);
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    std::vector<std::vector<double>> seen(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      if (comm.rank() == 0) load_state(*m, init);
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      wrap(m, comm, o);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 0; s < steps; ++s) {
+        opt->zero_grad();
+        torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward();
+        seen[static_cast<std::size_t>(comm.rank())].push_back(gradsync::clip_grad_norm_(m, comm, max_norm));
+        opt->step();
+      }
+      return values(gradsync::full_state_dict(m));
+    });
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[r] == "");
+      for (int s = 0; s < steps; ++s) {
+        CAPTURE(s);
+        CHECK(norms[static_cast<std::size_t>(s)] > max_norm);
+        CHECK(std::abs(seen[r][static_cast<std::size_t>(s)] - norms[static_cast<std::size_t>(s)]) <=
+              1e-9 * norms[static_cast<std::size_t>(s)]);
+      }
+    }
+    const double error = max_relative(got.state[0], expected);
+    CAPTURE(error);
+    CHECK(error <= 1e-5);
+  }
+}
+
+TEST_CASE("fully_shard: save_full_state_dict writes the unwrapped module's names and full values from rank 0") {
+  CAPTURE(test::test_seed());
+  const auto init = initial_state("fsdp save init");
+  const int n = 2;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("gradsync_fsdp_state_" + std::to_string(test::test_seed()) + ".safetensors");
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    if (comm.rank() == 0) load_state(*m, init);
+    wrap(m, comm, {});
+    gradsync::save_full_state_dict(m, comm, path);
+    return std::vector<torch::Tensor>{};
+  });
+  for (const auto& e : got.errors) REQUIRE(e == "");
+  Net reference;
+  load_state(*reference, init);
+  gradsync::checkpoint::SafetensorsReader reader(path);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& np : reference->named_parameters()) named.emplace_back(np.key(), np.value());
+  for (const auto& nb : reference->named_buffers()) named.emplace_back(nb.key(), nb.value());
+  CHECK(reader.tensors().size() == named.size());
+  for (const auto& [name, value] : named) {
+    CAPTURE(name);
+    REQUIRE(reader.find(name) != nullptr);
+    torch::Tensor read = torch::empty(value.sizes(), value.options());
+    reader.read(name, std::span<std::byte>(static_cast<std::byte*>(read.data_ptr()), read.nbytes()));
+    CHECK(torch::equal(read, value));
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {

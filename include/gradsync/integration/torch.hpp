@@ -19,5 +19,8 @@
 #include "gradsync/integration/torch/full_state_dict.hpp"
 #include "gradsync/integration/torch/fully_shard.hpp"
 #include "gradsync/integration/torch/fully_shard_options.hpp"
+#include "gradsync/integration/torch/fully_shard_persistent_bytes.hpp"
+#include "gradsync/integration/torch/save_full_state_dict.hpp"
 #include "gradsync/integration/torch/sharded_module.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
+#include "gradsync/integration/torch/torch_clip_grad_norm.hpp"

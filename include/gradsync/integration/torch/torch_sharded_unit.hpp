@@ -159,6 +159,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
                               "parameters before fully_shard");
       }
     }
+    if (in_backward_) abandon_backward();
     if (!gathered_) unshard();
     if (!c10::GradMode::is_enabled() || params_.empty()) return;
     std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
@@ -211,6 +212,12 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     for (const Param& p : params_) out.push_back(full.narrow(0, as_int(p.offset), as_int(p.count)).view(p.shape).clone());
     return out;
   }
+
+  at::Tensor local_gradient() const override {
+    if (trainable_ == 0) return {};
+    return sharded() ? shard_grad_ : full_grad_;
+  }
+  bool sharded() const override { return o_.strategy != ShardingStrategy::NoShard; }
 
   std::size_t persistent_bytes() const override {
     if (params_.empty()) return 0;
@@ -347,6 +354,19 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     got_[i] = 1;
     ++got_count_;
     maybe_post_backward();
+  }
+
+  /// A forward while the last backward never finished (it threw): its
+  /// partial gradients are dropped and the shard's, set aside, restored.
+  void abandon_backward() {
+    in_backward_ = false;
+    inputs_pending_ = 0;
+    input_hooked_ = false;
+    for (Param& p : params_) {
+      if (!p.trainable) continue;
+      if (o_.strategy == ShardingStrategy::NoShard) continue;
+      p.tensor.mutable_grad() = accumulate_ ? p.grad_piece : at::Tensor();
+    }
   }
 
   /// The gradient of one of the forward's inputs is complete: every node of

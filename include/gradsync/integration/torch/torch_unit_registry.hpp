@@ -41,6 +41,12 @@ class TorchUnit {
   /// Collective over the unit's communicator: a copy of each parameter's
   /// full value, in parameters() order.
   virtual std::vector<at::Tensor> full_parameters() = 0;
+  /// The unit's gradient as this rank holds it after a backward, flat:
+  /// its shard (padding and frozen parameters zero), or under NoShard the
+  /// whole, alike on every rank (sharded() false). Undefined when no
+  /// parameter of the unit is trainable.
+  virtual at::Tensor local_gradient() const = 0;
+  virtual bool sharded() const = 0;
   /// Bytes this rank keeps between steps for the unit's parameters and
   /// their gradients: twice the padded shard (the whole unit under NoShard).
   virtual std::size_t persistent_bytes() const = 0;
