@@ -30,40 +30,15 @@ using gradsync::ShardingStrategy;
 using namespace test_torch;
 using namespace test_torch_fsdp_support;
 
-/// ‖a − b‖ / ‖b‖, the largest over the tensors.
-double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
-    const double ref = b[i].to(torch::kDouble).norm().item<double>();
-    worst = std::max(worst, ref > 0 ? diff / ref : diff);
-  }
-  return worst;
-}
-
-/// Results of a run_threads call, one slot per rank.
-struct PerRank {
-  explicit PerRank(int n) : state(static_cast<std::size_t>(n)), errors(static_cast<std::size_t>(n)) {}
-  std::vector<std::vector<torch::Tensor>> state;
-  std::vector<std::string> errors;
-};
-
-template <class F>
-PerRank run_ranks(int n, F body) {
-  PerRank out(n);
-  gradsync::run_threads(n, [&](Comm& comm) {
-    torch::set_num_threads(1);
-    const auto r = static_cast<std::size_t>(comm.rank());
-    try {
-      out.state[r] = body(comm);
-    } catch (const gradsync::InvalidArgument& e) {
-      out.errors[r] = e.what();
-    }
-  });
-  return out;
-}
-
 Data rank_rows(const Data& d, int rank, std::int64_t b) { return {d.x.narrow(0, rank * b, b), d.y.narrow(0, rank * b, b)}; }
+
+/// Every rank's error holds every one of `needles`.
+void check_refused(const PerRank& got, const std::vector<std::string>& needles) {
+  for (const auto& e : got.errors) {
+    CAPTURE(e);
+    for (const auto& needle : needles) CHECK(e.find(needle) != std::string::npos);
+  }
+}
 
 std::int64_t numel(const std::vector<torch::Tensor>& ts) {
   std::int64_t n = 0;
@@ -127,7 +102,7 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
           CAPTURE(r);
           const auto ru = static_cast<std::size_t>(r);
           REQUIRE(got.errors[ru] == "");
-          CHECK(bitwise_equal(got.state[ru], got.state[0]));
+          CHECK(bitwise_equal(got.params[ru], got.params[0]));
           // Between steps each rank's parameters are its pieces of the
           // padded shards: together the whole model, each at most ⌈P/N⌉ a unit.
           std::int64_t most = 0;
@@ -139,8 +114,8 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         std::int64_t total = 0;
         for (std::int64_t l : local) total += l;
         CHECK(total == (strategy == ShardingStrategy::NoShard ? n : 1) * (323 + 208 + 65));
-        const double error = max_relative(got.state[0], expected);
-        const double from_ddp = max_relative(got.state[0], ddp.state[0]);
+        const double error = max_relative(got.params[0], expected);
+        const double from_ddp = max_relative(got.params[0], ddp.params[0]);
         CAPTURE(error);
         CAPTURE(from_ddp);
         CHECK(error <= 1e-5);
@@ -216,8 +191,8 @@ TEST_CASE("fully_shard: a frozen parameter keeps its value and a buffer is rank 
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
-    CHECK(torch::equal(got.state[static_cast<std::size_t>(r)][0], reference->scale));
-    CHECK(torch::equal(got.state[static_cast<std::size_t>(r)][1], reference->shift));
+    CHECK(torch::equal(got.params[static_cast<std::size_t>(r)][0], reference->scale));
+    CHECK(torch::equal(got.params[static_cast<std::size_t>(r)][1], reference->shift));
   }
 }
 
@@ -272,7 +247,7 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
               1e-9 * norms[static_cast<std::size_t>(s)]);
       }
     }
-    const double error = max_relative(got.state[0], expected);
+    const double error = max_relative(got.params[0], expected);
     CAPTURE(error);
     CHECK(error <= 1e-5);
   }
@@ -318,10 +293,7 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
       gradsync::fully_shard(m->b1, comm);
       return std::vector<torch::Tensor>{};
     });
-    for (const auto& e : got.errors) {
-      CAPTURE(e);
-      CHECK(e.find("already wrapped") != std::string::npos);
-    }
+    check_refused(got, {"already wrapped"});
   }
   SUBCASE("a child wrapped after its parent") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
@@ -330,11 +302,7 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
       gradsync::fully_shard(m->b2, comm);
       return std::vector<torch::Tensor>{};
     });
-    for (const auto& e : got.errors) {
-      CAPTURE(e);
-      CHECK(e.find("'a.weight' already belongs to the unit of module") != std::string::npos);
-      CHECK(e.find("wrap the inner modules first") != std::string::npos);
-    }
+    check_refused(got, {"'a.weight' already belongs to the unit of module", "wrap the inner modules first"});
   }
   SUBCASE("ranks that wrap different modules") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
@@ -342,11 +310,7 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
       gradsync::fully_shard(comm.rank() == 1 ? m->b2 : m->b1, comm);
       return std::vector<torch::Tensor>{};
     });
-    for (const auto& e : got.errors) {
-      CAPTURE(e);
-      CHECK(e.find("ranks declared different units") != std::string::npos);
-      CHECK(e.find("a.weight [13 x 12]") != std::string::npos);
-    }
+    check_refused(got, {"ranks declared different units", "a.weight [13 x 12]"});
   }
   SUBCASE("one rank wraps a module twice while the others go on: no rank waits") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
@@ -355,10 +319,7 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
       gradsync::fully_shard(comm.rank() == 2 ? m->b1 : m->b2, comm);
       return std::vector<torch::Tensor>{};
     });
-    for (const auto& e : got.errors) {
-      CAPTURE(e);
-      CHECK(e.find("gradsync: fully_shard") != std::string::npos);
-    }
+    check_refused(got, {"gradsync: fully_shard"});
   }
   SUBCASE("ranks with different strategies") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
@@ -368,10 +329,7 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
       gradsync::fully_shard(m->b1, comm, o);
       return std::vector<torch::Tensor>{};
     });
-    for (const auto& e : got.errors) {
-      CAPTURE(e);
-      CHECK(e.find("FullyShardOptions::strategy: NoShard on world rank 0, FullShard on world ranks 1-2") != std::string::npos);
-    }
+    check_refused(got, {"FullyShardOptions::strategy: NoShard on world rank 0, FullShard on world ranks 1-2"});
   }
 }
 
