@@ -143,10 +143,8 @@ TEST_CASE_FIXTURE(World, "fully_shard on Mpi: every strategy matches one process
       const std::string strategy_name = gradsync::name(strategy);
       CAPTURE(strategy_name);
       gradsync::ShardedModule<Net> m;
-      if (comm.rank() == 0) load_state(*m, init);
-      gradsync::FullyShardOptions o;
-      o.strategy = strategy;
-      wrap(m, comm, o);
+      // Only rank 0 starts from the reference: wrapping must broadcast it.
+      load_and_wrap(m, comm, init, strategy);
       auto sharded_opt = make_optimizer(opt, *m);
       fit([&](const torch::Tensor& x) { return m(x); }, *sharded_opt, mine, steps);
       const std::vector<torch::Tensor> got = values(gradsync::full_state_dict(m));

@@ -88,10 +88,7 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         PerRank got = run_ranks(n, [&](Comm& comm) {
           gradsync::ShardedModule<Net> m;
           // Only rank 0 starts from the reference: wrapping must broadcast it.
-          if (comm.rank() == 0) load_state(*m, init);
-          gradsync::FullyShardOptions o;
-          o.strategy = strategy;
-          wrap(m, comm, o);
+          load_and_wrap(m, comm, init, strategy);
           local[static_cast<std::size_t>(comm.rank())] = numel(m->parameters());
           bytes[static_cast<std::size_t>(comm.rank())] = gradsync::fully_shard_persistent_bytes(m);
           auto optimizer_ = make_optimizer(opt, *m);
@@ -177,8 +174,7 @@ TEST_CASE("fully_shard: a frozen parameter keeps its value and a buffer is rank 
   const int n = 3;
   PerRank got = run_ranks(n, [&](Comm& comm) {
     gradsync::ShardedModule<Net> m;
-    if (comm.rank() == 0) load_state(*m, init);
-    wrap(m, comm, {});
+    load_and_wrap(m, comm, init, ShardingStrategy::FullShard);
     auto o = make_optimizer(Opt::adamw, *m);
     Data d = make_data(4, "fsdp frozen data " + std::to_string(comm.rank()));
     d.x = d.x.to(torch::kDouble);
@@ -223,10 +219,8 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
     std::vector<std::vector<double>> seen(static_cast<std::size_t>(n));
     PerRank got = run_ranks(n, [&](Comm& comm) {
       gradsync::ShardedModule<Net> m;
-      if (comm.rank() == 0) load_state(*m, init);
-      gradsync::FullyShardOptions o;
-      o.strategy = strategy;
-      wrap(m, comm, o);
+      // Only rank 0 starts from the reference: wrapping must broadcast it.
+      load_and_wrap(m, comm, init, strategy);
       auto opt = make_optimizer(Opt::sgd_momentum, *m);
       const Data mine = rank_rows(d, comm.rank(), b);
       for (int s = 0; s < steps; ++s) {
@@ -261,8 +255,7 @@ TEST_CASE("fully_shard: save_full_state_dict writes the unwrapped module's names
                     ("gradsync_fsdp_state_" + std::to_string(test::test_seed()) + ".safetensors");
   PerRank got = run_ranks(n, [&](Comm& comm) {
     gradsync::ShardedModule<Net> m;
-    if (comm.rank() == 0) load_state(*m, init);
-    wrap(m, comm, {});
+    load_and_wrap(m, comm, init, ShardingStrategy::FullShard);
     gradsync::save_full_state_dict(m, comm, path);
     return std::vector<torch::Tensor>{};
   });

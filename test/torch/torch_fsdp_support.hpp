@@ -102,4 +102,15 @@ void wrap(gradsync::ShardedModule<Net>& m, gradsync::Communicator<B>& comm, cons
   gradsync::fully_shard(m, comm, o);
 }
 
+
+/// `init` loaded on rank 0 only (wrapping broadcasts it), then wrapped with `strategy`.
+template <class B>
+void load_and_wrap(gradsync::ShardedModule<Net>& m, gradsync::Communicator<B>& comm,
+                   const std::vector<torch::Tensor>& init, gradsync::ShardingStrategy strategy) {
+  if (comm.rank() == 0) test_torch::load_state(*m, init);
+  gradsync::FullyShardOptions o;
+  o.strategy = strategy;
+  wrap(m, comm, o);
+}
+
 }  // namespace test_torch_fsdp_support
