@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,7 +31,9 @@ using gradsync::ShardingStrategy;
 using namespace test_torch;
 using namespace test_torch_fsdp_support;
 
-Data rank_rows(const Data& d, int rank, std::int64_t b) { return {d.x.narrow(0, rank * b, b), d.y.narrow(0, rank * b, b)}; }
+Data rank_rows(const Data& d, int rank, std::int64_t b) {
+  return {d.x.narrow(0, rank * b, b), d.y.narrow(0, rank * b, b)};
+}
 
 /// Every rank's error holds every one of `needles`.
 void check_refused(const PerRank& got, const std::vector<std::string>& needles) {
@@ -277,6 +280,56 @@ TEST_CASE("fully_shard: save_full_state_dict writes the unwrapped module's names
   std::filesystem::remove(path);
 }
 
+TEST_CASE("fully_shard: after a backward that threw, training goes on as if that step never was") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 4;
+  const int n = 3, steps = 4, failing = 2;
+  const auto init = initial_state("fsdp throw init");
+  Data d = make_data(n * b, "fsdp throw data");
+  d.x = d.x.to(torch::kDouble);
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(Opt::adam, *alone);
+  fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps - 1);
+  const std::vector<torch::Tensor> expected = state(*alone);
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    std::vector<int> threw(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      load_and_wrap(m, comm, init, strategy);
+      auto opt = make_optimizer(Opt::adam, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 0; s < steps; ++s) {
+        opt->zero_grad();
+        torch::Tensor out = m(mine.x);
+        // Runs after the root's own hook, which has begun its backward.
+        if (s == failing) {
+          out.register_hook([](const torch::Tensor& /*grad*/) -> torch::Tensor { throw std::runtime_error("boom"); });
+        }
+        try {
+          torch::nn::functional::cross_entropy(out, mine.y).backward();
+        } catch (const std::exception&) {
+          ++threw[static_cast<std::size_t>(comm.rank())];
+          continue;
+        }
+        opt->step();
+      }
+      return values(gradsync::full_state_dict(m));
+    });
+    for (std::size_t r = 0; r < threw.size(); ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[r] == "");
+      CHECK(threw[r] == 1);
+    }
+    const double error = max_relative(got.params[0], expected);
+    CAPTURE(error);
+    CHECK(error <= 1e-5);
+  }
+}
+
 TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
   const int n = 3;
   SUBCASE("a module wrapped twice") {
@@ -313,6 +366,16 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
       return std::vector<torch::Tensor>{};
     });
     check_refused(got, {"gradsync: fully_shard"});
+  }
+  SUBCASE("HybridShard, which needs a second level of groups") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = ShardingStrategy::HybridShard;
+      gradsync::fully_shard(m->b1, comm, o);
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"HybridShard is not supported"});
   }
   SUBCASE("ranks with different strategies") {
     PerRank got = run_ranks(n, [&](Comm& comm) {

@@ -19,7 +19,8 @@ using test_torch::state;
 /// a unit no N in 2..4 divides.
 struct BlockImpl : torch::nn::Module {
   BlockImpl(int in, int hidden, int out)
-      : a(register_module("a", torch::nn::Linear(in, hidden))), b(register_module("b", torch::nn::Linear(hidden, out))) {}
+      : a(register_module("a", torch::nn::Linear(in, hidden))),
+        b(register_module("b", torch::nn::Linear(hidden, out))) {}
   torch::Tensor forward(torch::Tensor x) { return torch::tanh(b(torch::relu(a(x)))); }
   torch::nn::Linear a, b;
 };

@@ -160,6 +160,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       }
     }
     if (in_backward_) abandon_backward();
+    // A callback still marked queued belonged to a backward that threw:
+    // the engine drops those callbacks, so the next backward needs its own.
+    finish_queued_ = false;
     if (!gathered_) unshard();
     if (!c10::GradMode::is_enabled() || params_.empty()) return;
     std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
@@ -209,7 +212,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
         AllGather<Auto>{o_.collective}(comm_, span_of<T>(shard_), span_of<T>(full));
       });
     }
-    for (const Param& p : params_) out.push_back(full.narrow(0, as_int(p.offset), as_int(p.count)).view(p.shape).clone());
+    for (const Param& p : params_) {
+      out.push_back(full.narrow(0, as_int(p.offset), as_int(p.count)).view(p.shape).clone());
+    }
     return out;
   }
 
