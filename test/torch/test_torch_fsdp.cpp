@@ -133,6 +133,8 @@ TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp af
   // 48, rank 2 none.
   struct Seen {
     std::vector<std::int64_t> before, after_forward, after_backward, grad;
+    /// What b1's gathered parameters hold, in bytes, at each point.
+    std::vector<std::size_t> gathered;
   };
   for (const ShardingStrategy strategy :
        {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
@@ -146,13 +148,17 @@ TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp af
       wrap(m, comm, o);
       Seen& s = seen[static_cast<std::size_t>(comm.rank())];
       const torch::Tensor& w = m->b1->a->weight;
+      const auto unit = gradsync::detail::find_torch_unit(m->b1.ptr().get());
+      s.gathered.push_back(unit->gathered_bytes());
       s.before = w.sizes().vec();
       Data d = make_data(4, "fsdp lifecycle data");
       d.x = d.x.to(torch::kDouble);
       torch::Tensor loss = torch::nn::functional::cross_entropy(m(d.x), d.y);
       s.after_forward = w.sizes().vec();
+      s.gathered.push_back(unit->gathered_bytes());
       loss.backward();
       s.after_backward = w.sizes().vec();
+      s.gathered.push_back(unit->gathered_bytes());
       s.grad = w.grad().defined() ? w.grad().sizes().vec() : std::vector<std::int64_t>{-1};
       return std::vector<torch::Tensor>{};
     });
@@ -167,6 +173,13 @@ TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp af
       CHECK(seen[r].after_backward == (sharded ? pieces[r] : full));
       // The gradient matches the piece the optimizer steps on.
       CHECK(seen[r].grad == seen[r].after_backward);
+      // The freeing is real: b1's full buffer (3 · 108 doubles) has no bytes while sharded.
+      const std::size_t whole = (sharded ? 3 * 108 : 323) * sizeof(double);
+      const std::vector<std::size_t> gathered =
+          strategy == ShardingStrategy::FullShard     ? std::vector<std::size_t>{0, 0, 0}
+          : strategy == ShardingStrategy::ShardGradOp ? std::vector<std::size_t>{0, whole, 0}
+                                                      : std::vector<std::size_t>{whole, whole, whole};
+      CHECK(seen[r].gathered == gathered);
     }
   }
 }

@@ -224,6 +224,10 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   }
   bool sharded() const override { return o_.strategy != ShardingStrategy::NoShard; }
 
+  std::size_t gathered_bytes() const override {
+    return full_.defined() ? full_.storage().unsafeGetStorageImpl()->nbytes() : 0;
+  }
+
   std::size_t persistent_bytes() const override {
     if (params_.empty()) return 0;
     const std::size_t elements = o_.strategy == ShardingStrategy::NoShard ? layout_.sizes[0] : layout_.chunks[0];

@@ -51,6 +51,10 @@ class TorchUnit {
   /// their gradients: twice the padded shard (the whole unit under NoShard).
   virtual std::size_t persistent_bytes() const = 0;
 
+  /// Bytes the unit's gathered parameters hold now: 0 while it is sharded
+  /// (freed), the padded unit while gathered.
+  virtual std::size_t gathered_bytes() const = 0;
+
   /// The module is gone: the unit is kept only until the registry's next purge.
   bool expired() const noexcept { return module_.expired(); }
   const torch::nn::Module* module() const noexcept { return raw_; }
