@@ -64,17 +64,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, torch::nn::Module
   return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 }
 
-/// ‖a − b‖ / ‖b‖, the largest over the tensors.
-double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
-    const double ref = b[i].to(torch::kDouble).norm().item<double>();
-    worst = std::max(worst, ref > 0 ? diff / ref : diff);
-  }
-  return worst;
-}
-
 /// max |a − b| over all tensors.
 double max_abs(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   double worst = 0;
@@ -99,29 +88,6 @@ std::vector<torch::Tensor> reference_run(const std::vector<torch::Tensor>& init,
   auto opt = make_optimizer(o, *m);
   train(m, *opt, d.x, d.y, steps);
   return snapshot(*m);
-}
-
-/// Results of a run_threads call, one slot per rank.
-struct PerRank {
-  explicit PerRank(int n) : params(static_cast<std::size_t>(n)), errors(static_cast<std::size_t>(n)) {}
-  std::vector<std::vector<torch::Tensor>> params;
-  std::vector<std::string> errors;
-};
-
-/// Runs `body` on every rank; an exception a rank throws is recorded, not raised.
-template <class F>
-PerRank run_ranks(int n, F body) {
-  PerRank out(n);
-  gradsync::run_threads(n, [&](Comm& comm) {
-    torch::set_num_threads(1);
-    const auto r = static_cast<std::size_t>(comm.rank());
-    try {
-      out.params[r] = body(comm);
-    } catch (const gradsync::InvalidArgument& e) {
-      out.errors[r] = e.what();
-    }
-  });
-  return out;
 }
 
 torch::Tensor rows(const torch::Tensor& t, std::int64_t first, std::int64_t count) {

@@ -1,4 +1,4 @@
-// DistributedDataParallel over Mpi, one process per rank (mpirun -np 2, 4),
+// DistributedDataParallel and fully_shard over Mpi, one process per rank (mpirun -np 2, 4),
 // with float, bfloat16 and half parameters, and with a frozen first layer
 // and BatchNorm statistics: N ranks of batch b against one LibTorch process
 // on the N·b batch (each rank computes that reference itself), bitwise alike
@@ -7,7 +7,7 @@
 
 #include <gradsync/backend/mpi.hpp>
 
-#include "torch_ddp_support.hpp"
+#include "torch_fsdp_support.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -118,4 +118,40 @@ TEST_CASE_FIXTURE(World, "DistributedDataParallel on Mpi: a frozen first layer a
   const double error = relative(got, expected);
   CAPTURE(error);
   CHECK(error <= 1e-12);
+}
+
+TEST_CASE_FIXTURE(World, "fully_shard on Mpi: every strategy matches one process on the N·b batch, alike on every rank") {
+  CAPTURE(test::test_seed());
+  using namespace test_torch_fsdp_support;
+  const std::int64_t b = 5;
+  const int steps = 10;
+  const auto init = initial_state("fsdp mpi init");
+  Data d = make_data(n * b, "fsdp mpi data");
+  d.x = d.x.to(torch::kDouble);
+  const Data mine{d.x.narrow(0, comm.rank() * b, b), d.y.narrow(0, comm.rank() * b, b)};
+  for (const Opt opt : {Opt::sgd_momentum, Opt::adamw}) {
+    const std::string optimizer = opt_name(opt);
+    CAPTURE(optimizer);
+    Net alone;
+    load_state(*alone, init);
+    auto alone_opt = make_optimizer(opt, *alone);
+    fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps);
+    const std::vector<torch::Tensor> expected = state(*alone);
+    for (const gradsync::ShardingStrategy strategy : {gradsync::ShardingStrategy::FullShard,
+                                                      gradsync::ShardingStrategy::ShardGradOp,
+                                                      gradsync::ShardingStrategy::NoShard}) {
+      const std::string strategy_name = gradsync::name(strategy);
+      CAPTURE(strategy_name);
+      gradsync::ShardedModule<Net> m;
+      // Only rank 0 starts from the reference: wrapping must broadcast it.
+      load_and_wrap(m, comm, init, strategy);
+      auto sharded_opt = make_optimizer(opt, *m);
+      fit([&](const torch::Tensor& x) { return m(x); }, *sharded_opt, mine, steps);
+      const std::vector<torch::Tensor> got = values(gradsync::full_state_dict(m));
+      CHECK(alike_everywhere(comm, got));
+      const double error = relative(got, expected);
+      CAPTURE(error);
+      CHECK(error <= 1e-5);
+    }
+  }
 }

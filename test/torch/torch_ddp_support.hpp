@@ -20,9 +20,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -140,6 +142,41 @@ inline void load(torch::nn::Module& m, const std::vector<torch::Tensor>& values)
   auto params = m.parameters();
   REQUIRE(params.size() == values.size());
   for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
+}
+
+/// ‖a − b‖ / ‖b‖, the largest over the tensors.
+inline double max_relative(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
+    const double ref = b[i].to(torch::kDouble).norm().item<double>();
+    worst = std::max(worst, ref > 0 ? diff / ref : diff);
+  }
+  return worst;
+}
+
+/// Results of a run_ranks call, one slot per rank.
+struct PerRank {
+  explicit PerRank(int n) : params(static_cast<std::size_t>(n)), errors(static_cast<std::size_t>(n)) {}
+  std::vector<std::vector<torch::Tensor>> params;
+  std::vector<std::string> errors;
+};
+
+/// Runs `body` on every rank of a Threads world; an InvalidArgument a rank
+/// throws is recorded, not raised.
+template <class F>
+PerRank run_ranks(int n, F body) {
+  PerRank out(n);
+  gradsync::run_threads(n, [&](gradsync::Communicator<gradsync::Threads>& comm) {
+    torch::set_num_threads(1);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    try {
+      out.params[r] = body(comm);
+    } catch (const gradsync::InvalidArgument& e) {
+      out.errors[r] = e.what();
+    }
+  });
+  return out;
 }
 
 /// ‖a − b‖ / ‖b‖ over all tensors together, in double.

@@ -1,5 +1,5 @@
 #pragma once
-/// \file The opt-in LibTorch integration: DistributedDataParallel for torch::nn::Module, tensors as buffers.
+/// \file The opt-in LibTorch integration: DistributedDataParallel and fully_shard for torch::nn::Module, tensors as buffers.
 ///
 /// Include it and link LibTorch (torch, torch_cpu, c10); it brings
 /// <torch/torch.h>, the whole C++ frontend. gradsync/gradsync.hpp never
@@ -16,4 +16,11 @@
 #include "gradsync/integration/torch/device_communicator.hpp"
 #include "gradsync/integration/torch/distributed_data_parallel.hpp"
 #include "gradsync/integration/torch/distributed_sampler.hpp"
+#include "gradsync/integration/torch/full_state_dict.hpp"
+#include "gradsync/integration/torch/fully_shard.hpp"
+#include "gradsync/integration/torch/fully_shard_options.hpp"
+#include "gradsync/integration/torch/fully_shard_persistent_bytes.hpp"
+#include "gradsync/integration/torch/save_full_state_dict.hpp"
+#include "gradsync/integration/torch/sharded_module.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
+#include "gradsync/integration/torch/torch_clip_grad_norm.hpp"

@@ -1,0 +1,35 @@
+#pragma once
+/// \file fully_shard_persistent_bytes: what a fully_shard model keeps on this rank between steps.
+
+#include <cstddef>
+#include <memory>
+
+#include <torch/nn/module.h>
+
+#include "gradsync/integration/torch/torch_unit_registry.hpp"
+
+namespace gradsync {
+
+/// Bytes this rank keeps between steps for the parameters and gradients of
+/// every unit under `module`: per unit, twice its padded shard
+/// (⌈P/N⌉ elements of the parameters' dtype) under FullShard and
+/// ShardGradOp, twice the whole unit (P) under NoShard. The gathered
+/// parameters and the flat gradient a reduce-scatter packs are transient
+/// and not counted, nor is the optimizer's state (built on the same pieces,
+/// so 1/N of it too). Local: no communication.
+template <class Holder>
+std::size_t fully_shard_persistent_bytes(Holder& module) {
+  std::shared_ptr<torch::nn::Module> root;
+  if constexpr (requires { module.ptr(); }) {
+    root = module.ptr();
+  } else {
+    root = module;
+  }
+  std::size_t bytes = 0;
+  for (const auto& sub : root->modules(/*include_self=*/true)) {
+    if (auto unit = detail::find_torch_unit(sub.get())) bytes += unit->persistent_bytes();
+  }
+  return bytes;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,96 @@
+#pragma once
+/// \file ShardedModule: a LibTorch module holder whose call gathers, runs and frees a fully_shard unit.
+
+#include <cstddef>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "gradsync/integration/torch/torch_unit_registry.hpp"
+
+namespace gradsync {
+
+namespace detail {
+
+/// The tensors among a forward's arguments or result that backward can
+/// reach: a Tensor, or the Tensors of a vector, tuple or pair of them.
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <class... Ts>
+void collect_tensors(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... e) { (collect_tensors(e, out), ...); }, t);
+}
+template <class A, class B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+  collect_tensors(p.first, out);
+  collect_tensors(p.second, out);
+}
+/// Anything else carries no tensor backward goes through.
+template <class T>
+void collect_tensors(const T& /*value*/, std::vector<at::Tensor>& /*out*/) {}
+
+}  // namespace detail
+
+/// A module holder (`Block`, from TORCH_MODULE(Block)) for a child or a
+/// root that gradsync::fully_shard wraps. Declare the wrapped children of
+/// a model with it and call them as usual; its call is where LibTorch,
+/// which has no forward hooks in C++, hands a unit control:
+///
+///     struct NetImpl : torch::nn::Module {
+///       gradsync::ShardedModule<Block> b1{register_module("b1", Block(12, 32))};
+///       torch::Tensor forward(torch::Tensor x) { return b1(x); }   // gathers, runs, frees
+///     };
+///
+/// `b1(x)` gathers the unit's parameters (if sharded), hooks the tensor
+/// arguments (their gradient complete: the unit's backward is done), runs
+/// `b1->forward(x)`, hooks the result's tensors (their gradient arriving:
+/// the unit's backward starts) and frees the parameters as the strategy says. Calling
+/// `b1->forward(x)` instead skips all that: the parameters would be this
+/// rank's flat shard. Before fully_shard it behaves as `Block` does.
+///
+/// \tparam Holder  a TORCH_MODULE holder type.
+template <class Holder>
+class ShardedModule : public Holder {
+ public:
+  using holder_type = Holder;
+  using Impl = typename Holder::ContainedType;
+
+  ShardedModule() = default;
+  ShardedModule(std::nullptr_t) : Holder(nullptr) {}  // NOLINT: as LibTorch's holders
+  ShardedModule(Holder holder) : Holder(std::move(holder)) {}  // NOLINT: register_module's result
+  ShardedModule(const torch::nn::ModuleHolder<Impl>& holder) : Holder(holder.ptr()) {}  // NOLINT
+  ShardedModule(std::shared_ptr<Impl> module) : Holder(std::move(module)) {}  // NOLINT
+  /// Constructs the module from `args`, as `Holder(args...)` does.
+  template <class First, class... Rest>
+    requires(!std::is_convertible_v<First &&, std::shared_ptr<Impl>> &&
+             !std::is_base_of_v<torch::nn::ModuleHolder<Impl>, std::remove_cvref_t<First>> &&
+             std::is_constructible_v<Impl, First &&, Rest && ...>)
+  explicit ShardedModule(First&& first, Rest&&... rest)
+      : Holder(std::make_shared<Impl>(std::forward<First>(first), std::forward<Rest>(rest)...)) {}
+
+  /// `module->forward(args...)`, between the unit's pre- and post-forward
+  /// when the module was wrapped by fully_shard.
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    std::shared_ptr<detail::TorchUnit> unit = detail::find_torch_unit(this->ptr().get());
+    if (!unit) return this->get()->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> inputs;
+    (detail::collect_tensors(args, inputs), ...);
+    unit->pre_forward(inputs);
+    auto out = this->get()->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> outputs;
+    detail::collect_tensors(out, outputs);
+    unit->post_forward(outputs);
+    return out;
+  }
+};
+
+}  // namespace gradsync

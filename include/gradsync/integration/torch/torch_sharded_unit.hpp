@@ -1,0 +1,464 @@
+#pragma once
+/// \file detail::TorchShardedUnit: one fully_shard unit of a LibTorch module, its flat shard and its
+/// lifecycle (sharded, gathered for forward, gathered for backward, reduce-scattered).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/nn/module.h>
+
+#include "gradsync/collective/all_gather.hpp"
+#include "gradsync/collective/all_reduce.hpp"
+#include "gradsync/collective/broadcast.hpp"
+#include "gradsync/collective/reduce_scatter.hpp"
+#include "gradsync/core/communicator.hpp"
+#include "gradsync/core/error.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/visit.hpp"
+#include "gradsync/integration/torch/fully_shard_options.hpp"
+#include "gradsync/integration/torch/tensor.hpp"
+#include "gradsync/integration/torch/torch_unit_registry.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/fsdp/flat_shard.hpp"
+
+namespace gradsync::detail {
+
+/// A unit's parameters live in two places. Between steps, each parameter
+/// tensor's data is its piece of this rank's flat shard (`shard_`, ⌈P/N⌉
+/// elements, 1-D, possibly empty), so an optimizer built on
+/// module->parameters() steps on 1/N of the unit. While gathered, each
+/// parameter's data is its view of the unit's full flat buffer (`full_`,
+/// N·⌈P/N⌉ elements), filled by an AllGather. Tensor::set_data swaps the
+/// two without changing the tensor's identity, so the module's field, the
+/// optimizer and autograd keep holding the same tensor.
+///
+/// Freeing the full buffer releases its storage's bytes but keeps the
+/// storage object; gathering again allocates bytes under the same object.
+/// Tensors autograd saved in forward (views of a parameter) hold that
+/// object, so they read the re-gathered values in backward.
+///
+/// Backward starts for the unit when the gradient of one of its forward's
+/// outputs arrives (a tensor hook): the unit is gathered again if freed,
+/// and the gradients of the shard are set aside (accumulation). When every
+/// trainable parameter's gradient accumulator has run (a post hook), the
+/// full gradients are packed into one padded flat buffer, reduce-scattered
+/// (averaged) into the shard's gradient, the parameters swapped back to
+/// their pieces and given their pieces of it as `.grad`, once the
+/// gradients of the forward's inputs are complete too (a hook on each: the
+/// unit's backward is over). A callback queued on the autograd engine
+/// finishes a unit whose inputs need no gradient, or some of whose
+/// parameters got none (zeros stand for them).
+template <Backend B>
+class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_this<TorchShardedUnit<B>> {
+ public:
+  struct Param {
+    std::string name;  ///< as the wrapped module's named_parameters() says
+    at::Tensor tensor;
+    std::vector<std::int64_t> shape;
+    bool trainable = false;
+    std::size_t offset = 0, count = 0;  ///< in the unit's flat order
+    std::size_t lo = 0, len = 0;        ///< its piece of this rank's shard
+    at::Tensor full_view, piece, grad_piece, full_grad_view;
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    std::uintptr_t hook_key = 0;
+  };
+
+  TorchShardedUnit(Communicator<B>& comm, const std::shared_ptr<torch::nn::Module>& module, std::vector<Param> params,
+                   std::vector<at::Tensor> buffers, FullyShardOptions options)
+      : TorchUnit(module), comm_(comm), o_(options), params_(std::move(params)), buffers_(std::move(buffers)) {
+    for (const Param& p : params_) tensors_.push_back(p.tensor);
+    if (!params_.empty()) dtype_ = params_[0].tensor.scalar_type();
+  }
+
+  ~TorchShardedUnit() override {
+    for (Param& p : params_) {
+      if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+    }
+  }
+
+  /// Broadcasts rank 0's values (sync_module_states), lays the unit out,
+  /// hooks the gradient accumulators and leaves the unit sharded.
+  void init() {
+    torch::NoGradGuard no_grad;
+    if (o_.sync_module_states && comm_.size() > 1) {
+      for (const Param& p : params_) broadcast(p.tensor);
+      for (const at::Tensor& b : buffers_) broadcast(b);
+    }
+    if (params_.empty()) return;
+    const auto n = static_cast<std::size_t>(comm_.size());
+    const auto rank = static_cast<std::size_t>(comm_.rank());
+    const bool sharded = o_.strategy != ShardingStrategy::NoShard;
+    // Each parameter is a member of the one wrapped group, so FlatShard
+    // gives its offset in the unit as well as the padding and owned range.
+    std::vector<UnitSpec> specs;
+    for (const Param& p : params_) {
+      TensorSpec t{p.name, {}};
+      for (std::int64_t d : p.shape) t.shape.push_back(static_cast<std::size_t>(d));
+      specs.push_back({p.name, {t}, {}});
+    }
+    layout_ = fsdp::FlatShard::make({{0, params_.size() - 1}}, specs, n, sharded);
+    const std::size_t c = layout_.chunks[0];
+    const auto [first, owned] = layout_.owned_range(0, rank);
+    const std::size_t start = sharded ? rank * c : 0;
+    const auto opts = at::TensorOptions().dtype(dtype_);
+    full_ = torch::zeros({static_cast<std::int64_t>(sharded ? n * c : c)}, opts);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      p.offset = layout_.member_offset[i];
+      p.count = layout_.model_sizes[i];
+      p.full_view = full_.narrow(0, as_int(p.offset), as_int(p.count)).view(p.shape);
+      p.full_view.copy_(p.tensor);
+      const std::size_t a = std::max(p.offset, first), e = std::min(p.offset + p.count, first + owned);
+      p.lo = e > a ? a - start : 0;
+      p.len = e > a ? e - a : 0;
+      p.tensor.set_data(p.full_view);
+      p.tensor.mutable_grad().reset();
+    }
+    if (sharded) {
+      shard_ = full_.narrow(0, as_int(start), as_int(c)).clone();
+      shard_grad_ = torch::zeros({as_int(c)}, opts);
+      for (Param& p : params_) {
+        p.piece = shard_.narrow(0, as_int(p.lo), as_int(p.len));
+        p.grad_piece = alias(shard_grad_, p.lo, {as_int(p.len)});
+      }
+    } else {
+      full_grad_ = torch::zeros({as_int(c)}, opts);
+      for (Param& p : params_) p.full_grad_view = alias(full_grad_, p.offset, p.shape);
+    }
+    // The accumulators are made while each parameter has its full shape:
+    // autograd checks incoming gradients against the shape they record.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      if (!p.trainable) continue;
+      ++trainable_;
+      p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+      p.hook_key = p.accumulator->add_post_hook(std::make_unique<ReadyHook>(this->weak_from_this(), i));
+    }
+    got_.assign(params_.size(), 0);
+    gathered_ = true;
+    if (sharded) reshard();
+  }
+
+  void pre_forward(const std::vector<at::Tensor>& inputs) override {
+    for (const Param& p : params_) {
+      if (p.tensor.requires_grad() != p.trainable) {
+        throw InvalidArgument(where() + ": parameter '" + p.name + "' was " + (p.trainable ? "trainable" : "frozen") +
+                              " when fully_shard wrapped its module and is now " +
+                              (p.trainable ? "frozen" : "trainable") +
+                              "; which gradients are reduced is fixed when the unit is made: freeze or unfreeze "
+                              "parameters before fully_shard");
+      }
+    }
+    if (in_backward_) abandon_backward();
+    // A callback still marked queued belonged to a backward that threw:
+    // the engine drops those callbacks, so the next backward needs its own.
+    finish_queued_ = false;
+    if (!gathered_) unshard();
+    if (!c10::GradMode::is_enabled() || params_.empty()) return;
+    std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
+    for (const at::Tensor& t : inputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      ++inputs_pending_;
+      input_hooked_ = true;
+      t.register_hook([weak](const at::Tensor& /*grad*/) {
+        if (auto unit = weak.lock()) unit->on_input_gradient();
+      });
+    }
+  }
+
+  void post_forward(const std::vector<at::Tensor>& outputs) override {
+    bool hooked = false;
+    // Frozen parameters need their values in backward too (for the
+    // gradient of the unit's input), so every unit hooks its outputs.
+    if (c10::GradMode::is_enabled() && !params_.empty()) {
+      std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
+      for (const at::Tensor& t : outputs) {
+        if (!t.defined() || !t.requires_grad()) continue;
+        t.register_hook([weak](const at::Tensor& /*grad*/) {
+          if (auto unit = weak.lock()) unit->pre_backward();
+        });
+        hooked = true;
+      }
+    }
+    if (o_.strategy == ShardingStrategy::NoShard) return;
+    // No backward will come for this forward (no_grad, or nothing to
+    // train): keeping it gathered would hold the memory until the next one.
+    if (o_.strategy == ShardingStrategy::FullShard || !hooked) {
+      if (!in_backward_) reshard();
+    }
+  }
+
+  const std::vector<at::Tensor>& parameters() const override { return tensors_; }
+  const std::vector<at::Tensor>& buffers() const override { return buffers_; }
+
+  std::vector<at::Tensor> full_parameters() override {
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> out;
+    if (params_.empty()) return out;
+    at::Tensor full = full_;
+    if (o_.strategy != ShardingStrategy::NoShard) {
+      full = torch::empty({full_.numel()}, full_.options());
+      with_type([&]<class T>(T) {
+        AllGather<Auto>{o_.collective}(comm_, span_of<T>(shard_), span_of<T>(full));
+      });
+    }
+    for (const Param& p : params_) {
+      out.push_back(full.narrow(0, as_int(p.offset), as_int(p.count)).view(p.shape).clone());
+    }
+    return out;
+  }
+
+  at::Tensor local_gradient() const override {
+    if (trainable_ == 0) return {};
+    return sharded() ? shard_grad_ : full_grad_;
+  }
+  bool sharded() const override { return o_.strategy != ShardingStrategy::NoShard; }
+
+  std::size_t gathered_bytes() const override {
+    return full_.defined() ? full_.storage().unsafeGetStorageImpl()->nbytes() : 0;
+  }
+
+  std::size_t persistent_bytes() const override {
+    if (params_.empty()) return 0;
+    const std::size_t elements = o_.strategy == ShardingStrategy::NoShard ? layout_.sizes[0] : layout_.chunks[0];
+    return 2 * elements * c10::elementSize(dtype_);
+  }
+
+ private:
+  /// After a trainable parameter's gradient accumulator ran.
+  class ReadyHook final : public torch::autograd::FunctionPostHook {
+   public:
+    ReadyHook(std::weak_ptr<TorchShardedUnit> unit, std::size_t index) : unit_(std::move(unit)), index_(index) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list& /*inputs*/) override {
+      if (auto unit = unit_.lock()) unit->on_gradient(index_);
+      return outputs;
+    }
+
+   private:
+    std::weak_ptr<TorchShardedUnit> unit_;
+    std::size_t index_;
+  };
+
+  static std::int64_t as_int(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
+
+  /// Elements [offset, offset + numel(shape)) of `flat` as a tensor that is
+  /// not an autograd view: Optimizer::zero_grad calls detach_() on every
+  /// grad, which a view refuses. It keeps `flat` alive.
+  static at::Tensor alias(const at::Tensor& flat, std::size_t offset, at::IntArrayRef shape) {
+    auto* begin = static_cast<char*>(flat.data_ptr()) + offset * flat.element_size();
+    at::Tensor keep = flat;
+    return torch::from_blob(
+        begin, shape, [keep](void*) mutable { keep.reset(); }, flat.options());
+  }
+
+  template <class T>
+  static std::span<T> span_of(const at::Tensor& t) {
+    return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+  }
+
+  /// f(T{}) with T the parameters' type (fully_shard accepts float and double).
+  template <class F>
+  void with_type(F&& f) const {
+    if (dtype_ == c10::ScalarType::Double) {
+      f(double{});
+    } else {
+      f(float{});
+    }
+  }
+
+  std::string where() const {
+    return "gradsync: fully_shard unit '" + module()->name() + "' on rank " + std::to_string(comm_.rank());
+  }
+
+  void broadcast(const at::Tensor& t) {
+    if (t.numel() == 0) return;
+    visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
+      Broadcast<Auto>{o_.collective}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
+    });
+  }
+
+  /// The full buffer's bytes back under its storage, filled by an AllGather
+  /// of every rank's shard; the parameters become their full views.
+  void unshard() {
+    torch::NoGradGuard no_grad;
+    c10::StorageImpl* s = full_.storage().unsafeGetStorageImpl();
+    const std::size_t bytes = static_cast<std::size_t>(full_.numel()) * c10::elementSize(dtype_);
+    if (s->nbytes() < bytes) {
+      s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+      s->set_nbytes(bytes);
+    }
+    with_type([&]<class T>(T) { AllGather<Auto>{o_.collective}(comm_, span_of<T>(shard_), span_of<T>(full_)); });
+    for (Param& p : params_) p.tensor.set_data(p.full_view);
+    gathered_ = true;
+  }
+
+  /// The parameters become their shard pieces and the full buffer's bytes
+  /// are released (its storage object stays, for the views autograd saved).
+  void reshard() {
+    if (!gathered_ || o_.strategy == ShardingStrategy::NoShard) return;
+    for (Param& p : params_) p.tensor.set_data(p.piece);
+    full_.storage().unsafeGetStorageImpl()->reset();
+    gathered_ = false;
+  }
+
+  void queue_finish() {
+    if (finish_queued_) return;
+    finish_queued_ = true;
+    std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto unit = weak.lock()) unit->finish_backward();
+    });
+  }
+
+  /// The gradient of one of the unit's outputs arrived: its backward is next.
+  void pre_backward() {
+    if (in_backward_) return;
+    queue_finish();
+    in_backward_ = true;
+    std::fill(got_.begin(), got_.end(), 0);
+    got_count_ = 0;
+    if (o_.strategy == ShardingStrategy::NoShard) return;
+    if (!gathered_) unshard();
+    // Autograd accumulates full-shaped gradients into `.grad`: what the
+    // shard held (not zeroed, or not reset) is set aside, and added after
+    // the reduce-scatter.
+    torch::NoGradGuard no_grad;
+    accumulate_ = false;
+    for (Param& p : params_) {
+      if (p.trainable && p.tensor.grad().defined()) accumulate_ = true;
+    }
+    for (Param& p : params_) {
+      if (!p.trainable) continue;
+      at::Tensor& g = p.tensor.mutable_grad();
+      if (accumulate_) {
+        if (!g.defined()) {
+          p.grad_piece.zero_();
+        } else if (!g.is_same(p.grad_piece)) {
+          p.grad_piece.copy_(g.reshape({-1}));
+        }
+      }
+      g.reset();
+    }
+  }
+
+  void on_gradient(std::size_t i) {
+    if (!in_backward_) {
+      throw InvalidArgument(where() + ": parameter '" + params_[i].name +
+                            "' got a gradient, but the unit's forward output was not seen: call the wrapped module "
+                            "through its gradsync::ShardedModule holder (`block(x)`, not `block->forward(x)`), and "
+                            "use the parameters only inside that forward");
+    }
+    if (got_[i]) return;
+    got_[i] = 1;
+    ++got_count_;
+    maybe_post_backward();
+  }
+
+  /// A forward while the last backward never finished (it threw): its
+  /// partial gradients are dropped and the shard's, set aside, restored.
+  void abandon_backward() {
+    in_backward_ = false;
+    inputs_pending_ = 0;
+    input_hooked_ = false;
+    for (Param& p : params_) {
+      if (!p.trainable) continue;
+      if (o_.strategy == ShardingStrategy::NoShard) continue;
+      p.tensor.mutable_grad() = accumulate_ ? p.grad_piece : at::Tensor();
+    }
+  }
+
+  /// The gradient of one of the forward's inputs is complete: every node of
+  /// the unit's backward that leads to it has run.
+  void on_input_gradient() {
+    if (inputs_pending_ > 0) --inputs_pending_;
+    if (in_backward_) maybe_post_backward();
+  }
+
+  /// The unit's backward is over when every trainable parameter has its
+  /// gradient and the gradients of its inputs are complete: only then may
+  /// the parameters be freed, as later nodes of the unit (a frozen
+  /// parameter's product, a parameter used twice) read them. Without an
+  /// input that needs a gradient (the first unit), the engine's callback
+  /// decides.
+  void maybe_post_backward() {
+    if (got_count_ == trainable_ && input_hooked_ && inputs_pending_ == 0) post_backward();
+  }
+
+  void finish_backward() {
+    finish_queued_ = false;
+    if (in_backward_) post_backward();
+  }
+
+  /// Every gradient of the unit is final (or absent, counted as zero):
+  /// averaged over the ranks, then the unit goes back to its shard.
+  void post_backward() {
+    in_backward_ = false;
+    inputs_pending_ = 0;
+    input_hooked_ = false;
+    torch::NoGradGuard no_grad;
+    const int n = comm_.size();
+    // Every rank has the same trainable parameters (checked at wrap time),
+    // so all skip the collective alike.
+    if (trainable_ == 0) {
+      reshard();
+      return;
+    }
+    if (o_.strategy == ShardingStrategy::NoShard) {
+      for (Param& p : params_) {
+        if (!p.trainable) continue;
+        at::Tensor& g = p.tensor.mutable_grad();
+        if (!g.defined()) {
+          p.full_grad_view.zero_();
+        } else if (!g.is_same(p.full_grad_view)) {
+          p.full_grad_view.copy_(g);
+        }
+        g = p.full_grad_view;
+      }
+      if (n > 1) with_type([&]<class T>(T) { AllReduce<Auto>{o_.collective}(comm_, span_of<T>(full_grad_), Avg{}); });
+      return;
+    }
+    at::Tensor flat = torch::zeros({full_.numel()}, full_.options());
+    for (Param& p : params_) {
+      const at::Tensor& g = p.tensor.grad();
+      if (p.trainable && g.defined()) flat.narrow(0, as_int(p.offset), as_int(p.count)).copy_(g.reshape({-1}));
+    }
+    at::Tensor out = accumulate_ ? torch::empty({shard_grad_.numel()}, shard_grad_.options()) : shard_grad_;
+    if (n == 1) {
+      out.copy_(flat);
+    } else {
+      with_type([&]<class T>(T) {
+        ReduceScatter<Auto>{o_.collective}(comm_, span_of<T>(flat), span_of<T>(out), Avg{});
+      });
+    }
+    if (accumulate_) shard_grad_.add_(out);
+    reshard();
+    for (Param& p : params_) {
+      if (p.trainable) p.tensor.mutable_grad() = p.grad_piece;
+    }
+  }
+
+  Communicator<B>& comm_;
+  FullyShardOptions o_;
+  std::vector<Param> params_;
+  std::vector<at::Tensor> tensors_;  ///< params_' tensors, for parameters()
+  std::vector<at::Tensor> buffers_;
+  c10::ScalarType dtype_ = c10::ScalarType::Float;
+  fsdp::FlatShard layout_;
+  at::Tensor full_, shard_, shard_grad_, full_grad_;
+  std::size_t trainable_ = 0, got_count_ = 0, inputs_pending_ = 0;
+  std::vector<unsigned char> got_;
+  bool gathered_ = false, in_backward_ = false, finish_queued_ = false, accumulate_ = false, input_hooked_ = false;
+};
+
+}  // namespace gradsync::detail

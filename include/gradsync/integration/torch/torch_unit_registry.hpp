@@ -1,0 +1,120 @@
+#pragma once
+/// \file detail::TorchUnit and its registry: what fully_shard made of a LibTorch module, found from the module.
+///
+/// LibTorch 1.13's C++ modules have no forward hooks and no slot for user
+/// state, so a unit is kept here, keyed by its module's address, and
+/// ShardedModule::operator() looks it up before and after each forward.
+/// A module freed and another allocated at its address is told apart by the
+/// unit's weak reference to the module it was made for.
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+namespace gradsync::detail {
+
+/// One wrapped module's parameters (those no inner unit holds): the
+/// lifecycle ShardedModule drives, and what fully_shard and
+/// full_state_dict ask of an existing unit, without its backend.
+class TorchUnit {
+ public:
+  virtual ~TorchUnit() = default;
+
+  /// Before the module's forward: its full parameters, gathered if sharded,
+  /// and hooks on the `inputs` that require a gradient (their gradient
+  /// complete is the unit's backward done).
+  virtual void pre_forward(const std::vector<at::Tensor>& inputs) = 0;
+  /// After it: hooks on the `outputs` that require a gradient (their
+  /// gradient arriving is the unit's backward starting), then frees the
+  /// gathered parameters as the strategy says.
+  virtual void post_forward(const std::vector<at::Tensor>& outputs) = 0;
+  /// The module's parameters and buffers this unit holds (the tensors
+  /// themselves, whose data it swaps), in registration order.
+  virtual const std::vector<at::Tensor>& parameters() const = 0;
+  virtual const std::vector<at::Tensor>& buffers() const = 0;
+  /// Collective over the unit's communicator: a copy of each parameter's
+  /// full value, in parameters() order.
+  virtual std::vector<at::Tensor> full_parameters() = 0;
+  /// The unit's gradient as this rank holds it after a backward, flat:
+  /// its shard (padding and frozen parameters zero), or under NoShard the
+  /// whole, alike on every rank (sharded() false). Undefined when no
+  /// parameter of the unit is trainable.
+  virtual at::Tensor local_gradient() const = 0;
+  virtual bool sharded() const = 0;
+  /// Bytes this rank keeps between steps for the unit's parameters and
+  /// their gradients: twice the padded shard (the whole unit under NoShard).
+  virtual std::size_t persistent_bytes() const = 0;
+
+  /// Bytes the unit's gathered parameters hold now: 0 while it is sharded
+  /// (freed), the padded unit while gathered.
+  virtual std::size_t gathered_bytes() const = 0;
+
+  /// The module is gone: the unit is kept only until the registry's next purge.
+  bool expired() const noexcept { return module_.expired(); }
+  const torch::nn::Module* module() const noexcept { return raw_; }
+
+ protected:
+  explicit TorchUnit(const std::shared_ptr<torch::nn::Module>& module) : module_(module), raw_(module.get()) {}
+  TorchUnit(const TorchUnit&) = delete;
+  TorchUnit& operator=(const TorchUnit&) = delete;
+
+ private:
+  std::weak_ptr<torch::nn::Module> module_;
+  const torch::nn::Module* raw_;
+};
+
+/// Every live unit of the process; ranks run as threads share it, hence the lock.
+struct TorchUnitRegistry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<TorchUnit>> units;
+};
+
+inline TorchUnitRegistry& torch_unit_registry() {
+  static TorchUnitRegistry registry;
+  return registry;
+}
+
+/// The unit made for `module`, or null if it was never wrapped.
+inline std::shared_ptr<TorchUnit> find_torch_unit(const torch::nn::Module* module) {
+  TorchUnitRegistry& r = torch_unit_registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& u : r.units) {
+    if (u->module() == module && !u->expired()) return u;
+  }
+  return nullptr;
+}
+
+/// The live unit that holds parameter `p`, or null.
+inline std::shared_ptr<TorchUnit> torch_unit_holding(const at::Tensor& p) {
+  TorchUnitRegistry& r = torch_unit_registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& u : r.units) {
+    if (u->expired()) continue;
+    const auto& ps = u->parameters();
+    if (std::any_of(ps.begin(), ps.end(), [&](const at::Tensor& q) { return q.is_same(p); })) return u;
+  }
+  return nullptr;
+}
+
+/// Adds `unit`, and drops the units whose module is gone (with them their
+/// hold on the module's former parameters).
+inline void add_torch_unit(std::shared_ptr<TorchUnit> unit) {
+  TorchUnitRegistry& r = torch_unit_registry();
+  std::vector<std::shared_ptr<TorchUnit>> gone;
+  {
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    auto dead = std::stable_partition(r.units.begin(), r.units.end(), [](const auto& u) { return !u->expired(); });
+    gone.assign(std::make_move_iterator(dead), std::make_move_iterator(r.units.end()));
+    r.units.erase(dead, r.units.end());
+    r.units.push_back(std::move(unit));
+  }
+  // Destroyed outside the lock: a unit's destructor touches autograd state.
+}
+
+}  // namespace gradsync::detail

@@ -1,0 +1,405 @@
+// fully_shard for LibTorch modules: parity with one process on the
+// concatenated batch and with DistributedDataParallel for each strategy and
+// optimizer, unit sizes N does not divide, a frozen parameter and a buffer,
+// the shards the optimizer sees, and wrong use refused on every rank.
+//
+// Every rank's result is collected and checked on the main thread after
+// run_threads, so a failing rank never leaves the others waiting.
+
+#include "torch_fsdp_support.hpp"
+
+#include <gradsync/checkpoint/safetensors_reader.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// Its own namespace: test/torch/meson.build compiles it in one translation
+// unit with the other LibTorch test files (a unity build).
+namespace test_torch_fsdp {
+
+namespace {
+
+using Comm = gradsync::Communicator<gradsync::Threads>;
+using gradsync::ShardingStrategy;
+using namespace test_torch;
+using namespace test_torch_fsdp_support;
+
+Data rank_rows(const Data& d, int rank, std::int64_t b) {
+  return {d.x.narrow(0, rank * b, b), d.y.narrow(0, rank * b, b)};
+}
+
+/// Every rank's error holds every one of `needles`.
+void check_refused(const PerRank& got, const std::vector<std::string>& needles) {
+  for (const auto& e : got.errors) {
+    CAPTURE(e);
+    for (const auto& needle : needles) CHECK(e.find(needle) != std::string::npos);
+  }
+}
+
+std::int64_t numel(const std::vector<torch::Tensor>& ts) {
+  std::int64_t n = 0;
+  for (const auto& t : ts) n += t.numel();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("fully_shard: every strategy and optimizer matches one process on the N·b batch and "
+          "DistributedDataParallel, with shards of 1/N") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 5;  // per rank; odd on purpose
+  const int steps = 20;
+  const auto init = initial_state("fsdp parity init");
+  // Unit sizes: b1 323, b2 208, the root 55 + 10 (frozen scale).
+  const std::vector<std::int64_t> units{323, 208, 65};
+  for (const Opt opt : {Opt::sgd_momentum, Opt::adam, Opt::adamw}) {
+    const std::string optimizer = opt_name(opt);
+    CAPTURE(optimizer);
+    for (int n : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      Data d = make_data(n * b, "fsdp parity data");
+      d.x = d.x.to(torch::kDouble);
+      Net alone;
+      load_state(*alone, init);
+      auto alone_opt = make_optimizer(opt, *alone);
+      fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps);
+      const std::vector<torch::Tensor> expected = state(*alone);
+
+      PerRank ddp = run_ranks(n, [&](Comm& comm) {
+        Net m;
+        if (comm.rank() == 0) load_state(*m, init);
+        gradsync::DistributedDataParallel dp(comm, m);
+        auto o = make_optimizer(opt, *m);
+        fit([&](const torch::Tensor& x) { return dp(x); }, *o, rank_rows(d, comm.rank(), b), steps);
+        return state(*m);
+      });
+      REQUIRE(ddp.errors[0] == "");
+
+      for (const ShardingStrategy strategy :
+           {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+        const std::string strategy_name = gradsync::name(strategy);
+        CAPTURE(strategy_name);
+        std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+        std::vector<std::size_t> bytes(static_cast<std::size_t>(n));
+        PerRank got = run_ranks(n, [&](Comm& comm) {
+          gradsync::ShardedModule<Net> m;
+          // Only rank 0 starts from the reference: wrapping must broadcast it.
+          load_and_wrap(m, comm, init, strategy);
+          local[static_cast<std::size_t>(comm.rank())] = numel(m->parameters());
+          bytes[static_cast<std::size_t>(comm.rank())] = gradsync::fully_shard_persistent_bytes(m);
+          auto optimizer_ = make_optimizer(opt, *m);
+          fit([&](const torch::Tensor& x) { return m(x); }, *optimizer_, rank_rows(d, comm.rank(), b), steps);
+          return values(gradsync::full_state_dict(m));
+        });
+        for (int r = 0; r < n; ++r) {
+          CAPTURE(r);
+          const auto ru = static_cast<std::size_t>(r);
+          REQUIRE(got.errors[ru] == "");
+          CHECK(bitwise_equal(got.params[ru], got.params[0]));
+          // Between steps each rank's parameters are its pieces of the
+          // padded shards: together the whole model, each at most ⌈P/N⌉ a unit.
+          std::int64_t most = 0;
+          for (std::int64_t p : units) most += strategy == ShardingStrategy::NoShard ? p : (p + n - 1) / n;
+          CHECK(local[ru] <= most);
+          // Parameters and gradients: twice each unit's padded shard, in double.
+          CHECK(bytes[ru] == 2 * static_cast<std::size_t>(most) * sizeof(double));
+        }
+        std::int64_t total = 0;
+        for (std::int64_t l : local) total += l;
+        CHECK(total == (strategy == ShardingStrategy::NoShard ? n : 1) * (323 + 208 + 65));
+        const double error = max_relative(got.params[0], expected);
+        const double from_ddp = max_relative(got.params[0], ddp.params[0]);
+        CAPTURE(error);
+        CAPTURE(from_ddp);
+        CHECK(error <= 1e-5);
+        CHECK(from_ddp <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp after its backward, NoShard never") {
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  // b1.a.weight is 13 x 12, the first 156 of b1's 323 elements; a rank's
+  // shard is ⌈323/3⌉ = 108 of them: rank 0 holds 108 of the weight, rank 1
+  // 48, rank 2 none.
+  struct Seen {
+    std::vector<std::int64_t> before, after_forward, after_backward, grad;
+    /// What b1's gathered parameters hold, in bytes, at each point.
+    std::vector<std::size_t> gathered;
+  };
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    std::vector<Seen> seen(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      wrap(m, comm, o);
+      Seen& s = seen[static_cast<std::size_t>(comm.rank())];
+      const torch::Tensor& w = m->b1->a->weight;
+      const auto unit = gradsync::detail::find_torch_unit(m->b1.ptr().get());
+      s.gathered.push_back(unit->gathered_bytes());
+      s.before = w.sizes().vec();
+      Data d = make_data(4, "fsdp lifecycle data");
+      d.x = d.x.to(torch::kDouble);
+      torch::Tensor loss = torch::nn::functional::cross_entropy(m(d.x), d.y);
+      s.after_forward = w.sizes().vec();
+      s.gathered.push_back(unit->gathered_bytes());
+      loss.backward();
+      s.after_backward = w.sizes().vec();
+      s.gathered.push_back(unit->gathered_bytes());
+      s.grad = w.grad().defined() ? w.grad().sizes().vec() : std::vector<std::int64_t>{-1};
+      return std::vector<torch::Tensor>{};
+    });
+    const std::vector<std::vector<std::int64_t>> pieces{{108}, {48}, {0}};
+    const std::vector<std::int64_t> full{13, 12};
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[r] == "");
+      const bool sharded = strategy != ShardingStrategy::NoShard;
+      CHECK(seen[r].before == (sharded ? pieces[r] : full));
+      CHECK(seen[r].after_forward == (strategy == ShardingStrategy::ShardGradOp || !sharded ? full : pieces[r]));
+      CHECK(seen[r].after_backward == (sharded ? pieces[r] : full));
+      // The gradient matches the piece the optimizer steps on.
+      CHECK(seen[r].grad == seen[r].after_backward);
+      // The freeing is real: b1's full buffer (3 · 108 doubles) has no bytes while sharded.
+      const std::size_t whole = (sharded ? 3 * 108 : 323) * sizeof(double);
+      const std::vector<std::size_t> gathered =
+          strategy == ShardingStrategy::FullShard     ? std::vector<std::size_t>{0, 0, 0}
+          : strategy == ShardingStrategy::ShardGradOp ? std::vector<std::size_t>{0, whole, 0}
+                                                      : std::vector<std::size_t>{whole, whole, whole};
+      CHECK(seen[r].gathered == gathered);
+    }
+  }
+}
+
+TEST_CASE("fully_shard: a frozen parameter keeps its value and a buffer is rank 0's, on every rank") {
+  CAPTURE(test::test_seed());
+  const auto init = initial_state("fsdp frozen init");
+  const int n = 3;
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    load_and_wrap(m, comm, init, ShardingStrategy::FullShard);
+    auto o = make_optimizer(Opt::adamw, *m);
+    Data d = make_data(4, "fsdp frozen data " + std::to_string(comm.rank()));
+    d.x = d.x.to(torch::kDouble);
+    fit([&](const torch::Tensor& x) { return m(x); }, *o, d, 3);
+    auto dict = gradsync::full_state_dict(m);
+    return std::vector<torch::Tensor>{dict["scale"], dict["shift"]};
+  });
+  Net reference;
+  load_state(*reference, init);
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+    CHECK(torch::equal(got.params[static_cast<std::size_t>(r)][0], reference->scale));
+    CHECK(torch::equal(got.params[static_cast<std::size_t>(r)][1], reference->shift));
+  }
+}
+
+TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils::clip_grad_norm_ on one process") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 4;
+  const int n = 3, steps = 5;
+  // Small enough that every step clips.
+  const double max_norm = 0.05;
+  const auto init = initial_state("fsdp clip init");
+  Data d = make_data(n * b, "fsdp clip data");
+  d.x = d.x.to(torch::kDouble);
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(Opt::sgd_momentum, *alone);
+  std::vector<double> norms;
+  for (int s = 0; s < steps; ++s) {
+    alone_opt->zero_grad();
+    torch::nn::functional::cross_entropy(alone->forward(d.x), d.y).backward();
+    norms.push_back(torch::nn::utils::clip_grad_norm_(alone->parameters(), max_norm));
+    alone_opt->step();
+  }
+  const std::vector<torch::Tensor> expected = state(*alone);
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    std::vector<std::vector<double>> seen(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      // Only rank 0 starts from the reference: wrapping must broadcast it.
+      load_and_wrap(m, comm, init, strategy);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 0; s < steps; ++s) {
+        opt->zero_grad();
+        torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward();
+        seen[static_cast<std::size_t>(comm.rank())].push_back(gradsync::clip_grad_norm_(m, comm, max_norm));
+        opt->step();
+      }
+      return values(gradsync::full_state_dict(m));
+    });
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[r] == "");
+      for (int s = 0; s < steps; ++s) {
+        CAPTURE(s);
+        CHECK(norms[static_cast<std::size_t>(s)] > max_norm);
+        CHECK(std::abs(seen[r][static_cast<std::size_t>(s)] - norms[static_cast<std::size_t>(s)]) <=
+              1e-9 * norms[static_cast<std::size_t>(s)]);
+      }
+    }
+    const double error = max_relative(got.params[0], expected);
+    CAPTURE(error);
+    CHECK(error <= 1e-5);
+  }
+}
+
+TEST_CASE("fully_shard: save_full_state_dict writes the unwrapped module's names and full values from rank 0") {
+  CAPTURE(test::test_seed());
+  const auto init = initial_state("fsdp save init");
+  const int n = 2;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("gradsync_fsdp_state_" + std::to_string(test::test_seed()) + ".safetensors");
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    load_and_wrap(m, comm, init, ShardingStrategy::FullShard);
+    gradsync::save_full_state_dict(m, comm, path);
+    return std::vector<torch::Tensor>{};
+  });
+  for (const auto& e : got.errors) REQUIRE(e == "");
+  Net reference;
+  load_state(*reference, init);
+  gradsync::checkpoint::SafetensorsReader reader(path);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& np : reference->named_parameters()) named.emplace_back(np.key(), np.value());
+  for (const auto& nb : reference->named_buffers()) named.emplace_back(nb.key(), nb.value());
+  CHECK(reader.tensors().size() == named.size());
+  for (const auto& [name, value] : named) {
+    CAPTURE(name);
+    REQUIRE(reader.find(name) != nullptr);
+    torch::Tensor read = torch::empty(value.sizes(), value.options());
+    reader.read(name, std::span<std::byte>(static_cast<std::byte*>(read.data_ptr()), read.nbytes()));
+    CHECK(torch::equal(read, value));
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("fully_shard: after a backward that threw, training goes on as if that step never was") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 4;
+  const int n = 3, steps = 4, failing = 2;
+  const auto init = initial_state("fsdp throw init");
+  Data d = make_data(n * b, "fsdp throw data");
+  d.x = d.x.to(torch::kDouble);
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(Opt::adam, *alone);
+  fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps - 1);
+  const std::vector<torch::Tensor> expected = state(*alone);
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    std::vector<int> threw(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      load_and_wrap(m, comm, init, strategy);
+      auto opt = make_optimizer(Opt::adam, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 0; s < steps; ++s) {
+        opt->zero_grad();
+        torch::Tensor out = m(mine.x);
+        // Runs after the root's own hook, which has begun its backward.
+        if (s == failing) {
+          out.register_hook([](const torch::Tensor& /*grad*/) -> torch::Tensor { throw std::runtime_error("boom"); });
+        }
+        try {
+          torch::nn::functional::cross_entropy(out, mine.y).backward();
+        } catch (const std::exception&) {
+          ++threw[static_cast<std::size_t>(comm.rank())];
+          continue;
+        }
+        opt->step();
+      }
+      return values(gradsync::full_state_dict(m));
+    });
+    for (std::size_t r = 0; r < threw.size(); ++r) {
+      CAPTURE(r);
+      REQUIRE(got.errors[r] == "");
+      CHECK(threw[r] == 1);
+    }
+    const double error = max_relative(got.params[0], expected);
+    CAPTURE(error);
+    CHECK(error <= 1e-5);
+  }
+}
+
+TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
+  const int n = 3;
+  SUBCASE("a module wrapped twice") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::fully_shard(m->b1, comm);
+      gradsync::fully_shard(m->b1, comm);
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"already wrapped"});
+  }
+  SUBCASE("a child wrapped after its parent") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::fully_shard(m, comm);
+      gradsync::fully_shard(m->b2, comm);
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"'a.weight' already belongs to the unit of module", "wrap the inner modules first"});
+  }
+  SUBCASE("ranks that wrap different modules") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::fully_shard(comm.rank() == 1 ? m->b2 : m->b1, comm);
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"ranks declared different units", "a.weight [13 x 12]"});
+  }
+  SUBCASE("one rank wraps a module twice while the others go on: no rank waits") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::fully_shard(m->b1, comm);
+      gradsync::fully_shard(comm.rank() == 2 ? m->b1 : m->b2, comm);
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"gradsync: fully_shard"});
+  }
+  SUBCASE("HybridShard, which needs a second level of groups") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = ShardingStrategy::HybridShard;
+      gradsync::fully_shard(m->b1, comm, o);
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"HybridShard is not supported"});
+  }
+  SUBCASE("ranks with different strategies") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::FullyShardOptions o;
+      if (comm.rank() == 0) o.strategy = ShardingStrategy::NoShard;
+      gradsync::fully_shard(m->b1, comm, o);
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"FullyShardOptions::strategy: NoShard on world rank 0, FullShard on world ranks 1-2"});
+  }
+}
+
+}  // namespace test_torch_fsdp
