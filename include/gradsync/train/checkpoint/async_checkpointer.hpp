@@ -204,7 +204,7 @@ class AsyncCheckpointer {
     const MemoryNeed need = trainer_.memory_need();
     if (need.total() + bytes > budget) {
       error = std::make_exception_ptr(InvalidArgument(
-          "gradsync: " + where + ": the snapshot of " + MemoryNeed::mib(bytes) + " beside the trainer's need of " +
+          "gradsync: the snapshot of " + MemoryNeed::mib(bytes) + " beside the trainer's need of " +
           MemoryNeed::mib(need.total()) + " is over the memory_budget of " + MemoryNeed::mib(budget) +
           "; save with save_checkpoint (no snapshot), raise memory_budget, or save CheckpointFormat::sharded "
           "(each rank copies only what it owns)"));
