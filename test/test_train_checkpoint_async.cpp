@@ -52,18 +52,8 @@ namespace {
 constexpr std::size_t in = 4, out = 2, samples = 96, batch = 4;
 const std::vector<std::size_t> layers{in, 6, 5, out};
 
-gradsync::ReplicatedTrainerOptions exact_replicated(std::size_t budget = 0) {
-  gradsync::ReplicatedTrainerOptions o;
-  o.sync.collective.deterministic = true;
-  o.memory_budget = budget;
-  return o;
-}
-
-gradsync::ShardedTrainerOptions exact_sharded() {
-  gradsync::ShardedTrainerOptions o;
-  o.collective.deterministic = true;
-  return o;
-}
+using test_checkpoint::exact_replicated;
+using test_checkpoint::exact_sharded;
 
 /// A trainer of either kind on `comm`, the model's initial values drawn from `seed`.
 template <bool Sharded>
@@ -107,6 +97,21 @@ Held held(Trainer& t, const DistributedSampler& s) {
   h.epoch = s.epoch();
   h.position = s.position();
   return h;
+}
+
+/// What each of 3 ranks holds after a fresh trainer (other initial values) and a sampler of
+/// seed `seed` load `target`.
+template <bool Sharded>
+std::vector<Held> load_held(const fs::path& target, std::uint64_t seed) {
+  std::vector<Held> loaded(3);
+  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+    auto t = make_trainer<Sharded>(comm, seed + 1);
+    DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = seed});
+    const auto meta = gradsync::load_checkpoint(t, sampler, target);
+    CHECK(meta.at("run") == "x");
+    loaded[std::size_t(comm.rank())] = held(t, sampler);
+  });
+  return loaded;
 }
 
 std::vector<char> bytes_of(const fs::path& p) {
@@ -199,7 +204,7 @@ void same_as_sync(std::uint64_t seed, CheckpointFormat format, bool file_path) {
   const fs::path sync_target = file_path ? dir.path / "sync" / "m.safetensors" : dir.path / "sync";
   const fs::path async_target = file_path ? dir.path / "async" / "m.safetensors" : dir.path / "async";
   const int warmup = 1 + int(seed % 5);
-  std::vector<Held> at_save(3), loaded(3);
+  std::vector<Held> at_save(3);
   std::vector<std::size_t> snapshot(3);
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     const auto me = std::size_t(comm.rank());
@@ -232,14 +237,7 @@ void same_as_sync(std::uint64_t seed, CheckpointFormat format, bool file_path) {
       CHECK(bytes_of(sync_target / shard) == bytes_of(async_target / shard));
     }
   }
-  gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
-    auto t = make_trainer<Sharded>(comm, seed + 1);
-    DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = seed});
-    const auto meta = gradsync::load_checkpoint(t, sampler, async_target);
-    CHECK(meta.at("run") == "x");
-    loaded[std::size_t(comm.rank())] = held(t, sampler);
-  });
-  for (std::size_t r = 0; r < 3; ++r) CHECK(loaded[r] == at_save[r]);
+  CHECK(load_held<Sharded>(async_target, seed) == at_save);
 }
 
 }  // namespace
@@ -285,7 +283,7 @@ TEST_CASE("async save: training steps run while the files are written; the check
       at_save[me] = held(t, sampler);
       if (me == 0) hold_writes = true;
       comm.barrier();
-      ckpt.save(target, {}, {.format = format});
+      ckpt.save(target, {{"run", "x"}}, {.format = format});
       // Every writer is held at its file until the steps below are done.
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       while (held_writers.load() < writers && std::chrono::steady_clock::now() < deadline) {
@@ -306,14 +304,7 @@ TEST_CASE("async save: training steps run while the files are written; the check
     CHECK(!held_too_long.load());
     CHECK(held_writers.load() == writers);
     for (int s : stepped_while_held) CHECK(s == 1);
-    std::vector<Held> loaded(3);
-    gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
-      auto t = make_trainer<true>(comm, 9);
-      DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = 5});
-      gradsync::load_checkpoint(t, sampler, target);
-      loaded[std::size_t(comm.rank())] = held(t, sampler);
-    });
-    for (std::size_t r = 0; r < 3; ++r) CHECK(loaded[r] == at_save[r]);
+    CHECK(load_held<true>(target, 5) == at_save);
   }
 }
 
@@ -374,24 +365,8 @@ TEST_CASE("async save: the next save waits for the previous one, which it commit
 
 namespace {
 
-struct Outcome {
-  std::string type, what;
-  int os_error = 0;
-};
-
-template <class F>
-Outcome outcome_of(F f) {
-  try {
-    f();
-  } catch (const gradsync::FileError& e) {
-    return {"FileError", e.what(), e.os_error()};
-  } catch (const gradsync::InvalidArgument& e) {
-    return {"InvalidArgument", e.what(), 0};
-  } catch (const gradsync::Error& e) {
-    return {"Error", e.what(), 0};
-  }
-  return {};
-}
+using Outcome = test_checkpoint::SaveOutcome;
+using test_checkpoint::save_outcome_of;
 
 /// A background write that fails on rank `failing` (its `op` on its own
 /// file) is a FileError on every rank, at wait() or at the next save; the
@@ -423,7 +398,7 @@ void failing_write(int world, int failing, CheckpointFormat format, FileOp op, i
     comm.barrier();
     ckpt.save(target, {{"which", "B"}}, {.format = format});
     train(t, sampler, 1);
-    got[me] = outcome_of([&] {
+    got[me] = save_outcome_of([&] {
       if (at_next_save) {
         ckpt.save(target, {{"which", "C"}}, {.format = format});
       } else {
@@ -494,15 +469,17 @@ TEST_CASE("async save: with a memory_budget, a snapshot it leaves no room for is
   std::size_t need = 0;
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     ReplicatedTrainer probe(comm, Mlp<float>{layers, 2}, test_checkpoint::adam(), exact_replicated());
-    need = probe.memory_need().total();
+    if (comm.rank() == 0) need = probe.memory_need().total();
   });
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     const auto me = std::size_t(comm.rank());
     // Room for the trainer alone: rank 0's snapshot of the full file does not fit.
-    ReplicatedTrainer t(comm, Mlp<float>{layers, 2}, test_checkpoint::adam(), exact_replicated(need));
+    gradsync::ReplicatedTrainerOptions o = exact_replicated();
+    o.memory_budget = need;
+    ReplicatedTrainer t(comm, Mlp<float>{layers, 2}, test_checkpoint::adam(), o);
     AsyncCheckpointer ckpt(t);
     t.step(test_train::make_batch<float>(me * 4, 4, in, out));
-    got[me] = outcome_of([&] { ckpt.save(dir.path / "full"); });
+    got[me] = save_outcome_of([&] { ckpt.save(dir.path / "full"); });
     CHECK(!ckpt.pending());
     snapshot[me] = ckpt.snapshot_bytes();
   });

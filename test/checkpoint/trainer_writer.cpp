@@ -75,6 +75,19 @@ Replicated replicated(Comm& comm) {
   return Replicated(comm, Model{}, adam(), o);
 }
 
+/// Runs `f(trainer, format)` on LAYOUT's trainer: full, a ReplicatedTrainer that saves full
+/// files; sharded, a ShardedTrainer that saves sharded ones.
+template <class F>
+void with_trainer(const std::string& layout, Comm& comm, F f) {
+  if (layout == "full") {
+    Replicated t = replicated(comm);
+    f(t, gradsync::CheckpointFormat::full);
+  } else {
+    Sharded t = sharded(comm);
+    f(t, gradsync::CheckpointFormat::sharded);
+  }
+}
+
 /// Per unit: parameters, then each Adam moment, gathered and unpadded.
 std::vector<float> state(Sharded& t) {
   std::vector<float> all;
@@ -148,13 +161,7 @@ int write_async(const std::string& layout, int n, const fs::path& dir, long gen)
       t.step(int(gen));
       ckpt.wait();
     };
-    if (layout == "full") {
-      Replicated t = replicated(comm);
-      save(t, gradsync::CheckpointFormat::full);
-    } else {
-      Sharded t = sharded(comm);
-      save(t, gradsync::CheckpointFormat::sharded);
-    }
+    with_trainer(layout, comm, save);
   });
   std::printf("ops %ld\n", process_ops.load());
   return 0;
@@ -172,13 +179,7 @@ int write(const std::string& layout, int n, const fs::path& dir, long gen) {
                                 {.format = format});
       ops[std::size_t(comm.rank())] = my_ops;
     };
-    if (layout == "full") {
-      Replicated t = replicated(comm);
-      save(t, gradsync::CheckpointFormat::full);
-    } else {
-      Sharded t = sharded(comm);
-      save(t, gradsync::CheckpointFormat::sharded);
-    }
+    with_trainer(layout, comm, save);
   });
   std::printf("ops");
   for (long c : ops) std::printf(" %ld", c);
@@ -190,18 +191,11 @@ int write(const std::string& layout, int n, const fs::path& dir, long gen) {
 std::vector<float> straight(const std::string& layout, int n, std::size_t steps) {
   std::vector<float> out;
   gradsync::run_threads(n, [&](Comm& comm) {
-    auto run = [&](auto& t) {
+    with_trainer(layout, comm, [&](auto& t, gradsync::CheckpointFormat) {
       for (std::size_t s = 0; s < steps; ++s) t.step(int(s));
       const auto s = state(t);
       if (comm.rank() == 0) out = s;
-    };
-    if (layout == "full") {
-      Replicated t = replicated(comm);
-      run(t);
-    } else {
-      Sharded t = sharded(comm);
-      run(t);
-    }
+    });
   });
   return out;
 }

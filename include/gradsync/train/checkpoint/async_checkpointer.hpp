@@ -21,6 +21,8 @@
 #include "gradsync/train/checkpoint/checkpoint_snapshot.hpp"
 #include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
 #include "gradsync/train/checkpoint/shard_source.hpp"
+// Both trainers' TrainerCheckpoint, so that this one include serves either.
+#include "gradsync/train/checkpoint/sharded_checkpoint.hpp"
 #include "gradsync/train/common/memory_need.hpp"
 #include "gradsync/train/data/distributed_sampler.hpp"
 
@@ -53,7 +55,8 @@ namespace gradsync {
 /// rank 0 the whole state (a ShardedTrainer's ranks gather it one wrapped
 /// unit at a time, as for save_checkpoint, inside `save()`), the others
 /// nothing; for CheckpointFormat::sharded, each rank of replica 0 its own
-/// ranges. Its buffer is kept for the next save (`snapshot_bytes()`). With
+/// ranges. Its buffer is kept for the next save (`snapshot_bytes()`), so
+/// only the first save pays for faulting its pages in. With
 /// a memory_budget, `save()` refuses (InvalidArgument on every rank) when
 /// the trainer's memory_need().total() and the snapshot exceed it.
 ///
