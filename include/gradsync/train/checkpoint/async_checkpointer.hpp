@@ -48,8 +48,10 @@ namespace gradsync {
 /// Destroying the checkpointer with a save not waited for joins the
 /// background thread without committing (it cannot agree with the other
 /// ranks from a destructor) and writes a line on stderr saying so, with the
-/// write's failure if there was one; the previous checkpoint stays the
-/// loadable one and the next save removes the uncommitted files.
+/// write's failure if there was one: a directory keeps its previous
+/// checkpoint (the next save removes the uncommitted files); a
+/// `.safetensors` path has the new file if its write went well, since its
+/// rename is its commit.
 ///
 /// The snapshot holds what this rank writes: for CheckpointFormat::full,
 /// rank 0 the whole state (a ShardedTrainer's ranks gather it one wrapped
@@ -79,12 +81,20 @@ class AsyncCheckpointer {
   ~AsyncCheckpointer() {
     if (!pending_) return;
     if (thread_.joinable()) thread_.join();
-    const std::string failure = error_ ? ": its write failed: " + detail::report_of(error_).text : "";
-    std::fprintf(stderr,
-                 "gradsync: rank %d: an AsyncCheckpointer was destroyed before wait() settled its save of '%s'%s; "
-                 "the save is not committed (the ranks did not agree on it), so '%s' keeps the checkpoint it held "
-                 "before; call wait() on every rank before the checkpointer goes\n",
-                 rank_, path_.c_str(), failure.c_str(), path_.c_str());
+    try {
+      const std::string failure = error_ ? "; its write failed: " + detail::report_of(error_).text : "";
+      // To a .safetensors path the file's own rename, in the background, was the commit.
+      const std::string outcome =
+          snapshot_.in_directory() ? "it is not committed, so '" + path_.string() + "' keeps the checkpoint it held before"
+          : error_                 ? "'" + path_.string() + "' keeps the file it held before"
+                                   : "its file is in place, but the ranks did not agree that every rank's part went well";
+      std::fprintf(stderr,
+                   "gradsync: rank %d: an AsyncCheckpointer was destroyed before wait() settled its save of '%s'%s; "
+                   "%s; call wait() on every rank before the checkpointer goes\n",
+                   rank_, path_.c_str(), failure.c_str(), outcome.c_str());
+    } catch (...) {
+      // Out of memory for the message: the save is left as it is all the same.
+    }
   }
 
   /// Waits for the previous save (as wait() does, throwing its failure),
