@@ -406,6 +406,9 @@ void failing_write(int world, int failing, CheckpointFormat format, FileOp op, i
       }
     });
     CHECK(!ckpt.pending());
+    // Nothing of the failed save is committed: the directory loads A.
+    auto fresh = make_trainer<Sharded>(comm, 9);
+    CHECK(gradsync::load_checkpoint(fresh, target).at("which") == "A");
     // The failure was thrown once: the checkpointer takes the next save.
     ckpt.save(target, {{"which", "D"}}, {.format = format});
     ckpt.wait();

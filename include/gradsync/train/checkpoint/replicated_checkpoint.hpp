@@ -477,7 +477,9 @@ checkpoint::Metadata load_state(Trainer& trainer, DistributedSampler* sampler, c
 /// specialised beside each trainer's checkpoint code (ShardedTrainer's in
 /// sharded_checkpoint.hpp), with `held` (what this rank holds and writes of
 /// a sharded checkpoint), `params` (where a load puts the parameters held)
-/// and `write_full` (the tensors of a full file, in order, on the writer).
+/// and `write_full` (the tensors of a full file, in order, into a sink with
+/// FullFileWriter's writing/write/fail: the file, or an AsyncCheckpointer's
+/// snapshot).
 template <class Trainer>
 struct TrainerCheckpoint {};
 
