@@ -3,11 +3,22 @@
 // (read()), in one run, on the same disk.
 //
 //   checkpoint_perf [--sizes 784,2048,2048,2048,10] [--ranks 1] [--repeats 5] [--dir DIR] [--sharded 1]
+//                   [--async 1]
 //
 // --sharded 1: a ShardedTrainer (FullShard) instead, saved and loaded in both
 // layouts: the full file (rank 0 writes while the ranks gather a unit at a
 // time) and the sharded directory (every rank writes its own ranges, rank 0
 // the index; a load reads only the ranges a rank owns).
+//
+// --async 1: also an AsyncCheckpointer's save to a file beside it: how long
+// save() blocks the caller (the copy into its snapshot; the first save also
+// allocates the snapshot) against the whole save (save() then wait() at once:
+// the background write, its fsync and the commit), and the write's bandwidth
+// against the disk's bound, which the tool measures itself in the same run
+// and directory by running `dd if=/dev/zero of=DIR/... bs=1M count=MB
+// oflag=direct` through popen (direct I/O: no page cache). In each repeat the
+// asynchronous save runs first, before the synchronous one and the load, so
+// that neither follows the other's write-back or the load's reads.
 //
 // The default model is ddp_step's 10.0M-parameter MLP, with Adam (two state
 // elements per parameter), so the file holds about 3 x 40 MB. Each figure is
@@ -19,6 +30,7 @@
 // of the same bytes, alone, is the last row.
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/checkpoint/async_checkpointer.hpp>
 #include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 #include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
@@ -35,9 +47,11 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -119,6 +133,29 @@ void plain_read(const std::filesystem::path& p, std::span<std::byte> data) {
   ::close(fd);
 }
 
+/// The MB/s dd reports for writing `mb` MiB of zeros to `file` with
+/// O_DIRECT (its last line: "... copied, 0.5 s, 230 MB/s"), in MB of 10^6.
+double dd_direct_mb_s(const std::filesystem::path& file, std::size_t mb) {
+  const std::string cmd = "dd if=/dev/zero of='" + file.string() + "' bs=1M count=" + std::to_string(mb) +
+                          " oflag=direct 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  check(p != nullptr, "popen " + cmd);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = ::pclose(p);
+  std::filesystem::remove(file);
+  const std::size_t copied = out.find(" bytes");
+  const std::size_t comma = out.find(", ", out.find("copied"));
+  if (rc != 0 || copied == std::string::npos || comma == std::string::npos) {
+    throw std::runtime_error("dd failed: " + cmd + ": " + out);
+  }
+  // "N bytes (...) copied, S s, ...": bytes over seconds, whatever unit dd chose to print.
+  const double bytes = std::stod(out.substr(out.rfind('\n', copied) == std::string::npos ? 0 : out.rfind('\n', copied) + 1));
+  const double secs = std::stod(out.substr(comma + 2));
+  return bytes / secs / 1e6;
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
   std::size_t at = 0;
@@ -135,7 +172,7 @@ std::vector<int> parse_list(const std::string& s) {
 int main(int argc, char** argv) try {
   std::vector<int> sizes{784, 2048, 2048, 2048, 10};
   int ranks = 1, repeats = 5;
-  bool sharded = false;
+  bool sharded = false, async = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path();
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -146,7 +183,8 @@ int main(int argc, char** argv) try {
     else if (k == "--repeats") repeats = std::stoi(v);
     else if (k == "--dir") dir = v;
     else if (k == "--sharded") sharded = v == "1";
-    else throw std::runtime_error("unknown option " + k + " (expected --sizes --ranks --repeats --dir --sharded)");
+    else if (k == "--async") async = v == "1";
+    else throw std::runtime_error("unknown option " + k + " (expected --sizes --ranks --repeats --dir --sharded --async)");
   }
   if (sizes.size() < 2 || ranks < 1 || repeats < 1) throw std::runtime_error("bad --sizes, --ranks or --repeats");
   // A directory of its own inside --dir, the only thing removed at the end.
@@ -155,13 +193,27 @@ int main(int argc, char** argv) try {
   const std::filesystem::path ckpt = work / "ckpt.safetensors", plain = work / "plain.bin";
 
   std::vector<double> save_s, load_s, save_dir_s, load_dir_s, write_s, write_sync_s, read_s, crc_s;
-  std::size_t params = 0, file_bytes = 0, dir_bytes = 0;
-  const std::filesystem::path ckpt_dir = work / "sharded";
+  std::vector<double> async_blocked_s, async_total_s;
+  double async_first_blocked = 0, dd_mb_s = 0;
+  std::size_t params = 0, file_bytes = 0, dir_bytes = 0, snapshot_bytes = 0;
+  const std::filesystem::path ckpt_dir = work / "sharded", ckpt_path_async = work / "async.safetensors";
   auto measure = [&](auto& trainer, gradsync::Communicator<gradsync::Threads>& comm) {
     gradsync::DistributedSampler sampler(60000, comm.size(), comm.rank());
     trainer.step(0);
+    // One checkpointer for all repeats, as a training loop keeps one: its snapshot is allocated once.
+    std::optional<gradsync::AsyncCheckpointer<std::remove_reference_t<decltype(trainer)>>> saver;
+    if (async) saver.emplace(trainer, sampler);
     for (int r = 0; r < repeats; ++r) {
       comm.barrier();
+      double blocked = 0, total = 0;
+      if (async) {
+        total = seconds_of([&] {
+          blocked = seconds_of([&] { saver->save(ckpt_path_async); });
+          saver->wait();
+        });
+        comm.barrier();
+        if (comm.rank() == 0) snapshot_bytes = saver->snapshot_bytes();
+      }
       const double s = seconds_of([&] { gradsync::save_checkpoint(trainer, sampler, ckpt); });
       comm.barrier();
       const double l = seconds_of([&] { gradsync::load_checkpoint(trainer, sampler, ckpt); });
@@ -176,6 +228,8 @@ int main(int argc, char** argv) try {
         comm.barrier();
       }
       if (comm.rank() != 0) continue;
+      if (async && r == 0) async_first_blocked = blocked;
+      if (async) async_blocked_s.push_back(blocked), async_total_s.push_back(total);
       save_s.push_back(s);
       load_s.push_back(l);
       save_dir_s.push_back(sd);
@@ -197,6 +251,14 @@ int main(int argc, char** argv) try {
     file_bytes = std::filesystem::file_size(ckpt);
     if (sharded) {
       for (const auto& e : std::filesystem::directory_iterator(ckpt_dir)) dir_bytes += e.file_size();
+    }
+    if (async) {
+      // A file system without O_DIRECT (tmpfs) has no such bound: the table then says so.
+      try {
+        dd_mb_s = dd_direct_mb_s(work / "dd.bin", std::max<std::size_t>(1, file_bytes >> 20));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "checkpoint_perf: %s\n", e.what());
+      }
     }
     // The same number of bytes, from memory already touched.
     std::vector<std::byte> bytes(file_bytes, std::byte{1});
@@ -228,6 +290,21 @@ int main(int argc, char** argv) try {
   if (sharded) row("load_checkpoint (sharded)", load_dir_s);
   row("plain read()", read_s);
   row("CRC-32 of the bytes", crc_s);
+  if (async) {
+    const double sync = median(save_s), blocked = median(async_blocked_s), total = median(async_total_s);
+    std::printf("# AsyncCheckpointer, full file beside the synchronous one; snapshot %.1f MB on rank 0\n", double(snapshot_bytes) / 1e6);
+    row("async save(): caller blocked", async_blocked_s);
+    std::printf("  %-28s %10.4f %10s\n", "  first save() (allocates)", async_first_blocked, "");
+    row("async save() + wait(): total", async_total_s);
+    std::printf("  %-28s %10.1f%% %9s\n", "blocked / synchronous save", 100.0 * blocked / sync, "");
+    std::printf("  %-28s %10.1f%% %9s\n", "blocked / async total", 100.0 * blocked / total, "");
+    if (dd_mb_s > 0) {
+      std::printf("  %-28s %10s %10.0f\n", "dd oflag=direct (the bound)", "", dd_mb_s);
+      std::printf("  %-28s %10.1f%% %9s\n", "async write / dd bound", 100.0 * (mb / total) / dd_mb_s, "");
+    } else {
+      std::printf("# dd oflag=direct failed in %s: no bound to compare with\n", dir.c_str());
+    }
+  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "checkpoint_perf: %s\n", e.what());

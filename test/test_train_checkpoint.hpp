@@ -55,6 +55,40 @@ inline void all_say(const std::vector<LoadOutcome>& got, const std::string& type
   }
 }
 
+/// What one rank's save did: "" if it returned, else its exception (FileError with its path and errno).
+struct SaveOutcome {
+  std::string type, what, path;
+  int os_error = 0;
+};
+
+template <class Save>
+SaveOutcome save_outcome_of(Save save) {
+  try {
+    save();
+  } catch (const gradsync::FileError& e) {
+    return {"FileError", e.what(), e.path(), e.os_error()};
+  } catch (const gradsync::InvalidArgument& e) {
+    return {"InvalidArgument", e.what(), "", 0};
+  } catch (const gradsync::Error& e) {
+    return {"Error", e.what(), "", 0};
+  } catch (const std::exception& e) {
+    return {"not a gradsync::Error", e.what(), "", 0};
+  }
+  return {};
+}
+
+/// Options under which either trainer's runs are bitwise repeatable.
+inline gradsync::ReplicatedTrainerOptions exact_replicated() {
+  gradsync::ReplicatedTrainerOptions o;
+  o.sync.collective.deterministic = true;
+  return o;
+}
+inline gradsync::ShardedTrainerOptions exact_sharded() {
+  gradsync::ShardedTrainerOptions o;
+  o.collective.deterministic = true;
+  return o;
+}
+
 inline gradsync::Sgd<float> momentum_sgd(double lr = 0.1) {
   return gradsync::Sgd<float>({.lr = lr, .momentum = 0.9, .weight_decay = 1e-3});
 }

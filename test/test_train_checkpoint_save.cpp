@@ -51,17 +51,8 @@ const std::vector<std::size_t> layers{in, 5, 3, out};
 
 Mlp<float> model() { return {layers, 3}; }
 
-gradsync::ReplicatedTrainerOptions exact_replicated() {
-  gradsync::ReplicatedTrainerOptions o;
-  o.sync.collective.deterministic = true;
-  return o;
-}
-
-gradsync::ShardedTrainerOptions exact_sharded() {
-  gradsync::ShardedTrainerOptions o;
-  o.collective.deterministic = true;
-  return o;
-}
+using test_checkpoint::exact_replicated;
+using test_checkpoint::exact_sharded;
 
 template <class Trainer>
 void train(Trainer& t, int steps) {
@@ -114,26 +105,11 @@ void check_only_committed(const fs::path& dir) {
   }
 }
 
-/// What one rank's save did: "" if it returned, else its exception.
-struct Outcome {
-  std::string type, what, path;
-  int os_error = 0;
-};
+using Outcome = test_checkpoint::SaveOutcome;
 
 template <class Save>
 Outcome outcome_of(Save save) {
-  try {
-    save();
-  } catch (const gradsync::FileError& e) {
-    return {"FileError", e.what(), e.path(), e.os_error()};
-  } catch (const gradsync::InvalidArgument& e) {
-    return {"InvalidArgument", e.what(), "", 0};
-  } catch (const gradsync::Error& e) {
-    return {"Error", e.what(), "", 0};
-  } catch (const std::exception& e) {
-    return {"not a gradsync::Error", e.what(), "", 0};
-  }
-  return {};
+  return test_checkpoint::save_outcome_of(save);
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

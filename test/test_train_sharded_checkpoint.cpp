@@ -66,11 +66,7 @@ ShardedTrainerOptions exact(ShardingStrategy s) {
   return o;
 }
 
-gradsync::ReplicatedTrainerOptions exact_replicated() {
-  gradsync::ReplicatedTrainerOptions o;
-  o.sync.collective.deterministic = true;
-  return o;
-}
+using test_checkpoint::exact_replicated;
 
 template <class Trainer>
 void train(Trainer& t, DistributedSampler& s, int steps) {

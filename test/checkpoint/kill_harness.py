@@ -89,6 +89,11 @@ def every_kill_point(ops, start, killed_write, pool):
     """For each rank r and each k in 1..ops[r]: a copy of directory `start`,
     into which `killed_write(directory, r, k)` (a completed process) must have
     been killed, run on executor `pool`. Returns the directories, in order."""
+    return kill_points([(r, k) for r, c in enumerate(ops) for k in range(1, c + 1)], start, killed_write, pool)
+
+
+def kill_points(points, start, killed_write, pool):
+    """every_kill_point for the (r, k) pairs of `points` only."""
     start = pathlib.Path(start)
 
     def trial(r, k):
@@ -97,12 +102,12 @@ def every_kill_point(ops, start, killed_write, pool):
         shutil.copytree(start, d)
         p = killed_write(d, r, k)
         if not killed(p):
-            return d, (f"the write into {d} was to be killed before rank {r}'s file operation {k} "
-                       f"of {ops[r]}, but exited {p.returncode}: {p.stderr.strip()}")
+            return d, (f"the write into {d} was to be killed before rank {r}'s file operation {k}, "
+                       f"but exited {p.returncode}: {p.stderr.strip()}")
         return d, None
 
     dirs = []
-    for d, error in pool.map(lambda rk: trial(*rk), [(r, k) for r, c in enumerate(ops) for k in range(1, c + 1)]):
+    for d, error in pool.map(lambda rk: trial(*rk), points):
         if error:
             sys.exit("FAIL: " + error)
         dirs.append(d)

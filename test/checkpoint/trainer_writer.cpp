@@ -4,6 +4,10 @@
 //       into DIR: LAYOUT full is a ReplicatedTrainer's full checkpoint, sharded a ShardedTrainer's
 //       sharded one. With RANK K, SIGKILL the process just before rank RANK's K-th file operation
 //       of the save. Prints "ops C0 C1 ..." (each rank's file operations) when the save completes.
+//   trainer_writer write-async LAYOUT N DIR GEN [K]  the same with an AsyncCheckpointer: save, one more
+//       step while the files are written, then wait(). With K, SIGKILL the process just before its
+//       K-th file operation, on whichever thread (the background writers carry no rank, and their
+//       order varies from run to run). Prints "ops C" (the process's file operations).
 //   trainer_writer verify DIR...                     load each DIR into a ShardedTrainer at N = 3 and
 //       check its parameters and Adam state bitwise against a run as long, on the trainer and N
 //       that saved it (its metadata says which); print "DIR step S", or "DIR error MESSAGE" for a
@@ -20,6 +24,7 @@
 
 #include "gradsync/checkpoint/file_ops.hpp"
 #include "gradsync/gradsync.hpp"
+#include "gradsync/train/checkpoint/async_checkpointer.hpp"
 #include "gradsync/train/checkpoint/sharded_checkpoint.hpp"
 
 namespace {
@@ -68,6 +73,19 @@ Replicated replicated(Comm& comm) {
   gradsync::ReplicatedTrainerOptions o;
   o.sync.collective.deterministic = true;
   return Replicated(comm, Model{}, adam(), o);
+}
+
+/// Runs `f(trainer, format)` on LAYOUT's trainer: full, a ReplicatedTrainer that saves full
+/// files; sharded, a ShardedTrainer that saves sharded ones.
+template <class F>
+void with_trainer(const std::string& layout, Comm& comm, F f) {
+  if (layout == "full") {
+    Replicated t = replicated(comm);
+    f(t, gradsync::CheckpointFormat::full);
+  } else {
+    Sharded t = sharded(comm);
+    f(t, gradsync::CheckpointFormat::sharded);
+  }
 }
 
 /// Per unit: parameters, then each Adam moment, gathered and unpadded.
@@ -119,6 +137,36 @@ int count_or_kill(gradsync::checkpoint::detail::FileOp op, const fs::path& path)
   return 0;
 }
 
+std::atomic<long> process_ops{0};
+
+int count_all_or_kill(gradsync::checkpoint::detail::FileOp op, const fs::path& path) {
+  const long k = ++process_ops;
+  if (k == kill_at) {
+    std::fprintf(stderr, "killed before the process's file operation %ld (%s '%s')\n", k,
+                 gradsync::checkpoint::detail::op_name(op), path.c_str());
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+  return 0;
+}
+
+/// Saves as write() does, through an AsyncCheckpointer, with a step between the save and its wait().
+int write_async(const std::string& layout, int n, const fs::path& dir, long gen) {
+  gradsync::checkpoint::detail::file_op_hook = count_all_or_kill;
+  gradsync::run_threads(n, [&](Comm& comm) {
+    auto save = [&](auto& t, gradsync::CheckpointFormat format) {
+      for (long s = 0; s < gen; ++s) t.step(int(s));
+      gradsync::AsyncCheckpointer ckpt(t);
+      ckpt.save(dir, {{"writer.layout", layout}, {"writer.n", std::to_string(n)}}, {.format = format});
+      t.step(int(gen));
+      ckpt.wait();
+    };
+    with_trainer(layout, comm, save);
+  });
+  std::printf("ops %ld\n", process_ops.load());
+  return 0;
+}
+
 int write(const std::string& layout, int n, const fs::path& dir, long gen) {
   std::vector<long> ops(static_cast<std::size_t>(n));
   // Set before the ranks start: only the save does file operations, and only they are counted.
@@ -131,13 +179,7 @@ int write(const std::string& layout, int n, const fs::path& dir, long gen) {
                                 {.format = format});
       ops[std::size_t(comm.rank())] = my_ops;
     };
-    if (layout == "full") {
-      Replicated t = replicated(comm);
-      save(t, gradsync::CheckpointFormat::full);
-    } else {
-      Sharded t = sharded(comm);
-      save(t, gradsync::CheckpointFormat::sharded);
-    }
+    with_trainer(layout, comm, save);
   });
   std::printf("ops");
   for (long c : ops) std::printf(" %ld", c);
@@ -149,18 +191,11 @@ int write(const std::string& layout, int n, const fs::path& dir, long gen) {
 std::vector<float> straight(const std::string& layout, int n, std::size_t steps) {
   std::vector<float> out;
   gradsync::run_threads(n, [&](Comm& comm) {
-    auto run = [&](auto& t) {
+    with_trainer(layout, comm, [&](auto& t, gradsync::CheckpointFormat) {
       for (std::size_t s = 0; s < steps; ++s) t.step(int(s));
       const auto s = state(t);
       if (comm.rank() == 0) out = s;
-    };
-    if (layout == "full") {
-      Replicated t = replicated(comm);
-      run(t);
-    } else {
-      Sharded t = sharded(comm);
-      run(t);
-    }
+    });
   });
   return out;
 }
@@ -202,8 +237,13 @@ int main(int argc, char** argv) try {
     if (args.size() == 7) kill_rank = std::stoi(args[5]), kill_at = std::stol(args[6]);
     return write(args[1], std::stoi(args[2]), args[3], std::stol(args[4]));
   }
+  if ((args.size() == 5 || args.size() == 6) && args[0] == "write-async") {
+    if (args.size() == 6) kill_at = std::stol(args[5]);
+    return write_async(args[1], std::stoi(args[2]), args[3], std::stol(args[4]));
+  }
   if (args.size() >= 2 && args[0] == "verify") return verify(std::vector<std::string>(args.begin() + 1, args.end()));
-  std::fprintf(stderr, "usage: trainer_writer write full|sharded N DIR GEN [RANK K] | verify DIR...\n");
+  std::fprintf(stderr, "usage: trainer_writer write full|sharded N DIR GEN [RANK K] | write-async full|sharded N DIR GEN [K] | "
+                       "verify DIR...\n");
   return 2;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer_writer: %s\n", e.what());

@@ -30,6 +30,7 @@ HEADERS = [
     "gradsync/gradsync.hpp",
     "gradsync/train/checkpoint/replicated_checkpoint.hpp",
     "gradsync/train/checkpoint/sharded_checkpoint.hpp",
+    "gradsync/train/checkpoint/async_checkpointer.hpp",
     "gradsync/checkpoint/safetensors_reader.hpp",
     "gradsync/checkpoint/safetensors_writer.hpp",
     "gradsync/checkpoint/shard_writer.hpp",

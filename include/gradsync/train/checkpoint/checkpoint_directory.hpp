@@ -30,9 +30,13 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "gradsync/checkpoint/commit_record.hpp"
 #include "gradsync/checkpoint/file_ops.hpp"
+#include "gradsync/checkpoint/shard_index.hpp"
+#include "gradsync/checkpoint/shard_writer.hpp"
+#include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
 
 namespace gradsync::detail {
@@ -117,6 +121,20 @@ inline void remove_leftovers(const std::filesystem::path& dir, std::uint64_t gen
   } catch (...) {
     // A directory that cannot be listed now keeps its leftovers for the next save.
   }
+}
+
+/// Rank 0's part once every shard file of generation `g` is durable: the
+/// index from the files' headers, the commit, and the removal of the other
+/// generations' files.
+inline void commit_sharded(const std::filesystem::path& dir, std::uint64_t g, int shards,
+                           const std::vector<checkpoint::TensorInfo>& infos) {
+  const std::string id = generation_id(g);
+  std::vector<std::string> files;
+  for (int r = 0; r < shards; ++r) files.push_back(checkpoint::shard_file_name(shard_stem, id, r, shards));
+  const auto index = checkpoint::ShardIndex::from_shard_files(dir, id, files, infos);
+  index.write(dir / index_file_name_of(g));
+  commit_generation(dir, g, index_file_name_of(g));
+  remove_leftovers(dir, g);
 }
 
 /// What load_checkpoint reads for a path, and whether it is a sharded index.

@@ -27,6 +27,7 @@
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_source.hpp"
+#include "gradsync/train/checkpoint/shard_source.hpp"
 #include "gradsync/train/data/distributed_sampler.hpp"
 #include "gradsync/train/optim/optimizer.hpp"
 #include "gradsync/train/ddp/replicated_trainer.hpp"
@@ -293,23 +294,22 @@ class FullFileWriter {
   std::exception_ptr error_;
 };
 
-/// Elements [begin, end) of the flat parameters (every unit's, in order)
-/// that a rank holds, at element `at` of its own array (and of its
-/// optimizer's buffers, which step that array).
-struct HeldRange {
-  std::size_t begin = 0, end = 0, at = 0;
-};
-
-/// What one rank contributes to a sharded checkpoint.
-template <class T>
-struct ShardSource {
-  /// Its shard's number and how many there are; it writes only if `writes`
-  /// (one copy of every shard is written: replica 0's).
-  int shard = 0, shards = 1;
-  bool writes = false;
-  std::vector<HeldRange> held;
-  std::span<const T> params, buffers;
-};
+/// Rank 0 creates `dir` and picks the generation a save writes there, and
+/// every rank learns it: 0 when rank 0 failed, whose error is then in
+/// `error` for the agreement that follows. Collective.
+template <class Algo, class Comm>
+std::uint64_t agree_generation(Comm& comm, const std::filesystem::path& dir, std::exception_ptr& error) {
+  std::int64_t generation = 0;
+  if (comm.rank() == 0) {
+    try {
+      generation = static_cast<std::int64_t>(prepare_generation(dir));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  Broadcast<Algo>{}(comm, std::span<std::int64_t>(&generation, 1), 0);
+  return static_cast<std::uint64_t>(generation);
+}
 
 /// A sharded save: rank 0 creates the directory and picks the generation;
 /// each writing rank streams its ranges into its shard file (shard 0 adds
@@ -322,54 +322,14 @@ void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, co
                   const checkpoint::Metadata& metadata) {
   const std::string where = "save_checkpoint of '" + dir.string() + "'";
   std::exception_ptr error;
-  // 0 tells the writers that rank 0 could not prepare the directory; its error comes with the first agreement.
-  std::int64_t generation = 0;
-  if (comm.rank() == 0) {
-    try {
-      generation = static_cast<std::int64_t>(prepare_generation(dir));
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  Broadcast<Algo>{}(comm, std::span<std::int64_t>(&generation, 1), 0);
-  const auto g = static_cast<std::uint64_t>(generation);
-  const std::string id = generation_id(g);
-
+  const std::uint64_t g = agree_generation<Algo>(comm, dir, error);
   if (me.writes && g != 0) {
     try {
       const bool first = me.shard == 0;
-      std::vector<checkpoint::ShardRange> ranges;
-      std::vector<std::span<const std::byte>> data;
-      const std::vector<T> zeros(l.opt.buffers.empty() || !l.opt.buffers.front().second.empty() ? 0
-                                                                                                   : me.params.size());
-      for (const StateTensor& t : l.tensors) {
-        if (t.source == StateSource::buffer) {
-          if (first && t.count > 0) {
-            ranges.push_back({t.info.name, 0, t.count});
-            data.push_back(std::as_bytes(me.buffers.subspan(t.offset, t.count)));
-          }
-          continue;
-        }
-        const std::span<const T> from = t.source == StateSource::parameter ? me.params
-                                        : l.opt.buffers[t.buffer].second.empty()
-                                            ? std::span<const T>(zeros)
-                                            : l.opt.buffers[t.buffer].second;
-        for (const HeldRange& h : me.held) {
-          const std::size_t lo = std::max(t.offset, h.begin), hi = std::min(t.offset + t.count, h.end);
-          if (lo >= hi) continue;
-          ranges.push_back({t.info.name, lo - t.offset, hi - t.offset});
-          data.push_back(std::as_bytes(from.subspan(h.at + (lo - h.begin), hi - lo)));
-        }
-      }
-      if (first) {
-        for (const StateScalar& s : l.scalars) {
-          ranges.push_back({s.name, 0, 1});
-          data.push_back(s.data());
-        }
-      }
-      checkpoint::ShardWriter writer(dir, shard_stem, id, me.shard, me.shards, l.infos, ranges,
+      const ShardPieces<T> p = me.pieces(l.tensors, l.scalars, l.opt);
+      checkpoint::ShardWriter writer(dir, shard_stem, generation_id(g), me.shard, me.shards, l.infos, p.ranges,
                                      first ? state_metadata(metadata, l.opt.kind, comm.size()) : checkpoint::Metadata{});
-      for (std::size_t i = 0; i < ranges.size(); ++i) writer.write(ranges[i], data[i]);
+      for (std::size_t i = 0; i < p.ranges.size(); ++i) writer.write(p.ranges[i], p.data[i]);
       writer.commit();
     } catch (...) {
       error = std::current_exception();
@@ -378,12 +338,7 @@ void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, co
   agree<Algo>(comm, error, where);
   if (comm.rank() == 0) {
     try {
-      std::vector<std::string> files;
-      for (int r = 0; r < me.shards; ++r) files.push_back(checkpoint::shard_file_name(shard_stem, id, r, me.shards));
-      const auto index = checkpoint::ShardIndex::from_shard_files(dir, id, files, l.infos);
-      index.write(dir / index_file_name_of(g));
-      commit_generation(dir, g, index_file_name_of(g));
-      remove_leftovers(dir, g);
+      commit_sharded(dir, g, me.shards, l.infos);
     } catch (...) {
       error = std::current_exception();
     }
@@ -522,7 +477,9 @@ checkpoint::Metadata load_state(Trainer& trainer, DistributedSampler* sampler, c
 /// specialised beside each trainer's checkpoint code (ShardedTrainer's in
 /// sharded_checkpoint.hpp), with `held` (what this rank holds and writes of
 /// a sharded checkpoint), `params` (where a load puts the parameters held)
-/// and `write_full` (the tensors of a full file, in order, on the writer).
+/// and `write_full` (the tensors of a full file, in order, into a sink with
+/// FullFileWriter's writing/write/fail: the file, or an AsyncCheckpointer's
+/// snapshot).
 template <class Trainer>
 struct TrainerCheckpoint {};
 
@@ -537,7 +494,8 @@ struct TrainerCheckpoint<ReplicatedTrainer<M, Opt, Comm, Algo>> {
             trainer.buffers()};
   }
   static std::span<T> params(Trainer& trainer) { return trainer.parameters(); }
-  static void write_full(Trainer& trainer, const SaveList<T>& l, FullFileWriter<T>& out) {
+  template <class Out>
+  static void write_full(Trainer& trainer, const SaveList<T>& l, Out& out) {
     if (!out.writing()) return;
     // Only rank 0 is here, between collectives: whatever it throws must wait
     // for finish()'s agreement, or the other ranks would learn of it only by

@@ -48,7 +48,8 @@ struct TrainerCheckpoint<ShardedTrainer<M, Opt, Comm, Algo>> {
   /// so it holds (1 + S) gathered units at most, never the model twice. A
   /// write that fails on rank 0 stops the writing, not the gathers, so no
   /// rank waits on it.
-  static void write_full(Trainer& trainer, const SaveList<T>& l, FullFileWriter<T>& out) {
+  template <class Out>
+  static void write_full(Trainer& trainer, const SaveList<T>& l, Out& out) {
     const std::span<const T> buffers = trainer.buffers();
     std::size_t next = 0;
     // Writes the tensors whose data is here: every one up to the first that lies past `end` of the flat parameters.

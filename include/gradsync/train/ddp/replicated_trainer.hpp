@@ -284,6 +284,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
            (bf16_params_.size() + bf16_grads_.size()) * sizeof(bfloat16);
   }
 
+  const ReplicatedTrainerOptions& options() const noexcept { return o_; }
+
   /// No forward_backward() waits for its optimizer_step() and nothing is
   /// accumulated: the only moments a checkpoint can be taken or loaded,
   /// since gradients are not saved.
