@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -231,6 +234,66 @@ TEST_CASE("flight record: GRADSYNC_FLIGHT_ENTRIES sizes the ring, and 0 keeps no
   });
   CHECK(failed.load() == 2);
   CHECK(std::filesystem::is_empty(dir.path));
+}
+
+TEST_CASE("flight record: a dump signal makes every rank waiting in a call write its ring, the call included") {
+  // 3 to 5 ranks, one of them (drawn) late to an AllReduce: the others wait
+  // in it, a SIGUSR1 arrives, and each waiting rank writes its record from
+  // its own thread while the late rank is still away.
+  auto g = test::rng_for("flight record signal");
+  const int world = 3 + static_cast<int>(g() % 3);
+  const int late = static_cast<int>(g() % static_cast<std::uint64_t>(world));
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world << ", late rank = " << late);
+  test::TempDir dir;
+  const FlightDir env(dir.path);
+  gs::dump_flight_records_on(SIGUSR1);
+  const auto path = [&](int r) { return dir.path / ("gradsync-flight-world-rank" + std::to_string(r) + ".json"); };
+  std::atomic<bool> dumped{false};
+  std::thread signaller([&] {
+    // Every other rank's record written, or give up after 20 s (the check below says which).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (int sent = 0; std::chrono::steady_clock::now() < until; ++sent) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      bool all = true;
+      for (int r = 0; r < world; ++r) all = all && (r == late || std::filesystem::exists(path(r)));
+      if (all) break;
+      if (sent % 20 == 0) std::raise(SIGUSR1);  // again each second, as a user would
+    }
+    dumped = true;
+  });
+  gs::run_threads(world, gs::ThreadsOptions{.timeout = std::chrono::seconds(60)}, [&](Communicator<Threads>& comm) {
+    std::vector<float> x(37, 1.0f);
+    gs::AllReduce{}(comm, std::span<float>(x));
+    if (comm.rank() == late) {
+      while (!dumped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    gs::AllReduce{}(comm, std::span<float>(x));
+  });
+  signaller.join();
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    if (r == late) {
+      CHECK(!std::filesystem::exists(path(r)));
+      continue;
+    }
+    REQUIRE(std::filesystem::exists(path(r)));
+    const std::string text = read(path(r));
+    CHECK(occurrences(text, "\"reason\": \"signal\"") == 1);
+    CHECK(occurrences(text, "\"state\": \"completed\"") == 1);  // the first AllReduce; the second was waiting
+    CHECK(occurrences(text, "\"what\": \"AllReduce #2 (") == 1);
+  }
+}
+
+TEST_CASE("flight record: GRADSYNC_FLIGHT_SIGNAL's names, and a signal that cannot be caught is refused") {
+  using gs::detail::parse_signal;
+  CHECK(parse_signal("USR1") == SIGUSR1);
+  CHECK(parse_signal("SIGUSR2") == SIGUSR2);
+  CHECK(parse_signal("10") == 10);
+  CHECK(parse_signal("") == 0);
+  CHECK(parse_signal("USR3") == 0);
+  CHECK(parse_signal("1x") == 0);
+  CHECK_THROWS_AS(gs::dump_flight_records_on(SIGKILL), gs::InvalidArgument);
+  CHECK_THROWS_AS(gs::dump_flight_records_on(0), gs::InvalidArgument);
 }
 
 }  // namespace test_flight_recorder

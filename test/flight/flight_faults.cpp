@@ -11,8 +11,13 @@
 //   different  it calls another collective in its place
 //   sleep      it sleeps past the deadline, then makes the call
 //   kill       it dies by SIGKILL (Mpi only: on Threads it would take every rank along)
+//   signal     it stays away from that call until every other rank's record is in
+//              GRADSYNC_FLIGHT_DIR (written on the dump signal that flight_test.py
+//              sends while they wait in it), then makes it
 //
-// Each rank prints "END <rank> <Class|ok>" as it stops.
+// Each rank prints "READY <rank>" once its communicator is made (a dump
+// signal's handler is installed then) and "END <rank> <Class|ok>" as it
+// stops; the signal fault's rank prints "AWAY <rank>" as it stays away.
 
 #include <gradsync/gradsync.hpp>
 #ifdef GRADSYNC_FLIGHT_MPI
@@ -25,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <thread>
@@ -54,8 +60,24 @@ void make_call(Comm& comm, int k, std::vector<float>& x, std::vector<float>& all
   }
 }
 
+/// Until every rank but `me` of `n` has a record in GRADSYNC_FLIGHT_DIR, or 60 s.
+void await_others_records(int me, int n) {
+  const char* dir = std::getenv("GRADSYNC_FLIGHT_DIR");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < n && dir != nullptr && std::chrono::steady_clock::now() < until;) {
+    const auto file = std::filesystem::path(dir) / ("gradsync-flight-world-rank" + std::to_string(r) + ".json");
+    if (r == me || std::filesystem::exists(file)) {
+      ++r;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
 template <class Comm>
 void run_rank(Comm& comm, const Fault& f) {
+  std::printf("READY %d\n", comm.rank());
+  std::fflush(stdout);
   comm.set_timeout(f.deadline);
   std::vector<float> x(1000, 1.0f), all(x.size() * static_cast<std::size_t>(comm.size()));
   const char* end = "ok";
@@ -68,6 +90,11 @@ void run_rank(Comm& comm, const Fault& f) {
           kill(getpid(), SIGKILL);
         }
         if (f.kind == "skip" || f.kind == "sleep") std::this_thread::sleep_for(2 * f.deadline);
+        if (f.kind == "signal") {
+          std::printf("AWAY %d\n", comm.rank());
+          std::fflush(stdout);
+          await_others_records(comm.rank(), comm.size());
+        }
         if (f.kind == "skip" || f.kind == "different") what = k + 1;
       }
       make_call(comm, what, x, all);
@@ -94,7 +121,7 @@ int main(int argc, char** argv) {
   const int args = 6;
 #endif
   if (argc != args) {
-    std::fprintf(stderr, "usage: flight_faults skip|different|sleep|kill RANK CALL DEADLINE_MS%s\n",
+    std::fprintf(stderr, "usage: flight_faults skip|different|sleep|kill|signal RANK CALL DEADLINE_MS%s\n",
                  args == 6 ? " N" : "");
     return 2;
   }

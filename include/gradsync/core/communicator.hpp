@@ -21,6 +21,7 @@
 #include "gradsync/core/call_view.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/flight_recorder.hpp"
+#include "gradsync/core/flight_signal.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/rank_names.hpp"
@@ -67,6 +68,7 @@ class Communicator {
   template <class... Args>
     requires std::constructible_from<endpoint_type, Args&&...>
   explicit Communicator(Args&&... args) : ep_(std::forward<Args>(args)...) {
+    detail::install_flight_signal_from_env();
     if (std::string dir = detail::trace_dir_from_env(); !dir.empty()) trace_to(std::move(dir));
   }
   Communicator(const Communicator&) = delete;
@@ -248,6 +250,8 @@ class Communicator {
     }
     call_ = call;
     detail::FlightEntry& flight = flight_.issue(call_);
+    // A dump signal that arrives while this call waits writes this ring.
+    const detail::FlightSignalScope on_signal(&Communicator::write_signal_record, this);
     // Off, the timeline costs this test of a pointer at each mark.
     detail::TraceRecorder* const trace = trace_.get();
     std::int64_t issued = 0, started = 0, moved = 0;
@@ -296,6 +300,21 @@ class Communicator {
                                                  const LabelNames* live) const noexcept {
     return {.rank = rank(), .size = size(), .names = &rank_names(), .reason = reason, .message = message,
             .live_names = live};
+  }
+
+  /// The flight record a dump signal asks for (flight_signal.hpp), written
+  /// by the thread inside the call; a failure to write it goes to stderr.
+  static void write_signal_record(const void* self) noexcept {
+    const auto& c = *static_cast<const Communicator*>(self);
+    try {
+      const std::string dir = detail::flight_dir();
+      if (!dir.empty() && c.flight_.capacity() != 0)
+        c.flight_.write(dir, c.flight_context("signal", "a dump signal arrived while this call waited",
+                                              c.call_.label.names));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    } catch (...) {
+    }
   }
 
   /// The flight record of the call that just failed, where flight_dir()

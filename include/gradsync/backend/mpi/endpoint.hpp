@@ -29,6 +29,7 @@
 #include "gradsync/backend/mpi/wire.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/flight_signal.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/rank_names.hpp"
@@ -451,6 +452,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
     for (;;) {
       if (ready()) return;
       control_.poll(timeout, waiting_for());
+      poll_flight_signal();
       if (std::chrono::steady_clock::now() > deadline) expired();
       if (crowded) {
         backoff.idle();

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "gradsync/core/flight_signal.hpp"
 #include "gradsync/core/spinner.hpp"
 
 namespace gradsync::detail::threads {
@@ -54,6 +55,7 @@ void wait_on(Doorbell& bell, Spinner& spinner, Ready&& ready, Check&& check) {
     const std::uint64_t seen = bell.epoch.load(std::memory_order_seq_cst);
     if (ready()) return;
     check();
+    poll_flight_signal();
     if (std::chrono::steady_clock::now() < yield_until) {
       std::this_thread::yield();
       continue;
