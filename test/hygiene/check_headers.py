@@ -122,27 +122,37 @@ class BaseHeaders:
                         todo.append(name)
         return seen
 
+    # A LibTorch header opened from outside (torch/, ATen/, c10/) brings in
+    # hundreds more: parsing <torch/nn/module.h> alone takes about as long as
+    # fifty of gradsync's headers.
+    HEAVY = ("torch/", "ATen/", "c10/")
+    HEAVY_WEIGHT = 50
+
+    def size(self, header):
+        """What parsing `header`'s includes costs, in gradsync headers' worth."""
+        return sum(self.HEAVY_WEIGHT if n.startswith(self.HEAVY) else 1 for n in self.closure[header])
+
     def _choose(self, headers):
         """Greedily, the bases that spare the most parsing, counted as the
-        number of headers a base brings in, summed over its users; a base
-        must spare more than twice what precompiling it costs (its own
-        parse), since loading its precompiled form costs each user too."""
+        weight of the headers a base brings in (size()), summed over its
+        users; a base must spare more than twice what precompiling it costs
+        (its own parse), since loading its precompiled form costs each user too."""
         users = [h for h in headers if h not in self.code_first]
         best, bases = {h: 0 for h in users}, []
         for _ in range(self.COUNT):
             def gain(b):
-                size = len(self.closure[b])
+                size = self.size(b)
                 return sum(max(0, size - best[h]) for h in users if b in self.closure[h])
             candidates = [b for b in headers if b not in bases and b in self.closure]
             if not candidates:
                 break
             pick = max(candidates, key=gain)
-            if gain(pick) <= 2 * len(self.closure[pick]):
+            if gain(pick) <= 2 * self.size(pick):
                 break
             bases.append(pick)
             for h in users:
                 if pick in self.closure[h]:
-                    best[h] = max(best[h], len(self.closure[pick]))
+                    best[h] = max(best[h], self.size(pick))
         return bases
 
     def base_for(self, header, built):
@@ -150,7 +160,7 @@ class BaseHeaders:
         if header in self.code_first:
             return None
         fits = [b for b in built if b in self.closure[header]]
-        return max(fits, key=lambda b: len(self.closure[b]), default=None)
+        return max(fits, key=self.size, default=None)
 
 
 def precompile(cxx, include_dir, base, extra_flags, work):
