@@ -43,6 +43,79 @@ void check_refused(const PerRank& got, const std::vector<std::string>& needles) 
   }
 }
 
+/// Every rank returned alike, within 1e-5 (relative) of one process and of DistributedDataParallel.
+void check_parity(const PerRank& got, const std::vector<torch::Tensor>& expected,
+                  const std::vector<torch::Tensor>& ddp) {
+  for (std::size_t r = 0; r < got.errors.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(got.errors[r] == "");
+    CHECK(bitwise_equal(got.params[r], got.params[0]));
+  }
+  const double error = max_relative(got.params[0], expected);
+  const double from_ddp = max_relative(got.params[0], ddp);
+  CAPTURE(error);
+  CAPTURE(from_ddp);
+  CHECK(error <= 1e-5);
+  CHECK(from_ddp <= 1e-5);
+}
+
+/// One process on all of `d`, `steps` steps of `opt` from `init`: the state it ends in.
+std::vector<torch::Tensor> alone_state(const std::vector<torch::Tensor>& init, Opt opt, const Data& d, int steps) {
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(opt, *alone);
+  fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps);
+  return state(*alone);
+}
+
+/// One process on all of `d`, its gradient clipped to max_norm every step:
+/// the norms before clipping, and (into `expected`) the state it ends in.
+std::vector<double> clipped_alone(const std::vector<torch::Tensor>& init, Opt opt, const Data& d, int steps,
+                                  double max_norm, std::vector<torch::Tensor>& expected) {
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(opt, *alone);
+  std::vector<double> norms;
+  for (int s = 0; s < steps; ++s) {
+    alone_opt->zero_grad();
+    torch::nn::functional::cross_entropy(alone->forward(d.x), d.y).backward();
+    norms.push_back(torch::nn::utils::clip_grad_norm_(alone->parameters(), max_norm));
+    alone_opt->step();
+  }
+  expected = state(*alone);
+  return norms;
+}
+
+/// The wrapped `m` trained on this rank's rows `mine`, clipped by
+/// gradsync::clip_grad_norm_ every step (its norms into `seen`): the full state it ends in.
+std::vector<torch::Tensor> fit_clipped(gradsync::ShardedModule<Net>& m, Comm& comm, Opt opt, const Data& mine,
+                                       int steps, double max_norm, std::vector<double>& seen) {
+  auto o = make_optimizer(opt, *m);
+  for (int s = 0; s < steps; ++s) {
+    o->zero_grad();
+    torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward();
+    seen.push_back(gradsync::clip_grad_norm_(m, comm, max_norm));
+    o->step();
+  }
+  return values(gradsync::full_state_dict(m));
+}
+
+/// DistributedDataParallel on `n` ranks from rank 0's `init`, trained by
+/// `train(dp, module, optimizer, comm)`: every rank's state at the end.
+template <class Train>
+PerRank ddp_ranks(int n, const std::vector<torch::Tensor>& init, Opt opt, Train train) {
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    Net m;
+    if (comm.rank() == 0) load_state(*m, init);
+    gradsync::DistributedDataParallel dp(comm, m);
+    auto o = make_optimizer(opt, *m);
+    train(dp, *m, *o, comm);
+    return state(*m);
+  });
+  REQUIRE(got.errors[0] == "");
+  return got;
+}
+
 std::int64_t numel(const std::vector<torch::Tensor>& ts) {
   std::int64_t n = 0;
   for (const auto& t : ts) n += t.numel();
@@ -66,21 +139,11 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
       CAPTURE(n);
       Data d = make_data(n * b, "fsdp parity data");
       d.x = d.x.to(torch::kDouble);
-      Net alone;
-      load_state(*alone, init);
-      auto alone_opt = make_optimizer(opt, *alone);
-      fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps);
-      const std::vector<torch::Tensor> expected = state(*alone);
+      const std::vector<torch::Tensor> expected = alone_state(init, opt, d, steps);
 
-      PerRank ddp = run_ranks(n, [&](Comm& comm) {
-        Net m;
-        if (comm.rank() == 0) load_state(*m, init);
-        gradsync::DistributedDataParallel dp(comm, m);
-        auto o = make_optimizer(opt, *m);
-        fit([&](const torch::Tensor& x) { return dp(x); }, *o, rank_rows(d, comm.rank(), b), steps);
-        return state(*m);
+      PerRank ddp = ddp_ranks(n, init, opt, [&](auto& dp, NetImpl& /*m*/, torch::optim::Optimizer& o, Comm& comm) {
+        fit([&](const torch::Tensor& x) { return dp(x); }, o, rank_rows(d, comm.rank(), b), steps);
       });
-      REQUIRE(ddp.errors[0] == "");
 
       for (const ShardingStrategy strategy :
            {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
@@ -120,6 +183,114 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         CAPTURE(from_ddp);
         CHECK(error <= 1e-5);
         CHECK(from_ddp <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: K micro-batches under no_sync match one step on the K·N·b batch and "
+          "DistributedDataParallel's no_sync, every strategy") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 2;  // per rank and micro-batch
+  const int k = 3, steps = 2;
+  const auto init = initial_state("fsdp no_sync init");
+  for (const Opt opt : {Opt::sgd_momentum, Opt::adam}) {
+    const std::string optimizer = opt_name(opt);
+    CAPTURE(optimizer);
+    for (int n : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      Data d = make_data(static_cast<std::int64_t>(n) * k * b, "fsdp no_sync data");
+      d.x = d.x.to(torch::kDouble);
+      const std::vector<torch::Tensor> expected = alone_state(init, opt, d, steps);
+
+      // Each step: K − 1 backwards under `guard()`, then a synced one; rank
+      // r's micro-batch i is rows (i·N + r)·b, so together they are the
+      // batch, and 1/K makes the micro-losses' sum its mean.
+      auto train = [&](auto& forward, auto guard, torch::optim::Optimizer& o, int rank) {
+        auto micro = [&](int i) {
+          const std::int64_t first = (static_cast<std::int64_t>(i) * n + rank) * b;
+          (torch::nn::functional::cross_entropy(forward(d.x.narrow(0, first, b)), d.y.narrow(0, first, b)) / k)
+              .backward();
+        };
+        for (int s = 0; s < steps; ++s) {
+          o.zero_grad();
+          {
+            auto g = guard();
+            for (int i = 0; i + 1 < k; ++i) micro(i);
+          }
+          micro(k - 1);
+          o.step();
+        }
+      };
+      PerRank ddp = ddp_ranks(n, init, opt, [&](auto& dp, NetImpl& /*m*/, torch::optim::Optimizer& o, Comm& comm) {
+        auto forward = [&](const torch::Tensor& x) { return dp(x); };
+        train(forward, [&] { return dp.no_sync(); }, o, comm.rank());
+      });
+
+      for (const ShardingStrategy strategy :
+           {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+        const std::string strategy_name = gradsync::name(strategy);
+        CAPTURE(strategy_name);
+        PerRank got = run_ranks(n, [&](Comm& comm) {
+          gradsync::ShardedModule<Net> m;
+          load_and_wrap(m, comm, init, strategy);
+          auto o = make_optimizer(opt, *m);
+          auto forward = [&](const torch::Tensor& x) { return m(x); };
+          train(forward, [&] { return gradsync::no_sync(m); }, *o, comm.rank());
+          return values(gradsync::full_state_dict(m));
+        });
+        check_parity(got, expected, ddp.params[0]);
+      }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: HybridShard over groups of shard_size ranks matches DistributedDataParallel and one "
+          "process, clip_grad_norm_ included") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 3;
+  const int steps = 6;
+  const double max_norm = 0.05;  // small enough that every step clips
+  const auto init = initial_state("fsdp hybrid init");
+  // {N, shard_size}: two groups of two, and groups of one (every rank a replica).
+  for (const auto& [n, s] : {std::pair{4, 2}, std::pair{2, 1}}) {
+    CAPTURE(n);
+    CAPTURE(s);
+    Data d = make_data(n * b, "fsdp hybrid data");
+    d.x = d.x.to(torch::kDouble);
+    std::vector<torch::Tensor> expected;
+    const std::vector<double> norms = clipped_alone(init, Opt::adam, d, steps, max_norm, expected);
+    PerRank ddp = ddp_ranks(n, init, Opt::adam, [&](auto& dp, NetImpl& m, torch::optim::Optimizer& o, Comm& comm) {
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int step = 0; step < steps; ++step) {
+        o.zero_grad();
+        torch::nn::functional::cross_entropy(dp(mine.x), mine.y).backward();
+        torch::nn::utils::clip_grad_norm_(m.parameters(), max_norm);
+        o.step();
+      }
+    });
+    std::vector<std::vector<double>> seen(static_cast<std::size_t>(n));
+    std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      if (comm.rank() == 0) load_state(*m, init);
+      gradsync::FullyShardOptions o;
+      o.strategy = ShardingStrategy::HybridShard;
+      o.shard_size = s;
+      wrap(m, comm, o);
+      local[static_cast<std::size_t>(comm.rank())] = numel(m->parameters());
+      return fit_clipped(m, comm, Opt::adam, rank_rows(d, comm.rank(), b), steps, max_norm,
+                         seen[static_cast<std::size_t>(comm.rank())]);
+    });
+    std::int64_t most = 0;
+    for (std::int64_t p : {323, 208, 65}) most += (p + s - 1) / s;
+    check_parity(got, expected, ddp.params[0]);
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      CHECK(local[r] <= most);  // a shard of 1/shard_size
+      for (std::size_t step = 0; step < norms.size() && step < seen[r].size(); ++step) {
+        CAPTURE(step);
+        CHECK(std::abs(seen[r][step] - norms[step]) <= 1e-9 * norms[step]);
       }
     }
   }
@@ -217,17 +388,8 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
   const auto init = initial_state("fsdp clip init");
   Data d = make_data(n * b, "fsdp clip data");
   d.x = d.x.to(torch::kDouble);
-  Net alone;
-  load_state(*alone, init);
-  auto alone_opt = make_optimizer(Opt::sgd_momentum, *alone);
-  std::vector<double> norms;
-  for (int s = 0; s < steps; ++s) {
-    alone_opt->zero_grad();
-    torch::nn::functional::cross_entropy(alone->forward(d.x), d.y).backward();
-    norms.push_back(torch::nn::utils::clip_grad_norm_(alone->parameters(), max_norm));
-    alone_opt->step();
-  }
-  const std::vector<torch::Tensor> expected = state(*alone);
+  std::vector<torch::Tensor> expected;
+  const std::vector<double> norms = clipped_alone(init, Opt::sgd_momentum, d, steps, max_norm, expected);
   for (const ShardingStrategy strategy :
        {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
     const std::string strategy_name = gradsync::name(strategy);
@@ -237,15 +399,8 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
       gradsync::ShardedModule<Net> m;
       // Only rank 0 starts from the reference: wrapping must broadcast it.
       load_and_wrap(m, comm, init, strategy);
-      auto opt = make_optimizer(Opt::sgd_momentum, *m);
-      const Data mine = rank_rows(d, comm.rank(), b);
-      for (int s = 0; s < steps; ++s) {
-        opt->zero_grad();
-        torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward();
-        seen[static_cast<std::size_t>(comm.rank())].push_back(gradsync::clip_grad_norm_(m, comm, max_norm));
-        opt->step();
-      }
-      return values(gradsync::full_state_dict(m));
+      return fit_clipped(m, comm, Opt::sgd_momentum, rank_rows(d, comm.rank(), b), steps, max_norm,
+                         seen[static_cast<std::size_t>(comm.rank())]);
     });
     for (std::size_t r = 0; r < seen.size(); ++r) {
       CAPTURE(r);
@@ -380,15 +535,16 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
     });
     check_refused(got, {"gradsync: fully_shard"});
   }
-  SUBCASE("HybridShard, which needs a second level of groups") {
+  SUBCASE("HybridShard with a shard_size that does not divide the world") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
       gradsync::ShardedModule<Net> m;
       gradsync::FullyShardOptions o;
       o.strategy = ShardingStrategy::HybridShard;
+      o.shard_size = 2;
       gradsync::fully_shard(m->b1, comm, o);
       return std::vector<torch::Tensor>{};
     });
-    check_refused(got, {"HybridShard is not supported"});
+    check_refused(got, {"HybridShard needs a shard_size that divides the world size 3, got 2"});
   }
   SUBCASE("ranks with different strategies") {
     PerRank got = run_ranks(n, [&](Comm& comm) {

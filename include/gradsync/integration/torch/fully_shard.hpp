@@ -19,6 +19,7 @@
 #include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/common/unit_agreement.hpp"
+#include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
 
 namespace gradsync {
@@ -73,8 +74,14 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
   // leave the others waiting in the agreement's collective.
   std::string refusal;
   if (options.strategy == ShardingStrategy::HybridShard) {
-    refusal = "FullyShardOptions::strategy HybridShard is not supported for LibTorch modules; use FullShard, "
-              "ShardGradOp or NoShard";
+    ShardedTrainerOptions hybrid;
+    hybrid.strategy = options.strategy;
+    hybrid.shard_size = options.shard_size;
+    try {
+      detail::fsdp::shard_group_size(hybrid, comm.size(), "FullyShardOptions::shard_size");
+    } catch (const InvalidArgument& e) {
+      refusal = e.what();
+    }
   }
   if (refusal.empty() && detail::find_torch_unit(root.get())) {
     refusal = "module '" + root->name() + "' was already wrapped by fully_shard; wrap each module once";
@@ -137,6 +144,8 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
   if (!refusal.empty()) spec = UnitSpec{root->name(), {}, {}};
   const std::vector<detail::AgreedValue> agreed{
       {"FullyShardOptions::strategy", name(options.strategy), "Give every rank the same FullyShardOptions."},
+      {"FullyShardOptions::shard_size", std::to_string(options.shard_size),
+       "Give every rank the same FullyShardOptions: HybridShard's groups are made from it."},
       {"FullyShardOptions::sync_module_states", options.sync_module_states ? "true" : "false",
        "Give every rank the same FullyShardOptions."},
       {"fully_shard's verdict", refusal.empty() ? "accepted" : "refused: " + refusal,

@@ -30,6 +30,8 @@
 #include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/fsdp/flat_shard.hpp"
+#include "gradsync/train/fsdp/hybrid_groups.hpp"
+#include "gradsync/train/fsdp/options.hpp"
 
 namespace gradsync::detail {
 
@@ -75,7 +77,12 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
 
   TorchShardedUnit(Communicator<B>& comm, const std::shared_ptr<torch::nn::Module>& module, std::vector<Param> params,
                    std::vector<at::Tensor> buffers, FullyShardOptions options)
-      : TorchUnit(module), comm_(comm), o_(options), params_(std::move(params)), buffers_(std::move(buffers)) {
+      : TorchUnit(module),
+        comm_(comm),
+        groups_(comm),
+        o_(options),
+        params_(std::move(params)),
+        buffers_(std::move(buffers)) {
     for (const Param& p : params_) tensors_.push_back(p.tensor);
     if (!params_.empty()) dtype_ = params_[0].tensor.scalar_type();
   }
@@ -95,8 +102,15 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       for (const at::Tensor& b : buffers_) broadcast(b);
     }
     if (params_.empty()) return;
-    const auto n = static_cast<std::size_t>(comm_.size());
-    const auto rank = static_cast<std::size_t>(comm_.rank());
+    // HybridShard: the unit is sharded over groups of shard_size ranks,
+    // each group a replica of it (the groups ShardedTrainer makes).
+    ShardedTrainerOptions hybrid;
+    hybrid.strategy = o_.strategy;
+    hybrid.shard_size = o_.shard_size;
+    groups_.split(hybrid, where());
+    if (Communicator<B>* r = groups_.replica()) replicas_ = r->size();
+    const auto n = static_cast<std::size_t>(groups_.shard().size());
+    const auto rank = static_cast<std::size_t>(groups_.shard().rank());
     const bool sharded = o_.strategy != ShardingStrategy::NoShard;
     // Each parameter is a member of the one wrapped group, so FlatShard
     // gives its offset in the unit as well as the padding and owned range.
@@ -193,7 +207,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (o_.strategy == ShardingStrategy::NoShard) return;
     // No backward will come for this forward (no_grad, or nothing to
     // train): keeping it gathered would hold the memory until the next one.
-    if (o_.strategy == ShardingStrategy::FullShard || !hooked) {
+    if (o_.strategy != ShardingStrategy::ShardGradOp || !hooked) {
       if (!in_backward_) reshard();
     }
   }
@@ -209,7 +223,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (o_.strategy != ShardingStrategy::NoShard) {
       full = torch::empty({full_.numel()}, full_.options());
       with_type([&]<class T>(T) {
-        AllGather<Auto>{o_.collective}(comm_, span_of<T>(shard_), span_of<T>(full));
+        AllGather<Auto>{o_.collective}(groups_.shard(), span_of<T>(shard_), span_of<T>(full));
       });
     }
     for (const Param& p : params_) {
@@ -223,10 +237,14 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     return sharded() ? shard_grad_ : full_grad_;
   }
   bool sharded() const override { return o_.strategy != ShardingStrategy::NoShard; }
+  int replicas() const override { return replicas_; }
 
   std::size_t gathered_bytes() const override {
     return full_.defined() ? full_.storage().unsafeGetStorageImpl()->nbytes() : 0;
   }
+
+  bool requires_gradient_sync() const override { return sync_; }
+  void set_requires_gradient_sync(bool sync) override { sync_ = sync; }
 
   std::size_t persistent_bytes() const override {
     if (params_.empty()) return 0;
@@ -298,7 +316,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
       s->set_nbytes(bytes);
     }
-    with_type([&]<class T>(T) { AllGather<Auto>{o_.collective}(comm_, span_of<T>(shard_), span_of<T>(full_)); });
+    with_type([&]<class T>(T) {
+      AllGather<Auto>{o_.collective}(groups_.shard(), span_of<T>(shard_), span_of<T>(full_));
+    });
     for (Param& p : params_) p.tensor.set_data(p.full_view);
     gathered_ = true;
   }
@@ -371,10 +391,14 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     in_backward_ = false;
     inputs_pending_ = 0;
     input_hooked_ = false;
+    restore_set_aside();
+  }
+
+  /// Each trainable parameter's `.grad` back to what pre_backward set aside.
+  void restore_set_aside() {
+    if (o_.strategy == ShardingStrategy::NoShard) return;
     for (Param& p : params_) {
-      if (!p.trainable) continue;
-      if (o_.strategy == ShardingStrategy::NoShard) continue;
-      p.tensor.mutable_grad() = accumulate_ ? p.grad_piece : at::Tensor();
+      if (p.trainable) p.tensor.mutable_grad() = accumulate_ ? p.grad_piece : at::Tensor();
     }
   }
 
@@ -425,22 +449,53 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
         }
         g = p.full_grad_view;
       }
-      if (n > 1) with_type([&]<class T>(T) { AllReduce<Auto>{o_.collective}(comm_, span_of<T>(full_grad_), Avg{}); });
+      // Unsynced, the full gradient is this rank's sum so far; the next
+      // synced backward averages it (what it held before was alike on every rank).
+      if (n > 1 && sync_) {
+        with_type([&]<class T>(T) { AllReduce<Auto>{o_.collective}(comm_, span_of<T>(full_grad_), Avg{}); });
+      }
       return;
     }
-    at::Tensor flat = torch::zeros({full_.numel()}, full_.options());
+    // Backwards without sync sum the full local gradients here (FSDP's
+    // no_sync: the memory of a full gradient, no communication); the next
+    // synced backward reduces that sum with its own.
+    const bool carried = unsynced_.defined();
+    at::Tensor flat = carried ? std::move(unsynced_) : torch::zeros({full_.numel()}, full_.options());
+    unsynced_.reset();
     for (Param& p : params_) {
       const at::Tensor& g = p.tensor.grad();
-      if (p.trainable && g.defined()) flat.narrow(0, as_int(p.offset), as_int(p.count)).copy_(g.reshape({-1}));
+      if (!p.trainable || !g.defined()) continue;
+      at::Tensor slot = flat.narrow(0, as_int(p.offset), as_int(p.count));
+      if (carried) {
+        slot.add_(g.reshape({-1}));
+      } else {
+        slot.copy_(g.reshape({-1}));
+      }
+    }
+    if (!sync_) {
+      unsynced_ = std::move(flat);
+      reshard();
+      restore_set_aside();  // the shard's gradient stays what it was
+      return;
     }
     at::Tensor out = accumulate_ ? torch::empty({shard_grad_.numel()}, shard_grad_.options()) : shard_grad_;
-    if (n == 1) {
-      out.copy_(flat);
-    } else {
-      with_type([&]<class T>(T) {
-        ReduceScatter<Auto>{o_.collective}(comm_, span_of<T>(flat), span_of<T>(out), Avg{});
-      });
-    }
+    Communicator<B>& group = groups_.shard();
+    Communicator<B>* replicas = groups_.replica();
+    with_type([&]<class T>(T) {
+      if (group.size() == 1) {
+        out.copy_(flat);
+      } else {
+        // HybridShard sums in the group and across the replicas, then
+        // divides once by the world size (as ShardedTrainer's reduce_unit).
+        if (replicas) {
+          ReduceScatter<Auto>{o_.collective}(group, span_of<T>(flat), span_of<T>(out), Sum{});
+        } else {
+          ReduceScatter<Auto>{o_.collective}(group, span_of<T>(flat), span_of<T>(out), Avg{});
+        }
+      }
+      if (replicas && replicas->size() > 1) AllReduce<Auto>{o_.collective}(*replicas, span_of<T>(out), Sum{});
+    });
+    if (replicas) out.div_(n);
     if (accumulate_) shard_grad_.add_(out);
     reshard();
     for (Param& p : params_) {
@@ -449,6 +504,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   }
 
   Communicator<B>& comm_;
+  /// The unit's shard group (comm_ itself but under HybridShard) and replicas.
+  fsdp::HybridGroups<Communicator<B>> groups_;
+  int replicas_ = 1;
   FullyShardOptions o_;
   std::vector<Param> params_;
   std::vector<at::Tensor> tensors_;  ///< params_' tensors, for parameters()
@@ -456,9 +514,11 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   c10::ScalarType dtype_ = c10::ScalarType::Float;
   fsdp::FlatShard layout_;
   at::Tensor full_, shard_, shard_grad_, full_grad_;
+  at::Tensor unsynced_;  ///< the full local gradient summed by backwards without sync, if any
   std::size_t trainable_ = 0, got_count_ = 0, inputs_pending_ = 0;
   std::vector<unsigned char> got_;
   bool gathered_ = false, in_backward_ = false, finish_queued_ = false, accumulate_ = false, input_hooked_ = false;
+  bool sync_ = true;
 };
 
 }  // namespace gradsync::detail

@@ -47,6 +47,9 @@ class TorchUnit {
   /// parameter of the unit is trainable.
   virtual at::Tensor local_gradient() const = 0;
   virtual bool sharded() const = 0;
+  /// Copies of the unit's shards over the ranks: HybridShard's shard
+  /// groups, 1 otherwise (the shard's norm is summed over every rank).
+  virtual int replicas() const = 0;
   /// Bytes this rank keeps between steps for the unit's parameters and
   /// their gradients: twice the padded shard (the whole unit under NoShard).
   virtual std::size_t persistent_bytes() const = 0;
@@ -54,6 +57,11 @@ class TorchUnit {
   /// Bytes the unit's gathered parameters hold now: 0 while it is sharded
   /// (freed), the padded unit while gathered.
   virtual std::size_t gathered_bytes() const = 0;
+
+  /// Whether backward reduces the unit's gradients (true) or only adds them
+  /// to a full local gradient that the next synced backward reduces.
+  virtual bool requires_gradient_sync() const = 0;
+  virtual void set_requires_gradient_sync(bool sync) = 0;
 
   /// The module is gone: the unit is kept only until the registry's next purge.
   bool expired() const noexcept { return module_.expired(); }
@@ -100,6 +108,23 @@ inline std::shared_ptr<TorchUnit> torch_unit_holding(const at::Tensor& p) {
     if (std::any_of(ps.begin(), ps.end(), [&](const at::Tensor& q) { return q.is_same(p); })) return u;
   }
   return nullptr;
+}
+
+/// The units of `module` and of the modules under it, outermost first.
+/// `Holder` is a module holder (ShardedModule, TORCH_MODULE) or a shared_ptr.
+template <class Holder>
+std::vector<std::shared_ptr<TorchUnit>> torch_units_under(Holder& module) {
+  std::shared_ptr<torch::nn::Module> root;
+  if constexpr (requires { module.ptr(); }) {
+    root = module.ptr();
+  } else {
+    root = module;
+  }
+  std::vector<std::shared_ptr<TorchUnit>> out;
+  for (const auto& sub : root->modules(/*include_self=*/true)) {
+    if (auto unit = find_torch_unit(sub.get())) out.push_back(std::move(unit));
+  }
+  return out;
 }
 
 /// Adds `unit`, and drops the units whose module is gone (with them their
