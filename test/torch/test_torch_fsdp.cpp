@@ -43,6 +43,18 @@ void check_refused(const PerRank& got, const std::vector<std::string>& needles) 
   }
 }
 
+/// Two wrapped blocks that keep the width, so a forward may skip the second.
+struct SkipNetImpl : torch::nn::Module {
+  SkipNetImpl()
+      : b1(register_module("b1", Block(12, 7, 12))),
+        b2(register_module("b2", Block(12, 5, 12))),
+        head(register_module("head", torch::nn::Linear(12, 5))) {}
+  torch::Tensor forward(torch::Tensor x, bool skip) { return head(skip ? b1(x) : b2(b1(x))); }
+  gradsync::ShardedModule<Block> b1, b2;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(SkipNet);
+
 /// Every rank returned alike, within 1e-5 (relative) of one process and of DistributedDataParallel.
 void check_parity(const PerRank& got, const std::vector<torch::Tensor>& expected,
                   const std::vector<torch::Tensor>& ddp) {
@@ -114,6 +126,18 @@ PerRank ddp_ranks(int n, const std::vector<torch::Tensor>& init, Opt opt, Train 
   });
   REQUIRE(got.errors[0] == "");
   return got;
+}
+
+/// Every rank wraps a Net's b1 with the options `set(options, rank)` makes.
+template <class Set>
+PerRank wrap_b1_with(int n, Set set) {
+  return run_ranks(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    gradsync::FullyShardOptions o;
+    set(o, comm.rank());
+    gradsync::fully_shard(m->b1, comm, o);
+    return std::vector<torch::Tensor>{};
+  });
 }
 
 std::int64_t numel(const std::vector<torch::Tensor>& ts) {
@@ -292,6 +316,117 @@ TEST_CASE("fully_shard: HybridShard over groups of shard_size ranks matches Dist
         CAPTURE(step);
         CHECK(std::abs(seen[r][step] - norms[step]) <= 1e-9 * norms[step]);
       }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: a forward that skips a unit on one rank fails every rank naming the unit, with no wait") {
+  auto rng = test::rng_for("fsdp skipped unit");
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const int odd = static_cast<int>(rng() % n);
+  const int bad = 1 + static_cast<int>(rng() % 2);  // counted from 1
+  INFO("rank " << odd << " skips b2 in step " << bad);
+  const std::int64_t b = 4;
+  const Data d = make_data(n * b, "fsdp skipped unit data");
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    const Outcomes got = run_failing(n, [&](Comm& comm) {
+      gradsync::ShardedModule<SkipNet> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      gradsync::fully_shard(m->b1, comm, o);
+      gradsync::fully_shard(m->b2, comm, o);
+      gradsync::fully_shard(m, comm, o);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 1; s <= bad + 1; ++s) {
+        opt->zero_grad();
+        torch::nn::functional::cross_entropy(m(mine.x, comm.rank() == odd && s == bad), mine.y).backward();
+        opt->step();
+      }
+    });
+    // b2 is the second unit wrapped: index 1.
+    const std::string b2 =
+        "fully_shard unit 1 ('test_torch_fsdp_support::BlockImpl' (a.weight [5 x 12], a.bias [5], …))";
+    for (std::size_t r = 0; r < got.kind.size(); ++r) {
+      INFO("rank " << r << ": " << got.kind[r] << ": " << got.what[r]);
+      CHECK(got.kind[r] == "InvalidArgument");
+      CHECK(got.what[r].find(b2) != std::string::npos);
+    }
+    CHECK(got.seconds < 5.0);
+  }
+}
+
+TEST_CASE("fully_shard: param_dtype bfloat16 trains close to float, the shards and their gradients staying float") {
+  CAPTURE(test::test_seed());
+  const int n = 2, steps = 8;
+  const std::int64_t b = 6;
+  auto rng = test::rng_for("fsdp mixed precision init");
+  torch::manual_seed(rng());
+  std::vector<torch::Tensor> init = state(*SkipNet());
+  const Data d = make_data(n * b, "fsdp mixed precision data");
+  for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    for (const bool reduce_bf16 : {false, true}) {
+      CAPTURE(reduce_bf16);
+      std::vector<int> float_checks(n, 0);
+      auto run = [&](bool mixed) {
+        return run_ranks(n, [&](Comm& comm) {
+          gradsync::ShardedModule<SkipNet> m;
+          load_state(*m, init);
+          gradsync::FullyShardOptions o;
+          o.strategy = strategy;
+          if (mixed) o.param_dtype = torch::kBFloat16;
+          if (mixed && reduce_bf16) o.reduce_dtype = torch::kBFloat16;
+          gradsync::fully_shard(m->b1, comm, o);
+          gradsync::fully_shard(m->b2, comm, o);
+          gradsync::fully_shard(m, comm, o);
+          auto opt = make_optimizer(Opt::sgd_momentum, *m);
+          const Data mine = rank_rows(d, comm.rank(), b);
+          const auto dtype = mixed ? torch::kBFloat16 : torch::kFloat;
+          auto& checks = float_checks[static_cast<std::size_t>(comm.rank())];
+          for (int s = 0; s < steps; ++s) {
+            opt->zero_grad();
+            const torch::Tensor out = m(mine.x.to(dtype), false);
+            if (out.scalar_type() != dtype) {
+              throw gradsync::InvalidArgument(std::string("the forward ran in ") + c10::toString(out.scalar_type()));
+            }
+            torch::nn::functional::cross_entropy(out.to(torch::kFloat), mine.y).backward();
+            // What the optimizer steps: float pieces of the shard, float gradients.
+            for (const torch::Tensor& p : m->parameters()) {
+              if (p.scalar_type() != torch::kFloat || !p.grad().defined() || p.grad().scalar_type() != torch::kFloat ||
+                  p.dim() != 1) {
+                throw gradsync::InvalidArgument("a parameter between steps is not a float piece with a float gradient");
+              }
+              ++checks;
+            }
+            opt->step();
+          }
+          return values(gradsync::full_state_dict(m));
+        });
+      };
+      const PerRank full = run(false);
+      const PerRank mixed = run(true);
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        REQUIRE(full.errors[static_cast<std::size_t>(r)] == "");
+        REQUIRE(mixed.errors[static_cast<std::size_t>(r)] == "");
+        CHECK(float_checks[static_cast<std::size_t>(r)] > 0);
+        CHECK(bitwise_equal(mixed.params[static_cast<std::size_t>(r)], mixed.params[0]));
+        for (const torch::Tensor& t : mixed.params[static_cast<std::size_t>(r)]) {
+          CHECK((t.scalar_type() == torch::kFloat));
+        }
+      }
+      // bfloat16 keeps 8 bits of mantissa (relative rounding 2^-9 ≈ 2e-3 per
+      // value); over 8 SGD steps the weights stay within 1% of float's.
+      const double error = relative(mixed.params[0], full.params[0]);
+      CAPTURE(error);
+      CHECK(error > 0);
+      CHECK(error <= 1e-2);
     }
   }
 }
@@ -536,23 +671,33 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
     check_refused(got, {"gradsync: fully_shard"});
   }
   SUBCASE("HybridShard with a shard_size that does not divide the world") {
-    PerRank got = run_ranks(n, [&](Comm& comm) {
-      gradsync::ShardedModule<Net> m;
-      gradsync::FullyShardOptions o;
+    PerRank got = wrap_b1_with(n, [](gradsync::FullyShardOptions& o, int /*rank*/) {
       o.strategy = ShardingStrategy::HybridShard;
       o.shard_size = 2;
-      gradsync::fully_shard(m->b1, comm, o);
-      return std::vector<torch::Tensor>{};
     });
     check_refused(got, {"HybridShard needs a shard_size that divides the world size 3, got 2"});
   }
-  SUBCASE("ranks with different strategies") {
+  SUBCASE("param_dtype with NoShard, which has no master copy") {
+    PerRank got = wrap_b1_with(n, [](gradsync::FullyShardOptions& o, int /*rank*/) {
+      o.strategy = ShardingStrategy::NoShard;
+      o.param_dtype = torch::kBFloat16;
+    });
+    check_refused(got, {"FullyShardOptions::param_dtype needs a sharded strategy"});
+  }
+  SUBCASE("a float input to a bfloat16 unit") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
-      gradsync::ShardedModule<Net> m;
+      gradsync::ShardedModule<SkipNet> m;
       gradsync::FullyShardOptions o;
-      if (comm.rank() == 0) o.strategy = ShardingStrategy::NoShard;
-      gradsync::fully_shard(m->b1, comm, o);
+      o.param_dtype = torch::kBFloat16;
+      gradsync::fully_shard(m, comm, o);
+      m(torch::zeros({2, 12}), false);
       return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"an input is Float where FullyShardOptions::param_dtype is BFloat16", "torch::kBFloat16"});
+  }
+  SUBCASE("ranks with different strategies") {
+    PerRank got = wrap_b1_with(n, [](gradsync::FullyShardOptions& o, int rank) {
+      if (rank == 0) o.strategy = ShardingStrategy::NoShard;
     });
     check_refused(got, {"FullyShardOptions::strategy: NoShard on world rank 0, FullShard on world ranks 1-2"});
   }

@@ -1,6 +1,10 @@
 #pragma once
 /// \file FullyShardOptions: how gradsync::fully_shard shards one LibTorch unit and when it frees it.
 
+#include <optional>
+
+#include <c10/core/ScalarType.h>
+
 #include "gradsync/core/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
 
@@ -23,6 +27,16 @@ struct FullyShardOptions {
   /// Broadcast rank 0's parameters and buffers of the unit when it is
   /// wrapped (FSDP's sync_module_states), so every rank starts alike.
   bool sync_module_states = true;
+  /// Mixed precision (FSDP's MixedPrecisionPolicy): the dtype the unit is
+  /// gathered in, so its forward and backward compute in it (e.g.
+  /// torch::kBFloat16); the shards the optimizer steps and their gradients
+  /// keep the parameters' dtype (the float masters). Floating inputs of the
+  /// unit must be of this dtype (cast the root's: `net(x.to(torch::kBFloat16))`).
+  /// Unset: the parameters' dtype. Not with NoShard.
+  std::optional<c10::ScalarType> param_dtype;
+  /// The dtype gradients are reduced in. Unset: the parameters' dtype, the
+  /// gradients cast to it before the reduce-scatter.
+  std::optional<c10::ScalarType> reduce_dtype;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};
 };
