@@ -269,6 +269,51 @@ TEST_CASE("fully_shard: K micro-batches under no_sync match one step on the K·N
   }
 }
 
+TEST_CASE("fully_shard: one rank's backward under no_sync while the others sync fails every rank, naming both") {
+  auto rng = test::rng_for("fsdp no_sync on one rank");
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const int odd = static_cast<int>(rng() % n);
+  const int bad = 1 + static_cast<int>(rng() % 2);  // counted from 1
+  INFO("rank " << odd << " runs backward " << bad << " under no_sync");
+  const std::int64_t b = 4;
+  Data d = make_data(n * b, "fsdp no_sync on one rank data");
+  d.x = d.x.to(torch::kDouble);
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    const Outcomes got = run_failing(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      wrap(m, comm, o);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 1; s <= bad + 1; ++s) {
+        opt->zero_grad();
+        auto backward = [&] { torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward(); };
+        if (comm.rank() == odd && s == bad) {
+          auto guard = gradsync::no_sync(m);
+          backward();
+        } else {
+          backward();
+        }
+        opt->step();
+      }
+    });
+    // b2 (unit 1) reduces first in backward: the root's unit, whose input
+    // needs no gradient, is finished last, by the engine's callback.
+    const std::string first = "backward " + std::to_string(bad) + ", gradient reduction of fully_shard unit 1";
+    for (std::size_t r = 0; r < got.kind.size(); ++r) {
+      INFO("rank " << r << ": " << got.kind[r] << ": " << got.what[r]);
+      CHECK(got.kind[r] == "InvalidArgument");
+      CHECK(got.what[r].find(first) != std::string::npos);
+    }
+    CHECK(got.seconds < 5.0);
+  }
+}
+
 TEST_CASE("fully_shard: HybridShard over groups of shard_size ranks matches DistributedDataParallel and one "
           "process, clip_grad_norm_ included") {
   CAPTURE(test::test_seed());

@@ -19,7 +19,9 @@ namespace gradsync {
 /// backward left: step the optimizer only after a synced backward. The
 /// sum is the unit's own, so `zero_grad` does not clear it.
 ///
-/// Every rank must run as many backwards under it before a synced one.
+/// Every rank must run as many backwards under it before a synced one: a
+/// rank that runs one more fails the unit's next collective on every rank,
+/// naming both ranks' counts of backwards ("backward 2", "backward 3").
 /// On exit each unit goes back to what it was.
 class FullyShardNoSync {
  public:

@@ -493,7 +493,11 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   /// Every gradient of the unit is final (or absent, counted as zero):
   /// averaged over the ranks, then the unit goes back to its shard.
   void post_backward() {
-    ++backwards_;
+    // Counted when done, so this backward's reductions are labelled with it.
+    struct Count {
+      std::uint64_t& n;
+      ~Count() { ++n; }
+    } count{backwards_};
     in_backward_ = false;
     inputs_pending_ = 0;
     input_hooked_ = false;
