@@ -35,6 +35,16 @@ Data rank_rows(const Data& d, int rank, std::int64_t b) {
   return {d.x.narrow(0, rank * b, b), d.y.narrow(0, rank * b, b)};
 }
 
+/// Every rank of a run meant to fail threw InvalidArgument holding `needle`, within 5 s.
+void check_failed_everywhere(const Outcomes& got, const std::string& needle) {
+  for (std::size_t r = 0; r < got.kind.size(); ++r) {
+    INFO("rank " << r << ": " << got.kind[r] << ": " << got.what[r]);
+    CHECK(got.kind[r] == "InvalidArgument");
+    CHECK(got.what[r].find(needle) != std::string::npos);
+  }
+  CHECK(got.seconds < 5.0);
+}
+
 /// Every rank's error holds every one of `needles`.
 void check_refused(const PerRank& got, const std::vector<std::string>& needles) {
   for (const auto& e : got.errors) {
@@ -305,12 +315,7 @@ TEST_CASE("fully_shard: one rank's backward under no_sync while the others sync 
     // b2 (unit 1) reduces first in backward: the root's unit, whose input
     // needs no gradient, is finished last, by the engine's callback.
     const std::string first = "backward " + std::to_string(bad) + ", gradient reduction of fully_shard unit 1";
-    for (std::size_t r = 0; r < got.kind.size(); ++r) {
-      INFO("rank " << r << ": " << got.kind[r] << ": " << got.what[r]);
-      CHECK(got.kind[r] == "InvalidArgument");
-      CHECK(got.what[r].find(first) != std::string::npos);
-    }
-    CHECK(got.seconds < 5.0);
+    check_failed_everywhere(got, first);
   }
 }
 
@@ -396,12 +401,7 @@ TEST_CASE("fully_shard: a forward that skips a unit on one rank fails every rank
     // b2 is the second unit wrapped: index 1.
     const std::string b2 =
         "fully_shard unit 1 ('test_torch_fsdp_support::BlockImpl' (a.weight [5 x 12], a.bias [5], …))";
-    for (std::size_t r = 0; r < got.kind.size(); ++r) {
-      INFO("rank " << r << ": " << got.kind[r] << ": " << got.what[r]);
-      CHECK(got.kind[r] == "InvalidArgument");
-      CHECK(got.what[r].find(b2) != std::string::npos);
-    }
-    CHECK(got.seconds < 5.0);
+    check_failed_everywhere(got, b2);
   }
 }
 
