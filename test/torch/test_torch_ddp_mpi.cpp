@@ -120,7 +120,8 @@ TEST_CASE_FIXTURE(World, "DistributedDataParallel on Mpi: a frozen first layer a
   CHECK(error <= 1e-12);
 }
 
-TEST_CASE_FIXTURE(World, "fully_shard on Mpi: every strategy matches one process on the N·b batch, alike on every rank") {
+TEST_CASE_FIXTURE(World, "fully_shard on Mpi: every strategy, HybridShard too, matches one process on the N·b batch, "
+                          "alike on every rank") {
   CAPTURE(test::test_seed());
   using namespace test_torch_fsdp_support;
   const std::int64_t b = 5;
@@ -137,14 +138,19 @@ TEST_CASE_FIXTURE(World, "fully_shard on Mpi: every strategy matches one process
     auto alone_opt = make_optimizer(opt, *alone);
     fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps);
     const std::vector<torch::Tensor> expected = state(*alone);
-    for (const gradsync::ShardingStrategy strategy : {gradsync::ShardingStrategy::FullShard,
-                                                      gradsync::ShardingStrategy::ShardGradOp,
-                                                      gradsync::ShardingStrategy::NoShard}) {
+    for (const gradsync::ShardingStrategy strategy :
+         {gradsync::ShardingStrategy::FullShard, gradsync::ShardingStrategy::ShardGradOp,
+          gradsync::ShardingStrategy::NoShard, gradsync::ShardingStrategy::HybridShard}) {
       const std::string strategy_name = gradsync::name(strategy);
       CAPTURE(strategy_name);
       gradsync::ShardedModule<Net> m;
       // Only rank 0 starts from the reference: wrapping must broadcast it.
-      load_and_wrap(m, comm, init, strategy);
+      if (comm.rank() == 0) load_state(*m, init);
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      // HybridShard: groups of 2, split from MPI_COMM_WORLD (one at -np 2, two at -np 4).
+      if (strategy == gradsync::ShardingStrategy::HybridShard) o.shard_size = 2;
+      wrap(m, comm, o);
       auto sharded_opt = make_optimizer(opt, *m);
       fit([&](const torch::Tensor& x) { return m(x); }, *sharded_opt, mine, steps);
       const std::vector<torch::Tensor> got = values(gradsync::full_state_dict(m));

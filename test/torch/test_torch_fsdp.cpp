@@ -35,12 +35,119 @@ Data rank_rows(const Data& d, int rank, std::int64_t b) {
   return {d.x.narrow(0, rank * b, b), d.y.narrow(0, rank * b, b)};
 }
 
+/// Every rank of a run meant to fail threw InvalidArgument holding `needle`, within 5 s.
+void check_failed_everywhere(const Outcomes& got, const std::string& needle) {
+  for (std::size_t r = 0; r < got.kind.size(); ++r) {
+    INFO("rank " << r << ": " << got.kind[r] << ": " << got.what[r]);
+    CHECK(got.kind[r] == "InvalidArgument");
+    CHECK(got.what[r].find(needle) != std::string::npos);
+  }
+  CHECK(got.seconds < 5.0);
+}
+
 /// Every rank's error holds every one of `needles`.
 void check_refused(const PerRank& got, const std::vector<std::string>& needles) {
   for (const auto& e : got.errors) {
     CAPTURE(e);
     for (const auto& needle : needles) CHECK(e.find(needle) != std::string::npos);
   }
+}
+
+/// Two wrapped blocks that keep the width, so a forward may skip the second.
+struct SkipNetImpl : torch::nn::Module {
+  SkipNetImpl()
+      : b1(register_module("b1", Block(12, 7, 12))),
+        b2(register_module("b2", Block(12, 5, 12))),
+        head(register_module("head", torch::nn::Linear(12, 5))) {}
+  torch::Tensor forward(torch::Tensor x, bool skip) { return head(skip ? b1(x) : b2(b1(x))); }
+  gradsync::ShardedModule<Block> b1, b2;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(SkipNet);
+
+/// Every rank returned alike, within 1e-5 (relative) of one process and of DistributedDataParallel.
+void check_parity(const PerRank& got, const std::vector<torch::Tensor>& expected,
+                  const std::vector<torch::Tensor>& ddp) {
+  for (std::size_t r = 0; r < got.errors.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(got.errors[r] == "");
+    CHECK(bitwise_equal(got.params[r], got.params[0]));
+  }
+  const double error = max_relative(got.params[0], expected);
+  const double from_ddp = max_relative(got.params[0], ddp);
+  CAPTURE(error);
+  CAPTURE(from_ddp);
+  CHECK(error <= 1e-5);
+  CHECK(from_ddp <= 1e-5);
+}
+
+/// One process on all of `d`, `steps` steps of `opt` from `init`: the state it ends in.
+std::vector<torch::Tensor> alone_state(const std::vector<torch::Tensor>& init, Opt opt, const Data& d, int steps) {
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(opt, *alone);
+  fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps);
+  return state(*alone);
+}
+
+/// One process on all of `d`, its gradient clipped to max_norm every step:
+/// the norms before clipping, and (into `expected`) the state it ends in.
+std::vector<double> clipped_alone(const std::vector<torch::Tensor>& init, Opt opt, const Data& d, int steps,
+                                  double max_norm, std::vector<torch::Tensor>& expected) {
+  Net alone;
+  load_state(*alone, init);
+  auto alone_opt = make_optimizer(opt, *alone);
+  std::vector<double> norms;
+  for (int s = 0; s < steps; ++s) {
+    alone_opt->zero_grad();
+    torch::nn::functional::cross_entropy(alone->forward(d.x), d.y).backward();
+    norms.push_back(torch::nn::utils::clip_grad_norm_(alone->parameters(), max_norm));
+    alone_opt->step();
+  }
+  expected = state(*alone);
+  return norms;
+}
+
+/// The wrapped `m` trained on this rank's rows `mine`, clipped by
+/// gradsync::clip_grad_norm_ every step (its norms into `seen`): the full state it ends in.
+std::vector<torch::Tensor> fit_clipped(gradsync::ShardedModule<Net>& m, Comm& comm, Opt opt, const Data& mine,
+                                       int steps, double max_norm, std::vector<double>& seen) {
+  auto o = make_optimizer(opt, *m);
+  for (int s = 0; s < steps; ++s) {
+    o->zero_grad();
+    torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward();
+    seen.push_back(gradsync::clip_grad_norm_(m, comm, max_norm));
+    o->step();
+  }
+  return values(gradsync::full_state_dict(m));
+}
+
+/// DistributedDataParallel on `n` ranks from rank 0's `init`, trained by
+/// `train(dp, module, optimizer, comm)`: every rank's state at the end.
+template <class Train>
+PerRank ddp_ranks(int n, const std::vector<torch::Tensor>& init, Opt opt, Train train) {
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    Net m;
+    if (comm.rank() == 0) load_state(*m, init);
+    gradsync::DistributedDataParallel dp(comm, m);
+    auto o = make_optimizer(opt, *m);
+    train(dp, *m, *o, comm);
+    return state(*m);
+  });
+  REQUIRE(got.errors[0] == "");
+  return got;
+}
+
+/// Every rank wraps a Net's b1 with the options `set(options, rank)` makes.
+template <class Set>
+PerRank wrap_b1_with(int n, Set set) {
+  return run_ranks(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    gradsync::FullyShardOptions o;
+    set(o, comm.rank());
+    gradsync::fully_shard(m->b1, comm, o);
+    return std::vector<torch::Tensor>{};
+  });
 }
 
 std::int64_t numel(const std::vector<torch::Tensor>& ts) {
@@ -66,21 +173,11 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
       CAPTURE(n);
       Data d = make_data(n * b, "fsdp parity data");
       d.x = d.x.to(torch::kDouble);
-      Net alone;
-      load_state(*alone, init);
-      auto alone_opt = make_optimizer(opt, *alone);
-      fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps);
-      const std::vector<torch::Tensor> expected = state(*alone);
+      const std::vector<torch::Tensor> expected = alone_state(init, opt, d, steps);
 
-      PerRank ddp = run_ranks(n, [&](Comm& comm) {
-        Net m;
-        if (comm.rank() == 0) load_state(*m, init);
-        gradsync::DistributedDataParallel dp(comm, m);
-        auto o = make_optimizer(opt, *m);
-        fit([&](const torch::Tensor& x) { return dp(x); }, *o, rank_rows(d, comm.rank(), b), steps);
-        return state(*m);
+      PerRank ddp = ddp_ranks(n, init, opt, [&](auto& dp, NetImpl& /*m*/, torch::optim::Optimizer& o, Comm& comm) {
+        fit([&](const torch::Tensor& x) { return dp(x); }, o, rank_rows(d, comm.rank(), b), steps);
       });
-      REQUIRE(ddp.errors[0] == "");
 
       for (const ShardingStrategy strategy :
            {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
@@ -121,6 +218,260 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         CHECK(error <= 1e-5);
         CHECK(from_ddp <= 1e-5);
       }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: K micro-batches under no_sync match one step on the K·N·b batch and "
+          "DistributedDataParallel's no_sync, every strategy") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 2;  // per rank and micro-batch
+  const int k = 3, steps = 2;
+  const auto init = initial_state("fsdp no_sync init");
+  for (const Opt opt : {Opt::sgd_momentum, Opt::adam}) {
+    const std::string optimizer = opt_name(opt);
+    CAPTURE(optimizer);
+    for (int n : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      Data d = make_data(static_cast<std::int64_t>(n) * k * b, "fsdp no_sync data");
+      d.x = d.x.to(torch::kDouble);
+      const std::vector<torch::Tensor> expected = alone_state(init, opt, d, steps);
+
+      // Each step: K − 1 backwards under `guard()`, then a synced one; rank
+      // r's micro-batch i is rows (i·N + r)·b, so together they are the
+      // batch, and 1/K makes the micro-losses' sum its mean.
+      auto train = [&](auto& forward, auto guard, torch::optim::Optimizer& o, int rank) {
+        auto micro = [&](int i) {
+          const std::int64_t first = (static_cast<std::int64_t>(i) * n + rank) * b;
+          (torch::nn::functional::cross_entropy(forward(d.x.narrow(0, first, b)), d.y.narrow(0, first, b)) / k)
+              .backward();
+        };
+        for (int s = 0; s < steps; ++s) {
+          o.zero_grad();
+          {
+            auto g = guard();
+            for (int i = 0; i + 1 < k; ++i) micro(i);
+          }
+          micro(k - 1);
+          o.step();
+        }
+      };
+      PerRank ddp = ddp_ranks(n, init, opt, [&](auto& dp, NetImpl& /*m*/, torch::optim::Optimizer& o, Comm& comm) {
+        auto forward = [&](const torch::Tensor& x) { return dp(x); };
+        train(forward, [&] { return dp.no_sync(); }, o, comm.rank());
+      });
+
+      for (const ShardingStrategy strategy :
+           {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+        const std::string strategy_name = gradsync::name(strategy);
+        CAPTURE(strategy_name);
+        PerRank got = run_ranks(n, [&](Comm& comm) {
+          gradsync::ShardedModule<Net> m;
+          load_and_wrap(m, comm, init, strategy);
+          auto o = make_optimizer(opt, *m);
+          auto forward = [&](const torch::Tensor& x) { return m(x); };
+          train(forward, [&] { return gradsync::no_sync(m); }, *o, comm.rank());
+          return values(gradsync::full_state_dict(m));
+        });
+        check_parity(got, expected, ddp.params[0]);
+      }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: one rank's backward under no_sync while the others sync fails every rank, naming both") {
+  auto rng = test::rng_for("fsdp no_sync on one rank");
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const int odd = static_cast<int>(rng() % n);
+  const int bad = 1 + static_cast<int>(rng() % 2);  // counted from 1
+  INFO("rank " << odd << " runs backward " << bad << " under no_sync");
+  const std::int64_t b = 4;
+  Data d = make_data(n * b, "fsdp no_sync on one rank data");
+  d.x = d.x.to(torch::kDouble);
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    const Outcomes got = run_failing(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      wrap(m, comm, o);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 1; s <= bad + 1; ++s) {
+        opt->zero_grad();
+        auto backward = [&] { torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward(); };
+        if (comm.rank() == odd && s == bad) {
+          auto guard = gradsync::no_sync(m);
+          backward();
+        } else {
+          backward();
+        }
+        opt->step();
+      }
+    });
+    // b2 (unit 1) reduces first in backward: the root's unit, whose input
+    // needs no gradient, is finished last, by the engine's callback.
+    const std::string first = "backward " + std::to_string(bad) + ", gradient reduction of fully_shard unit 1";
+    check_failed_everywhere(got, first);
+  }
+}
+
+TEST_CASE("fully_shard: HybridShard over groups of shard_size ranks matches DistributedDataParallel and one "
+          "process, clip_grad_norm_ included") {
+  CAPTURE(test::test_seed());
+  const std::int64_t b = 3;
+  const int steps = 6;
+  const double max_norm = 0.05;  // small enough that every step clips
+  const auto init = initial_state("fsdp hybrid init");
+  // {N, shard_size}: two groups of two, and groups of one (every rank a replica).
+  for (const auto& [n, s] : {std::pair{4, 2}, std::pair{2, 1}}) {
+    CAPTURE(n);
+    CAPTURE(s);
+    Data d = make_data(n * b, "fsdp hybrid data");
+    d.x = d.x.to(torch::kDouble);
+    std::vector<torch::Tensor> expected;
+    const std::vector<double> norms = clipped_alone(init, Opt::adam, d, steps, max_norm, expected);
+    PerRank ddp = ddp_ranks(n, init, Opt::adam, [&](auto& dp, NetImpl& m, torch::optim::Optimizer& o, Comm& comm) {
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int step = 0; step < steps; ++step) {
+        o.zero_grad();
+        torch::nn::functional::cross_entropy(dp(mine.x), mine.y).backward();
+        torch::nn::utils::clip_grad_norm_(m.parameters(), max_norm);
+        o.step();
+      }
+    });
+    std::vector<std::vector<double>> seen(static_cast<std::size_t>(n));
+    std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      if (comm.rank() == 0) load_state(*m, init);
+      gradsync::FullyShardOptions o;
+      o.strategy = ShardingStrategy::HybridShard;
+      o.shard_size = s;
+      wrap(m, comm, o);
+      local[static_cast<std::size_t>(comm.rank())] = numel(m->parameters());
+      return fit_clipped(m, comm, Opt::adam, rank_rows(d, comm.rank(), b), steps, max_norm,
+                         seen[static_cast<std::size_t>(comm.rank())]);
+    });
+    std::int64_t most = 0;
+    for (std::int64_t p : {323, 208, 65}) most += (p + s - 1) / s;
+    check_parity(got, expected, ddp.params[0]);
+    for (std::size_t r = 0; r < seen.size(); ++r) {
+      CAPTURE(r);
+      CHECK(local[r] <= most);  // a shard of 1/shard_size
+      for (std::size_t step = 0; step < norms.size() && step < seen[r].size(); ++step) {
+        CAPTURE(step);
+        CHECK(std::abs(seen[r][step] - norms[step]) <= 1e-9 * norms[step]);
+      }
+    }
+  }
+}
+
+TEST_CASE("fully_shard: a forward that skips a unit on one rank fails every rank naming the unit, with no wait") {
+  auto rng = test::rng_for("fsdp skipped unit");
+  CAPTURE(test::test_seed());
+  const int n = 3;
+  const int odd = static_cast<int>(rng() % n);
+  const int bad = 1 + static_cast<int>(rng() % 2);  // counted from 1
+  INFO("rank " << odd << " skips b2 in step " << bad);
+  const std::int64_t b = 4;
+  const Data d = make_data(n * b, "fsdp skipped unit data");
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    const Outcomes got = run_failing(n, [&](Comm& comm) {
+      gradsync::ShardedModule<SkipNet> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      gradsync::fully_shard(m->b1, comm, o);
+      gradsync::fully_shard(m->b2, comm, o);
+      gradsync::fully_shard(m, comm, o);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      const Data mine = rank_rows(d, comm.rank(), b);
+      for (int s = 1; s <= bad + 1; ++s) {
+        opt->zero_grad();
+        torch::nn::functional::cross_entropy(m(mine.x, comm.rank() == odd && s == bad), mine.y).backward();
+        opt->step();
+      }
+    });
+    // b2 is the second unit wrapped: index 1.
+    const std::string b2 =
+        "fully_shard unit 1 ('test_torch_fsdp_support::BlockImpl' (a.weight [5 x 12], a.bias [5], …))";
+    check_failed_everywhere(got, b2);
+  }
+}
+
+TEST_CASE("fully_shard: param_dtype bfloat16 trains close to float, the shards and their gradients staying float") {
+  CAPTURE(test::test_seed());
+  const int n = 2, steps = 8;
+  const std::int64_t b = 6;
+  auto rng = test::rng_for("fsdp mixed precision init");
+  torch::manual_seed(rng());
+  std::vector<torch::Tensor> init = state(*SkipNet());
+  const Data d = make_data(n * b, "fsdp mixed precision data");
+  for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    for (const bool reduce_bf16 : {false, true}) {
+      CAPTURE(reduce_bf16);
+      std::vector<int> float_checks(n, 0);
+      auto run = [&](bool mixed) {
+        return run_ranks(n, [&](Comm& comm) {
+          gradsync::ShardedModule<SkipNet> m;
+          load_state(*m, init);
+          gradsync::FullyShardOptions o;
+          o.strategy = strategy;
+          if (mixed) o.param_dtype = torch::kBFloat16;
+          if (mixed && reduce_bf16) o.reduce_dtype = torch::kBFloat16;
+          gradsync::fully_shard(m->b1, comm, o);
+          gradsync::fully_shard(m->b2, comm, o);
+          gradsync::fully_shard(m, comm, o);
+          auto opt = make_optimizer(Opt::sgd_momentum, *m);
+          const Data mine = rank_rows(d, comm.rank(), b);
+          const auto dtype = mixed ? torch::kBFloat16 : torch::kFloat;
+          auto& checks = float_checks[static_cast<std::size_t>(comm.rank())];
+          for (int s = 0; s < steps; ++s) {
+            opt->zero_grad();
+            const torch::Tensor out = m(mine.x.to(dtype), false);
+            if (out.scalar_type() != dtype) {
+              throw gradsync::InvalidArgument(std::string("the forward ran in ") + c10::toString(out.scalar_type()));
+            }
+            torch::nn::functional::cross_entropy(out.to(torch::kFloat), mine.y).backward();
+            // What the optimizer steps: float pieces of the shard, float gradients.
+            for (const torch::Tensor& p : m->parameters()) {
+              if (p.scalar_type() != torch::kFloat || !p.grad().defined() || p.grad().scalar_type() != torch::kFloat ||
+                  p.dim() != 1) {
+                throw gradsync::InvalidArgument("a parameter between steps is not a float piece with a float gradient");
+              }
+              ++checks;
+            }
+            opt->step();
+          }
+          return values(gradsync::full_state_dict(m));
+        });
+      };
+      const PerRank full = run(false);
+      const PerRank mixed = run(true);
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        REQUIRE(full.errors[static_cast<std::size_t>(r)] == "");
+        REQUIRE(mixed.errors[static_cast<std::size_t>(r)] == "");
+        CHECK(float_checks[static_cast<std::size_t>(r)] > 0);
+        CHECK(bitwise_equal(mixed.params[static_cast<std::size_t>(r)], mixed.params[0]));
+        for (const torch::Tensor& t : mixed.params[static_cast<std::size_t>(r)]) {
+          CHECK((t.scalar_type() == torch::kFloat));
+        }
+      }
+      // bfloat16 keeps 8 bits of mantissa (relative rounding 2^-9 ≈ 2e-3 per
+      // value); over 8 SGD steps the weights stay within 1% of float's.
+      const double error = relative(mixed.params[0], full.params[0]);
+      CAPTURE(error);
+      CHECK(error > 0);
+      CHECK(error <= 1e-2);
     }
   }
 }
@@ -217,17 +568,8 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
   const auto init = initial_state("fsdp clip init");
   Data d = make_data(n * b, "fsdp clip data");
   d.x = d.x.to(torch::kDouble);
-  Net alone;
-  load_state(*alone, init);
-  auto alone_opt = make_optimizer(Opt::sgd_momentum, *alone);
-  std::vector<double> norms;
-  for (int s = 0; s < steps; ++s) {
-    alone_opt->zero_grad();
-    torch::nn::functional::cross_entropy(alone->forward(d.x), d.y).backward();
-    norms.push_back(torch::nn::utils::clip_grad_norm_(alone->parameters(), max_norm));
-    alone_opt->step();
-  }
-  const std::vector<torch::Tensor> expected = state(*alone);
+  std::vector<torch::Tensor> expected;
+  const std::vector<double> norms = clipped_alone(init, Opt::sgd_momentum, d, steps, max_norm, expected);
   for (const ShardingStrategy strategy :
        {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
     const std::string strategy_name = gradsync::name(strategy);
@@ -237,15 +579,8 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
       gradsync::ShardedModule<Net> m;
       // Only rank 0 starts from the reference: wrapping must broadcast it.
       load_and_wrap(m, comm, init, strategy);
-      auto opt = make_optimizer(Opt::sgd_momentum, *m);
-      const Data mine = rank_rows(d, comm.rank(), b);
-      for (int s = 0; s < steps; ++s) {
-        opt->zero_grad();
-        torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward();
-        seen[static_cast<std::size_t>(comm.rank())].push_back(gradsync::clip_grad_norm_(m, comm, max_norm));
-        opt->step();
-      }
-      return values(gradsync::full_state_dict(m));
+      return fit_clipped(m, comm, Opt::sgd_momentum, rank_rows(d, comm.rank(), b), steps, max_norm,
+                         seen[static_cast<std::size_t>(comm.rank())]);
     });
     for (std::size_t r = 0; r < seen.size(); ++r) {
       CAPTURE(r);
@@ -380,23 +715,34 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
     });
     check_refused(got, {"gradsync: fully_shard"});
   }
-  SUBCASE("HybridShard, which needs a second level of groups") {
-    PerRank got = run_ranks(n, [&](Comm& comm) {
-      gradsync::ShardedModule<Net> m;
-      gradsync::FullyShardOptions o;
+  SUBCASE("HybridShard with a shard_size that does not divide the world") {
+    PerRank got = wrap_b1_with(n, [](gradsync::FullyShardOptions& o, int /*rank*/) {
       o.strategy = ShardingStrategy::HybridShard;
-      gradsync::fully_shard(m->b1, comm, o);
+      o.shard_size = 2;
+    });
+    check_refused(got, {"HybridShard needs a shard_size that divides the world size 3, got 2"});
+  }
+  SUBCASE("param_dtype with NoShard, which has no master copy") {
+    PerRank got = wrap_b1_with(n, [](gradsync::FullyShardOptions& o, int /*rank*/) {
+      o.strategy = ShardingStrategy::NoShard;
+      o.param_dtype = torch::kBFloat16;
+    });
+    check_refused(got, {"FullyShardOptions::param_dtype needs a sharded strategy"});
+  }
+  SUBCASE("a float input to a bfloat16 unit") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<SkipNet> m;
+      gradsync::FullyShardOptions o;
+      o.param_dtype = torch::kBFloat16;
+      gradsync::fully_shard(m, comm, o);
+      m(torch::zeros({2, 12}), false);
       return std::vector<torch::Tensor>{};
     });
-    check_refused(got, {"HybridShard is not supported"});
+    check_refused(got, {"an input is Float where FullyShardOptions::param_dtype is BFloat16", "torch::kBFloat16"});
   }
   SUBCASE("ranks with different strategies") {
-    PerRank got = run_ranks(n, [&](Comm& comm) {
-      gradsync::ShardedModule<Net> m;
-      gradsync::FullyShardOptions o;
-      if (comm.rank() == 0) o.strategy = ShardingStrategy::NoShard;
-      gradsync::fully_shard(m->b1, comm, o);
-      return std::vector<torch::Tensor>{};
+    PerRank got = wrap_b1_with(n, [](gradsync::FullyShardOptions& o, int rank) {
+      if (rank == 0) o.strategy = ShardingStrategy::NoShard;
     });
     check_refused(got, {"FullyShardOptions::strategy: NoShard on world rank 0, FullShard on world ranks 1-2"});
   }

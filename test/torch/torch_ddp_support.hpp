@@ -21,6 +21,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -176,6 +177,43 @@ PerRank run_ranks(int n, F body) {
       out.errors[r] = e.what();
     }
   });
+  return out;
+}
+
+/// How each rank's body ended in a run meant to fail ("returned",
+/// "InvalidArgument" or "other", with the exception's words), and the run's seconds.
+struct Outcomes {
+  std::vector<std::string> kind, what;
+  double seconds = 0;
+};
+
+/// Runs `body(comm)` on `n` ranks of a Threads world whose waits give up
+/// after 10 s, recording how each rank ended; nothing is rethrown.
+template <class F>
+Outcomes run_failing(int n, F body) {
+  Outcomes out{std::vector<std::string>(static_cast<std::size_t>(n), "returned"),
+               std::vector<std::string>(static_cast<std::size_t>(n)), 0};
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    gradsync::run_threads(n, gradsync::ThreadsOptions{.timeout = std::chrono::seconds(10)},
+                          [&](gradsync::Communicator<gradsync::Threads>& comm) {
+                            torch::set_num_threads(1);
+                            const auto r = static_cast<std::size_t>(comm.rank());
+                            try {
+                              body(comm);
+                            } catch (const gradsync::InvalidArgument& e) {
+                              out.kind[r] = "InvalidArgument";
+                              out.what[r] = e.what();
+                              throw;
+                            } catch (const std::exception& e) {
+                              out.kind[r] = "other";
+                              out.what[r] = e.what();
+                              throw;
+                            }
+                          });
+  } catch (const std::exception&) {
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "gradsync/integration/torch/distributed_sampler.hpp"
 #include "gradsync/integration/torch/full_state_dict.hpp"
 #include "gradsync/integration/torch/fully_shard.hpp"
+#include "gradsync/integration/torch/fully_shard_no_sync.hpp"
 #include "gradsync/integration/torch/fully_shard_options.hpp"
 #include "gradsync/integration/torch/fully_shard_persistent_bytes.hpp"
 #include "gradsync/integration/torch/save_full_state_dict.hpp"

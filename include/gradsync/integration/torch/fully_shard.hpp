@@ -19,6 +19,7 @@
 #include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/common/unit_agreement.hpp"
+#include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
 
 namespace gradsync {
@@ -73,8 +74,25 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
   // leave the others waiting in the agreement's collective.
   std::string refusal;
   if (options.strategy == ShardingStrategy::HybridShard) {
-    refusal = "FullyShardOptions::strategy HybridShard is not supported for LibTorch modules; use FullShard, "
-              "ShardGradOp or NoShard";
+    ShardedTrainerOptions hybrid;
+    hybrid.strategy = options.strategy;
+    hybrid.shard_size = options.shard_size;
+    try {
+      detail::fsdp::shard_group_size(hybrid, comm.size(), "FullyShardOptions::shard_size");
+    } catch (const InvalidArgument& e) {
+      refusal = e.what();
+    }
+  }
+  for (const auto& [what, dtype] : {std::pair{"param_dtype", options.param_dtype},
+                                    std::pair{"reduce_dtype", options.reduce_dtype}}) {
+    if (refusal.empty() && dtype && !c10::isFloatingType(*dtype)) {
+      refusal = std::string("FullyShardOptions::") + what + " is " + c10::toString(*dtype) +
+                "; give a floating dtype (torch::kBFloat16, torch::kHalf, torch::kFloat)";
+    }
+  }
+  if (refusal.empty() && options.param_dtype && options.strategy == ShardingStrategy::NoShard) {
+    refusal = "FullyShardOptions::param_dtype needs a sharded strategy (FullShard, ShardGradOp, HybridShard): "
+              "NoShard's parameters are the optimizer's, with no master copy to keep apart";
   }
   if (refusal.empty() && detail::find_torch_unit(root.get())) {
     refusal = "module '" + root->name() + "' was already wrapped by fully_shard; wrap each module once";
@@ -137,6 +155,12 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
   if (!refusal.empty()) spec = UnitSpec{root->name(), {}, {}};
   const std::vector<detail::AgreedValue> agreed{
       {"FullyShardOptions::strategy", name(options.strategy), "Give every rank the same FullyShardOptions."},
+      {"FullyShardOptions::shard_size", std::to_string(options.shard_size),
+       "Give every rank the same FullyShardOptions: HybridShard's groups are made from it."},
+      {"FullyShardOptions::param_dtype", options.param_dtype ? c10::toString(*options.param_dtype) : "unset",
+       "Give every rank the same FullyShardOptions."},
+      {"FullyShardOptions::reduce_dtype", options.reduce_dtype ? c10::toString(*options.reduce_dtype) : "unset",
+       "Give every rank the same FullyShardOptions."},
       {"FullyShardOptions::sync_module_states", options.sync_module_states ? "true" : "false",
        "Give every rank the same FullyShardOptions."},
       {"fully_shard's verdict", refusal.empty() ? "accepted" : "refused: " + refusal,
@@ -147,7 +171,14 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
                             agreed);
   if (!refusal.empty()) throw InvalidArgument("gradsync: fully_shard on rank " + rank + ": " + refusal);
 
-  auto unit = std::make_shared<Unit>(comm, root, std::move(params), std::move(buffers), options);
+  // How errors name the unit: its module's class and first parameters'
+  // names and shapes (a child does not know where it sits in its parent).
+  UnitSpec brief{spec.name, {}, {}};
+  for (std::size_t i = 0; i < spec.params.size() && i < 2; ++i) brief.params.push_back(spec.params[i]);
+  std::string description = detail::describe_unit(brief);
+  if (spec.params.size() > 2) description.insert(description.size() - 1, ", …");
+  auto unit = std::make_shared<Unit>(comm, root, std::move(params), std::move(buffers), options,
+                                     detail::next_torch_unit_index(&comm), std::move(description));
   unit->init();
   detail::add_torch_unit(std::move(unit));
 }

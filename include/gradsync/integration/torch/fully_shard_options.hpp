@@ -1,6 +1,10 @@
 #pragma once
 /// \file FullyShardOptions: how gradsync::fully_shard shards one LibTorch unit and when it frees it.
 
+#include <optional>
+
+#include <c10/core/ScalarType.h>
+
 #include "gradsync/core/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
 
@@ -12,11 +16,27 @@ struct FullyShardOptions {
   /// FullShard frees the gathered parameters after the unit's forward and
   /// gathers them again before its backward; ShardGradOp keeps them from
   /// forward until its gradients are reduce-scattered; NoShard keeps a full
-  /// copy on every rank and all-reduces gradients. HybridShard is refused.
+  /// copy on every rank and all-reduces gradients. HybridShard frees as
+  /// FullShard does, within groups of shard_size ranks.
   ShardingStrategy strategy = ShardingStrategy::FullShard;
+  /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group
+  /// g, split from the communicator); it must divide the world size. Each
+  /// group holds a copy of the unit; gradients are summed in the group and
+  /// across the copies, then divided by the world size. 0: the whole world.
+  int shard_size = 0;
   /// Broadcast rank 0's parameters and buffers of the unit when it is
   /// wrapped (FSDP's sync_module_states), so every rank starts alike.
   bool sync_module_states = true;
+  /// Mixed precision (FSDP's MixedPrecisionPolicy): the dtype the unit is
+  /// gathered in, so its forward and backward compute in it (e.g.
+  /// torch::kBFloat16); the shards the optimizer steps and their gradients
+  /// keep the parameters' dtype (the float masters). Floating inputs of the
+  /// unit must be of this dtype (cast the root's: `net(x.to(torch::kBFloat16))`).
+  /// Unset: the parameters' dtype. Not with NoShard.
+  std::optional<c10::ScalarType> param_dtype;
+  /// The dtype gradients are reduced in. Unset: the parameters' dtype, the
+  /// gradients cast to it before the reduce-scatter.
+  std::optional<c10::ScalarType> reduce_dtype;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};
 };

@@ -2,7 +2,6 @@
 /// \file fully_shard_persistent_bytes: what a fully_shard model keeps on this rank between steps.
 
 #include <cstddef>
-#include <memory>
 
 #include <torch/nn/module.h>
 
@@ -19,16 +18,8 @@ namespace gradsync {
 /// so 1/N of it too). Local: no communication.
 template <class Holder>
 std::size_t fully_shard_persistent_bytes(Holder& module) {
-  std::shared_ptr<torch::nn::Module> root;
-  if constexpr (requires { module.ptr(); }) {
-    root = module.ptr();
-  } else {
-    root = module;
-  }
   std::size_t bytes = 0;
-  for (const auto& sub : root->modules(/*include_self=*/true)) {
-    if (auto unit = detail::find_torch_unit(sub.get())) bytes += unit->persistent_bytes();
-  }
+  for (const auto& unit : detail::torch_units_under(module)) bytes += unit->persistent_bytes();
   return bytes;
 }
 

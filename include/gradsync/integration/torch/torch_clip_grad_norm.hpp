@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <vector>
@@ -24,35 +25,39 @@ namespace gradsync {
 /// torch::nn::utils::clip_grad_norm_ does on an unsharded model. Call it
 /// after backward, before the optimizer's step. Sharded units contribute
 /// their shard's partial (summed over the ranks, or the largest for p =
-/// ∞), NoShard units their whole gradient once. Parameters no unit holds
+/// ∞; HybridShard's over its replicas' count), NoShard units their whole
+/// gradient once. Parameters no unit holds
 /// (wrap the root to have none) are left out.
 template <class Holder, Backend B>
 double clip_grad_norm_(Holder& module, Communicator<B>& comm, double max_norm, double p = 2.0) {
   detail::check_norm_order("gradsync::clip_grad_norm_", max_norm, p);
-  std::shared_ptr<torch::nn::Module> root;
-  if constexpr (requires { module.ptr(); }) {
-    root = module.ptr();
-  } else {
-    root = module;
-  }
   std::vector<at::Tensor> sharded, whole;
-  for (const auto& sub : root->modules(/*include_self=*/true)) {
-    auto unit = detail::find_torch_unit(sub.get());
-    if (!unit) continue;
+  // HybridShard's shards are held by each replica: a unit's share of the
+  // sum over the ranks is its partial over its number of copies.
+  std::vector<int> copies;
+  for (const auto& unit : detail::torch_units_under(module)) {
     at::Tensor g = unit->local_gradient();
-    if (g.defined()) (unit->sharded() ? sharded : whole).push_back(g);
+    if (!g.defined()) continue;
+    if (unit->sharded()) {
+      sharded.push_back(g);
+      copies.push_back(unit->replicas());
+    } else {
+      whole.push_back(g);
+    }
   }
-  auto partial = [p](const std::vector<at::Tensor>& grads) {
+  auto partial = [p](const std::vector<at::Tensor>& grads, const std::vector<int>& per) {
     double sum = 0;
-    for (const at::Tensor& g : grads) {
-      const double part = g.scalar_type() == c10::ScalarType::Double
-                              ? detail::norm_partial(std::span<const double>(g.data_ptr<double>(), g.numel()), p)
-                              : detail::norm_partial(std::span<const float>(g.data_ptr<float>(), g.numel()), p);
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const at::Tensor& g = grads[i];
+      double part = g.scalar_type() == c10::ScalarType::Double
+                        ? detail::norm_partial(std::span<const double>(g.data_ptr<double>(), g.numel()), p)
+                        : detail::norm_partial(std::span<const float>(g.data_ptr<float>(), g.numel()), p);
+      if (!per.empty() && !std::isinf(p)) part /= per[i];
       sum = std::isinf(p) ? std::max(sum, part) : sum + part;
     }
     return sum;
   };
-  double combined = partial(sharded);
+  double combined = partial(sharded, copies);
   if (comm.size() > 1) {
     if (std::isinf(p)) {
       AllReduce<Auto>{}(comm, std::span<double>(&combined, 1), Max{});
@@ -60,7 +65,7 @@ double clip_grad_norm_(Holder& module, Communicator<B>& comm, double max_norm, d
       AllReduce<Auto>{}(comm, std::span<double>(&combined, 1), Sum{});
     }
   }
-  const double rest = partial(whole);
+  const double rest = partial(whole, {});
   combined = std::isinf(p) ? std::max(combined, rest) : combined + rest;
   const double total = detail::norm_total(combined, p);
   for (const auto* list : {&sharded, &whole}) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -29,7 +30,10 @@
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/common/model.hpp"
+#include "gradsync/train/common/step_labels.hpp"
 #include "gradsync/train/fsdp/flat_shard.hpp"
+#include "gradsync/train/fsdp/hybrid_groups.hpp"
+#include "gradsync/train/fsdp/options.hpp"
 
 namespace gradsync::detail {
 
@@ -73,11 +77,22 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     std::uintptr_t hook_key = 0;
   };
 
+  /// `index`: the unit's place among those wrapped with `comm` (alike on
+  /// every rank); `description`: its words in errors.
   TorchShardedUnit(Communicator<B>& comm, const std::shared_ptr<torch::nn::Module>& module, std::vector<Param> params,
-                   std::vector<at::Tensor> buffers, FullyShardOptions options)
-      : TorchUnit(module), comm_(comm), o_(options), params_(std::move(params)), buffers_(std::move(buffers)) {
+                   std::vector<at::Tensor> buffers, FullyShardOptions options, std::size_t index,
+                   std::string description)
+      : TorchUnit(module, &comm, index, std::move(description)),
+        comm_(comm),
+        names_(&comm),
+        groups_(comm),
+        o_(options),
+        params_(std::move(params)),
+        buffers_(std::move(buffers)) {
     for (const Param& p : params_) tensors_.push_back(p.tensor);
     if (!params_.empty()) dtype_ = params_[0].tensor.scalar_type();
+    compute_ = o_.param_dtype.value_or(dtype_);
+    reduce_ = o_.reduce_dtype.value_or(dtype_);
   }
 
   ~TorchShardedUnit() override {
@@ -95,8 +110,15 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       for (const at::Tensor& b : buffers_) broadcast(b);
     }
     if (params_.empty()) return;
-    const auto n = static_cast<std::size_t>(comm_.size());
-    const auto rank = static_cast<std::size_t>(comm_.rank());
+    // HybridShard: the unit is sharded over groups of shard_size ranks,
+    // each group a replica of it (the groups ShardedTrainer makes).
+    ShardedTrainerOptions hybrid;
+    hybrid.strategy = o_.strategy;
+    hybrid.shard_size = o_.shard_size;
+    groups_.split(hybrid, where());
+    if (Communicator<B>* r = groups_.replica()) replicas_ = r->size();
+    const auto n = static_cast<std::size_t>(groups_.shard().size());
+    const auto rank = static_cast<std::size_t>(groups_.shard().rank());
     const bool sharded = o_.strategy != ShardingStrategy::NoShard;
     // Each parameter is a member of the one wrapped group, so FlatShard
     // gives its offset in the unit as well as the padding and owned range.
@@ -144,6 +166,16 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
       p.hook_key = p.accumulator->add_post_hook(std::make_unique<ReadyHook>(this->weak_from_this(), i));
     }
+    // Mixed precision: the full buffer, gathered into, is of the compute
+    // dtype; the accumulators above keep the master dtype's metadata, so
+    // autograd casts the gradients they receive to it.
+    if (compute_ != dtype_) {
+      full_ = torch::zeros({full_.numel()}, full_.options().dtype(compute_));
+      for (Param& p : params_) {
+        p.full_view = full_.narrow(0, as_int(p.offset), as_int(p.count)).view(p.shape);
+        point(p, p.full_view);
+      }
+    }
     got_.assign(params_.size(), 0);
     gathered_ = true;
     if (sharded) reshard();
@@ -157,6 +189,16 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
                               (p.trainable ? "frozen" : "trainable") +
                               "; which gradients are reduced is fixed when the unit is made: freeze or unfreeze "
                               "parameters before fully_shard");
+      }
+    }
+    if (compute_ != dtype_) {
+      for (const at::Tensor& t : inputs) {
+        if (t.defined() && t.is_floating_point() && t.scalar_type() != compute_) {
+          const std::string want = c10::toString(compute_);
+          throw InvalidArgument(where() + ": an input is " + c10::toString(t.scalar_type()) +
+                                " where FullyShardOptions::param_dtype is " + want +
+                                ": cast the model's inputs to it (`net(x.to(torch::k" + want + "))`)");
+        }
       }
     }
     if (in_backward_) abandon_backward();
@@ -193,7 +235,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (o_.strategy == ShardingStrategy::NoShard) return;
     // No backward will come for this forward (no_grad, or nothing to
     // train): keeping it gathered would hold the memory until the next one.
-    if (o_.strategy == ShardingStrategy::FullShard || !hooked) {
+    if (o_.strategy != ShardingStrategy::ShardGradOp || !hooked) {
       if (!in_backward_) reshard();
     }
   }
@@ -207,9 +249,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (params_.empty()) return out;
     at::Tensor full = full_;
     if (o_.strategy != ShardingStrategy::NoShard) {
-      full = torch::empty({full_.numel()}, full_.options());
+      full = torch::empty({full_.numel()}, full_.options().dtype(dtype_));
       with_type([&]<class T>(T) {
-        AllGather<Auto>{o_.collective}(comm_, span_of<T>(shard_), span_of<T>(full));
+        AllGather<Auto>{labeled(LabelPhase::gather)}(groups_.shard(), span_of<T>(shard_), span_of<T>(full));
       });
     }
     for (const Param& p : params_) {
@@ -223,10 +265,14 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     return sharded() ? shard_grad_ : full_grad_;
   }
   bool sharded() const override { return o_.strategy != ShardingStrategy::NoShard; }
+  int replicas() const override { return replicas_; }
 
   std::size_t gathered_bytes() const override {
     return full_.defined() ? full_.storage().unsafeGetStorageImpl()->nbytes() : 0;
   }
+
+  bool requires_gradient_sync() const override { return sync_; }
+  void set_requires_gradient_sync(bool sync) override { sync_ = sync; }
 
   std::size_t persistent_bytes() const override {
     if (params_.empty()) return 0;
@@ -277,6 +323,32 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     }
   }
 
+  /// Reads a label of a fully_shard unit, this rank's or a peer's, with the
+  /// descriptions of the units wrapped with this rank's communicator (the
+  /// peers wrapped the same ones in the same order).
+  class UnitNames final : public LabelNames {
+   public:
+    explicit UnitNames(const void* comm) noexcept : comm_(comm) {}
+    std::string describe(std::uint64_t id, std::uint64_t setting) const override {
+      return StepLabels("backward", "fully_shard unit", torch_unit_descriptions(comm_), "setting")
+          .describe(id, setting);
+    }
+
+   private:
+    const void* comm_;
+  };
+
+  /// The collectives' options with this unit's label: ranks whose calls
+  /// differ in unit, phase or count of backwards (a forward that skipped a
+  /// unit on one rank, a backward more under no_sync) fail on every rank,
+  /// naming both, instead of combining unrelated data.
+  Options labeled(LabelPhase phase) const {
+    Options o = o_.collective;
+    o.label = StepLabels::pack(phase, index(), backwards_ + 1);
+    o.label.names = &names_;
+    return o;
+  }
+
   std::string where() const {
     return "gradsync: fully_shard unit '" + module()->name() + "' on rank " + std::to_string(comm_.rank());
   }
@@ -284,8 +356,19 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   void broadcast(const at::Tensor& t) {
     if (t.numel() == 0) return;
     visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
-      Broadcast<Auto>{o_.collective}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
+      Broadcast<Auto>{labeled(LabelPhase::buffers)}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
     });
+  }
+
+  /// Makes `data` the parameter's. Tensor::set_data to another dtype drops
+  /// the parameter's gradient accumulator (autograd would make a new one,
+  /// unhooked): the unit's, made in the master dtype, is put back.
+  void point(Param& p, const at::Tensor& data) {
+    p.tensor.set_data(data);
+    if (!p.accumulator || compute_ == dtype_) return;
+    torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(p.tensor);
+    const std::lock_guard<std::mutex> lock(meta->mutex_);
+    meta->grad_accumulator_ = p.accumulator;
   }
 
   /// The full buffer's bytes back under its storage, filled by an AllGather
@@ -293,13 +376,16 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   void unshard() {
     torch::NoGradGuard no_grad;
     c10::StorageImpl* s = full_.storage().unsafeGetStorageImpl();
-    const std::size_t bytes = static_cast<std::size_t>(full_.numel()) * c10::elementSize(dtype_);
+    const std::size_t bytes = static_cast<std::size_t>(full_.numel()) * c10::elementSize(compute_);
     if (s->nbytes() < bytes) {
       s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
       s->set_nbytes(bytes);
     }
-    with_type([&]<class T>(T) { AllGather<Auto>{o_.collective}(comm_, span_of<T>(shard_), span_of<T>(full_)); });
-    for (Param& p : params_) p.tensor.set_data(p.full_view);
+    const at::Tensor shard = compute_ == dtype_ ? shard_ : shard_.to(compute_);
+    visit(*data_type_of(compute_), [&]<class T>(T) {
+      AllGather<Auto>{labeled(LabelPhase::gather)}(groups_.shard(), span_of<T>(shard), span_of<T>(full_));
+    });
+    for (Param& p : params_) point(p, p.full_view);
     gathered_ = true;
   }
 
@@ -307,7 +393,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   /// are released (its storage object stays, for the views autograd saved).
   void reshard() {
     if (!gathered_ || o_.strategy == ShardingStrategy::NoShard) return;
-    for (Param& p : params_) p.tensor.set_data(p.piece);
+    for (Param& p : params_) point(p, p.piece);
     full_.storage().unsafeGetStorageImpl()->reset();
     gathered_ = false;
   }
@@ -371,10 +457,14 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     in_backward_ = false;
     inputs_pending_ = 0;
     input_hooked_ = false;
+    restore_set_aside();
+  }
+
+  /// Each trainable parameter's `.grad` back to what pre_backward set aside.
+  void restore_set_aside() {
+    if (o_.strategy == ShardingStrategy::NoShard) return;
     for (Param& p : params_) {
-      if (!p.trainable) continue;
-      if (o_.strategy == ShardingStrategy::NoShard) continue;
-      p.tensor.mutable_grad() = accumulate_ ? p.grad_piece : at::Tensor();
+      if (p.trainable) p.tensor.mutable_grad() = accumulate_ ? p.grad_piece : at::Tensor();
     }
   }
 
@@ -403,6 +493,11 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   /// Every gradient of the unit is final (or absent, counted as zero):
   /// averaged over the ranks, then the unit goes back to its shard.
   void post_backward() {
+    // Counted when done, so this backward's reductions are labelled with it.
+    struct Count {
+      std::uint64_t& n;
+      ~Count() { ++n; }
+    } count{backwards_};
     in_backward_ = false;
     inputs_pending_ = 0;
     input_hooked_ = false;
@@ -425,22 +520,61 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
         }
         g = p.full_grad_view;
       }
-      if (n > 1) with_type([&]<class T>(T) { AllReduce<Auto>{o_.collective}(comm_, span_of<T>(full_grad_), Avg{}); });
+      // Unsynced, the full gradient is this rank's sum so far; the next
+      // synced backward averages it (what it held before was alike on every rank).
+      if (n > 1 && sync_) {
+        with_type([&]<class T>(T) {
+          AllReduce<Auto>{labeled(LabelPhase::reduce)}(comm_, span_of<T>(full_grad_), Avg{});
+        });
+      }
       return;
     }
-    at::Tensor flat = torch::zeros({full_.numel()}, full_.options());
+    // Backwards without sync sum the full local gradients here (FSDP's
+    // no_sync: the memory of a full gradient, no communication); the next
+    // synced backward reduces that sum with its own.
+    const bool carried = unsynced_.defined();
+    at::Tensor flat = carried ? std::move(unsynced_) : torch::zeros({full_.numel()}, shard_.options());
+    unsynced_.reset();
     for (Param& p : params_) {
       const at::Tensor& g = p.tensor.grad();
-      if (p.trainable && g.defined()) flat.narrow(0, as_int(p.offset), as_int(p.count)).copy_(g.reshape({-1}));
+      if (!p.trainable || !g.defined()) continue;
+      at::Tensor slot = flat.narrow(0, as_int(p.offset), as_int(p.count));
+      if (carried) {
+        slot.add_(g.reshape({-1}));
+      } else {
+        slot.copy_(g.reshape({-1}));
+      }
+    }
+    if (!sync_) {
+      unsynced_ = std::move(flat);
+      reshard();
+      restore_set_aside();  // the shard's gradient stays what it was
+      return;
     }
     at::Tensor out = accumulate_ ? torch::empty({shard_grad_.numel()}, shard_grad_.options()) : shard_grad_;
-    if (n == 1) {
-      out.copy_(flat);
-    } else {
-      with_type([&]<class T>(T) {
-        ReduceScatter<Auto>{o_.collective}(comm_, span_of<T>(flat), span_of<T>(out), Avg{});
-      });
-    }
+    Communicator<B>& group = groups_.shard();
+    Communicator<B>* replicas = groups_.replica();
+    // reduce_dtype: the gradient goes over the wire in it, and back.
+    const at::Tensor in = reduce_ == dtype_ ? flat : flat.to(reduce_);
+    at::Tensor sum = reduce_ == dtype_ ? out : torch::empty({out.numel()}, out.options().dtype(reduce_));
+    visit(*data_type_of(reduce_), [&]<class T>(T) {
+      if (group.size() == 1) {
+        sum.copy_(in);
+      } else {
+        // HybridShard sums in the group and across the replicas, then
+        // divides once by the world size (as ShardedTrainer's reduce_unit).
+        if (replicas) {
+          ReduceScatter<Auto>{labeled(LabelPhase::reduce)}(group, span_of<T>(in), span_of<T>(sum), Sum{});
+        } else {
+          ReduceScatter<Auto>{labeled(LabelPhase::reduce)}(group, span_of<T>(in), span_of<T>(sum), Avg{});
+        }
+      }
+      if (replicas && replicas->size() > 1) {
+        AllReduce<Auto>{labeled(LabelPhase::replica_reduce)}(*replicas, span_of<T>(sum), Sum{});
+      }
+    });
+    if (!sum.is_same(out)) out.copy_(sum);
+    if (replicas) out.div_(n);
     if (accumulate_) shard_grad_.add_(out);
     reshard();
     for (Param& p : params_) {
@@ -449,16 +583,25 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   }
 
   Communicator<B>& comm_;
+  UnitNames names_;
+  /// The unit's shard group (comm_ itself but under HybridShard) and replicas.
+  fsdp::HybridGroups<Communicator<B>> groups_;
+  int replicas_ = 1;
   FullyShardOptions o_;
   std::vector<Param> params_;
   std::vector<at::Tensor> tensors_;  ///< params_' tensors, for parameters()
   std::vector<at::Tensor> buffers_;
-  c10::ScalarType dtype_ = c10::ScalarType::Float;
+  c10::ScalarType dtype_ = c10::ScalarType::Float;    ///< the parameters' (the masters')
+  c10::ScalarType compute_ = c10::ScalarType::Float;  ///< param_dtype: gathered in
+  c10::ScalarType reduce_ = c10::ScalarType::Float;   ///< reduce_dtype: reduced in
   fsdp::FlatShard layout_;
   at::Tensor full_, shard_, shard_grad_, full_grad_;
+  at::Tensor unsynced_;  ///< the full local gradient summed by backwards without sync, if any
   std::size_t trainable_ = 0, got_count_ = 0, inputs_pending_ = 0;
+  std::uint64_t backwards_ = 0;  ///< backwards the unit finished, synced or not
   std::vector<unsigned char> got_;
   bool gathered_ = false, in_backward_ = false, finish_queued_ = false, accumulate_ = false, input_hooked_ = false;
+  bool sync_ = true;
 };
 
 }  // namespace gradsync::detail

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,9 @@ class TorchUnit {
   /// parameter of the unit is trainable.
   virtual at::Tensor local_gradient() const = 0;
   virtual bool sharded() const = 0;
+  /// Copies of the unit's shards over the ranks: HybridShard's shard
+  /// groups, 1 otherwise (the shard's norm is summed over every rank).
+  virtual int replicas() const = 0;
   /// Bytes this rank keeps between steps for the unit's parameters and
   /// their gradients: twice the padded shard (the whole unit under NoShard).
   virtual std::size_t persistent_bytes() const = 0;
@@ -55,18 +59,35 @@ class TorchUnit {
   /// (freed), the padded unit while gathered.
   virtual std::size_t gathered_bytes() const = 0;
 
+  /// Whether backward reduces the unit's gradients (true) or only adds them
+  /// to a full local gradient that the next synced backward reduces.
+  virtual bool requires_gradient_sync() const = 0;
+  virtual void set_requires_gradient_sync(bool sync) = 0;
+
   /// The module is gone: the unit is kept only until the registry's next purge.
   bool expired() const noexcept { return module_.expired(); }
   const torch::nn::Module* module() const noexcept { return raw_; }
 
+  /// The communicator the unit was wrapped with (its address: one per
+  /// rank), the unit's place among those wrapped with it (alike on every
+  /// rank: they wrap in the same order) and its words in errors.
+  const void* communicator() const noexcept { return comm_; }
+  std::size_t index() const noexcept { return index_; }
+  const std::string& description() const noexcept { return description_; }
+
  protected:
-  explicit TorchUnit(const std::shared_ptr<torch::nn::Module>& module) : module_(module), raw_(module.get()) {}
+  TorchUnit(const std::shared_ptr<torch::nn::Module>& module, const void* comm, std::size_t index,
+            std::string description)
+      : module_(module), raw_(module.get()), comm_(comm), index_(index), description_(std::move(description)) {}
   TorchUnit(const TorchUnit&) = delete;
   TorchUnit& operator=(const TorchUnit&) = delete;
 
  private:
   std::weak_ptr<torch::nn::Module> module_;
   const torch::nn::Module* raw_;
+  const void* comm_;
+  std::size_t index_;
+  std::string description_;
 };
 
 /// Every live unit of the process; ranks run as threads share it, hence the lock.
@@ -100,6 +121,50 @@ inline std::shared_ptr<TorchUnit> torch_unit_holding(const at::Tensor& p) {
     if (std::any_of(ps.begin(), ps.end(), [&](const at::Tensor& q) { return q.is_same(p); })) return u;
   }
   return nullptr;
+}
+
+/// The index the next unit wrapped with `comm` gets: one past the last live one's.
+inline std::size_t next_torch_unit_index(const void* comm) {
+  TorchUnitRegistry& r = torch_unit_registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::size_t next = 0;
+  for (const auto& u : r.units) {
+    // Expired units are purged by whichever rank wraps next (ranks run as
+    // threads share the registry), so counting them could split the ranks.
+    if (u->communicator() == comm && !u->expired()) next = std::max(next, u->index() + 1);
+  }
+  return next;
+}
+
+/// The descriptions of the live units wrapped with `comm`, by index (empty
+/// where none is alive): how a rank reads a peer's label naming a unit.
+inline std::vector<std::string> torch_unit_descriptions(const void* comm) {
+  TorchUnitRegistry& r = torch_unit_registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& u : r.units) {
+    if (u->communicator() != comm || u->expired()) continue;
+    if (out.size() <= u->index()) out.resize(u->index() + 1);
+    out[u->index()] = u->description();
+  }
+  return out;
+}
+
+/// The units of `module` and of the modules under it, outermost first.
+/// `Holder` is a module holder (ShardedModule, TORCH_MODULE) or a shared_ptr.
+template <class Holder>
+std::vector<std::shared_ptr<TorchUnit>> torch_units_under(Holder& module) {
+  std::shared_ptr<torch::nn::Module> root;
+  if constexpr (requires { module.ptr(); }) {
+    root = module.ptr();
+  } else {
+    root = module;
+  }
+  std::vector<std::shared_ptr<TorchUnit>> out;
+  for (const auto& sub : root->modules(/*include_self=*/true)) {
+    if (auto unit = find_torch_unit(sub.get())) out.push_back(std::move(unit));
+  }
+  return out;
 }
 
 /// Adds `unit`, and drops the units whose module is gone (with them their

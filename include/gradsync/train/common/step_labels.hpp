@@ -71,8 +71,17 @@ class StepLabels final : public LabelNames {
   StepLabels& operator=(const StepLabels&) = delete;
 
   CallLabel label(LabelPhase phase, std::size_t index, std::uint64_t step, std::uint64_t setting) const noexcept {
+    CallLabel l = pack(phase, index, step);
+    l.setting = setting;
+    l.names = this;
+    return l;
+  }
+
+  /// The label's id alone (no setting, no names): for a caller whose
+  /// table of names grows, so that it reads labels with a StepLabels made then.
+  static CallLabel pack(LabelPhase phase, std::size_t index, std::uint64_t step) noexcept {
     const std::uint64_t id = (step & 0xffffffffu) << 32 | static_cast<std::uint64_t>(phase) << 24 | (index & 0xffffffu);
-    return CallLabel{id, setting, this};
+    return CallLabel{id, 0, nullptr};
   }
 
   /// clip_grad_norm's label: p's float bits (its top 24: every p anyone
