@@ -26,9 +26,10 @@ namespace gradsync::detail {
 /// large vector on its own pages, at the same offset in a page, and places
 /// one below the last: at 16 M float parameters the parameters, gradients
 /// and both moments of an Adam step then lie exactly 64 MiB + 4 KiB apart,
-/// and this 2-core VM's step ran at 0.73 of the memory bound there against
-/// 1.0 to 1.2 at 15 M and 17 M (bench/optim_step); moving the moments'
-/// starts by a few hundred bytes restored it (docs/PERFORMANCE.md).
+/// and on this 2-core VM an Adam step there took about 1.5 times as long
+/// (at 32 M, 2 to 2.8 times) as with the moments' starts moved by a few
+/// hundred bytes, while 17 M was hardly affected
+/// (bench/results/optim_step_state_stagger.txt, docs/PERFORMANCE.md).
 template <class T>
 class OptimizerStateStorage {
  public:
