@@ -303,28 +303,25 @@ class Communicator {
   }
 
   /// The flight record a dump signal asks for (flight_signal.hpp), written
-  /// by the thread inside the call; a failure to write it goes to stderr.
+  /// by the thread inside the call.
   static void write_signal_record(const void* self) noexcept {
-    const auto& c = *static_cast<const Communicator*>(self);
-    try {
-      const std::string dir = detail::flight_dir();
-      if (!dir.empty() && c.flight_.capacity() != 0)
-        c.flight_.write(dir, c.flight_context("signal", "a dump signal arrived while this call waited",
-                                              c.call_.label.names));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-    } catch (...) {
-    }
+    static_cast<const Communicator*>(self)->write_record("signal", "a dump signal arrived while this call waited");
   }
 
-  /// The flight record of the call that just failed, where flight_dir()
-  /// says. A record that cannot be written is reported on stderr: the
-  /// failure being thrown is the news, and must not be replaced.
+  /// The flight record of the call that just failed.
   void write_failure_record(detail::FailureKind kind, const char* what) const noexcept {
+    write_record(detail::name(kind), what);
+  }
+
+  /// This rank's flight record, where flight_dir() says, with `reason`. A
+  /// record that cannot be written is reported on stderr: a failure being
+  /// thrown is the news and must not be replaced, and a signal's record
+  /// must not end the call it describes.
+  void write_record(std::string_view reason, const char* what) const noexcept {
     try {
       const std::string dir = detail::flight_dir();
       if (!dir.empty() && flight_.capacity() != 0)
-        flight_.write(dir, flight_context(detail::name(kind), what, call_.label.names));
+        flight_.write(dir, flight_context(reason, what, call_.label.names));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
     } catch (...) {
