@@ -2,12 +2,13 @@
 // ranks (HybridShard on 4) has exactly the collectives its strategy issues, on the progress
 // worker's track inside the step's span, beside the compute of each unit;
 // a ReplicatedTrainer step has its buckets, its optimizer step and its
-// checkpoint save and load. GRADSYNC_TRACE_TEST_DIR keeps the files for
+// checkpoint save and load; an asynchronous save's write has a track of its own. GRADSYNC_TRACE_TEST_DIR keeps the files for
 // test/trace/trace_test.py, which parses them and runs tools/trace-summary.
 
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/checkpoint/async_checkpointer.hpp>
 #include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 
 #include <cstddef>
@@ -145,6 +146,53 @@ TEST_CASE("timeline: a ReplicatedTrainer step holds its buckets, its optimizer s
     CHECK(named(f, "forward unit ") >= 2 * unit_sizes.size());
     CHECK(named(f, "checkpoint save") == 1);
     CHECK(named(f, "checkpoint load") == 1);
+  }
+}
+
+TEST_CASE("timeline: an asynchronous save's write is on its own track, inside save() to the end of wait()") {
+  auto g = test::rng_for("timeline async save");
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  const TraceOut out;
+  const test::TempDir checkpoints;
+  constexpr int world = 3;
+  const Batches batches = random_batches(g(), 2, world, 3);
+  const std::filesystem::path dir = out.dir() / "AsyncSave";
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    comm.trace_to(dir.string());
+    const auto r = static_cast<std::size_t>(comm.rank());
+    ReplicatedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05}));
+    gradsync::AsyncCheckpointer ckpt(trainer);
+    trainer.forward_backward(batches[0][r]);
+    trainer.optimizer_step();
+    ckpt.save(checkpoints.path / "ckpt.safetensors", {}, {.format = gradsync::CheckpointFormat::full});
+    trainer.forward_backward(batches[1][r]);
+    trainer.optimizer_step();
+    ckpt.wait();
+  });
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    const test::TraceFile f = test::read_trace(dir / ("gradsync-trace-rank" + std::to_string(r) + ".json"));
+    const auto span = [&](const std::string& name) {
+      std::vector<const test::TraceLine*> found;
+      for (const test::TraceLine& e : f.events) {
+        if (e.name == name) found.push_back(&e);
+      }
+      return found;
+    };
+    const auto saves = span("checkpoint save"), waits = span("checkpoint wait"), writes = span("checkpoint write");
+    REQUIRE(saves.size() == 1);
+    REQUIRE(waits.size() == 1);
+    CHECK(waits[0]->ts >= saves[0]->ts + saves[0]->dur);
+    CHECK(f.thread_names.at(waits[0]->tid) == "caller");
+    // A full file is written by rank 0 alone.
+    REQUIRE(writes.size() == (r == 0 ? 1u : 0u));
+    if (r == 0) {
+      const test::TraceLine& w = *writes[0];
+      CHECK(f.thread_names.at(w.tid) == "checkpoint writer");
+      CHECK(w.ts + 1.0 >= saves[0]->ts);
+      CHECK(w.ts + w.dur <= waits[0]->ts + waits[0]->dur + 1.0);  // µs, each printed to 1 ns
+      CHECK(w.cat == "checkpoint");
+    }
   }
 }
 

@@ -29,7 +29,7 @@ EXPECTED = {
     "HybridShard": {"AllGather": 2 * UNITS - 1, "ReduceScatter": UNITS, "AllReduce": UNITS},
 }
 # Ranks per case (test_train_trace.cpp): HybridShard needs two groups.
-WORLD = {"FullShard": 3, "ShardGradOp": 3, "NoShard": 3, "HybridShard": 4, "Replicated": 3}
+WORLD = {"FullShard": 3, "ShardGradOp": 3, "NoShard": 3, "HybridShard": 4, "Replicated": 3, "AsyncSave": 3}
 
 
 def check_file(path, rank, problems):
@@ -90,7 +90,7 @@ def main():
         if run.returncode != 0:
             print("the timeline cases failed")
             return 1
-        for case in list(EXPECTED) + ["Replicated"]:
+        for case in list(EXPECTED) + ["Replicated", "AsyncSave"]:
             directory = os.path.join(d, case)
             for rank in range(WORLD[case]):
                 trace = check_file(os.path.join(directory, f"gradsync-trace-rank{rank}.json"), rank, problems)

@@ -53,6 +53,10 @@ enum class TraceKind : std::uint8_t {
   clip,
   checkpoint_save,
   checkpoint_load,
+  /// AsyncCheckpointer: the caller waiting for the writer and the commit,
+  /// and the writer thread's own work on its track.
+  checkpoint_wait,
+  checkpoint_write,
 };
 
 /// A phase's name, what its index counts ("forward", "unit"), and the
@@ -63,7 +67,8 @@ struct TraceKindWords {
 constexpr TraceKindWords words(TraceKind k) noexcept {
   constexpr std::string_view names[] = {"collective",     "step",           "forward",        "backward",
                                         "gather",         "reduce-scatter", "all-reduce",     "all-reduce",
-                                        "optimizer step", "clip_grad_norm", "checkpoint save", "checkpoint load"};
+                                        "optimizer step", "clip_grad_norm", "checkpoint save", "checkpoint load",
+                                        "checkpoint wait", "checkpoint write"};
   const auto i = static_cast<std::size_t>(k);
   if (i >= std::size(names)) return {"?", "", "?"};
   if (k == TraceKind::collective) return {names[i], "", "communication"};

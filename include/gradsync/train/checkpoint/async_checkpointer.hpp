@@ -158,7 +158,10 @@ class AsyncCheckpointer {
       written_.store(true, std::memory_order_release);
       return;
     }
-    thread_ = std::thread([this] {
+    thread_ = std::thread([this, trace = detail::trace_recorder(comm), step = trainer_.step_count()] {
+      // Its own track on the timeline: the write overlaps the steps after save().
+      detail::trace_thread_name() = "checkpoint writer";
+      const detail::TraceScope span(trace, detail::TraceKind::checkpoint_write, step);
       try {
         snapshot_.write_files();
       } catch (...) {
@@ -178,8 +181,9 @@ class AsyncCheckpointer {
     if (!pending_) return;
     detail::check_checkpointable(trainer_, "AsyncCheckpointer::wait");
     pending_ = false;
-    if (thread_.joinable()) thread_.join();
     auto& comm = trainer_.communicator();
+    const detail::TraceScope span(detail::trace_recorder(comm), detail::TraceKind::checkpoint_wait, trainer_.step_count());
+    if (thread_.joinable()) thread_.join();
     const std::string where = "asynchronous save_checkpoint of '" + path_.string() + "'";
     detail::agree<Algo>(comm, std::exchange(error_, nullptr), where);
     if (!snapshot_.in_directory()) return;
