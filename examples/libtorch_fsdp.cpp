@@ -187,7 +187,8 @@ std::string rank_file(const std::string& dir, int rank, int world) {
 /// The mean cross-entropy of the held-out windows (each rank scores its
 /// share, the same count on every rank: every rank makes the same forward calls).
 template <class Comm>
-double held_out_loss(Comm& comm, gradsync::ShardedModule<example::CharTransformer>& model, const Corpus& corpus, std::int64_t context) {
+double held_out_loss(Comm& comm, gradsync::ShardedModule<example::CharTransformer>& model, const Corpus& corpus,
+                     std::int64_t context) {
   torch::NoGradGuard no_grad;
   const std::int64_t n = comm.size(), per_rank = (corpus.held_out.numel() - 1) / context / n;
   if (per_rank < 1) throw std::runtime_error("the held-out tenth of the text is too short for --context and N");
@@ -195,10 +196,11 @@ double held_out_loss(Comm& comm, gradsync::ShardedModule<example::CharTransforme
   for (std::int64_t i = 0; i < per_rank; ++i) mine.push_back(i * n + comm.rank());
   const auto [x, y] = windows(corpus.held_out, mine, context);
   const torch::Tensor logits = model(x).reshape({-1, static_cast<std::int64_t>(corpus.vocab.size())});
-  std::vector<double> sums{torch::nn::functional::cross_entropy(
-                               logits, y.reshape(-1), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                               .item<double>(),
-                           static_cast<double>(y.numel())};
+  std::vector<double> sums{
+      torch::nn::functional::cross_entropy(logits, y.reshape(-1),
+                                           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+          .item<double>(),
+      static_cast<double>(y.numel())};
   sum_over_ranks(comm, sums);
   return sums[0] / sums[1];
 }
@@ -299,8 +301,10 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
                              " MiB per rank, over the budget of " + std::to_string(mib(budget)) +
                              " MiB: give more ranks, another --strategy or a larger --memory-budget");
   }
-  if (printer) std::printf("%s fits the budget; a DDP replica would not%s\n", gradsync::name(options.strategy),
-                           ddp > budget ? "" : " (it would too, at this budget)");
+  if (printer) {
+    std::printf("%s fits the budget; a DDP replica %s\n", gradsync::name(options.strategy),
+                ddp > budget ? "would not" : "would too, at this budget");
+  }
 
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
   std::uint64_t step = 0;
@@ -349,7 +353,8 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
     if (printer) std::printf("saved %s at step %llu\n", a.save.c_str(), (unsigned long long)step);
   };
 
-  if (step >= last && printer) std::printf("nothing to train: the checkpoint is at step %llu\n", (unsigned long long)step);
+  if (step >= last && printer)
+    std::printf("nothing to train: the checkpoint is at step %llu\n", (unsigned long long)step);
   const std::int64_t per_epoch_windows = steps_per_epoch * a.batch * n;
   const std::int64_t all_windows = (corpus.train.numel() - 1) / shape.context;
   while (step < last) {
