@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""libtorch_fsdp stopped with --save and resumed in a fresh process at the
+same world size ends with the uninterrupted run's held-out loss, to the last
+digit printed; resumed again at its end it trains nothing. The text is the
+first 3,000 bytes of GPL-3, so that the runs cross an epoch's end (5 steps
+per epoch at 2 ranks and the options meson.build gives). The full state dict written beside the
+shards is a safetensors file naming the unwrapped model's parameters.
+
+usage: libtorch_fsdp_resume.py BINARY WORKDIR [options...]
+"""
+import json
+import pathlib
+import re
+import shutil
+import struct
+import subprocess
+import sys
+
+
+def run(binary, args):
+    p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    if p.returncode != 0:
+        sys.exit(f"{pathlib.Path(binary).name} {' '.join(args)} exited {p.returncode}\n{out}")
+    return out
+
+
+def final_loss(out):
+    m = re.search(r"^final held-out loss (\S+) after (\d+) steps", out, re.M)
+    if not m:
+        sys.exit("no final loss line in:\n" + out)
+    return m.group(1), int(m.group(2))
+
+
+def main():
+    binary, work = sys.argv[1], pathlib.Path(sys.argv[2])
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    text = work / "text"
+    text.write_bytes(pathlib.Path("/usr/share/common-licenses/GPL-3").read_bytes()[:3000])
+    common = sys.argv[3:] + ["--text", str(text), "--sample", "20"]
+    saved = str(work / "saved")
+
+    whole = run(binary, common + ["--steps", "8"])
+    loss, steps = final_loss(whole)
+    if steps != 8:
+        sys.exit("the uninterrupted run did not take 8 steps:\n" + whole)
+    print("uninterrupted:", loss)
+
+    first = run(binary, common + ["--steps", "3", "--save", saved])
+    if final_loss(first)[1] != 3:
+        sys.exit("the first part did not stop at step 3:\n" + first)
+    resumed = run(binary, common + ["--steps", "8", "--resume", saved, "--save", saved])
+    per_epoch = int(re.search(r"(\d+) steps per epoch", resumed).group(1))
+    at = rf"^epoch {3 // per_epoch + 1} .*\(steps {3 % per_epoch + 1}-"
+    if "resumed from" not in resumed or not re.search(at, resumed, re.M):
+        sys.exit(f"the resumed run did not go on at step 4 ({per_epoch} steps per epoch):\n" + resumed)
+    if final_loss(resumed) != (loss, 8):
+        sys.exit(f"resumed at step 3: final loss {final_loss(resumed)}, uninterrupted {loss}:\n{resumed}")
+    print("resumed:", final_loss(resumed)[0])
+
+    again = run(binary, common + ["--steps", "8", "--resume", saved])
+    if "nothing to train" not in again or final_loss(again) != (loss, 8):
+        sys.exit("resumed at its end, the run trained or ended elsewhere:\n" + again)
+
+    # safetensors: an 8-byte little-endian header length, then the JSON header.
+    blob = (pathlib.Path(saved) / "model.safetensors").read_bytes()
+    (size,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + size])
+    for name in ("tok.weight", "head.weight", "block0.qkv.weight", "block0.down.bias"):
+        if name not in header:
+            sys.exit(f"model.safetensors has no {name}: {sorted(header)}")
+    print("model.safetensors:", len([k for k in header if k != "__metadata__"]), "tensors")
+
+
+if __name__ == "__main__":
+    main()
