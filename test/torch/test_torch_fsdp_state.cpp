@@ -271,4 +271,28 @@ TEST_CASE("load_sharded_state_dict: a missing or corrupt shard file, a missing o
   }
 }
 
+TEST_CASE("save_sharded_state_dict between a forward and its backward is refused on every rank, naming the unit") {
+  CAPTURE(test::test_seed());
+  const Batches b = batches();
+  const auto init = initial_state("fsdp sharded gathered init");
+  const int n = 2;
+  const auto dir = fresh_dir("gathered");
+  // ShardGradOp keeps a unit gathered from its forward to its backward.
+  const Outcomes got = run_failing(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    make(m, comm, init, ShardingStrategy::ShardGradOp, 0);
+    const torch::Tensor out = m(rows_of(b.train, comm.rank(), n).x);
+    gradsync::save_sharded_state_dict(m, comm, dir);
+  });
+  for (std::size_t r = 0; r < got.kind.size(); ++r) {
+    CAPTURE(r);
+    INFO(got.kind[r] << ": " << got.what[r]);
+    CHECK(got.kind[r] == "InvalidArgument");
+    CHECK(got.what[r].find("holds its gathered parameters (between a forward and its backward); save or load "
+                           "between steps") != std::string::npos);
+  }
+  CHECK(got.seconds < 5.0);
+  CHECK(!std::filesystem::exists(dir));  // refused before rank 0 made the directory
+}
+
 }  // namespace test_torch_fsdp_state
