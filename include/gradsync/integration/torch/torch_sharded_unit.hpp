@@ -132,6 +132,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     const std::size_t c = layout_.chunks[0];
     const auto [first, owned] = layout_.owned_range(0, rank);
     const std::size_t start = sharded ? rank * c : 0;
+    start_ = start;
+    // HybridShard's shard groups are ranks [0, s), [s, 2s)...: the first is the copy a save writes.
+    writes_ = sharded ? comm_.rank() < groups_.shard().size() : comm_.rank() == 0;
     const auto opts = at::TensorOptions().dtype(dtype_);
     full_ = torch::zeros({static_cast<std::int64_t>(sharded ? n * c : c)}, opts);
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -270,6 +273,18 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   std::size_t gathered_bytes() const override {
     return full_.defined() ? full_.storage().unsafeGetStorageImpl()->nbytes() : 0;
   }
+
+  std::vector<HeldPiece> held_pieces() const override {
+    std::vector<HeldPiece> out;
+    const bool sharded = o_.strategy != ShardingStrategy::NoShard;
+    // The rank's shard starts at element start_ of the unit's flat order.
+    for (const Param& p : params_) {
+      const std::size_t begin = sharded ? (p.len > 0 ? start_ + p.lo - p.offset : 0) : 0;
+      out.push_back({p.shape, begin, begin + (sharded ? p.len : p.count)});
+    }
+    return out;
+  }
+  bool writes_held() const override { return writes_; }
 
   bool requires_gradient_sync() const override { return sync_; }
   void set_requires_gradient_sync(bool sync) override { sync_ = sync; }
@@ -602,6 +617,8 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   std::vector<unsigned char> got_;
   bool gathered_ = false, in_backward_ = false, finish_queued_ = false, accumulate_ = false, input_hooked_ = false;
   bool sync_ = true;
+  std::size_t start_ = 0;  ///< the first element of the unit's flat order this rank's shard holds
+  bool writes_ = false;    ///< writes_held()
 };
 
 }  // namespace gradsync::detail

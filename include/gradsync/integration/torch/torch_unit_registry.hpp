@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,6 +55,21 @@ class TorchUnit {
   /// Bytes this rank keeps between steps for the unit's parameters and
   /// their gradients: twice the padded shard (the whole unit under NoShard).
   virtual std::size_t persistent_bytes() const = 0;
+
+  /// Per parameter, in parameters() order: its full shape and the elements
+  /// [begin, end) of its full value (row-major) that this rank holds between
+  /// steps, which its tensor then is (1-D under a sharded strategy; the
+  /// whole, [0, numel), under NoShard). What a sharded save writes and a
+  /// sharded load fills.
+  struct HeldPiece {
+    std::vector<std::int64_t> shape;
+    std::size_t begin = 0, end = 0;
+  };
+  virtual std::vector<HeldPiece> held_pieces() const = 0;
+  /// Whether this rank's pieces are the copy a sharded save writes: every
+  /// rank's under FullShard and ShardGradOp, the first shard group's under
+  /// HybridShard (the others are replicas of it), rank 0's under NoShard.
+  virtual bool writes_held() const = 0;
 
   /// Bytes the unit's gathered parameters hold now: 0 while it is sharded
   /// (freed), the padded unit while gathered.
