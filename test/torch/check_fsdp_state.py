@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """PyTorch loads the full state of a gradsync::fully_shard model into its own nn.Module.
 
-usage: check_fsdp_state.py WRITER WORKDIR
+usage: check_fsdp_state.py TORCH_TESTS WORKDIR
 
-For N = 1..4, runs `WRITER N DIR` (fsdp_state_writer.cpp): N ranks train a
+For N = 1..4, runs TORCH_TESTS' case in test_torch_fsdp_python.cpp with
+GRADSYNC_FSDP_STATE_N = N and GRADSYNC_FSDP_STATE_DIR = DIR: N ranks train a
 fully_shard model and save_full_state_dict writes DIR/state.safetensors;
 DIR/io.safetensors holds an input x and the sharded model's output for it.
 Here a torch.nn.Module of the same shape, its parameters and buffers named
@@ -71,10 +72,12 @@ def main():
     failures = []
     for n in range(1, 5):
         out_dir = os.path.join(work, f"n{n}")
-        run = subprocess.run([writer, str(n), out_dir], capture_output=True, text=True, timeout=120)
-        print(run.stdout, end="")
+        env = dict(os.environ, GRADSYNC_FSDP_STATE_N=str(n), GRADSYNC_FSDP_STATE_DIR=out_dir)
+        run = subprocess.run([writer, "--source-file=*/test_torch_fsdp_python.cpp"], env=env, capture_output=True,
+                             text=True, timeout=120)
+        print(run.stdout[-1500:], end="")
         if run.returncode != 0:
-            failures.append(f"N={n}: {writer} exited {run.returncode}: {run.stderr.strip()}")
+            failures.append(f"N={n}: {writer} exited {run.returncode}: {(run.stdout + run.stderr).strip()[-1500:]}")
             continue
         state = load_file(os.path.join(out_dir, "state.safetensors"))
         io = load_file(os.path.join(out_dir, "io.safetensors"))
