@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 namespace {
 
 using Comm = gradsync::Communicator<gradsync::Threads>;
@@ -79,6 +81,7 @@ struct Args {
   std::vector<int> ranks{1, 2, 4};
   int steps = 20, warmup = 3, batch = 64, hidden = 1024, rounds = 3;
   bool sgd = false;
+  std::vector<Kind> only;  ///< --only: these strategies (e.g. for GRADSYNC_TRACE), else all
 };
 
 Args parse(int argc, char** argv) {
@@ -112,9 +115,20 @@ Args parse(int argc, char** argv) {
       a.rounds = std::stoi(next());
     } else if (k == "--sgd") {
       a.sgd = true;
+    } else if (k == "--only") {
+      const std::string v = next();
+      bool known = false;
+      for (Kind c : kinds) {
+        if (v == kind_name(c)) {
+          a.only.push_back(c);
+          known = true;
+        }
+      }
+      if (!known) throw std::runtime_error("--only " + v + ": expected DDP, FullShard, ShardGradOp, NoShard or no-comm");
     } else {
       throw std::runtime_error("unknown option " + k +
-                               " (expected --ranks N[,N...] (repeatable) --rounds --steps --warmup --batch --hidden --sgd)");
+                               " (expected --ranks N[,N...] (repeatable) --rounds --steps --warmup --batch --hidden --sgd "
+                               "--only STRATEGY (repeatable))");
     }
   }
   for (int n : a.ranks) {
@@ -138,9 +152,22 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Args& a, const std
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
 }
 
-/// Rank 0's median ms per step of `kind` at N = n.
-double run(int n, Kind kind, const Args& a) {
-  double out = 0;
+/// The calling thread's minor page faults so far: fresh memory touched
+/// (each a 4 KiB page the kernel zeroes), what allocating per step costs.
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_minflt;
+}
+
+struct Timed {
+  double ms = 0;      ///< rank 0's median step
+  double faults = 0;  ///< rank 0's median minor page faults per step
+};
+
+/// Rank 0's median ms and page faults per step of `kind` at N = n.
+Timed run(int n, Kind kind, const Args& a) {
+  Timed out;
   gradsync::run_threads(n, [&](Comm& comm) {
     torch::set_num_threads(1);
     // Same initial model for every strategy (and fully_shard and DDP
@@ -164,19 +191,23 @@ double run(int n, Kind kind, const Args& a) {
     }
     // Built after wrapping: a sharded unit's parameters are then this rank's shards.
     auto opt = make_optimizer(a, net->parameters());
-    std::vector<double> ms;
+    std::vector<double> ms, faults;
     for (int s = 0; s < a.warmup + a.steps; ++s) {
       // Every rank starts the step together, so rank 0 times its own step,
       // not the others' late start.
       comm.barrier();
+      const long f0 = minor_faults();
       const auto t0 = Clock::now();
       opt->zero_grad();
       const torch::Tensor logits = ddp ? (*ddp)(x) : net(x);
       torch::nn::functional::cross_entropy(logits, y).backward();
       opt->step();
-      if (s >= a.warmup) ms.push_back(ms_since(t0));
+      if (s >= a.warmup) {
+        ms.push_back(ms_since(t0));
+        faults.push_back(double(minor_faults() - f0));
+      }
     }
-    if (comm.rank() == 0) out = median(ms);
+    if (comm.rank() == 0) out = {median(ms), median(faults)};
   });
   return out;
 }
@@ -184,8 +215,8 @@ double run(int n, Kind kind, const Args& a) {
 /// Median ms, on rank 0, of FullShard's collectives alone: [one AllGather
 /// of every unit, one ReduceScatter of every unit, one AllReduce of all].
 std::array<double, 3> collectives(int n, const Args& a) {
-  const std::vector<std::size_t> units{784ul * a.hidden + a.hidden, std::size_t(a.hidden) * a.hidden + a.hidden,
-                                       10ul * a.hidden + 10};
+  const auto h = static_cast<std::size_t>(a.hidden);
+  const std::vector<std::size_t> units{784 * h + h, h * h + h, 10 * h + 10};
   std::array<double, 3> out{};
   gradsync::run_threads(n, [&](Comm& comm) {
     const auto N = static_cast<std::size_t>(n);
@@ -242,37 +273,45 @@ Range range_of(const std::vector<double>& v) {
 
 int main(int argc, char** argv) try {
   const Args a = parse(argc, argv);
-  const std::size_t params = 784ul * a.hidden + a.hidden + std::size_t(a.hidden) * a.hidden + a.hidden + 10ul * a.hidden + 10;
+  const std::vector<Kind> run_kinds = a.only.empty() ? std::vector<Kind>(kinds.begin(), kinds.end()) : a.only;
+  const bool has_ddp = std::find(run_kinds.begin(), run_kinds.end(), Kind::ddp) != run_kinds.end();
+  const auto h = static_cast<std::size_t>(a.hidden);
+  const std::size_t params = 784 * h + h + h * h + h + 10 * h + 10;
   std::printf("# gradsync fully_shard against its DistributedDataParallel (LibTorch), MLP 784-%d-%d-10 (%.2fM params; "
               "units b1, b2, root), per-rank batch %d, %s, Threads, one LibTorch thread per rank\n"
               "# %d interleaved rounds of %d steps (after %d warm-up); ms/step: rank 0's median step, median over "
-              "rounds [min-max]; xDDP: over DDP's in the same round\n"
-              "#  N  strategy      ms/step [min-max]          xDDP [min-max]       samples/s\n",
+              "rounds [min-max]; xDDP: over DDP's in the same round; faults: rank 0's minor page faults per step\n"
+              "#  N  strategy      ms/step [min-max]          xDDP [min-max]       samples/s   faults\n",
               a.hidden, a.hidden, double(params) / 1e6, a.batch, a.sgd ? "SGD lr 0.01" : "Adam lr 1e-3", a.rounds,
               a.steps, a.warmup);
   std::fflush(stdout);
   for (int n : a.ranks) {
-    std::map<Kind, std::vector<double>> ms, xddp;
+    std::map<Kind, std::vector<double>> ms, xddp, faults;
     std::array<std::vector<double>, 3> comm_ms;
     for (int r = 0; r < a.rounds; ++r) {
       std::map<Kind, double> round;
-      for (std::size_t i = 0; i < kinds.size(); ++i) {
-        const Kind k = kinds[(i + static_cast<std::size_t>(r)) % kinds.size()];
-        round[k] = run(n, k, a);
-        ms[k].push_back(round[k]);
+      for (std::size_t i = 0; i < run_kinds.size(); ++i) {
+        const Kind k = run_kinds[(i + static_cast<std::size_t>(r)) % run_kinds.size()];
+        const Timed t = run(n, k, a);
+        round[k] = t.ms;
+        ms[k].push_back(t.ms);
+        faults[k].push_back(t.faults);
       }
-      for (Kind k : kinds) xddp[k].push_back(round[k] / round[Kind::ddp]);
-      if (n > 1) {
+      if (has_ddp) {
+        for (Kind k : run_kinds) xddp[k].push_back(round[k] / round[Kind::ddp]);
+      }
+      if (n > 1 && a.only.empty()) {
         const auto c = collectives(n, a);
         for (std::size_t i = 0; i < 3; ++i) comm_ms[i].push_back(c[i]);
       }
     }
-    for (Kind k : kinds) {
-      const Range t = range_of(ms[k]), x = range_of(xddp[k]);
-      std::printf("%4d  %-12s %8.2f [%7.2f-%7.2f] %8.2f [%5.2f-%5.2f] %10.0f\n", n, kind_name(k), t.med, t.lo, t.hi,
-                  x.med, x.lo, x.hi, 1000.0 * n * a.batch / t.med);
+    for (Kind k : run_kinds) {
+      const Range t = range_of(ms[k]);
+      const Range x = has_ddp ? range_of(xddp[k]) : Range{0, 0, 0};
+      std::printf("%4d  %-12s %8.2f [%7.2f-%7.2f] %8.2f [%5.2f-%5.2f] %10.0f %8.0f\n", n, kind_name(k), t.med, t.lo,
+                  t.hi, x.med, x.lo, x.hi, 1000.0 * n * a.batch / t.med, median(faults[k]));
     }
-    if (n > 1) {
+    if (n > 1 && a.only.empty()) {
       const Range g = range_of(comm_ms[0]), s = range_of(comm_ms[1]), r = range_of(comm_ms[2]);
       std::printf("%4d  collectives  gather %.2f [%.2f-%.2f]  reduce-scatter %.2f [%.2f-%.2f]  all-reduce %.2f "
                   "[%.2f-%.2f] ms (all units, alone; FullShard gathers twice a step)\n",
