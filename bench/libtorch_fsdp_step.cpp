@@ -269,6 +269,13 @@ Range range_of(const std::vector<double>& v) {
   return {median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
 }
 
+/// "[lo-hi]", one field for parsers.
+std::string bracket(const Range& r) {
+  char b[64];
+  std::snprintf(b, sizeof b, "[%.2f-%.2f]", r.lo, r.hi);
+  return b;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -281,7 +288,7 @@ int main(int argc, char** argv) try {
               "units b1, b2, root), per-rank batch %d, %s, Threads, one LibTorch thread per rank\n"
               "# %d interleaved rounds of %d steps (after %d warm-up); ms/step: rank 0's median step, median over "
               "rounds [min-max]; xDDP: over DDP's in the same round; faults: rank 0's minor page faults per step\n"
-              "#  N  strategy      ms/step [min-max]          xDDP [min-max]       samples/s   faults\n",
+              "#  N  strategy      ms/step [min-max]         xDDP [min-max]       samples/s   faults\n",
               a.hidden, a.hidden, double(params) / 1e6, a.batch, a.sgd ? "SGD lr 0.01" : "Adam lr 1e-3", a.rounds,
               a.steps, a.warmup);
   std::fflush(stdout);
@@ -308,8 +315,8 @@ int main(int argc, char** argv) try {
     for (Kind k : run_kinds) {
       const Range t = range_of(ms[k]);
       const Range x = has_ddp ? range_of(xddp[k]) : Range{0, 0, 0};
-      std::printf("%4d  %-12s %8.2f [%7.2f-%7.2f] %8.2f [%5.2f-%5.2f] %10.0f %8.0f\n", n, kind_name(k), t.med, t.lo,
-                  t.hi, x.med, x.lo, x.hi, 1000.0 * n * a.batch / t.med, median(faults[k]));
+      std::printf("%4d  %-12s %8.2f %-17s %6.2f %-13s %10.0f %8.0f\n", n, kind_name(k), t.med, bracket(t).c_str(),
+                  x.med, bracket(x).c_str(), 1000.0 * n * a.batch / t.med, median(faults[k]));
     }
     if (n > 1 && a.only.empty()) {
       const Range g = range_of(comm_ms[0]), s = range_of(comm_ms[1]), r = range_of(comm_ms[2]);
