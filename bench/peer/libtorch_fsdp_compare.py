@@ -6,7 +6,7 @@ thread per rank.
 
     python3 bench/peer/libtorch_fsdp_compare.py --python DIR/bin/python [-B build-o2] [--ranks 1,2,4]
                                                 [--rounds 5] [--steps 20] [--warmup 3] [--hidden 1024]
-                                                [--sgd] [--adam fused|foreach|default]
+                                                [--sgd] [--adam fused|foreach|default] [--replay FILE]
 
 DIR is a venv with PyTorch 2.x (python3 -m venv DIR && DIR/bin/pip install
 torch numpy); --python defaults to $GRADSYNC_TORCH2_PYTHON. For every round
@@ -23,8 +23,12 @@ per-rank batch 64, optimizer (Adam lr 1e-3, PyTorch's fused unless --adam;
 barrier-started steps). The table gives, per N and strategy, the median over
 rounds of each ms/step [min-max], samples/s over all ranks, PyTorch's ms over
 gradsync's in the same round (median [min-max]; above 1 gradsync is faster)
-and gradsync's step over its own DDP's in the same run (xDDP). Targets at
-N = 2: FullShard xDDP <= 1.3, PyTorch/gradsync FullShard >= 2.
+and gradsync's step over its own DDP's in the same run (xDDP). The ceiling
+is PyTorch's ms over gradsync's no-comm ms (the same model with no wrapper
+and no communication) round by round: the most PyTorch/gradsync could reach
+with collectives and wrapping free. Targets at N = 2: FullShard xDDP <= 1.3,
+PyTorch/gradsync FullShard >= 2. --replay FILE prints the tables again from
+the raw rows of an earlier run's output, running nothing.
 Exits 2 when the interpreter or libtorch_fsdp_step is missing, 1 on a run error.
 """
 import pathlib
@@ -73,10 +77,26 @@ def main():
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--sgd", action="store_true", help="SGD lr 1e-2 for both instead of Adam lr 1e-3")
     p.add_argument("--adam", choices=["fused", "foreach", "default"], default="fused", help="PyTorch's Adam")
+    p.add_argument("--replay", help="an earlier run's output: print its tables from its raw rows")
     a = p.parse_args()
+    ranks = [int(n) for n in a.ranks.split(",")]
+    if a.replay:
+        ms, xddp, coll = {}, {}, {}
+        rounds = 0
+        for line in open(a.replay, encoding="utf-8"):
+            f = line.split()
+            if len(f) < 5 or not f[0].isdigit():
+                continue
+            rounds = max(rounds, int(f[0]))
+            if f[2] == "collectives":
+                coll.setdefault(int(f[3]), []).append(" ".join(f[4:]))
+                continue
+            ms.setdefault((f[1], f[2], int(f[3])), []).append(float(f[4]))
+            if len(f) > 5:
+                xddp.setdefault((f[1], f[2], int(f[3])), []).append(float(f[5]))
+        return tables(a, ranks, rounds, ms, xddp, coll)
     version = check_python(a.python)
     exe = built_tool(a.build, "libtorch_fsdp_step")
-    ranks = [int(n) for n in a.ranks.split(",")]
     common = ["--steps", str(a.steps), "--warmup", str(a.warmup)]
 
     def command(who, n):
@@ -115,18 +135,24 @@ def main():
                         ms.setdefault((who, s, n), []).append(t)
                         print(f"{r + 1} PyTorch  {s:12} {n} {t:9.2f}", flush=True)
     print(f"# load after: {uptime()}")
+    return tables(a, ranks, a.rounds, ms, xddp, coll)
+
+
+def tables(a, ranks, rounds, ms, xddp, coll):
     model = f"784-{a.hidden}-{a.hidden}-10"
     print(f"\n# MLP {model}, per-rank batch 64, {'SGD' if a.sgd else 'Adam'}, one thread per rank; ms/step: median "
-          f"of {a.rounds} interleaved rounds [min-max]; ratios: round by round, median [min-max]")
+          f"of {rounds} interleaved rounds [min-max]; ratios: round by round, median [min-max]")
     print("| N | strategy | gradsync ms | gradsync xDDP | gradsync samples/s | PyTorch 2.x ms | PyTorch samples/s "
-          "| PyTorch/gradsync |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| PyTorch/gradsync | ceiling |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for n in ranks:
+        bare = ms.get(("gradsync", "no-comm", n), [])
         for s in STRATEGIES:
             g, t = ms.get(("gradsync", s, n)), ms.get(("PyTorch", s, n))
             sps = (lambda v: f"{1000 * n * 64 / statistics.median(v):.0f}" if v else "-")
             print(f"| {n} | {s} | {cell(g)} | {cell(xddp.get(('gradsync', s, n)))} | {sps(g)} | {cell(t)} | "
-                  f"{sps(t)} | {paired_ratio(t or [], g or []) if t and g else '-'} |")
+                  f"{sps(t)} | {paired_ratio(t or [], g or []) if t and g else '-'} | "
+                  f"{paired_ratio(t, bare) if t and bare else '-'} |")
     for n in ranks:
         for c in coll.get(n, []):
             print(f"# N = {n} collectives alone (gradsync, ms): {c}")
