@@ -4,6 +4,7 @@
 //
 //   libtorch_fsdp_step                       N = 1, 2, 4; 784-1024-1024-10 MLP; batch 64; Adam
 //   libtorch_fsdp_step --ranks 2 --rounds 5 --steps 20 --warmup 3 --hidden 1024 --sgd
+//   libtorch_fsdp_step --ranks 1,2 --only FullShard --only no-comm
 //
 // The MLP is libtorch_ddp_step's (Linear-ReLU-Linear-ReLU-Linear), with each
 // hidden Linear + ReLU a block that fully_shard wraps, then the root, which
@@ -20,8 +21,11 @@
 // and "collectives" times, alone, what FullShard moves in one step: one
 // AllGather of each unit (FullShard gathers twice: forward and backward),
 // one ReduceScatter of each unit's gradient, and one AllReduce of them all
-// (DDP's and NoShard's volume). bench/peer/libtorch_fsdp_compare.py runs
-// this interleaved with PyTorch 2.x's FSDP2 on the same model.
+// (DDP's and NoShard's volume). The last column counts rank 0's minor page
+// faults per step: fresh memory the step touched. --only STRATEGY runs one
+// (repeatable), e.g. under GRADSYNC_TRACE, whose file holds the last run.
+// bench/peer/libtorch_fsdp_compare.py runs this interleaved with PyTorch
+// 2.x's FSDP2 on the same model.
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/integration/torch.hpp>
