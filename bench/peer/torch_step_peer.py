@@ -4,6 +4,7 @@ bench/fsdp_step, on its models, batch, optimizer and step protocol.
 
     DIR/bin/python bench/peer/torch_step_peer.py --ranks N [--steps 10]
         [--sizes 784,1024,1024,10 ...] [--kinds ddp,full_shard,shard_grad_op] [--adam fused]
+        [--units every|hidden] [--optimizer adam|sgd] [--warmup 2] [--stat mean|median]
 
 One process per rank (spawned), torch.set_num_threads(1), MASTER_ADDR
 127.0.0.1, Gloo. Models: fsdp_step's MLPs 784-1024-1024-10 and
@@ -14,15 +15,21 @@ single-tensor CPU path). Kinds:
   ddp            DistributedDataParallel, default buckets
   full_shard     fully_shard on each Linear, then the root; reshard_after_forward=True
   shard_grad_op  the same with reshard_after_forward=False
+--units hidden wraps only the Linear layers followed by a ReLU, so that the
+last Linear is the root's own unit (bench/libtorch_fsdp_step's three units);
+--optimizer sgd steps SGD lr 1e-2 (libtorch_fsdp_step --sgd) instead of Adam.
 A step is zero_grad + forward + loss + backward + optimizer step; as
-fsdp_step: 2 warm-up steps, a barrier, then rank 0's mean over --steps
-steps (the larger model max(3, steps // 3), as fsdp_step does), subnormals
-flushed to zero. Prints "<model> <kind> <N> <ms/step>" per model and kind.
+fsdp_step: --warmup (2) warm-up steps, a barrier, then rank 0's mean over
+--steps steps (the larger model max(3, steps // 3), as fsdp_step does; with
+--stat median, the median of barrier-started steps, as libtorch_fsdp_step
+times), subnormals flushed to zero. Prints "<model> <kind> <N> <ms/step>"
+per model and kind.
 Needs PyTorch 2.x (bench/peer/torch2.py says how to make a venv for it).
 """
 import argparse
 import os
 import socket
+import statistics
 import sys
 import time
 
@@ -46,14 +53,16 @@ def make_model(torch, sizes):
     return torch.nn.Sequential(*layers)
 
 
-def wrap(torch, model, kind, mesh):
+def wrap(torch, model, kind, mesh, units="every"):
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
     reshard = kind == "full_shard"
-    # One unit per Linear, as fsdp_step's trainers shard the MLP layer by layer.
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
+    # One unit per Linear, as fsdp_step's trainers shard the MLP layer by
+    # layer; with units == "hidden", the last Linear stays the root's.
+    last = len(model) - 1
+    for i, layer in enumerate(model):
+        if isinstance(layer, torch.nn.Linear) and (units == "every" or i != last):
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
     return fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
 
@@ -79,24 +88,30 @@ def worker(rank, n, port, a, out):
         steps = steps_for(sizes, a.steps)
         for kind in a.kinds:
             torch.manual_seed(1)
-            model = wrap(torch, make_model(torch, sizes), kind, mesh)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3, **flags)
+            model = wrap(torch, make_model(torch, sizes), kind, mesh, a.units)
+            if a.optimizer == "sgd":
+                opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+            else:
+                opt = torch.optim.Adam(model.parameters(), lr=1e-3, **flags)
 
             def step():
                 opt.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
 
-            for _ in range(2):
+            for _ in range(a.warmup):
                 step()
             dist.barrier()
-            total = 0.0
+            times = []
             for _ in range(steps):
+                if a.stat == "median":
+                    dist.barrier()
                 t0 = time.perf_counter()
                 step()
-                total += time.perf_counter() - t0
+                times.append(time.perf_counter() - t0)
             if rank == 0:
-                out.put(("-".join(map(str, sizes)), kind, n, 1e3 * total / steps))
+                ms = statistics.median(times) if a.stat == "median" else sum(times) / steps
+                out.put(("-".join(map(str, sizes)), kind, n, 1e3 * ms))
             del opt, model
             dist.barrier()
     dist.destroy_process_group()
@@ -122,6 +137,12 @@ def main():
     p.add_argument("--sizes", type=sizes_arg, action="append", help="layer widths, e.g. 784,1024,1024,10")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--adam", choices=["fused", "foreach", "default"], default="fused")
+    p.add_argument("--units", choices=["every", "hidden"], default="every",
+                   help="fully_shard every Linear, or only those before a ReLU (the last stays the root's)")
+    p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--stat", choices=["mean", "median"], default="mean",
+                   help="rank 0's mean step, or the median of steps each started by a barrier")
     a = p.parse_args()
     a.models = a.sizes or DEFAULT_MODELS
     a.kinds = a.kinds.split(",")
@@ -132,7 +153,8 @@ def main():
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    print(f"# torch {torch.__version__}, Gloo, Adam {a.adam}, {a.ranks} process(es), one thread each", flush=True)
+    optimizer = "SGD" if a.optimizer == "sgd" else f"Adam {a.adam}"
+    print(f"# torch {torch.__version__}, Gloo, {optimizer}, {a.ranks} process(es), one thread each", flush=True)
     mp.start_processes(worker, args=(a.ranks, free_port(), a, out), nprocs=a.ranks, join=True,
                        start_method="spawn")
     while not out.empty():
