@@ -37,7 +37,10 @@ inline c10::ScalarType scalar_type_of(checkpoint::TensorDtype t) {
     case checkpoint::TensorDtype::I64: return c10::ScalarType::Long;
     case checkpoint::TensorDtype::I32: return c10::ScalarType::Int;
     case checkpoint::TensorDtype::BOOL: return c10::ScalarType::Bool;
-    default: return c10::ScalarType::Float;
+    case checkpoint::TensorDtype::F32: return c10::ScalarType::Float;
+    default:
+      throw InvalidArgument(std::string("gradsync: no LibTorch tensor of a module holds checkpoint dtype ") +
+                            std::string(checkpoint::dtype_name(t)));
   }
 }
 
