@@ -3,7 +3,7 @@
 // (read()), in one run, on the same disk.
 //
 //   checkpoint_perf [--sizes 784,2048,2048,2048,10] [--ranks 1] [--repeats 5] [--dir DIR] [--sharded 1]
-//                   [--async 1]
+//                   [--async 1] [--reserve 1]
 //
 // --sharded 1: a ShardedTrainer (FullShard) instead, saved and loaded in both
 // layouts: the full file (rank 0 writes while the ranks gather a unit at a
@@ -19,6 +19,10 @@
 // oflag=direct` through popen (direct I/O: no page cache). In each repeat the
 // asynchronous save runs first, before the synchronous one and the load, so
 // that neither follows the other's write-back or the load's reads.
+//
+// --reserve 1 (with --async 1): the checkpointer's reserve() right after it
+// is made, then one training step before the first save, as a training loop
+// would reserve at its start: the first save() then finds its pages mapped.
 //
 // The default model is ddp_step's 10.0M-parameter MLP, with Adam (two state
 // elements per parameter), so the file holds about 3 x 40 MB. Each figure is
@@ -172,7 +176,7 @@ std::vector<int> parse_list(const std::string& s) {
 int main(int argc, char** argv) try {
   std::vector<int> sizes{784, 2048, 2048, 2048, 10};
   int ranks = 1, repeats = 5;
-  bool sharded = false, async = false;
+  bool sharded = false, async = false, reserve = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path();
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -184,7 +188,9 @@ int main(int argc, char** argv) try {
     else if (k == "--dir") dir = v;
     else if (k == "--sharded") sharded = v == "1";
     else if (k == "--async") async = v == "1";
-    else throw std::runtime_error("unknown option " + k + " (expected --sizes --ranks --repeats --dir --sharded --async)");
+    else if (k == "--reserve") reserve = v == "1";
+    else throw std::runtime_error("unknown option " + k +
+                                  " (expected --sizes --ranks --repeats --dir --sharded --async --reserve)");
   }
   if (sizes.size() < 2 || ranks < 1 || repeats < 1) throw std::runtime_error("bad --sizes, --ranks or --repeats");
   // A directory of its own inside --dir, the only thing removed at the end.
@@ -194,7 +200,7 @@ int main(int argc, char** argv) try {
 
   std::vector<double> save_s, load_s, save_dir_s, load_dir_s, write_s, write_sync_s, read_s, crc_s;
   std::vector<double> async_blocked_s, async_total_s;
-  double async_first_blocked = 0, dd_mb_s = 0;
+  double async_first_blocked = 0, reserve_s = 0, dd_mb_s = 0;
   std::size_t params = 0, file_bytes = 0, dir_bytes = 0, snapshot_bytes = 0;
   const std::filesystem::path ckpt_dir = work / "sharded", ckpt_path_async = work / "async.safetensors";
   auto measure = [&](auto& trainer, gradsync::Communicator<gradsync::Threads>& comm) {
@@ -203,6 +209,11 @@ int main(int argc, char** argv) try {
     // One checkpointer for all repeats, as a training loop keeps one: its snapshot is allocated once.
     std::optional<gradsync::AsyncCheckpointer<std::remove_reference_t<decltype(trainer)>>> saver;
     if (async) saver.emplace(trainer, sampler);
+    if (async && reserve) {
+      const double s = seconds_of([&] { saver->reserve(); });
+      if (comm.rank() == 0) reserve_s = s;
+      trainer.step(1);
+    }
     for (int r = 0; r < repeats; ++r) {
       comm.barrier();
       double blocked = 0, total = 0;
@@ -294,7 +305,12 @@ int main(int argc, char** argv) try {
     const double sync = median(save_s), blocked = median(async_blocked_s), total = median(async_total_s);
     std::printf("# AsyncCheckpointer, full file beside the synchronous one; snapshot %.1f MB on rank 0\n", double(snapshot_bytes) / 1e6);
     row("async save(): caller blocked", async_blocked_s);
-    std::printf("  %-28s %10.4f %10s\n", "  first save() (allocates)", async_first_blocked, "");
+    if (reserve) {
+      std::printf("  %-28s %10.4f %10s\n", "  reserve() returned in", reserve_s, "");
+      std::printf("  %-28s %10.4f %10s\n", "  first save() (reserved)", async_first_blocked, "");
+    } else {
+      std::printf("  %-28s %10.4f %10s\n", "  first save() (allocates)", async_first_blocked, "");
+    }
     row("async save() + wait(): total", async_total_s);
     std::printf("  %-28s %10.1f%% %9s\n", "blocked / synchronous save", 100.0 * blocked / sync, "");
     std::printf("  %-28s %10.1f%% %9s\n", "blocked / async total", 100.0 * blocked / total, "");

@@ -197,21 +197,27 @@ void train(Trainer& t, DistributedSampler& s, int steps) {
 /// On 3 ranks: a synchronous save and an asynchronous one of the same
 /// state, a step taken while the latter writes, then wait(). Both commit
 /// the same bytes; a fresh trainer loads from the asynchronous one what
-/// the trainer held when save() was called.
+/// the trainer held when save() was called. With `reserve`, the snapshot is
+/// reserved before training and the save then needs no more than that.
 template <bool Sharded>
-void same_as_sync(std::uint64_t seed, CheckpointFormat format, bool file_path) {
+void same_as_sync(std::uint64_t seed, CheckpointFormat format, bool file_path, bool reserve) {
   TempDir dir;
   const fs::path sync_target = file_path ? dir.path / "sync" / "m.safetensors" : dir.path / "sync";
   const fs::path async_target = file_path ? dir.path / "async" / "m.safetensors" : dir.path / "async";
   const int warmup = 1 + int(seed % 5);
   std::vector<Held> at_save(3);
-  std::vector<std::size_t> snapshot(3);
+  std::vector<std::size_t> snapshot(3), reserved(3);
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     const auto me = std::size_t(comm.rank());
     auto t = make_trainer<Sharded>(comm, seed);
     DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = seed});
-    train(t, sampler, warmup);
     AsyncCheckpointer ckpt(t, sampler);
+    if (reserve) {
+      ckpt.reserve({.format = format});
+      CHECK(!ckpt.pending());
+      reserved[me] = ckpt.snapshot_bytes();
+    }
+    train(t, sampler, warmup);
     gradsync::save_checkpoint(t, sampler, sync_target, {{"run", "x"}}, {.format = format});
     at_save[me] = held(t, sampler);
     ckpt.save(async_target, {{"run", "x"}}, {.format = format});
@@ -227,6 +233,7 @@ void same_as_sync(std::uint64_t seed, CheckpointFormat format, bool file_path) {
   CHECK(snapshot[0] > 0);
   const bool each_rank = Sharded && format == CheckpointFormat::sharded;
   for (std::size_t r = 1; r < 3; ++r) CHECK(each_rank == (snapshot[r] > 0));
+  if (reserve) CHECK(reserved == snapshot);
   const fs::path sync_file = gradsync::checkpoint_file(sync_target), async_file = gradsync::checkpoint_file(async_target);
   CHECK(sync_file.filename() == async_file.filename());
   CHECK(bytes_of(sync_file) == bytes_of(async_file));
@@ -251,14 +258,17 @@ TEST_CASE("async save: commits what save_checkpoint commits, and loads as the st
       for (const bool file_path : {false, true}) {
         if (file_path && format == CheckpointFormat::sharded) continue;
         const std::uint64_t seed = rng() % 1000 + 1;
+        // Whether reserve() came first: drawn, so each layout sees both over runs.
+        const bool reserve = rng() % 2 == 0;
         CAPTURE(sharded_trainer);
         CAPTURE(std::string(format_name(format)));
         CAPTURE(file_path);
         CAPTURE(seed);
+        CAPTURE(reserve);
         if (sharded_trainer) {
-          same_as_sync<true>(seed, format, file_path);
+          same_as_sync<true>(seed, format, file_path, reserve);
         } else {
-          same_as_sync<false>(seed, format, file_path);
+          same_as_sync<false>(seed, format, file_path, reserve);
         }
       }
     }
@@ -467,7 +477,8 @@ TEST_CASE("async save: a failed background write is a FileError on every rank at
 
 TEST_CASE("async save: with a memory_budget, a snapshot it leaves no room for is refused on every rank") {
   TempDir dir;
-  std::vector<Outcome> got(3);
+  // save() on each rank, then reserve().
+  std::vector<Outcome> got(6);
   std::vector<std::size_t> snapshot(3);
   std::size_t need = 0;
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
@@ -484,6 +495,7 @@ TEST_CASE("async save: with a memory_budget, a snapshot it leaves no room for is
     t.step(test_train::make_batch<float>(me * 4, 4, in, out));
     got[me] = save_outcome_of([&] { ckpt.save(dir.path / "full"); });
     CHECK(!ckpt.pending());
+    got[3 + me] = save_outcome_of([&] { ckpt.reserve(); });
     snapshot[me] = ckpt.snapshot_bytes();
   });
   for (const Outcome& o : got) {

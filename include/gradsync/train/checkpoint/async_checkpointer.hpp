@@ -58,7 +58,8 @@ namespace gradsync {
 /// unit at a time, as for save_checkpoint, inside `save()`), the others
 /// nothing; for CheckpointFormat::sharded, each rank of replica 0 its own
 /// ranges. Its buffer is kept for the next save (`snapshot_bytes()`), so
-/// only the first save pays for faulting its pages in. With
+/// only the first save pays for faulting its pages in, or none after
+/// reserve(), which maps them in the background. With
 /// a memory_budget, `save()` refuses (InvalidArgument on every rank) when
 /// the trainer's memory_need().total() and the snapshot exceed it.
 ///
@@ -79,6 +80,7 @@ class AsyncCheckpointer {
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
   ~AsyncCheckpointer() {
+    if (faulter_.joinable()) faulter_.join();
     if (!pending_) return;
     if (thread_.joinable()) thread_.join();
     try {
@@ -107,39 +109,25 @@ class AsyncCheckpointer {
     using T = value_type;
     using Algo = typename Trainer::algorithm;
     wait();
+    if (faulter_.joinable()) faulter_.join();
     auto& comm = trainer_.communicator();
     const detail::TraceScope span(detail::trace_recorder(comm), detail::TraceKind::checkpoint_save, trainer_.step_count());
     const bool sharded = options.format == CheckpointFormat::sharded;
     if (sharded) detail::check_sharded_path(path);
     const detail::SaveList<T> l = detail::save_list(trainer_, sampler_, metadata);
     const std::string where = "asynchronous save_checkpoint of '" + path.string() + "'";
+    const Copy copy = copy_of(l, sharded);
+    check_budget(std::max(copy.bytes, snapshot_.bytes()), where);
 
-    // What this rank copies: its ranges of a sharded checkpoint, or (rank 0) every tensor of a full file.
-    detail::ShardSource<T> me;
-    std::optional<detail::ShardPieces<T>> pieces;
-    bool writes = comm.rank() == 0, first = writes;
-    std::size_t bytes = 0;
-    if (sharded) {
-      me = detail::TrainerCheckpoint<Trainer>::held(trainer_);
-      writes = me.writes;
-      first = writes && me.shard == 0;
-      if (writes) {
-        pieces.emplace(me.pieces(l.tensors, l.scalars, l.opt));
-        for (const auto& d : pieces->data) bytes += d.size();
-      }
-    } else if (writes) {
-      for (const checkpoint::TensorInfo& info : l.infos) bytes += info.bytes();
-    }
-    check_budget(std::max(bytes, snapshot_.bytes()), where);
-
-    snapshot_.plan(path, sharded, writes, l.infos,
-                   first ? detail::state_metadata(metadata, l.opt.kind, comm.size()) : checkpoint::Metadata{}, bytes,
-                   me.shard, me.shards);
+    snapshot_.plan(path, sharded, copy.writes, l.infos,
+                   copy.first ? detail::state_metadata(metadata, l.opt.kind, comm.size()) : checkpoint::Metadata{},
+                   copy.bytes, copy.me.shard, copy.me.shards);
     std::exception_ptr error;
-    bool start = writes;
+    bool start = copy.writes;
     if (sharded) {
-      if (pieces) {
-        for (std::size_t i = 0; i < pieces->ranges.size(); ++i) snapshot_.add(pieces->ranges[i], pieces->data[i]);
+      if (copy.pieces) {
+        const auto& pieces = *copy.pieces;
+        for (std::size_t i = 0; i < pieces.ranges.size(); ++i) snapshot_.add(pieces.ranges[i], pieces.data[i]);
       }
       const std::uint64_t g = detail::agree_generation<Algo>(comm, path, error);
       snapshot_.set_generation(g);
@@ -169,6 +157,23 @@ class AsyncCheckpointer {
       }
       written_.store(true, std::memory_order_release);
     });
+  }
+
+  /// Allocates the snapshot that a save with `options` needs (as the first
+  /// save() would) and, on a thread of its own, maps its pages, so that the
+  /// first save() copies at the speed of the later ones instead of waiting
+  /// for page faults. Returns without waiting for the mapping; a save()
+  /// waits for what is left of it. Collective (the memory_budget check, as
+  /// in save(), agrees on every rank), between steps; waits for a pending
+  /// save first, as save() does.
+  void reserve(CheckpointOptions options = {}) {
+    wait();
+    if (faulter_.joinable()) faulter_.join();
+    const bool sharded = options.format == CheckpointFormat::sharded;
+    const Copy copy = copy_of(detail::save_list(trainer_, sampler_, {}), sharded);
+    check_budget(std::max(copy.bytes, snapshot_.bytes()), "AsyncCheckpointer::reserve");
+    snapshot_.reserve(copy.bytes);
+    if (snapshot_.bytes() > 0) faulter_ = std::thread([this] { snapshot_.fault_in(); });
   }
 
   /// Waits until every rank's files of the pending save are durable, then
@@ -212,6 +217,33 @@ class AsyncCheckpointer {
   std::size_t snapshot_bytes() const noexcept { return snapshot_.bytes(); }
 
  private:
+  /// What this rank copies into the snapshot: its ranges of a sharded
+  /// checkpoint, or (rank 0) every tensor of a full file.
+  struct Copy {
+    detail::ShardSource<value_type> me;
+    std::optional<detail::ShardPieces<value_type>> pieces;
+    /// This rank writes a file; `first`: the file that holds the metadata.
+    bool writes = false, first = false;
+    std::size_t bytes = 0;
+  };
+
+  Copy copy_of(const detail::SaveList<value_type>& l, bool sharded) const {
+    Copy c;
+    c.writes = c.first = trainer_.communicator().rank() == 0;
+    if (sharded) {
+      c.me = detail::TrainerCheckpoint<Trainer>::held(trainer_);
+      c.writes = c.me.writes;
+      c.first = c.writes && c.me.shard == 0;
+      if (c.writes) {
+        c.pieces.emplace(c.me.pieces(l.tensors, l.scalars, l.opt));
+        for (const auto& d : c.pieces->data) c.bytes += d.size();
+      }
+    } else if (c.writes) {
+      for (const checkpoint::TensorInfo& info : l.infos) c.bytes += info.bytes();
+    }
+    return c;
+  }
+
   /// With a memory_budget, refuses on every rank alike a snapshot of
   /// `bytes` that the trainer's need leaves no room for.
   void check_budget(std::size_t bytes, const std::string& where) {
@@ -239,6 +271,8 @@ class AsyncCheckpointer {
   std::exception_ptr error_;
   std::atomic<bool> written_{true};
   std::thread thread_;
+  /// Maps the snapshot's pages after reserve(); joined before the snapshot is used.
+  std::thread faulter_;
 };
 
 }  // namespace gradsync
