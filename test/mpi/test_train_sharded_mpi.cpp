@@ -1,7 +1,8 @@
 // ShardedTrainer over the Mpi backend, one rank per mpirun process (2 to 4):
 // parity with ReplicatedTrainer for every strategy and optimizer, bitwise
 // under deterministic; the collectives of a step, and on each process's
-// timeline file; a rank whose units differ;
+// timeline file; an asynchronous checkpoint written while the processes
+// train on; a rank whose units differ;
 // and a rank that asks for another unit of equal size. The runs and
 // expectations are the Threads tests' own (test_train_sharded_schedule.hpp,
 // test_train_swapping.hpp); each process checks its rank and compares
@@ -10,6 +11,8 @@
 
 #include <gradsync/backend/mpi.hpp>
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/checkpoint/async_checkpointer.hpp>
+#include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -193,6 +197,58 @@ TEST_CASE("mpi timeline: each process's file holds its step's collectives, and t
 // one wrapped unit held at a time, one broadcast each): every strategy starts
 // from rank 0's. (bind's path is the parity cases': their Mlp binds, with
 // values that differ by rank.)
+TEST_CASE("mpi async checkpoint: saved while the processes step on, it loads as the state at save(), both layouts") {
+  const int world = test::mpi_size();
+  const auto batches = random_batches(test::rng_for("mpi async checkpoint")(), 4, world, 3);
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world);
+  test::run_world(world, [&](Communicator<Mpi>& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    // One directory for every process: rank 0's, its path broadcast as integers.
+    std::optional<test::TempDir> dir;
+    std::vector<std::int32_t> path_chars(4096, 0);
+    if (r == 0) {
+      dir.emplace();
+      const std::string p = dir->path.string();
+      REQUIRE(p.size() < path_chars.size());
+      std::copy(p.begin(), p.end(), path_chars.begin());
+    }
+    gradsync::Broadcast<>{}(comm, std::span<std::int32_t>(path_chars), 0);
+    std::string root;
+    for (const std::int32_t c : path_chars) {
+      if (c == 0) break;
+      root += static_cast<char>(c);
+    }
+    for (const gradsync::CheckpointFormat format : {gradsync::CheckpointFormat::full, gradsync::CheckpointFormat::sharded}) {
+      const std::string layout = format == gradsync::CheckpointFormat::full ? "full" : "sharded";
+      for (const ShardingStrategy s : strategies_for(world)) {
+        INFO("layout = " << layout << ", strategy = " << std::string(name(s)));
+        ShardedTrainerOptions o = options_for(s, world);
+        o.collective.deterministic = true;
+        const gradsync::Adam<float> adam({.lr = 0.01});
+        ShardedTrainer t(comm, model_for(comm.rank()), adam, o);
+        gradsync::AsyncCheckpointer ckpt(t);
+        ckpt.reserve({.format = format});
+        t.step(batches[0][r]);
+        t.step(batches[1][r]);
+        const std::vector<float> at_save = t.full_parameters();
+        const std::string target = root + "/ckpt-" + std::string(name(s)) + "-" + layout;
+        ckpt.save(target, {}, {.format = format});
+        t.step(batches[2][r]);
+        ckpt.wait();
+        CHECK(!ckpt.pending());
+        // Other initial values, then the checkpoint: the parameters and Adam's state at save().
+        ShardedTrainer u(comm, model_for(comm.rank() + 7), adam, o);
+        gradsync::load_checkpoint(u, target);
+        CHECK(u.full_parameters() == at_save);
+        u.step(batches[2][r]);
+        const std::vector<float> resumed = u.full_parameters(), trained = t.full_parameters();
+        CHECK(resumed == trained);
+        CHECK(same_on_every_rank(resumed));
+      }
+    }
+  });
+}
+
 TEST_CASE("mpi construction: init_unit starts every strategy from rank 0's values, a wrapped unit at a time") {
   const int world = test::mpi_size();
   const std::vector<std::size_t> sizes = squares_sizes("mpi construction");
