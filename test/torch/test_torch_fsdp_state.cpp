@@ -1,8 +1,9 @@
 // save_sharded_state_dict / load_sharded_state_dict for fully_shard modules
-// and their Adam: a save on N ranks loaded on M (4 → 3, HybridShard 4 → 3,
-// NoShard 2 → 3, 3 → 1) gives the saved full parameters and buffers and,
-// with the optimizer, the same next step as going on from the save (a
-// fresh Adam's differs); a missing or corrupt shard file, a checkpoint
+// and their optimizers: a save on N ranks loaded on M (4 → 3 with Adam,
+// HybridShard 4 → 3 with momentum SGD, NoShard 2 → 3 with AdamW, 3 → 1 with
+// momentum SGD) gives the saved full parameters and buffers and, with the
+// optimizer, the same next step as going on from the save (a fresh
+// optimizer's differs); a missing or corrupt shard file, a checkpoint
 // without the optimizer state asked for, or a directory without a
 // checkpoint, fails every rank alike, with no wait and the module and
 // optimizer unchanged.
@@ -77,15 +78,15 @@ Batches batches() {
   return b;
 }
 
-/// `from` ranks under `strategy` train two Adam steps from `init` and save
-/// the module and (`with_optimizer`) the optimizer to `dir`: each rank's
-/// full state at the save, then its loss after one more Adam step.
+/// `from` ranks under `strategy` train two steps of `kind` from `init` and
+/// save the module and (`with_optimizer`) the optimizer to `dir`: each
+/// rank's full state at the save, then its loss after one more step.
 PerRank save_run(int from, ShardingStrategy strategy, int shard_size, const std::vector<torch::Tensor>& init,
-                 const Batches& b, const std::filesystem::path& dir, bool with_optimizer = true) {
+                 const Batches& b, const std::filesystem::path& dir, bool with_optimizer = true, Opt kind = Opt::adam) {
   return run_ranks(from, [&](Comm& comm) {
     gradsync::ShardedModule<Net> m;
     make(m, comm, init, strategy, shard_size);
-    auto opt = make_optimizer(Opt::adam, *m);
+    auto opt = make_optimizer(kind, *m);
     fit([&](const torch::Tensor& x) { return m(x); }, *opt, rows_of(b.train, comm.rank(), comm.size()), 2);
     if (with_optimizer) {
       gradsync::save_sharded_state_dict(m, *opt, comm, dir);
@@ -103,31 +104,35 @@ constexpr std::size_t tensors_in_net = 12;  // 10 parameters, the frozen scale a
 }  // namespace
 
 TEST_CASE("load_sharded_state_dict at M ranks reads what save_sharded_state_dict wrote at N: the same full state "
-          "and, with Adam's state, the same next step") {
+          "and, with the optimizer's state, the same next step") {
   CAPTURE(test::test_seed());
   struct Case {
     int from;
     ShardingStrategy saved_with;
     int shard_size;
     int to;
+    Opt opt;
   };
   const Batches b = batches();
   const auto init = initial_state("fsdp sharded init");
   const auto other = initial_state("fsdp sharded other init");
-  for (const Case c : {Case{4, ShardingStrategy::FullShard, 0, 3}, Case{4, ShardingStrategy::HybridShard, 2, 3},
-                       Case{2, ShardingStrategy::NoShard, 0, 3}, Case{3, ShardingStrategy::FullShard, 0, 1}}) {
+  for (const Case c : {Case{4, ShardingStrategy::FullShard, 0, 3, Opt::adam},
+                       Case{4, ShardingStrategy::HybridShard, 2, 3, Opt::sgd_momentum},
+                       Case{2, ShardingStrategy::NoShard, 0, 3, Opt::adamw},
+                       Case{3, ShardingStrategy::FullShard, 0, 1, Opt::sgd_momentum}}) {
     CAPTURE(c.from);
     CAPTURE(gradsync::name(c.saved_with));
     CAPTURE(c.to);
+    CAPTURE(opt_name(c.opt));
     const auto dir = fresh_dir("parity");
-    const PerRank saved = save_run(c.from, c.saved_with, c.shard_size, init, b, dir);
+    const PerRank saved = save_run(c.from, c.saved_with, c.shard_size, init, b, dir, true, c.opt);
     for (const auto& e : saved.errors) REQUIRE(e == "");
     REQUIRE(saved.params[0].size() == tensors_in_net + 1);
     const std::vector<torch::Tensor> state_saved(saved.params[0].begin(), saved.params[0].begin() + tensors_in_net);
     const torch::Tensor loss_going_on = saved.params[0].back();
 
     // A model of other values on M ranks: what it holds before a load of
-    // the module alone, after, and its loss after a step of a fresh Adam.
+    // the module alone, after, and its loss after a step of a fresh optimizer.
     PerRank loaded = run_ranks(c.to, [&](Comm& comm) {
       gradsync::ShardedModule<Net> m;
       make(m, comm, other, ShardingStrategy::FullShard, 0);
@@ -135,15 +140,15 @@ TEST_CASE("load_sharded_state_dict at M ranks reads what save_sharded_state_dict
       gradsync::load_sharded_state_dict(m, comm, dir);
       const std::vector<torch::Tensor> after = values(gradsync::full_state_dict(m));
       out.insert(out.end(), after.begin(), after.end());
-      auto fresh = make_optimizer(Opt::adam, *m);
+      auto fresh = make_optimizer(c.opt, *m);
       out.push_back(next_step_loss(m, comm, *fresh, b.train, b.eval));
       return out;
     });
-    // And the module with its Adam (no state yet): the step after is the one the save's ranks took.
+    // And the module with its optimizer (no state yet): the step after is the one the save's ranks took.
     PerRank resumed = run_ranks(c.to, [&](Comm& comm) {
       gradsync::ShardedModule<Net> m;
       make(m, comm, other, ShardingStrategy::FullShard, 0);
-      auto opt = make_optimizer(Opt::adam, *m);
+      auto opt = make_optimizer(c.opt, *m);
       gradsync::load_sharded_state_dict(m, *opt, comm, dir);
       std::vector<torch::Tensor> out = values(gradsync::full_state_dict(m));
       out.push_back(next_step_loss(m, comm, *opt, b.train, b.eval));
@@ -168,7 +173,7 @@ TEST_CASE("load_sharded_state_dict at M ranks reads what save_sharded_state_dict
       CAPTURE(resumed_error);
       CAPTURE(fresh_error);
       CHECK(resumed_error <= 1e-9);
-      CHECK(fresh_error > 1e-6);  // Adam's moments matter to that step: loading them is what matched it
+      CHECK(fresh_error > 1e-6);  // the optimizer's state matters to that step: loading it is what matched it
     }
     std::filesystem::remove_all(dir);
   }

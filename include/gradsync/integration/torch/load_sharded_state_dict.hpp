@@ -128,7 +128,7 @@ void load_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Comm
 /// module (and optimizer) unchanged on every rank and none left waiting.
 /// Call it between steps.
 ///
-/// With `optimizer` (torch::optim::Adam or AdamW on the module's
+/// With `optimizer` (torch::optim::SGD, Adam or AdamW on the module's
 /// parameters, with or without state yet), its state too, as
 /// save_sharded_state_dict with an optimizer wrote it (resharded like the
 /// parameters); without, the checkpoint's optimizer tensors are ignored.

@@ -110,10 +110,11 @@ void save_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Comm
 /// FileError for the system's refusal), naming the rank that failed and
 /// why, if any rank fails; none is left waiting.
 ///
-/// With `optimizer` (torch::optim::Adam or AdamW on the module's
+/// With `optimizer` (torch::optim::SGD, Adam or AdamW on the module's
 /// parameters, after a step), its state too: each trainable parameter's
-/// exp_avg and exp_avg_sq (max_exp_avg_sq under amsgrad), pieces of the
-/// parameter's shape as the parameter's, and its step, named
+/// SGD momentum_buffer (with momentum; plain SGD has none), or Adam's
+/// exp_avg and exp_avg_sq (max_exp_avg_sq under amsgrad) and step, pieces
+/// of the parameter's shape as the parameter's, named
 /// "optimizer.<parameter>.exp_avg" and so on.
 ///
 /// \tparam Holder  a module holder (ShardedModule, a TORCH_MODULE type) or
