@@ -6,12 +6,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradsync/gradsync.hpp"
@@ -86,6 +90,80 @@ TEST_CASE("timeline: GRADSYNC_TRACE writes each rank's collectives, in order, wi
     }
     CHECK(seen == calls);
   }
+}
+
+namespace {
+
+/// Set on the thread of the rank whose transport is slow.
+thread_local bool slow_rank = false;
+constexpr auto slow_op = std::chrono::milliseconds(10);
+
+/// Host memory whose copies and reductions take `slow_op` longer on the slow rank.
+gs::detail::threads::Memory slow_memory() {
+  gs::detail::threads::Memory m;
+  m.copy = [](void* d, const void* s, std::size_t n) {
+    if (slow_rank) std::this_thread::sleep_for(slow_op);
+    std::memcpy(d, s, n);
+  };
+  m.reduce = [](gs::DataType t, gs::OpKind op, void* d, const void* s, std::size_t n) {
+    if (slow_rank) std::this_thread::sleep_for(slow_op);
+    gs::detail::reduce_into_erased(t, op, d, s, n);
+  };
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("timeline: peer_wait_us is a collective's wait for a slow peer, not the time it moved data") {
+  const test::TempDir dir;
+  constexpr int world = 3;
+  constexpr int slow = 1;
+  auto shared = std::make_shared<gs::detail::threads::World>(world);
+  std::vector<std::thread> ranks;
+  std::vector<std::string> errors(world);
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      slow_rank = r == slow;
+      Communicator<Threads> comm(shared, r, slow_memory());
+      try {
+        comm.trace_to(dir.path.string());
+        std::vector<float> v(3 * 1024, 1.0f);
+        gs::AllReduce<gs::Ring>{}(comm, std::span<float>(v), gs::Sum{});
+        comm.write_trace();
+      } catch (const std::exception& e) {
+        shared->abort(r, gs::detail::RankNames::world(), comm.sequence() + 1, e.what());
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const std::string& e : errors) REQUIRE(e == "");
+  // A ring on 3 ranks: the slow rank receives at least 4 times (2 reductions, 2 copies), 40 ms or
+  // more in all. Its neighbours wait for it: one for its sends, one for it to finish reading theirs.
+  double waited[world] = {}, moving[world] = {};
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    const test::TraceFile f = test::read_trace(dir.path / ("gradsync-trace-rank" + std::to_string(r) + ".json"));
+    const auto e = std::find_if(f.events.begin(), f.events.end(), [](const auto& x) { return x.name == "AllReduce"; });
+    REQUIRE(e != f.events.end());
+    const std::string wait = test::trace_field(e->line, "peer_wait_us");
+    REQUIRE(!wait.empty());
+    waited[r] = std::strtod(wait.c_str(), nullptr);
+    moving[r] = e->dur - std::strtod(test::trace_field(e->line, "agree_us").c_str(), nullptr);
+    CAPTURE(waited[r]);
+    CAPTURE(moving[r]);
+    CHECK(waited[r] >= 0);
+    CHECK(waited[r] <= moving[r] + 1);
+  }
+  const double slow_us = 4 * std::chrono::duration<double, std::micro>(slow_op).count();
+  CAPTURE(waited[0]);
+  CAPTURE(waited[1]);
+  CAPTURE(waited[2]);
+  // The slow rank's own copies are not waits: at least their time is left
+  // over. (What it waits besides, for a neighbour to wake up and go on,
+  // grows with the machine's load, so it is not compared.)
+  CHECK(moving[slow] - waited[slow] >= 0.99 * slow_us);
+  for (const int r : {0, 2}) CHECK(waited[r] >= slow_us / 2);
 }
 
 TEST_CASE("timeline: off, no rank records or writes anything; write_trace says how to turn it on") {

@@ -254,8 +254,11 @@ class Communicator {
     const detail::FlightSignalScope on_signal(&Communicator::write_signal_record, this);
     // Off, the timeline costs this test of a pointer at each mark.
     detail::TraceRecorder* const trace = trace_.get();
-    std::int64_t issued = 0, started = 0, moved = 0;
+    std::int64_t issued = 0, started = 0, moved = 0, waited = -1;
     if (trace) issued = detail::TraceRecorder::now_ns();
+    // A backend that can tell its waits for peers apart from moving data
+    // times them while a timeline is recorded (a hook, as begin_call).
+    if constexpr (requires { ep_.take_waited_ns(); }) ep_.time_waits(trace != nullptr);
     try {
       // begin_call/end_call are protocol hooks, not capabilities: a backend
       // brackets a call with them to check that ranks agree on it, and code
@@ -263,12 +266,18 @@ class Communicator {
       if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
       detail::FlightRecorder::start(flight);
       if (trace) started = detail::TraceRecorder::now_ns();
+      if constexpr (requires { ep_.take_waited_ns(); }) {
+        if (trace) ep_.take_waited_ns();  // the agreement's waits are agree_us
+      }
       detail::CallView<B> view(ep_, call_, timeout_, scratch_);
       std::forward<F>(body)(view);
       if (trace) moved = detail::TraceRecorder::now_ns();
+      if constexpr (requires { ep_.take_waited_ns(); }) {
+        if (trace) waited = ep_.take_waited_ns();
+      }
       if constexpr (requires { ep_.end_call(call_, timeout_); }) ep_.end_call(call_, timeout_);
       detail::FlightRecorder::end(flight, detail::FlightState::completed);
-      if (trace) trace->collective(call_, issued, started, moved, detail::TraceRecorder::now_ns(), false);
+      if (trace) trace->collective(call_, issued, started, moved, detail::TraceRecorder::now_ns(), false, waited);
     } catch (const std::exception& e) {
       detail::FlightRecorder::end(flight, detail::FlightState::failed);
       trace_failed(trace, issued, started, moved);

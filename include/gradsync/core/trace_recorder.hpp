@@ -128,6 +128,9 @@ struct TraceEvent {
   /// the algorithm returned, the call returned (steady clock, ns). A
   /// phase: begin and end only.
   std::int64_t issued_ns = 0, started_ns = 0, moved_ns = 0, ended_ns = 0;
+  /// A collective: of [started, moved], the time its waits for peers'
+  /// messages found nothing to do (-1: the backend does not tell).
+  std::int64_t waited_ns = -1;
   CallInfo call{};  ///< a collective's; a phase's index is call.count
   const char* thread = nullptr;
   std::uint32_t tid = 0;
@@ -160,7 +163,7 @@ class TraceRecorder {
 
   /// A collective `call` (its times as TraceEvent says).
   void collective(const CallInfo& call, std::int64_t issued, std::int64_t started, std::int64_t moved,
-                  std::int64_t ended, bool failed) noexcept {
+                  std::int64_t ended, bool failed, std::int64_t waited = -1) noexcept {
     TraceEvent* e = claim();
     if (e == nullptr) return;
     e->call = call;
@@ -170,6 +173,7 @@ class TraceRecorder {
     e->started_ns = started;
     e->moved_ns = moved;
     e->ended_ns = ended;
+    e->waited_ns = waited;
     e->ready.store(true, std::memory_order_release);
   }
   /// A phase `kind` of index `index` from `begin` to `end`.
@@ -364,6 +368,10 @@ class TraceRecorder {
     append_json_string(s, e.label_text ? texts_[e.label_text - 1] : k.label.describe(live ? k.label.names : nullptr));
     s += ", \"agree_us\": ";
     append_us(s, (e.started_ns - e.issued_ns) + (e.ended_ns - e.moved_ns));
+    if (e.waited_ns >= 0) {
+      s += ", \"peer_wait_us\": ";
+      append_us(s, e.waited_ns);
+    }
     s += std::string(", \"state\": ") + (e.failed ? "\"failed\"" : "\"completed\"") + "}}";
     // The slices are there only where the wait is long enough to see (1 us).
     if (e.started_ns - e.issued_ns >= 1000) {
