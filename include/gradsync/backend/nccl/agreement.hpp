@@ -33,6 +33,7 @@
 #include "gradsync/backend/nccl/error.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/flight_signal.hpp"
 #include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/wire_call.hpp"
 
@@ -164,7 +165,11 @@ class Agreement {
       }
       // A check is a few microseconds when ranks are in step; past that, a
       // peer is computing and the host can give its core away.
-      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (spins > 1000) {
+        // A rank stuck here writes its flight record when the dump signal comes.
+        poll_flight_signal();
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
     }
   }
 

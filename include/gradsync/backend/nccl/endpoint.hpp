@@ -40,6 +40,7 @@
 #include "gradsync/backend/nccl/op_queue.hpp"
 #include "gradsync/core/call_info.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/flight_signal.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/rank_names.hpp"
@@ -318,7 +319,11 @@ class Endpoint : public NativeCollectives<Endpoint> {
                       " on GPU " + std::to_string(device_) +
                       " (a peer has not joined it; the NCCL communicator was aborted)");
       }
-      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (spins > 1000) {
+        // A rank stuck here writes its flight record when the dump signal comes.
+        poll_flight_signal();
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
   }
 
