@@ -85,7 +85,17 @@ class ShardedModule : public Holder {
     std::vector<at::Tensor> inputs;
     (detail::collect_tensors(args, inputs), ...);
     unit->pre_forward(inputs);
+    // A forward that throws may leave a gather in flight, issued ahead of a
+    // unit it would have reached: the unit lets it end before the exception goes on.
+    struct Failed {
+      detail::TorchUnit& unit;
+      bool over = false;
+      ~Failed() {
+        if (!over) unit.forward_failed();
+      }
+    } failed{*unit};
     auto out = this->get()->forward(std::forward<Args>(args)...);
+    failed.over = true;
     std::vector<at::Tensor> outputs;
     detail::collect_tensors(out, outputs);
     unit->post_forward(outputs);

@@ -36,6 +36,9 @@ class TorchUnit {
   /// gradient arriving is the unit's backward starting), then frees the
   /// gathered parameters as the strategy says.
   virtual void post_forward(const std::vector<at::Tensor>& outputs) = 0;
+  /// The module's forward threw between the two: what was gathered ahead
+  /// of it is waited for and freed, so no collective is left in flight.
+  virtual void forward_failed() noexcept = 0;
   /// The module's parameters and buffers this unit holds (the tensors
   /// themselves, whose data it swaps), in registration order.
   virtual const std::vector<at::Tensor>& parameters() const = 0;
