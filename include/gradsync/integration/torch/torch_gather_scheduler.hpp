@@ -100,20 +100,22 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     fail();
   }
 
-  /// Unit `u`'s backward starts. The first of a backward frees the forward's
-  /// prefetches that were never used and queues the end of the backward on
-  /// the engine; then `u` is gathered and the next unit in the reverse of
-  /// this forward's order is gathered ahead, or once a unit is freed if the
-  /// limit stands in the way.
+  /// Unit `u`'s backward starts. The first after a forward frees its
+  /// prefetches that were never used; the first of each backward queues its
+  /// end on the engine. Then `u` is gathered and the next unit in the
+  /// reverse of this forward's order is gathered ahead, or once a unit is
+  /// freed if the limit stands in the way.
   void before_backward(Unit& u) {
     try {
       if (!backward_seen_) {
         backward_seen_ = true;
-        backward_open_ = true;
         wait_all();
         drop_unused();
         back_order_.assign(post_.rbegin(), post_.rend());
         back_cursor_ = 0;
+      }
+      if (!end_queued_) {
+        backward_open_ = true;
         queue_end();
       }
       if (pending_ == &u) pending_ = nullptr;
@@ -284,10 +286,12 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     });
   }
 
+  /// (A second backward through the same forward follows the same order.)
   void end_backward() {
     end_queued_ = false;
     backward_open_ = false;
     pending_ = nullptr;
+    back_cursor_ = 0;
     quiesce();
     drop_unused();
     release_workers();
