@@ -340,3 +340,54 @@ TEST_CASE("fully_shard: a rank that throws in a forward with a prefetch in fligh
 }
 
 }  // namespace test_torch_fsdp_prefetch
+
+namespace test_torch_fsdp_prefetch {
+
+TEST_CASE("fully_shard: TorchBufferPool hands a freed buffer's bytes to the next that fits, the smallest, "
+          "within its limit") {
+  gradsync::detail::TorchBufferPool pool;
+  auto storage = [](std::int64_t bytes) { return torch::empty({bytes}, torch::kUInt8).storage(); };
+  c10::Storage a = storage(100), b = storage(300), c = storage(200);
+  const void* pa = a.data();
+  const void* pb = b.data();
+  const void* pc = c.data();
+  // Freed: the storage object stays, with no bytes.
+  pool.reclaim(*a.unsafeGetStorageImpl(), /*held=*/100, /*limit=*/1000);
+  pool.reclaim(*b.unsafeGetStorageImpl(), 300, 1000);
+  pool.reclaim(*c.unsafeGetStorageImpl(), 200, 1000);
+  CHECK(a.nbytes() == 0);
+  CHECK(pool.bytes() == 600);
+  // 150 bytes: the smallest spare that fits is c's 200, sized 150.
+  pool.fill(*a.unsafeGetStorageImpl(), 150);
+  CHECK(a.data() == pc);
+  CHECK(a.nbytes() == 150);
+  CHECK(pool.bytes() == 400);
+  // Nothing of 400: a new allocation.
+  c10::Storage d = storage(1);
+  pool.reclaim(*d.unsafeGetStorageImpl(), 1, 1000);
+  pool.fill(*d.unsafeGetStorageImpl(), 400);
+  CHECK(d.data() != pa);
+  CHECK(d.data() != pb);
+  CHECK(d.nbytes() == 400);
+  // Over the limit with what is held, the oldest spares go first (a's 100, then b's 300).
+  pool.reclaim(*a.unsafeGetStorageImpl(), 150 + 400, 700);
+  CHECK(pool.bytes() == 1 + 150);
+  pool.fill(*b.unsafeGetStorageImpl(), 120);
+  CHECK(b.data() == pc);  // c's bytes, given back as a's 150
+}
+
+TEST_CASE("fully_shard: ranks with different max_gathered_units are refused on every rank") {
+  PerRank got = run_ranks(3, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    gradsync::FullyShardOptions o;
+    if (comm.rank() == 2) o.max_gathered_units = 1;
+    gradsync::fully_shard(m->b1, comm, o);
+    return std::vector<torch::Tensor>{};
+  });
+  for (const auto& e : got.errors) {
+    CAPTURE(e);
+    CHECK(e.find("FullyShardOptions::max_gathered_units") != std::string::npos);
+  }
+}
+
+}  // namespace test_torch_fsdp_prefetch
