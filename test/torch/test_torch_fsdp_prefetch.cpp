@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -77,10 +78,16 @@ struct ChainImpl : torch::nn::Module {
         head(register_module("head", torch::nn::Linear(12, 5))) {
     head->to(torch::kDouble);
   }
-  torch::Tensor forward(torch::Tensor x) { return head(b4(b3(b2(b1(x))))); }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor h = b4(b3(b2(b1(x))));
+    if (last) last(h);
+    return head(h);
+  }
   std::vector<gradsync::ShardedModule<ProbeBlock>*> blocks() { return {&b1, &b2, &b3, &b4}; }
   gradsync::ShardedModule<ProbeBlock> b1, b2, b3, b4;
   torch::nn::Linear head;
+  /// Called with b4's output, after its unit hooked it.
+  std::function<void(torch::Tensor&)> last;
 };
 TORCH_MODULE(Chain);
 
@@ -285,18 +292,24 @@ TEST_CASE("fully_shard: the units max_gathered_units counts never hold more than
   }
 }
 
-TEST_CASE("fully_shard: a rank that throws in a forward with a prefetch in flight fails every rank at once") {
+TEST_CASE("fully_shard: a rank that throws in a forward or a backward with a prefetch in flight fails every rank "
+          "at once") {
   auto rng = test::rng_for("fsdp prefetch fault");
   CAPTURE(test::test_seed());
-  for (int round = 0; round < 4; ++round) {
+  for (int round = 0; round < 6; ++round) {
     const int n = 3 + static_cast<int>(rng() % 3);
     const int bad = static_cast<int>(rng() % static_cast<unsigned>(n));
     const int step = 1 + static_cast<int>(rng() % 2);  // counted from 0: a step with an order to follow
-    const int block = static_cast<int>(rng() % 3);     // b1, b2 or b3: each has a next unit to prefetch
-    const ShardingStrategy strategy = rng() % 2 ? ShardingStrategy::FullShard : ShardingStrategy::ShardGradOp;
+    // In forward: in b1, b2 or b3, each with a next unit to prefetch. In
+    // backward (FullShard): from a hook on b4's output, which runs after
+    // b4's backward began and issued b3's gather.
+    const bool backward = rng() % 2 == 0;
+    const int block = backward ? 3 : static_cast<int>(rng() % 3);
+    const ShardingStrategy strategy =
+        backward || rng() % 2 ? ShardingStrategy::FullShard : ShardingStrategy::ShardGradOp;
     const std::string strategy_name = gradsync::name(strategy);
-    INFO("round " << round << ": " << n << " ranks, rank " << bad << " throws in block " << block + 1 << " in step "
-                  << step << ", " << strategy_name);
+    INFO("round " << round << ": " << n << " ranks, rank " << bad << " throws in block " << block + 1 << "'s "
+                  << (backward ? "backward" : "forward") << " in step " << step << ", " << strategy_name);
     const std::int64_t b = 2;
     Data d = make_data(n * b, "fsdp prefetch fault data");
     d.x = d.x.to(torch::kDouble);
@@ -309,11 +322,21 @@ TEST_CASE("fully_shard: a rank that throws in a forward with a prefetch in fligh
       int s = 0;
       const auto r = static_cast<std::size_t>(comm.rank());
       auto* target = m->blocks()[static_cast<std::size_t>(block)];
-      if (comm.rank() == bad) {
+      auto record = [&, r] {
+        const auto& trace = scheduler_of(comm)->trace();
+        if (!trace.empty() && trace.back().ahead) in_flight[r] = static_cast<int>(trace.back().unit);
+      };
+      if (comm.rank() == bad && !backward) {
         (*target)->fail = [&s, step] { return s == step; };
-        (*target)->on_fail = [&, r] {
-          const auto& trace = scheduler_of(comm)->trace();
-          if (!trace.empty() && trace.back().ahead) in_flight[r] = static_cast<int>(trace.back().unit);
+        (*target)->on_fail = record;
+      }
+      if (comm.rank() == bad && backward) {
+        m->last = [&s, step, record](torch::Tensor& h) {
+          if (s != step) return;
+          h.register_hook([record](const torch::Tensor& /*grad*/) -> torch::Tensor {
+            record();
+            throw std::runtime_error("boom in a block's backward");
+          });
         };
       }
       auto opt = make_optimizer(Opt::sgd_momentum, *m);
@@ -325,14 +348,15 @@ TEST_CASE("fully_shard: a rank that throws in a forward with a prefetch in fligh
       }
     });
     CAPTURE(got.seconds);
-    // The block issued its successor's gather (unit block + 1) before it threw.
-    CHECK(in_flight[static_cast<std::size_t>(bad)] == block + 1);
+    // The block issued the gather of the unit after it (forward) or before it (backward) before it threw.
+    CHECK(in_flight[static_cast<std::size_t>(bad)] == (backward ? block - 1 : block + 1));
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
       const auto ru = static_cast<std::size_t>(r);
       INFO(got.kind[ru] << ": " << got.what[ru]);
       CHECK(got.kind[ru] != "returned");
-      if (r == bad) CHECK(got.what[ru].find("boom in a block's forward") != std::string::npos);
+      const std::string boom = backward ? "boom in a block's backward" : "boom in a block's forward";
+      if (r == bad) CHECK(got.what[ru].find(boom) != std::string::npos);
     }
     // The waits give up after 10 s: every rank learnt of the failure well before.
     CHECK(got.seconds < 5.0);

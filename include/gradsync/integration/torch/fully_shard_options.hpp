@@ -41,7 +41,7 @@ struct FullyShardOptions {
   /// Gathers ahead (FSDP's forward and backward prefetch) and their limit
   /// (FSDP's limit_all_gathers, which allows 2): when a unit's forward
   /// starts, the unit that came after it in the previous forward is gathered
-  /// meanwhile on the communicator's ProgressWorker; when its backward
+  /// meanwhile on a ProgressWorker of the units' own; when its backward
   /// starts, the unit whose backward comes next (this forward's order,
   /// reversed). A prefetch waits, or is skipped, while this many units of
   /// the communicator hold gathered parameters, the running one included;

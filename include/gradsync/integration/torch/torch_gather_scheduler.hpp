@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -84,13 +85,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     post_.push_back(&u);
     if (depth_ > 0) --depth_;
     if (depth_ > 0) return;
-    try {
-      wait_all();
-    } catch (...) {
-      fail();
-      throw;
-    }
-    release_workers();
+    quiesce();
   }
 
   /// A forward that threw: what is in flight ends, what was gathered ahead
@@ -154,7 +149,35 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     }
   }
 
+  /// What the hooks on this forward's outputs hold. When the last goes
+  /// (its graph freed: a rank unwinding from an exception that aborted the
+  /// backward, or a forward never backpropagated) and no backward ended for
+  /// this forward, what it left in flight ends and unused prefetches are
+  /// freed; the engine drops its end-of-backward callback when backward throws.
+  std::shared_ptr<void> graph_token() {
+    std::shared_ptr<void> t = token_.lock();
+    if (!t) {
+      t = std::shared_ptr<void>(nullptr, [weak = this->weak_from_this(), gen = generation_](void*) noexcept {
+        if (auto s = weak.lock()) s->graph_gone(gen);
+      });
+      token_ = t;
+    }
+    return t;
+  }
+
   TorchBufferPool& pool() noexcept { return pool_; }
+
+  /// The worker that runs prefetches on the communicator the units were
+  /// wrapped with (theirs but under HybridShard, whose shard groups each
+  /// get their own): made on first use, kept while the units live.
+  /// Private, not ProgressWorker::shared: units outlive their module in the
+  /// registry, and a shared worker kept past its communicator could be
+  /// handed to another communicator made at the same address.
+  template <class Comm>
+  const std::shared_ptr<typename Unit::Worker>& world_worker(Comm& comm) {
+    if (!world_worker_) world_worker_ = std::make_shared<typename Unit::Worker>(comm);
+    return world_worker_;
+  }
 
   /// What the pool's spares and the gathered units may hold together: the
   /// peak max_gathered_units allows, each the largest counted unit, and the
@@ -248,17 +271,24 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     for (Unit* u : units_) u->drop_prefetch();
   }
 
-  /// The units let go of their workers (none has a gather in flight).
-  void release_workers() noexcept {
-    for (Unit* u : units_) u->release_worker();
-  }
-
+  /// After a failure: what is in flight ends, what was gathered ahead is
+  /// freed, and the workers go (a worker whose job failed fails every later
+  /// one with that error; the next prefetch starts a new one).
   void fail() noexcept {
     for (Unit* u : units_) u->settle_gather();
     drop_unused();
     pending_ = nullptr;
     backward_open_ = false;
-    release_workers();
+    for (Unit* u : units_) u->worker_.reset();
+    world_worker_.reset();
+  }
+
+  void graph_gone(std::uint64_t generation) noexcept {
+    if (generation != generation_ || ended_ || depth_ > 0) return;
+    for (Unit* u : units_) u->settle_gather();
+    drop_unused();
+    pending_ = nullptr;
+    backward_open_ = false;
   }
 
   /// A new forward: the last one's order is what prefetches follow.
@@ -270,9 +300,11 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     post_.clear();
     back_order_.clear();
     cursor_ = back_cursor_ = 0;
-    backward_seen_ = backward_open_ = end_queued_ = false;
+    backward_seen_ = backward_open_ = end_queued_ = ended_ = false;
     pending_ = nullptr;
     trace_.clear();
+    ++generation_;
+    token_.reset();
   }
 
   /// The end of this backward, after every node: what was prefetched and
@@ -292,9 +324,9 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     backward_open_ = false;
     pending_ = nullptr;
     back_cursor_ = 0;
+    ended_ = true;
     quiesce();
     drop_unused();
-    release_workers();
   }
 
   std::vector<Unit*> units_;
@@ -312,6 +344,11 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
   std::vector<TorchGatherEvent> trace_;
   std::size_t peak_ = 0;
   TorchBufferPool pool_;
+  std::shared_ptr<typename Unit::Worker> world_worker_;
+  /// Forwards recorded so far (restart()), this one's graph token, and whether a backward of it ended.
+  std::uint64_t generation_ = 0;
+  std::weak_ptr<void> token_;
+  bool ended_ = false;
 };
 
 }  // namespace gradsync::detail

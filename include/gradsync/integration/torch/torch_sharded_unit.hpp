@@ -57,10 +57,9 @@ namespace gradsync::detail {
 /// Tensors autograd saved in forward (views of a parameter) hold that
 /// object, so they read the re-gathered values in backward.
 ///
-/// When the unit is gathered is TorchGatherScheduler's: on demand on the
-/// caller's thread, or ahead of its use by an AllGather on the shard
-/// group's ProgressWorker (prefetched: the bytes are the unit's, the
-/// parameters become their full views only when it is used).
+/// When the unit gathers is TorchGatherScheduler's: on the caller's thread
+/// when it runs, or ahead by an AllGather on a ProgressWorker (prefetched:
+/// the parameters become their full views only when it is used).
 ///
 /// Backward starts for the unit when the gradient of one of its forward's
 /// outputs arrives (a tensor hook): the unit is gathered again if freed,
@@ -243,9 +242,11 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     // gradient of the unit's input), so every unit hooks its outputs.
     if (c10::GradMode::is_enabled() && !params_.empty()) {
       std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
+      // Held while the graph is: its end lets a backward that threw end its prefetches.
+      std::shared_ptr<void> token = sched_->graph_token();
       for (const at::Tensor& t : outputs) {
         if (!t.defined() || !t.requires_grad()) continue;
-        t.register_hook([weak](const at::Tensor& /*grad*/) {
+        t.register_hook([weak, token](const at::Tensor& /*grad*/) {
           if (auto unit = weak.lock()) unit->pre_backward();
         });
         hooked = true;
@@ -297,8 +298,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     return full_.defined() ? full_.storage().unsafeGetStorageImpl()->nbytes() : 0;
   }
 
-  /// Its module holds other units (fully_shard says so before init()):
-  /// gathered through their forwards, so max_gathered_units does not count it.
+  /// Its module holds other units, so max_gathered_units does not count it (fully_shard says, before init()).
   void set_encloses(bool encloses) noexcept { encloses_ = encloses; }
 
   std::vector<HeldPiece> held_pieces() const override {
@@ -324,6 +324,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
 
  private:
   using Scheduler = TorchGatherScheduler<TorchShardedUnit>;
+  using Worker = ProgressWorker<B>;
   friend Scheduler;
 
   /// After a trainable parameter's gradient accumulator ran.
@@ -428,7 +429,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       visit(type, [&]<class T>(T) { AllGather<Auto>{opts}(c, span_of<T>(shard), span_of<T>(full)); });
     };
     if (ahead) {
-      if (!worker_) worker_ = ProgressWorker<B>::shared(groups_.shard());
+      if (!worker_) {
+        worker_ = groups_.shard_is_world() ? sched_->world_worker(comm_) : std::make_shared<Worker>(groups_.shard());
+      }
       prefetched_ = true;
       gathering_ = worker_->submit("fully_shard gather of unit " + std::to_string(index()) + " " + description(), job);
       return;
@@ -463,9 +466,6 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (!prefetched_ || gathering_.valid()) return;
     prefetched_ = false;
     give_bytes();
-  }
-  void release_worker() noexcept {
-    if (!gathering_.valid()) worker_.reset();
   }
 
   /// The parameters become their shard pieces and the full buffer's bytes
@@ -689,7 +689,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   bool prefetched_ = false, kept_ = false, encloses_ = false;
   /// The units of this communicator: when each gathers, and the spare bytes.
   std::shared_ptr<Scheduler> sched_;
-  /// The prefetch in flight, and the worker it runs on (held until the scheduler lets it go).
+  /// The prefetch in flight, and the worker it runs on (after groups_, whose shard group it may use).
   Request gathering_;
   std::shared_ptr<ProgressWorker<B>> worker_;
   std::size_t start_ = 0;  ///< the first element of the unit's flat order this rank's shard holds
