@@ -52,7 +52,9 @@ struct FullyShardOptions {
   /// largest one's gathered bytes (in backward a unit gathers just before
   /// the one whose backward ends frees). 0 or 1: no prefetch, each unit
   /// gathered on the caller's thread when it runs. The bytes of freed
-  /// gathers are kept for the next ones within the same bound.
+  /// gathers, and of the flat gradient backward reduce-scatters from, are
+  /// kept for the next ones (within this bound and one gradient more) until
+  /// the module's last ShardedModule holder goes.
   std::size_t max_gathered_units = 2;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};

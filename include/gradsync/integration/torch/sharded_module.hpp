@@ -75,6 +75,22 @@ class ShardedModule : public Holder {
              std::is_constructible_v<Impl, First &&, Rest && ...>)
   explicit ShardedModule(First&& first, Rest&&... rest)
       : Holder(std::make_shared<Impl>(std::forward<First>(first), std::forward<Rest>(rest)...)) {}
+  ShardedModule(const ShardedModule&) = default;
+  ShardedModule(ShardedModule&&) noexcept = default;
+  ShardedModule& operator=(const ShardedModule&) = default;
+  ShardedModule& operator=(ShardedModule&&) noexcept = default;
+
+  /// The last holder of a module (a model's root, typically) drops the
+  /// units under it: the registry would keep them, with their spare gather
+  /// buffers and worker, until the next fully_shard.
+  ~ShardedModule() {
+    if (this->is_empty() || this->ptr().use_count() != 1) return;
+    try {
+      detail::drop_torch_units_under(*this->ptr());
+    } catch (...) {
+      // modules() allocates; the registry's purge drops them later.
+    }
+  }
 
   /// `module->forward(args...)`, between the unit's pre- and post-forward
   /// when the module was wrapped by fully_shard.

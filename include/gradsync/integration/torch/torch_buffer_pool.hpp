@@ -1,19 +1,24 @@
 #pragma once
-/// \file detail::TorchBufferPool: the bytes of freed fully_shard full buffers, kept for the next gather.
+/// \file detail::TorchBufferPool: the bytes of freed fully_shard full buffers and flat gradients, kept
+/// for the next that fits.
 ///
 /// A sharded unit frees its gathered parameters after each use and gathers
-/// them again for the next: fresh bytes every time would be page-faulted in
-/// (and zeroed by the kernel) inside the step, on the rank's thread. The
-/// pool keeps a freed buffer's bytes for the next gather that fits in them,
-/// as PyTorch's caching allocator does for FSDP on a GPU.
+/// them again for the next, and makes a flat gradient for each backward:
+/// fresh bytes every time (malloc hands large blocks back to the kernel)
+/// would be page-faulted in and zeroed inside the step, on the rank's
+/// thread. The pool keeps freed bytes for the next buffer that fits in
+/// them, as PyTorch's caching allocator does for FSDP on a GPU.
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 namespace gradsync::detail {
 
@@ -64,6 +69,15 @@ class TorchBufferPool {
     Spare spare = take(bytes);
     s.set_data_ptr_noswap(spare.data.get() != nullptr ? std::move(spare.data) : s.allocator()->allocate(bytes));
     s.set_nbytes(bytes);
+  }
+
+  /// A tensor of `numel` zeros of `options` (CPU) over a spare's bytes
+  /// when one fits; reclaim() its storage when done.
+  at::Tensor zeros(std::int64_t numel, const at::TensorOptions& options) {
+    at::Tensor t = at::empty({0}, options);
+    fill(*t.storage().unsafeGetStorageImpl(), static_cast<std::size_t>(numel) * t.element_size());
+    t.set_(t.storage(), 0, {numel}, {1});
+    return t.zero_();
   }
 
   /// Storage `s`'s bytes as a spare (give()); `s` keeps none, but stays.

@@ -180,9 +180,9 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
   }
 
   /// What the pool's spares and the gathered units may hold together: the
-  /// peak max_gathered_units allows, each the largest counted unit, and the
-  /// units it does not count. At least two: in backward the next unit
-  /// gathers before the last one is freed, prefetch or not.
+  /// peak max_gathered_units allows, each the largest counted unit, the
+  /// units it does not count, and one unit's gradient buffer. At least two
+  /// units: in backward the next gathers before the last one frees, prefetch or not.
   std::size_t pool_limit() const noexcept {
     std::size_t limit = 2, largest = 0, uncounted = 0;
     for (const Unit* u : units_) {
@@ -193,7 +193,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
         largest = std::max(largest, u->full_bytes());
       }
     }
-    return limit * largest + uncounted;
+    return (limit + 1) * largest + uncounted;
   }
 
   /// Bytes every unit's gathered parameters hold now.

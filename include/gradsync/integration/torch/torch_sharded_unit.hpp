@@ -441,9 +441,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     gathered_ = true;
   }
 
-  /// The full buffer's bytes to the pool; its storage object stays, for the views autograd saved.
-  void give_bytes() noexcept {
-    sched_->pool().reclaim(*full_.storage().unsafeGetStorageImpl(), sched_->held_bytes(), sched_->pool_limit());
+  /// `t`'s bytes (the full buffer's, or a gradient's) to the pool; its storage object stays (autograd's views).
+  void give_bytes(const at::Tensor& t) noexcept {
+    sched_->pool().reclaim(*t.storage().unsafeGetStorageImpl(), sched_->held_bytes(), sched_->pool_limit());
   }
   /// Waits for the prefetch in flight (kept when it threw, for settle_gather).
   void wait_gather() {
@@ -465,7 +465,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   void drop_prefetch() noexcept {
     if (!prefetched_ || gathering_.valid()) return;
     prefetched_ = false;
-    give_bytes();
+    give_bytes(full_);
   }
 
   /// The parameters become their shard pieces and the full buffer's bytes
@@ -475,7 +475,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     for (Param& p : params_) point(p, p.piece);
     gathered_ = false;
     kept_ = false;
-    give_bytes();
+    give_bytes(full_);
     sched_->freed();
   }
 
@@ -615,7 +615,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     // no_sync: the memory of a full gradient, no communication); the next
     // synced backward reduces that sum with its own.
     const bool carried = unsynced_.defined();
-    at::Tensor flat = carried ? std::move(unsynced_) : torch::zeros({full_.numel()}, shard_.options());
+    at::Tensor flat = carried ? std::move(unsynced_) : sched_->pool().zeros(full_.numel(), shard_.options());
     unsynced_.reset();
     for (Param& p : params_) {
       const at::Tensor& g = p.tensor.grad();
@@ -659,6 +659,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (!sum.is_same(out)) out.copy_(sum);
     if (replicas) out.div_(n);
     if (accumulate_) shard_grad_.add_(out);
+    give_bytes(flat);
     reshard();
     for (Param& p : params_) {
       if (p.trainable) p.tensor.mutable_grad() = p.grad_piece;

@@ -186,6 +186,26 @@ std::vector<std::shared_ptr<TorchUnit>> torch_units_under(Holder& module) {
   return out;
 }
 
+/// Drops the units of `root` and of the modules under it (their module is
+/// about to go: its last holder is being destroyed), so what they hold (a
+/// gather in flight, spare buffers, a worker thread) ends now, not at the
+/// next fully_shard's purge.
+inline void drop_torch_units_under(const torch::nn::Module& root) {
+  std::vector<const torch::nn::Module*> under{&root};
+  for (const auto& sub : root.modules(/*include_self=*/false)) under.push_back(sub.get());
+  TorchUnitRegistry& r = torch_unit_registry();
+  std::vector<std::shared_ptr<TorchUnit>> gone;
+  {
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    auto dead = std::stable_partition(r.units.begin(), r.units.end(), [&](const auto& u) {
+      return std::find(under.begin(), under.end(), u->module()) == under.end();
+    });
+    gone.assign(std::make_move_iterator(dead), std::make_move_iterator(r.units.end()));
+    r.units.erase(dead, r.units.end());
+  }
+  // Destroyed outside the lock, as in add_torch_unit.
+}
+
 /// Adds `unit`, and drops the units whose module is gone (with them their
 /// hold on the module's former parameters).
 inline void add_torch_unit(std::shared_ptr<TorchUnit> unit) {
