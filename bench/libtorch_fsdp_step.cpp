@@ -5,6 +5,7 @@
 //   libtorch_fsdp_step                       N = 1, 2, 4; 784-1024-1024-10 MLP; batch 64; Adam
 //   libtorch_fsdp_step --ranks 2 --rounds 5 --steps 20 --warmup 3 --hidden 1024 --sgd
 //   libtorch_fsdp_step --ranks 1,2 --only FullShard --only no-comm
+//   libtorch_fsdp_step --ranks 2 --only FullShard --max-gathered 1     FullShard with no prefetch
 //
 // The MLP is libtorch_ddp_step's (Linear-ReLU-Linear-ReLU-Linear), with each
 // hidden Linear + ReLU a block that fully_shard wraps, then the root, which
@@ -85,6 +86,8 @@ struct Args {
   std::vector<int> ranks{1, 2, 4};
   int steps = 20, warmup = 3, batch = 64, hidden = 1024, rounds = 3;
   bool sgd = false;
+  /// --max-gathered: FullyShardOptions::max_gathered_units (its default: 2; 1 gathers nothing ahead).
+  std::size_t max_gathered = gradsync::FullyShardOptions{}.max_gathered_units;
   std::vector<Kind> only;  ///< --only: these strategies (e.g. for GRADSYNC_TRACE), else all
 };
 
@@ -117,6 +120,8 @@ Args parse(int argc, char** argv) {
       a.hidden = std::stoi(next());
     } else if (k == "--rounds") {
       a.rounds = std::stoi(next());
+    } else if (k == "--max-gathered") {
+      a.max_gathered = static_cast<std::size_t>(std::stoul(next()));
     } else if (k == "--sgd") {
       a.sgd = true;
     } else if (k == "--only") {
@@ -132,7 +137,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw std::runtime_error("unknown option " + k +
                                " (expected --ranks N[,N...] (repeatable) --rounds --steps --warmup --batch --hidden --sgd "
-                               "--only STRATEGY (repeatable))");
+                               "--only STRATEGY (repeatable) --max-gathered N)");
     }
   }
   for (int n : a.ranks) {
@@ -189,6 +194,7 @@ Timed run(int n, Kind kind, const Args& a) {
       o.strategy = kind == Kind::full_shard      ? gradsync::ShardingStrategy::FullShard
                    : kind == Kind::shard_grad_op ? gradsync::ShardingStrategy::ShardGradOp
                                                  : gradsync::ShardingStrategy::NoShard;
+      o.max_gathered_units = a.max_gathered;
       gradsync::fully_shard(net->b1, comm, o);
       gradsync::fully_shard(net->b2, comm, o);
       gradsync::fully_shard(net, comm, o);

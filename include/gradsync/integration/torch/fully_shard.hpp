@@ -99,8 +99,10 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
   }
   // What inner units hold is theirs; only the rest becomes this unit.
   std::unordered_set<const c10::TensorImpl*> inner;
+  bool encloses = false;
   for (const auto& sub : root->modules(/*include_self=*/false)) {
     if (auto u = detail::find_torch_unit(sub.get())) {
+      encloses = true;
       for (const at::Tensor& t : u->parameters()) inner.insert(t.unsafeGetTensorImpl());
       for (const at::Tensor& t : u->buffers()) inner.insert(t.unsafeGetTensorImpl());
     }
@@ -163,6 +165,8 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
        "Give every rank the same FullyShardOptions."},
       {"FullyShardOptions::sync_module_states", options.sync_module_states ? "true" : "false",
        "Give every rank the same FullyShardOptions."},
+      {"FullyShardOptions::max_gathered_units", std::to_string(options.max_gathered_units),
+       "Give every rank the same FullyShardOptions: the gathers issued ahead follow from it."},
       {"fully_shard's verdict", refusal.empty() ? "accepted" : "refused: " + refusal,
        "Every rank must wrap the same modules in the same order."}};
   detail::check_units_agree(comm, {detail::describe_unit(spec)}, "fully_shard",
@@ -179,6 +183,7 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
   if (spec.params.size() > 2) description.insert(description.size() - 1, ", …");
   auto unit = std::make_shared<Unit>(comm, root, std::move(params), std::move(buffers), options,
                                      detail::next_torch_unit_index(&comm), std::move(description));
+  unit->set_encloses(encloses);
   unit->init();
   detail::add_torch_unit(std::move(unit));
 }

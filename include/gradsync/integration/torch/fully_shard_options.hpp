@@ -1,6 +1,7 @@
 #pragma once
 /// \file FullyShardOptions: how gradsync::fully_shard shards one LibTorch unit and when it frees it.
 
+#include <cstddef>
 #include <optional>
 
 #include <c10/core/ScalarType.h>
@@ -37,6 +38,24 @@ struct FullyShardOptions {
   /// The dtype gradients are reduced in. Unset: the parameters' dtype, the
   /// gradients cast to it before the reduce-scatter.
   std::optional<c10::ScalarType> reduce_dtype;
+  /// Gathers ahead (FSDP's forward and backward prefetch) and their limit
+  /// (FSDP's limit_all_gathers, which allows 2): when a unit's forward
+  /// starts, the unit that came after it in the previous forward is gathered
+  /// meanwhile on a ProgressWorker of the units' own; when its backward
+  /// starts, the unit whose backward comes next (this forward's order,
+  /// reversed). A prefetch waits, or is skipped, while this many units of
+  /// the communicator hold gathered parameters, the running one included;
+  /// not counted are units whose module holds other units (the root,
+  /// gathered through their forwards) and ShardGradOp's units kept from
+  /// forward to backward. A unit's own gather when it runs is never held
+  /// back, so the units it counts hold at most max(this, 2) times the
+  /// largest one's gathered bytes (in backward a unit gathers just before
+  /// the one whose backward ends frees). 0 or 1: no prefetch, each unit
+  /// gathered on the caller's thread when it runs. The bytes of freed
+  /// gathers, and of the flat gradient backward reduce-scatters from, are
+  /// kept for the next ones (within this bound and one gradient more) until
+  /// the module's last ShardedModule holder goes.
+  std::size_t max_gathered_units = 2;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};
 };

@@ -75,6 +75,22 @@ class ShardedModule : public Holder {
              std::is_constructible_v<Impl, First &&, Rest && ...>)
   explicit ShardedModule(First&& first, Rest&&... rest)
       : Holder(std::make_shared<Impl>(std::forward<First>(first), std::forward<Rest>(rest)...)) {}
+  ShardedModule(const ShardedModule&) = default;
+  ShardedModule(ShardedModule&&) noexcept = default;
+  ShardedModule& operator=(const ShardedModule&) = default;
+  ShardedModule& operator=(ShardedModule&&) noexcept = default;
+
+  /// The last holder of a module (a model's root, typically) drops the
+  /// units under it: the registry would keep them, with their spare gather
+  /// buffers and worker, until the next fully_shard.
+  ~ShardedModule() {
+    if (this->is_empty() || this->ptr().use_count() != 1) return;
+    try {
+      detail::drop_torch_units_under(*this->ptr());
+    } catch (...) {
+      // modules() allocates; the registry's purge drops them later.
+    }
+  }
 
   /// `module->forward(args...)`, between the unit's pre- and post-forward
   /// when the module was wrapped by fully_shard.
@@ -85,7 +101,17 @@ class ShardedModule : public Holder {
     std::vector<at::Tensor> inputs;
     (detail::collect_tensors(args, inputs), ...);
     unit->pre_forward(inputs);
+    // A forward that throws may leave a gather in flight, issued ahead of a
+    // unit it would have reached: the unit lets it end before the exception goes on.
+    struct Failed {
+      detail::TorchUnit& unit;
+      bool over = false;
+      ~Failed() {
+        if (!over) unit.forward_failed();
+      }
+    } failed{*unit};
     auto out = this->get()->forward(std::forward<Args>(args)...);
+    failed.over = true;
     std::vector<at::Tensor> outputs;
     detail::collect_tensors(out, outputs);
     unit->post_forward(outputs);

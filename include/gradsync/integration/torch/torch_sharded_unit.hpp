@@ -21,13 +21,18 @@
 #include "gradsync/collective/all_gather.hpp"
 #include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
+#include "gradsync/collective/progress_worker.hpp"
 #include "gradsync/collective/reduce_scatter.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/request.hpp"
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/fully_shard_options.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
+#include "gradsync/integration/torch/torch_buffer_pool.hpp"
+#include "gradsync/integration/torch/torch_gather_scheduler.hpp"
+#include "gradsync/integration/torch/torch_unit_names.hpp"
 #include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/common/model.hpp"
 #include "gradsync/train/common/step_labels.hpp"
@@ -46,10 +51,15 @@ namespace gradsync::detail {
 /// two without changing the tensor's identity, so the module's field, the
 /// optimizer and autograd keep holding the same tensor.
 ///
-/// Freeing the full buffer releases its storage's bytes but keeps the
-/// storage object; gathering again allocates bytes under the same object.
+/// Freeing the full buffer takes its storage's bytes out but keeps the
+/// storage object; gathering again puts bytes under the same object (a
+/// freed buffer's from the communicator's TorchBufferPool when one fits).
 /// Tensors autograd saved in forward (views of a parameter) hold that
 /// object, so they read the re-gathered values in backward.
+///
+/// When the unit gathers is TorchGatherScheduler's: on the caller's thread
+/// when it runs, or ahead by an AllGather on a ProgressWorker (prefetched:
+/// the parameters become their full views only when it is used).
 ///
 /// Backward starts for the unit when the gradient of one of its forward's
 /// outputs arrives (a tensor hook): the unit is gathered again if freed,
@@ -88,7 +98,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
         groups_(comm),
         o_(options),
         params_(std::move(params)),
-        buffers_(std::move(buffers)) {
+        buffers_(std::move(buffers)),
+        sched_(Scheduler::of(&comm, index == 0)) {
+    sched_->add(this);
     for (const Param& p : params_) tensors_.push_back(p.tensor);
     if (!params_.empty()) dtype_ = params_[0].tensor.scalar_type();
     compute_ = o_.param_dtype.value_or(dtype_);
@@ -96,6 +108,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   }
 
   ~TorchShardedUnit() override {
+    // A prefetch's job holds the tensors it writes, but not past this.
+    settle_gather();
+    sched_->remove(this);
     for (Param& p : params_) {
       if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
     }
@@ -208,7 +223,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     // A callback still marked queued belonged to a backward that threw:
     // the engine drops those callbacks, so the next backward needs its own.
     finish_queued_ = false;
-    if (!gathered_) unshard();
+    sched_->before_forward(*this);
     if (!c10::GradMode::is_enabled() || params_.empty()) return;
     std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
     for (const at::Tensor& t : inputs) {
@@ -227,21 +242,29 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     // gradient of the unit's input), so every unit hooks its outputs.
     if (c10::GradMode::is_enabled() && !params_.empty()) {
       std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
+      // Held while the graph is: its end lets a backward that threw end its prefetches.
+      std::shared_ptr<void> token = sched_->graph_token();
       for (const at::Tensor& t : outputs) {
         if (!t.defined() || !t.requires_grad()) continue;
-        t.register_hook([weak](const at::Tensor& /*grad*/) {
+        t.register_hook([weak, token](const at::Tensor& /*grad*/) {
           if (auto unit = weak.lock()) unit->pre_backward();
         });
         hooked = true;
       }
     }
-    if (o_.strategy == ShardingStrategy::NoShard) return;
-    // No backward will come for this forward (no_grad, or nothing to
-    // train): keeping it gathered would hold the memory until the next one.
-    if (o_.strategy != ShardingStrategy::ShardGradOp || !hooked) {
-      if (!in_backward_) reshard();
+    if (o_.strategy != ShardingStrategy::NoShard) {
+      // No backward will come for this forward (no_grad, or nothing to
+      // train): keeping it gathered would hold the memory until the next one.
+      if (o_.strategy != ShardingStrategy::ShardGradOp || !hooked) {
+        if (!in_backward_) reshard();
+      } else {
+        kept_ = gathered_;
+      }
     }
+    sched_->after_forward(*this);
   }
+
+  void forward_failed() noexcept override { sched_->forward_failed(); }
 
   const std::vector<at::Tensor>& parameters() const override { return tensors_; }
   const std::vector<at::Tensor>& buffers() const override { return buffers_; }
@@ -252,6 +275,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (params_.empty()) return out;
     at::Tensor full = full_;
     if (o_.strategy != ShardingStrategy::NoShard) {
+      sched_->quiesce();
       full = torch::empty({full_.numel()}, full_.options().dtype(dtype_));
       with_type([&]<class T>(T) {
         AllGather<Auto>{labeled(LabelPhase::gather)}(groups_.shard(), span_of<T>(shard_), span_of<T>(full));
@@ -273,6 +297,9 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   std::size_t gathered_bytes() const override {
     return full_.defined() ? full_.storage().unsafeGetStorageImpl()->nbytes() : 0;
   }
+
+  /// Its module holds other units, so max_gathered_units does not count it (fully_shard says, before init()).
+  void set_encloses(bool encloses) noexcept { encloses_ = encloses; }
 
   std::vector<HeldPiece> held_pieces() const override {
     std::vector<HeldPiece> out;
@@ -296,6 +323,10 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   }
 
  private:
+  using Scheduler = TorchGatherScheduler<TorchShardedUnit>;
+  using Worker = ProgressWorker<B>;
+  friend Scheduler;
+
   /// After a trainable parameter's gradient accumulator ran.
   class ReadyHook final : public torch::autograd::FunctionPostHook {
    public:
@@ -338,21 +369,6 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     }
   }
 
-  /// Reads a label of a fully_shard unit, this rank's or a peer's, with the
-  /// descriptions of the units wrapped with this rank's communicator (the
-  /// peers wrapped the same ones in the same order).
-  class UnitNames final : public LabelNames {
-   public:
-    explicit UnitNames(const void* comm) noexcept : comm_(comm) {}
-    std::string describe(std::uint64_t id, std::uint64_t setting) const override {
-      return StepLabels("backward", "fully_shard unit", torch_unit_descriptions(comm_), "setting")
-          .describe(id, setting);
-    }
-
-   private:
-    const void* comm_;
-  };
-
   /// The collectives' options with this unit's label: ranks whose calls
   /// differ in unit, phase or count of backwards (a forward that skipped a
   /// unit on one rank, a backward more under no_sync) fail on every rank,
@@ -386,31 +402,81 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     meta->grad_accumulator_ = p.accumulator;
   }
 
-  /// The full buffer's bytes back under its storage, filled by an AllGather
-  /// of every rank's shard; the parameters become their full views.
-  void unshard() {
+  /// Bytes of the full buffer (in the compute dtype) while gathered; 0 when
+  /// nothing is ever freed (NoShard, or no parameters).
+  std::size_t full_bytes() const noexcept {
+    if (params_.empty() || !sharded()) return 0;
+    return static_cast<std::size_t>(full_.numel()) * c10::elementSize(compute_);
+  }
+  /// Gathered, for use or ahead of it (its bytes are there).
+  bool holds_gather() const noexcept { return gathered_ || prefetched_; }
+  /// What FullyShardOptions::max_gathered_units counts: a gather held by a
+  /// unit that encloses no other and is not kept by ShardGradOp.
+  bool counts() const noexcept { return holds_gather() && !encloses_ && !kept_ && sharded(); }
+  /// Worth gathering ahead: a sharded unit over more than one rank.
+  bool can_prefetch() const noexcept { return sharded() && !params_.empty() && groups_.shard().size() > 1; }
+
+  /// The full buffer's storage gets bytes (a spare's when one fits),
+  /// filled by an AllGather of every rank's shard: on this thread, the
+  /// parameters then their full views; or `ahead`, queued with the same
+  /// label on the shard group's worker, holding the tensors it reads and
+  /// writes, which the unit waits for before it uses or frees them.
+  void gather(bool ahead) {
     torch::NoGradGuard no_grad;
-    c10::StorageImpl* s = full_.storage().unsafeGetStorageImpl();
-    const std::size_t bytes = static_cast<std::size_t>(full_.numel()) * c10::elementSize(compute_);
-    if (s->nbytes() < bytes) {
-      s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
-      s->set_nbytes(bytes);
+    sched_->pool().fill(*full_.storage().unsafeGetStorageImpl(), full_bytes());
+    const at::Tensor shard = compute_ == dtype_ ? shard_ : shard_.to(compute_), full = full_;
+    auto job = [shard, full, opts = labeled(LabelPhase::gather), type = *data_type_of(compute_)](Communicator<B>& c) {
+      visit(type, [&]<class T>(T) { AllGather<Auto>{opts}(c, span_of<T>(shard), span_of<T>(full)); });
+    };
+    if (ahead) {
+      if (!worker_) {
+        worker_ = groups_.shard_is_world() ? sched_->world_worker(comm_) : std::make_shared<Worker>(groups_.shard());
+      }
+      prefetched_ = true;
+      gathering_ = worker_->submit("fully_shard gather of unit " + std::to_string(index()) + " " + description(), job);
+      return;
     }
-    const at::Tensor shard = compute_ == dtype_ ? shard_ : shard_.to(compute_);
-    visit(*data_type_of(compute_), [&]<class T>(T) {
-      AllGather<Auto>{labeled(LabelPhase::gather)}(groups_.shard(), span_of<T>(shard), span_of<T>(full_));
-    });
+    job(groups_.shard());
     for (Param& p : params_) point(p, p.full_view);
     gathered_ = true;
   }
 
+  /// `t`'s bytes (the full buffer's, or a gradient's) to the pool; its storage object stays (autograd's views).
+  void give_bytes(const at::Tensor& t) noexcept {
+    sched_->pool().reclaim(*t.storage().unsafeGetStorageImpl(), sched_->held_bytes(), sched_->pool_limit());
+  }
+  /// Waits for the prefetch in flight (kept when it threw, for settle_gather).
+  void wait_gather() {
+    gathering_.wait();
+    gathering_ = Request();
+  }
+  void settle_gather() noexcept {
+    if (gathering_.valid()) settle(gathering_);
+    gathering_ = Request();
+  }
+  /// A prefetched unit is used: its parameters become their full views.
+  void take_prefetched() {
+    if (!prefetched_) return;
+    for (Param& p : params_) point(p, p.full_view);
+    prefetched_ = false;
+    gathered_ = true;
+  }
+  /// A prefetch never used (its job over) is freed.
+  void drop_prefetch() noexcept {
+    if (!prefetched_ || gathering_.valid()) return;
+    prefetched_ = false;
+    give_bytes(full_);
+  }
+
   /// The parameters become their shard pieces and the full buffer's bytes
-  /// are released (its storage object stays, for the views autograd saved).
+  /// go back to the pool; a backward prefetch the limit held back may go.
   void reshard() {
     if (!gathered_ || o_.strategy == ShardingStrategy::NoShard) return;
     for (Param& p : params_) point(p, p.piece);
-    full_.storage().unsafeGetStorageImpl()->reset();
     gathered_ = false;
+    kept_ = false;
+    give_bytes(full_);
+    sched_->freed();
   }
 
   void queue_finish() {
@@ -429,8 +495,8 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     in_backward_ = true;
     std::fill(got_.begin(), got_.end(), 0);
     got_count_ = 0;
+    sched_->before_backward(*this);
     if (o_.strategy == ShardingStrategy::NoShard) return;
-    if (!gathered_) unshard();
     // Autograd accumulates full-shaped gradients into `.grad`: what the
     // shard held (not zeroed, or not reset) is set aside, and added after
     // the reduce-scatter.
@@ -538,6 +604,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       // Unsynced, the full gradient is this rank's sum so far; the next
       // synced backward averages it (what it held before was alike on every rank).
       if (n > 1 && sync_) {
+        sched_->quiesce();
         with_type([&]<class T>(T) {
           AllReduce<Auto>{labeled(LabelPhase::reduce)}(comm_, span_of<T>(full_grad_), Avg{});
         });
@@ -548,7 +615,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     // no_sync: the memory of a full gradient, no communication); the next
     // synced backward reduces that sum with its own.
     const bool carried = unsynced_.defined();
-    at::Tensor flat = carried ? std::move(unsynced_) : torch::zeros({full_.numel()}, shard_.options());
+    at::Tensor flat = carried ? std::move(unsynced_) : sched_->pool().zeros(full_.numel(), shard_.options());
     unsynced_.reset();
     for (Param& p : params_) {
       const at::Tensor& g = p.tensor.grad();
@@ -572,6 +639,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     // reduce_dtype: the gradient goes over the wire in it, and back.
     const at::Tensor in = reduce_ == dtype_ ? flat : flat.to(reduce_);
     at::Tensor sum = reduce_ == dtype_ ? out : torch::empty({out.numel()}, out.options().dtype(reduce_));
+    if (group.size() > 1 || replicas) sched_->quiesce();
     visit(*data_type_of(reduce_), [&]<class T>(T) {
       if (group.size() == 1) {
         sum.copy_(in);
@@ -591,6 +659,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (!sum.is_same(out)) out.copy_(sum);
     if (replicas) out.div_(n);
     if (accumulate_) shard_grad_.add_(out);
+    give_bytes(flat);
     reshard();
     for (Param& p : params_) {
       if (p.trainable) p.tensor.mutable_grad() = p.grad_piece;
@@ -598,7 +667,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   }
 
   Communicator<B>& comm_;
-  UnitNames names_;
+  TorchUnitNames names_;
   /// The unit's shard group (comm_ itself but under HybridShard) and replicas.
   fsdp::HybridGroups<Communicator<B>> groups_;
   int replicas_ = 1;
@@ -617,6 +686,13 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   std::vector<unsigned char> got_;
   bool gathered_ = false, in_backward_ = false, finish_queued_ = false, accumulate_ = false, input_hooked_ = false;
   bool sync_ = true;
+  /// Gathered ahead and not used yet; kept by ShardGradOp from forward to backward; its module holds other units.
+  bool prefetched_ = false, kept_ = false, encloses_ = false;
+  /// The units of this communicator: when each gathers, and the spare bytes.
+  std::shared_ptr<Scheduler> sched_;
+  /// The prefetch in flight, and the worker it runs on (after groups_, whose shard group it may use).
+  Request gathering_;
+  std::shared_ptr<ProgressWorker<B>> worker_;
   std::size_t start_ = 0;  ///< the first element of the unit's flat order this rank's shard holds
   bool writes_ = false;    ///< writes_held()
 };

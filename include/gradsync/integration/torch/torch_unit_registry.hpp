@@ -36,6 +36,9 @@ class TorchUnit {
   /// gradient arriving is the unit's backward starting), then frees the
   /// gathered parameters as the strategy says.
   virtual void post_forward(const std::vector<at::Tensor>& outputs) = 0;
+  /// The module's forward threw between the two: what was gathered ahead
+  /// of it is waited for and freed, so no collective is left in flight.
+  virtual void forward_failed() noexcept = 0;
   /// The module's parameters and buffers this unit holds (the tensors
   /// themselves, whose data it swaps), in registration order.
   virtual const std::vector<at::Tensor>& parameters() const = 0;
@@ -181,6 +184,26 @@ std::vector<std::shared_ptr<TorchUnit>> torch_units_under(Holder& module) {
     if (auto unit = find_torch_unit(sub.get())) out.push_back(std::move(unit));
   }
   return out;
+}
+
+/// Drops the units of `root` and of the modules under it (their module is
+/// about to go: its last holder is being destroyed), so what they hold (a
+/// gather in flight, spare buffers, a worker thread) ends now, not at the
+/// next fully_shard's purge.
+inline void drop_torch_units_under(const torch::nn::Module& root) {
+  std::vector<const torch::nn::Module*> under{&root};
+  for (const auto& sub : root.modules(/*include_self=*/false)) under.push_back(sub.get());
+  TorchUnitRegistry& r = torch_unit_registry();
+  std::vector<std::shared_ptr<TorchUnit>> gone;
+  {
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    auto dead = std::stable_partition(r.units.begin(), r.units.end(), [&](const auto& u) {
+      return std::find(under.begin(), under.end(), u->module()) == under.end();
+    });
+    gone.assign(std::make_move_iterator(dead), std::make_move_iterator(r.units.end()));
+    r.units.erase(dead, r.units.end());
+  }
+  // Destroyed outside the lock, as in add_torch_unit.
 }
 
 /// Adds `unit`, and drops the units whose module is gone (with them their
