@@ -29,9 +29,9 @@ struct OptimizerStateEntry {
   std::function<void(const at::Tensor&)> set;
 };
 
-/// The optimizer's state for parameter `p`, made on first use: the
-/// function runs only after every rank agreed, so a load that fails
-/// leaves the optimizer as it was.
+/// A getter of the optimizer's state under `key` (a parameter's), which
+/// makes the state on first use: it runs only after every rank agreed, so
+/// a load that fails leaves the optimizer as it was.
 template <class State>
 auto state_maker(torch::optim::Optimizer& opt, std::string key) {
   return [&opt, key = std::move(key)]() -> State& {
