@@ -172,8 +172,10 @@ class AsyncCheckpointer {
     const bool sharded = options.format == CheckpointFormat::sharded;
     const Copy copy = copy_of(detail::save_list(trainer_, sampler_, {}), sharded);
     check_budget(std::max(copy.bytes, snapshot_.bytes()), "AsyncCheckpointer::reserve");
+    // A buffer that did not grow was mapped by an earlier save or reserve.
+    const std::size_t had = snapshot_.bytes();
     snapshot_.reserve(copy.bytes);
-    if (snapshot_.bytes() > 0) faulter_ = std::thread([this] { snapshot_.fault_in(); });
+    if (snapshot_.bytes() > had) faulter_ = std::thread([this] { snapshot_.fault_in(); });
   }
 
   /// Waits until every rank's files of the pending save are durable, then
