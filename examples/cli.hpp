@@ -9,11 +9,14 @@
 #include <gradsync/backend/mpi.hpp>
 #endif
 
+#include "parse_number.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -39,29 +42,17 @@ class ArgReader {
   /// A whole non-negative number.
   std::uint64_t count() {
     const std::string v = value();
-    std::size_t used = 0;
-    std::uint64_t n = 0;
-    try {
-      n = std::stoull(v, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (used == 0 || used != v.size() || v[0] == '-') bad(v);
-    return n;
+    const std::optional<std::uint64_t> n = parse_whole<std::uint64_t>(v);
+    if (!n || v[0] == '-') bad(v);
+    return *n;
   }
   /// A count small enough for an int (capped at 2^20).
   int small() { return static_cast<int>(std::min<std::uint64_t>(count(), 1u << 20)); }
   double real() {
     const std::string v = value();
-    std::size_t used = 0;
-    double x = 0;
-    try {
-      x = std::stod(v, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (used == 0 || used != v.size()) bad(v);
-    return x;
+    const std::optional<double> x = parse_whole<double>(v);
+    if (!x) bad(v);
+    return *x;
   }
   double non_negative() {
     const double x = real();
