@@ -19,9 +19,7 @@ namespace {
 using bench::Shape;
 
 /// All-gather: every rank ends with all ranks' blocks, block q from rank q.
-struct AllGatherPerf : bench::PerfBlocks {
-  static constexpr std::string_view name = "all_gather_perf";
-  static constexpr gradsync::Collective collective = gradsync::Collective::all_gather;
+struct AllGatherPerf : bench::PerfBlocks<gradsync::Collective::all_gather> {
   static constexpr std::string_view usage_note =
       "  Sizes (-b, -e and the size column) are the whole gathered array, N x the\n"
       "  bytes each rank contributes, as nccl-tests counts them; count is elements\n"

@@ -32,9 +32,7 @@ using bench::Shape;
 
 /// All-reduce: every rank ends with op over all ranks' buffers. size = count
 /// elements = the buffer of each rank.
-struct AllReducePerf : bench::PerfDefaults {
-  static constexpr std::string_view name = "all_reduce_perf";
-  static constexpr gradsync::Collective collective = gradsync::Collective::all_reduce;
+struct AllReducePerf : bench::PerfDefaults<gradsync::Collective::all_reduce> {
   static constexpr bool reduces = true;
   static constexpr bool model_modes = true;
   static constexpr std::string_view busbw_formula = "2(N-1)/N";
@@ -43,7 +41,7 @@ struct AllReducePerf : bench::PerfDefaults {
 
   template <class T, class Op>
   static void expect(const Shape& s, std::span<T> out) {
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = bench::expected_value<T, Op>(s.ranks, i);
+    bench::fill_expected<T, Op>(s.ranks, 0, out);
   }
   /// Timed in place, zeros: repeated in-place sums of real data would
   /// overflow (undefined for signed integers, inf and NaN for floats) and

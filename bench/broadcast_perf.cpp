@@ -20,9 +20,7 @@ namespace {
 using bench::Shape;
 
 /// Broadcast: every rank ends with the root's buffer.
-struct BroadcastPerf : bench::PerfDefaults {
-  static constexpr std::string_view name = "broadcast_perf";
-  static constexpr gradsync::Collective collective = gradsync::Collective::broadcast;
+struct BroadcastPerf : bench::PerfDefaults<gradsync::Collective::broadcast> {
   static constexpr bool rooted = true;
   static constexpr bool out_of_place = false;
   static constexpr std::string_view busbw_formula = "1 (all of it leaves the root)";

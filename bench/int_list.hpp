@@ -2,6 +2,9 @@
 // The bench tools' lists of positive integers on the command line
 // ("--ranks 2,4,8", "--sizes 784,1024,10").
 
+#include "../examples/parse_number.hpp"
+
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -15,15 +18,9 @@ inline std::vector<int> parse_list(const std::string& text, const char* option) 
   std::vector<int> out;
   std::stringstream ss(text);
   for (std::string t; std::getline(ss, t, ',');) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(t, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (used == 0 || used != t.size() || v < 1) throw std::invalid_argument(std::string(option) + " " + t);
-    out.push_back(v);
+    const std::optional<int> v = example::parse_whole<int>(t);
+    if (!v || *v < 1) throw std::invalid_argument(std::string(option) + " " + t);
+    out.push_back(*v);
   }
   if (out.empty()) throw std::invalid_argument(option);
   return out;

@@ -19,9 +19,7 @@ using bench::Shape;
 
 /// Reduce-scatter: rank r ends with block r of op over all ranks' N-block
 /// inputs.
-struct ReduceScatterPerf : bench::PerfBlocks {
-  static constexpr std::string_view name = "reduce_scatter_perf";
-  static constexpr gradsync::Collective collective = gradsync::Collective::reduce_scatter;
+struct ReduceScatterPerf : bench::PerfBlocks<gradsync::Collective::reduce_scatter> {
   static constexpr bool reduces = true;
   static constexpr bool in_place = false;
   static constexpr std::string_view usage_note =
@@ -35,8 +33,7 @@ struct ReduceScatterPerf : bench::PerfBlocks {
 
   template <class T, class Op>
   static void expect(const Shape& s, std::span<T> out) {
-    const std::size_t first = static_cast<std::size_t>(s.rank) * s.count;
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = bench::expected_value<T, Op>(s.ranks, first + i);
+    bench::fill_expected<T, Op>(s.ranks, static_cast<std::size_t>(s.rank) * s.count, out);
   }
   template <class Algo, class T, class Op>
   static void run(bench::Comm& comm, const Shape&, std::span<const T> send, std::span<T> recv, bool) {

@@ -9,11 +9,14 @@
 #include <gradsync/backend/mpi.hpp>
 #endif
 
+#include "parse_number.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -39,29 +42,17 @@ class ArgReader {
   /// A whole non-negative number.
   std::uint64_t count() {
     const std::string v = value();
-    std::size_t used = 0;
-    std::uint64_t n = 0;
-    try {
-      n = std::stoull(v, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (used == 0 || used != v.size() || v[0] == '-') bad(v);
-    return n;
+    const std::optional<std::uint64_t> n = parse_whole<std::uint64_t>(v);
+    if (!n || v[0] == '-') bad(v);
+    return *n;
   }
   /// A count small enough for an int (capped at 2^20).
   int small() { return static_cast<int>(std::min<std::uint64_t>(count(), 1u << 20)); }
   double real() {
     const std::string v = value();
-    std::size_t used = 0;
-    double x = 0;
-    try {
-      x = std::stod(v, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (used == 0 || used != v.size()) bad(v);
-    return x;
+    const std::optional<double> x = parse_whole<double>(v);
+    if (!x) bad(v);
+    return *x;
   }
   double non_negative() {
     const double x = real();
@@ -114,22 +105,40 @@ struct RunArgs {
   std::string metrics{};
   std::uint64_t metrics_every = 0;
 
-  static constexpr const char* names = "--backend --ranks --epochs --batch --hidden --lr --target --train-samples "
-                                       "--test-samples --seed --data --mnist --dataset --metrics --metrics-every --warmup";
+  // Checkpoints: the directory to save to (each program says when) and the
+  // one to resume from; empty: none.
+  std::string save{}, resume{};
 
-  /// Takes `r`'s current option if it is one of `names`.
-  bool read(ArgReader& r) {
+  static constexpr const char* names = "--backend --ranks --epochs --batch --hidden --lr --target --train-samples "
+                                       "--test-samples --seed --data --mnist --dataset --metrics --metrics-every --warmup "
+                                       "--save --resume";
+
+  /// Takes `r`'s current option if every example has it: where and how it
+  /// trains and its checkpoints (--backend --ranks --epochs --batch --lr
+  /// --seed --save --resume). libtorch_fsdp, which has no MLP and no image
+  /// data, takes only these of `names`.
+  bool read_run(ArgReader& r) {
     const std::string& k = r.key();
     if (k == "--backend") backend = r.value();
     else if (k == "--ranks") ranks = r.small(), ranks_given = true;
     else if (k == "--epochs") epochs = r.small();
     else if (k == "--batch") batch = r.small();
-    else if (k == "--hidden") hidden = r.small();
     else if (k == "--lr") lr = r.non_negative(), lr_given = true;
+    else if (k == "--seed") seed = r.count(), seed_given = true;
+    else if (k == "--save") save = r.value();
+    else if (k == "--resume") resume = r.value();
+    else return false;
+    return true;
+  }
+
+  /// Takes `r`'s current option if it is one of `names`.
+  bool read(ArgReader& r) {
+    if (read_run(r)) return true;
+    const std::string& k = r.key();
+    if (k == "--hidden") hidden = r.small();
     else if (k == "--target") target = r.non_negative(), target_given = true;
     else if (k == "--train-samples") train_samples = r.count();
     else if (k == "--test-samples") test_samples = r.count();
-    else if (k == "--seed") seed = r.count(), seed_given = true;
     else if (k == "--data" || k == "--mnist") data = r.value();
     else if (k == "--dataset") dataset = r.value();
     else if (k == "--metrics") metrics = r.value();
@@ -229,6 +238,14 @@ inline int finish(const Outcome& o, double target, const std::string& tail = "")
                 100 * target, tail.c_str());
   }
   return ok ? 0 : 1;
+}
+
+/// What main returns after an exception (a bad option, a file it cannot
+/// read): one line on stderr, "program: what went wrong", and exit code 2,
+/// which the tests tell apart from 1 (target missed).
+inline int exit_error(const char* program, const char* what) {
+  std::fprintf(stderr, "%s: %s\n", program, what);
+  return 2;
 }
 
 }  // namespace example

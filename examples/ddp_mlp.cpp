@@ -67,8 +67,7 @@ struct Args : example::RunArgs {
   // The default run ends at 83-85% on the synthetic data (seeds 1-3 and 2024).
   Args() : RunArgs{.epochs = 6, .hidden = 256, .lr = 0.05, .target = 0.80, .seed = 2024,
                    .idx = {.lr = 0.03, .warmup = 0.5, .target = 0.88}} {}
-  // Checkpoints: where to save (after every epoch and at --max-steps) and what to resume from.
-  std::string save, resume;
+  // Checkpoints (--save, --resume: RunArgs) are saved after every epoch and at --max-steps.
   std::uint64_t max_steps = 0;  // 0: no limit
   // Deterministic reductions: a resumed run then ends with the very figures of an uninterrupted one.
   bool deterministic = false;
@@ -79,12 +78,10 @@ struct Args : example::RunArgs {
 
 Args parse(int argc, char** argv) {
   Args a;
-  a.parse(argc, argv, "ddp_mlp", " --no-flush-denormals --save --resume --max-steps --deterministic",
+  a.parse(argc, argv, "ddp_mlp", " --no-flush-denormals --max-steps --deterministic",
           [&](example::ArgReader& r) {
             const std::string& k = r.key();
             if (k == "--no-flush-denormals") a.flush_denormals = false;
-            else if (k == "--save") a.save = r.value();
-            else if (k == "--resume") a.resume = r.value();
             else if (k == "--max-steps") a.max_steps = r.count();
             else if (k == "--deterministic") a.deterministic = true;
             else return false;
@@ -175,6 +172,5 @@ int main(int argc, char** argv) try {
   std::snprintf(tail, sizeof tail, "; data ready in %.2f s", data_seconds);
   return example::finish(outcome, args.target, tail);
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "ddp_mlp: %s\n", e.what());
-  return 2;
+  return example::exit_error("ddp_mlp", e.what());
 }

@@ -61,8 +61,7 @@ struct Args : example::RunArgs {
                 .seed = 2024, .idx = {.target = 0.82}} {}
   int depth = 3;
   double budget_mib = 8;
-  // Checkpoints: where to save (after every epoch and at --max-steps), in which layout, and what to resume from.
-  std::string save, resume;
+  // Checkpoints (--save, --resume: RunArgs) are saved after every epoch and at --max-steps, in this layout.
   gradsync::CheckpointFormat format = gradsync::CheckpointFormat::full;
   std::uint64_t max_steps = 0;  // 0: no limit
   // Deterministic reductions: a resumed run then ends with the very figures of an uninterrupted one.
@@ -72,13 +71,11 @@ struct Args : example::RunArgs {
 Args parse(int argc, char** argv) {
   Args a;
   a.parse(argc, argv, "fsdp_mlp",
-          " --depth --memory-budget --save --resume --checkpoint-format --max-steps --deterministic",
+          " --depth --memory-budget --checkpoint-format --max-steps --deterministic",
           [&](example::ArgReader& r) {
             const std::string& k = r.key();
             if (k == "--depth") a.depth = r.small();
             else if (k == "--memory-budget") a.budget_mib = r.non_negative();
-            else if (k == "--save") a.save = r.value();
-            else if (k == "--resume") a.resume = r.value();
             else if (k == "--max-steps") a.max_steps = r.count();
             else if (k == "--deterministic") a.deterministic = true;
             else if (k == "--checkpoint-format") {
@@ -230,6 +227,5 @@ int main(int argc, char** argv) try {
       example::run_on_backend(args.backend, args.ranks, [&](auto& comm) { return train_mlp(comm, train, test, data, args); });
   return example::finish(outcome, args.target);
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "fsdp_mlp: %s\n", e.what());
-  return 2;
+  return example::exit_error("fsdp_mlp", e.what());
 }

@@ -49,19 +49,12 @@ namespace {
 struct Args : example::RunArgs {
   Args() : RunArgs{.epochs = 3, .hidden = 128, .lr = 0.05, .target = 0.60, .train_samples = 8192, .test_samples = 4096,
                    .idx = {.target = 0.75}} {}
-  // Checkpoints: where to save (after every epoch) and what to resume from.
-  std::string save, resume;
+  // Checkpoints (--save, --resume: RunArgs) are saved after every epoch.
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  a.parse(argc, argv, "libtorch_ddp", " --save --resume", [&](example::ArgReader& r) {
-    const std::string& k = r.key();
-    if (k == "--save") a.save = r.value();
-    else if (k == "--resume") a.resume = r.value();
-    else return false;
-    return true;
-  });
+  a.parse(argc, argv, "libtorch_ddp", "", [](example::ArgReader&) { return false; });
   if (a.train_samples < 1 || a.test_samples < 1) throw std::runtime_error("the sample counts must be positive");
   return a;
 }
@@ -336,9 +329,7 @@ int main(int argc, char** argv) try {
   return example::finish(outcome, args.target);
 } catch (const c10::Error& e) {
   // A file LibTorch cannot read, or of another model: its message, not its C++ backtrace.
-  std::fprintf(stderr, "libtorch_ddp: %s\n", e.what_without_backtrace());
-  return 2;
+  return example::exit_error("libtorch_ddp", e.what_without_backtrace());
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "libtorch_ddp: %s\n", e.what());
-  return 2;
+  return example::exit_error("libtorch_ddp", e.what());
 }

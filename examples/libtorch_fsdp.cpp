@@ -44,41 +44,36 @@
 
 namespace {
 
-struct Args {
-  std::string backend = "threads", text = "/usr/share/common-licenses/GPL-3", strategy = "full";
-  std::string save, resume, prompt = "This License";
-  int ranks = 4, epochs = 8, batch = 16, shard_size = 0, sample = 240;
-  bool ranks_given = false;
+/// --backend, --ranks, --epochs, --batch, --lr, --seed, --save and --resume
+/// are every example's (example::RunArgs::read_run); the rest are this
+/// program's.
+struct Args : example::RunArgs {
+  Args() : RunArgs{.epochs = 8, .batch = 16, .lr = 3e-3} {}
+  std::string text = "/usr/share/common-licenses/GPL-3", strategy = "full", prompt = "This License";
+  int shard_size = 0, sample = 240;
   example::TransformerShape shape;
-  std::uint64_t steps = 0, seed = 1;  // steps 0: every epoch
-  double lr = 3e-3, clip = 1.0, budget = 0, temperature = 0.8;  // budget 0: the default
+  std::uint64_t steps = 0;  // 0: every epoch
+  double clip = 1.0, budget = 0, temperature = 0.8;  // budget 0: the default
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   for (example::ArgReader r(argc, argv); r.next();) {
+    if (a.read_run(r)) continue;
     const std::string& k = r.key();
-    if (k == "--backend") a.backend = r.value();
-    else if (k == "--ranks") a.ranks = r.small(), a.ranks_given = true;
-    else if (k == "--text") a.text = r.value();
+    if (k == "--text") a.text = r.value();
     else if (k == "--strategy") a.strategy = r.value();
     else if (k == "--shard-size") a.shard_size = r.small();
     else if (k == "--memory-budget") a.budget = r.non_negative();
-    else if (k == "--epochs") a.epochs = r.small();
     else if (k == "--steps") a.steps = r.count();
-    else if (k == "--batch") a.batch = r.small();
     else if (k == "--blocks") a.shape.blocks = r.small();
     else if (k == "--d-model") a.shape.d_model = r.small();
     else if (k == "--heads") a.shape.heads = r.small();
     else if (k == "--context") a.shape.context = r.small();
-    else if (k == "--lr") a.lr = r.non_negative();
     else if (k == "--clip") a.clip = r.non_negative();
-    else if (k == "--seed") a.seed = r.count();
     else if (k == "--prompt") a.prompt = r.value();
     else if (k == "--sample") a.sample = r.small();
     else if (k == "--temperature") a.temperature = r.non_negative();
-    else if (k == "--save") a.save = r.value();
-    else if (k == "--resume") a.resume = r.value();
     else {
       throw std::runtime_error("unknown option " + k +
                                " (expected --backend --ranks --text --strategy --shard-size --memory-budget --epochs "
@@ -98,9 +93,7 @@ Args parse(int argc, char** argv) {
     throw std::runtime_error("unknown --strategy '" + a.strategy + "' (expected full, grad-op, no-shard or hybrid)");
   }
   // The backend's checks are the other examples' (examples/cli.hpp).
-  example::RunArgs run;
-  run.backend = a.backend, run.ranks = a.ranks, run.ranks_given = a.ranks_given;
-  run.check("libtorch_fsdp");
+  a.check("libtorch_fsdp");
   return a;
 }
 
@@ -431,9 +424,7 @@ int main(int argc, char** argv) try {
   example::run_on_backend(args.backend, args.ranks, [&](auto& comm) { return train(comm, corpus, args); });
   return 0;
 } catch (const c10::Error& e) {
-  std::fprintf(stderr, "libtorch_fsdp: %s\n", e.what_without_backtrace());
-  return 2;
+  return example::exit_error("libtorch_fsdp", e.what_without_backtrace());
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "libtorch_fsdp: %s\n", e.what());
-  return 2;
+  return example::exit_error("libtorch_fsdp", e.what());
 }

@@ -32,11 +32,11 @@ the raw rows of an earlier run's output, running nothing.
 Exits 2 when the interpreter or libtorch_fsdp_step is missing, 1 on a run error.
 """
 import pathlib
-import shlex
 import statistics
 import sys
 
-from torch2 import built_tool, check_python, driver_options, paired_ratio, run, summary, uptime
+from torch2 import (built_tool, check_python, driver_options, interleaved_runs, paired_ratio, print_preamble, summary,
+                    uptime)
 
 here = pathlib.Path(__file__).resolve().parent
 TORCH_KIND = {"ddp": "DDP", "full_shard": "FullShard", "shard_grad_op": "ShardGradOp"}
@@ -108,32 +108,22 @@ def main():
                 "--optimizer", "sgd" if a.sgd else "adam"] + common
 
     ms, xddp, coll = {}, {}, {}  # (who, strategy, N) -> list over rounds; N -> collectives lines
-    print(f"# {' '.join(map(shlex.quote, sys.argv))}")
-    print(f"# load before: {uptime()}")
-    print(f"# torch {version} ({'SGD' if a.sgd else 'Adam ' + a.adam}); {exe}; one thread per rank")
-    print("# raw rows: round who strategy N ms/step [xDDP]")
-    for r in range(a.rounds):
-        for i, n in enumerate(ranks):
-            order = ["gradsync", "PyTorch"] if (r + i) % 2 == 0 else ["PyTorch", "gradsync"]
-            for who in order:
-                try:
-                    out = run(command(who, n))
-                except (RuntimeError, OSError) as e:
-                    print(e, file=sys.stderr)
-                    return 1
-                if who == "gradsync":
-                    g, x, c = parse_gradsync(out)
-                    for s, t in g.items():
-                        ms.setdefault((who, s, n), []).append(t)
-                        xddp.setdefault((who, s, n), []).append(x[s])
-                        print(f"{r + 1} gradsync {s:12} {n} {t:9.2f} {x[s]:.2f}", flush=True)
-                    if c:
-                        coll.setdefault(n, []).append(c)
-                        print(f"{r + 1} gradsync collectives {n} {c}", flush=True)
-                else:
-                    for s, t in parse_peer(out).items():
-                        ms.setdefault((who, s, n), []).append(t)
-                        print(f"{r + 1} PyTorch  {s:12} {n} {t:9.2f}", flush=True)
+    print_preamble(f"# torch {version} ({'SGD' if a.sgd else 'Adam ' + a.adam}); {exe}; one thread per rank",
+                   "# raw rows: round who strategy N ms/step [xDDP]")
+    for r, n, who, out in interleaved_runs(a.rounds, ranks, ["gradsync", "PyTorch"], command):
+        if who == "gradsync":
+            g, x, c = parse_gradsync(out)
+            for s, t in g.items():
+                ms.setdefault((who, s, n), []).append(t)
+                xddp.setdefault((who, s, n), []).append(x[s])
+                print(f"{r + 1} gradsync {s:12} {n} {t:9.2f} {x[s]:.2f}", flush=True)
+            if c:
+                coll.setdefault(n, []).append(c)
+                print(f"{r + 1} gradsync collectives {n} {c}", flush=True)
+        else:
+            for s, t in parse_peer(out).items():
+                ms.setdefault((who, s, n), []).append(t)
+                print(f"{r + 1} PyTorch  {s:12} {n} {t:9.2f}", flush=True)
     print(f"# load after: {uptime()}")
     return tables(a, ranks, a.rounds, ms, xddp, coll)
 

@@ -24,10 +24,9 @@ tools at -O2 (-march=native unless -Dnative_arch=false):
 Exits 2 when the interpreter or optim_step is missing, 1 on a run error.
 """
 import pathlib
-import shlex
 import sys
 
-from torch2 import built_tool, check_python, driver_options, paired_ratio, run, summary, uptime
+from torch2 import built_tool, check_python, driver_options, paired_ratio, print_preamble, run, summary, uptime
 
 here = pathlib.Path(__file__).resolve().parent
 ROWS = ["sgd_momentum", "adam", "adamw"]
@@ -56,9 +55,7 @@ def main():
     # ms[(size, contender)] -> list over rounds; contender "gradsync/adam", "adam/fused", ...
     ms = {}
     errors = set()
-    print(f"# {' '.join(map(shlex.quote, sys.argv))}")
-    print(f"# load before: {uptime()}")
-    print(f"# torch {version}; optim_step {exe}; one thread each; raw rows: round size first contender ms")
+    print_preamble(f"# torch {version}; optim_step {exe}; one thread each; raw rows: round size first contender ms")
     for r in range(a.rounds):
         for i, size in enumerate(sizes):
             # --bound-bytes small: the memcpy bound is not used here, only each optimizer's time.

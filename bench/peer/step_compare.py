@@ -30,11 +30,11 @@ communication could bring the ratio to.
 Exits 2 when the interpreter or fsdp_step is missing, 1 on a run error.
 """
 import pathlib
-import shlex
 import shutil
 import sys
 
-from torch2 import built_tool, check_python, driver_options, fail, paired_ratio, run, summary, uptime
+from torch2 import (built_tool, check_python, driver_options, fail, interleaved_runs, paired_ratio, print_preamble,
+                    summary, uptime)
 
 here = pathlib.Path(__file__).resolve().parent
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -103,28 +103,18 @@ def main():
 
     contenders = ["Threads"] + (["Mpi"] if a.mpi else []) + ["PyTorch"]
     ms, xddp, busy = {}, {}, {}  # (contender, model, trainer, N) -> list over rounds
-    print(f"# {' '.join(map(shlex.quote, sys.argv))}")
-    print(f"# load before: {uptime()}")
-    print(f"# torch {version} (Adam {a.adam}); fsdp_step {exe}; one thread per rank")
-    print("# raw rows: round contender model trainer N ms/step [xDDP compute+optim_ms]")
-    for r in range(a.rounds):
-        for i, n in enumerate(ranks):
-            k = (r + i) % len(contenders)
-            for who in contenders[k:] + contenders[:k]:
-                try:
-                    out = run(command(who, n))
-                except (RuntimeError, OSError) as e:
-                    print(e, file=sys.stderr)
-                    return 1
-                for model, trainer, rn, t, x, c in (parse_peer(out) if who == "PyTorch" else parse_fsdp_step(out)):
-                    key = (who, model, trainer, rn)
-                    ms.setdefault(key, []).append(t)
-                    extra = ""
-                    if x is not None:
-                        xddp.setdefault(key, []).append(x)
-                        busy.setdefault(key, []).append(c)
-                        extra = f" {x:.2f} {c:.2f}"
-                    print(f"{r + 1} {who:8} {model:22} {trainer:12} {rn} {t:9.2f}{extra}", flush=True)
+    print_preamble(f"# torch {version} (Adam {a.adam}); fsdp_step {exe}; one thread per rank",
+                   "# raw rows: round contender model trainer N ms/step [xDDP compute+optim_ms]")
+    for r, n, who, out in interleaved_runs(a.rounds, ranks, contenders, command):
+        for model, trainer, rn, t, x, c in (parse_peer(out) if who == "PyTorch" else parse_fsdp_step(out)):
+            key = (who, model, trainer, rn)
+            ms.setdefault(key, []).append(t)
+            extra = ""
+            if x is not None:
+                xddp.setdefault(key, []).append(x)
+                busy.setdefault(key, []).append(c)
+                extra = f" {x:.2f} {c:.2f}"
+            print(f"{r + 1} {who:8} {model:22} {trainer:12} {rn} {t:9.2f}{extra}", flush=True)
     print(f"# load after: {uptime()}")
     gs = [c for c in contenders if c != "PyTorch"]
     for m in models:

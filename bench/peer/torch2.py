@@ -1,6 +1,6 @@
 """What the PyTorch 2.x peers and their drivers share: finding the
-interpreter that has torch, one thread per process, the load line, and
-median/range summaries.
+interpreter that has torch, one thread per process, the lines a run's output
+starts with, the interleaved order of the runs, and median/range summaries.
 
 The peers need PyTorch 2.x (FSDP2's fully_shard, CPU fused optimizers), which
 no system package here provides; make a venv for them and name its
@@ -11,6 +11,7 @@ interpreter with --python or GRADSYNC_TORCH2_PYTHON:
 import argparse
 import os
 import pathlib
+import shlex
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,31 @@ def run(cmd, timeout=1800):
 
 def uptime():
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def print_preamble(*lines):
+    """Starts a driver's output: its command line and the machine's load, then `lines`."""
+    print(f"# {' '.join(map(shlex.quote, sys.argv))}")
+    print(f"# load before: {uptime()}")
+    for line in lines:
+        print(line)
+
+
+def interleaved_runs(rounds, points, contenders, command):
+    """Runs command(who, point) for every round, point and contender, yielding
+    (round, point, who, stdout). The contender that goes first turns with the
+    round and the point, so that none always runs on a warmer or a cooler
+    machine. A failed run prints its error and exits 1."""
+    for r in range(rounds):
+        for i, point in enumerate(points):
+            k = (r + i) % len(contenders)
+            for who in contenders[k:] + contenders[:k]:
+                try:
+                    out = run(command(who, point))
+                except (RuntimeError, OSError) as e:
+                    print(e, file=sys.stderr)
+                    sys.exit(1)
+                yield r, point, who, out
 
 
 def summary(values):

@@ -70,6 +70,14 @@ T expected_value(int ranks, std::size_t i) {
   return from_int<T>(acc);
 }
 
+/// A reducing collective's exact output: element i is the reduced value at
+/// index first + i of the inputs (first = 0 for all-reduce, this rank's
+/// block for reduce-scatter).
+template <class T, class Op>
+void fill_expected(int ranks, std::size_t first, std::span<T> out) {
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = expected_value<T, Op>(ranks, first + i);
+}
+
 template <class T>
 long long count_differences(std::span<const T> got, std::span<const T> want) {
   long long n = 0;

@@ -77,11 +77,28 @@ concept PerfCollective = requires(int n, std::size_t c) {
   { D::recv_count(c, n) } -> std::same_as<std::size_t>;
 };
 
-/// What a descriptor inherits unless it says otherwise: no reduction, no
-/// root, no model modes, both placements, no notes, sizes per rank (the
-/// size column is each rank's buffer of count elements), and as input this
-/// rank's pattern under the op (Sum where the collective does not reduce).
+/// Each collective's tool, as its binary is named: the usage text, the
+/// table's header, the JSON's "benchmark" and the error prefix say it.
+constexpr std::string_view perf_tool_name(gradsync::Collective c) {
+  switch (c) {
+    case gradsync::Collective::all_reduce: return "all_reduce_perf";
+    case gradsync::Collective::reduce_scatter: return "reduce_scatter_perf";
+    case gradsync::Collective::all_gather: return "all_gather_perf";
+    case gradsync::Collective::broadcast: return "broadcast_perf";
+    default: return "";
+  }
+}
+
+/// What a descriptor inherits unless it says otherwise: its collective C and
+/// the tool's name, no reduction, no root, no model modes, both placements,
+/// no notes, sizes per rank (the size column is each rank's buffer of count
+/// elements), and as input this rank's pattern under the op (Sum where the
+/// collective does not reduce).
+template <gradsync::Collective C>
 struct PerfDefaults {
+  static_assert(!perf_tool_name(C).empty(), "the *_perf tools time all_reduce, reduce_scatter, all_gather and broadcast");
+  static constexpr gradsync::Collective collective = C;
+  static constexpr std::string_view name = perf_tool_name(C);
   static constexpr bool reduces = false;
   static constexpr bool rooted = false;
   static constexpr bool model_modes = false;
@@ -104,7 +121,8 @@ struct PerfDefaults {
 /// Collectives whose size column is the whole array of N per-rank blocks, as
 /// nccl-tests counts reduce-scatter and all-gather; count is per rank. Each
 /// rank sends or receives all blocks but its own, so busbw = algbw * (N-1)/N.
-struct PerfBlocks : PerfDefaults {
+template <gradsync::Collective C>
+struct PerfBlocks : PerfDefaults<C> {
   static constexpr std::string_view size_convention = "N x per-rank bytes (count is elements per rank)";
   static constexpr std::string_view busbw_formula = "(N-1)/N";
   static double busbw_factor(int n) { return static_cast<double>(n - 1) / n; }

@@ -13,15 +13,9 @@ import json
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
 
-
-def run(binary, args, expect_rc=0):
-    p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
-    if p.returncode != expect_rc:
-        sys.exit(f"{pathlib.Path(binary).name} {' '.join(args)} exited {p.returncode}, expected {expect_rc}\n{p.stdout}\n{p.stderr}")
-    return p.stdout + p.stderr
+from example_run import run
 
 
 def committed(directory):

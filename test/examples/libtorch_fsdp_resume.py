@@ -13,23 +13,14 @@ import pathlib
 import re
 import shutil
 import struct
-import subprocess
 import sys
 
-
-def run(binary, args):
-    p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
-    out = p.stdout + p.stderr
-    if p.returncode != 0:
-        sys.exit(f"{pathlib.Path(binary).name} {' '.join(args)} exited {p.returncode}\n{out}")
-    return out
+from example_run import line_groups, run
 
 
 def final_loss(out):
-    m = re.search(r"^final held-out loss (\S+) after (\d+) steps", out, re.M)
-    if not m:
-        sys.exit("no final loss line in:\n" + out)
-    return m.group(1), int(m.group(2))
+    loss, steps = line_groups(r"^final held-out loss (\S+) after (\d+) steps", out, "final loss")
+    return loss, int(steps)
 
 
 def main():

@@ -17,24 +17,14 @@ two, to the last digit printed.
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
 
-
-def run(binary, args, expect_rc=0):
-    p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
-    out = p.stdout + p.stderr
-    if p.returncode != expect_rc:
-        sys.exit(f"{pathlib.Path(binary).name} {' '.join(args)} exited {p.returncode}, expected {expect_rc}\n{out}")
-    return out
+from example_run import line_groups, run
 
 
 def final_accuracy(out):
     """The test accuracy (percent, as printed) of the last line."""
-    m = re.search(r"^(?:reached|MISSED): test accuracy (\S+)%", out, re.M)
-    if not m:
-        sys.exit("no final accuracy line in:\n" + out)
-    return m.group(1)
+    return line_groups(r"^(?:reached|MISSED): test accuracy (\S+)%", out, "final accuracy")[0]
 
 
 def epochs_trained(out):
