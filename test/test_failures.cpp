@@ -16,6 +16,7 @@
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gradsync/core/wire_call.hpp"
@@ -61,70 +62,78 @@ struct BadCall {
   std::vector<std::string> message_has;
 };
 
+/// A collective `C` called with `in` and `out` of the sizes given, each filled with ones:
+/// the bad call's sizes, or the good call's.
+template <class T, class C>
+BadCall with_sizes(std::string name, std::size_t in_good, std::size_t in_bad, std::size_t out_good,
+                   std::size_t out_bad, std::vector<std::string> message_has) {
+  return {std::move(name),
+          [=](Comm& comm, bool bad) {
+            std::vector<T> in(bad ? in_bad : in_good, T(1)), out(bad ? out_bad : out_good);
+            C{}(comm, std::span<const T>(in), std::span<T>(out));
+          },
+          std::move(message_has)};
+}
+
+/// A collective `C` called on one buffer of `size` ones, its input the first `in_size`
+/// elements and its output the `out_size` from `out_bad` (bad) or `out_good` (good).
+template <class T, class C>
+BadCall in_one_buffer(std::string name, std::size_t size, std::size_t in_size, std::size_t out_size,
+                      std::size_t out_good, std::size_t out_bad, std::vector<std::string> message_has) {
+  return {std::move(name),
+          [=](Comm& comm, bool bad) {
+            std::vector<T> buf(size, T(1));
+            std::span<T> s(buf);
+            C{}(comm, std::span<const T>(s.first(in_size)), s.subspan(bad ? out_bad : out_good, out_size));
+          },
+          std::move(message_has)};
+}
+
+/// AllGather of 4 elements a rank into 12 ones, its input the block of `out`
+/// from `in_offset(rank, bad)`: its own block is the good call.
+BadCall gather_from_out(std::string name, std::size_t (*in_offset)(int rank, bool bad)) {
+  return {std::move(name),
+          [in_offset](Comm& comm, bool bad) {
+            std::vector<std::int32_t> out(12, 1);
+            std::span<std::int32_t> s(out);
+            gs::AllGather<gs::Ring>{}(comm, std::span<const std::int32_t>(s.subspan(in_offset(comm.rank(), bad), 4)), s);
+          },
+          {"AllGather", "overlap"}};
+}
+
+/// Broadcast of 5 elements from `bad_root`, or from 0.
+BadCall broadcast_from(std::string name, int bad_root) {
+  return {std::move(name),
+          [bad_root](Comm& comm, bool bad) {
+            std::vector<std::int64_t> buf(5, 1);
+            gs::Broadcast<gs::Ring>{}(comm, std::span<std::int64_t>(buf), bad ? bad_root : 0);
+          },
+          {"Broadcast", "[0, 3)", "got " + std::to_string(bad_root)}};
+}
+
 /// All bad calls, for a world of 3.
 std::vector<BadCall> bad_calls() {
-  std::vector<BadCall> cases;
-  cases.push_back({"AllReduce with in and out of different sizes",
-                   [](Comm& comm, bool bad) {
-                     std::vector<float> in(10, 1.0f), out(bad ? 12 : 10);
-                     gs::AllReduce<gs::Ring>{}(comm, std::span<const float>(in), std::span<float>(out));
-                   },
-                   {"AllReduce", "in.size() = 10", "out.size() = 12"}});
-  cases.push_back({"AllReduce with partially overlapping in and out",
-                   [](Comm& comm, bool bad) {
-                     std::vector<float> buf(20, 1.0f);
-                     std::span<float> s(buf);
-                     gs::AllReduce<gs::Ring>{}(comm, std::span<const float>(s.subspan(0, 10)), s.subspan(bad ? 5 : 10, 10));
-                   },
-                   {"AllReduce", "overlap"}});
-  cases.push_back({"ReduceScatter with in.size() != out.size() * N",
-                   [](Comm& comm, bool bad) {
-                     std::vector<double> in(bad ? 10 : 12, 1.0), out(4);
-                     gs::ReduceScatter<gs::Ring>{}(comm, std::span<const double>(in), std::span<double>(out));
-                   },
-                   {"ReduceScatter", "4 * 3 = 12", "in.size() = 10"}});
-  cases.push_back({"ReduceScatter with overlapping in and out",
-                   [](Comm& comm, bool bad) {
-                     std::vector<double> buf(16, 1.0);
-                     std::span<double> s(buf);
-                     gs::ReduceScatter<gs::Ring>{}(comm, std::span<const double>(s.subspan(0, 12)), s.subspan(bad ? 8 : 12, 4));
-                   },
-                   {"ReduceScatter", "overlap"}});
-  cases.push_back({"AllGather with out.size() != in.size() * N",
-                   [](Comm& comm, bool bad) {
-                     std::vector<std::int32_t> in(4, 1), out(bad ? 10 : 12);
-                     gs::AllGather<gs::Ring>{}(comm, std::span<const std::int32_t>(in), std::span<std::int32_t>(out));
-                   },
-                   {"AllGather", "4 * 3 = 12", "out.size() = 10"}});
-  cases.push_back({"AllGather with in overlapping out but not its own block",
-                   [](Comm& comm, bool bad) {
-                     std::vector<std::int32_t> out(12, 1);
-                     std::span<std::int32_t> s(out);
-                     const auto own = static_cast<std::size_t>(comm.rank()) * 4;
-                     gs::AllGather<gs::Ring>{}(comm, std::span<const std::int32_t>(s.subspan(bad ? (own + 1) % 9 : own, 4)), s);
-                   },
-                   {"AllGather", "overlap"}});
-  cases.push_back({"AllGather with in being another rank's block of out",
-                   [](Comm& comm, bool bad) {
-                     std::vector<std::int32_t> out(12, 1);
-                     std::span<std::int32_t> s(out);
-                     const auto block = static_cast<std::size_t>(bad ? (comm.rank() + 1) % 3 : comm.rank());
-                     gs::AllGather<gs::Ring>{}(comm, std::span<const std::int32_t>(s.subspan(block * 4, 4)), s);
-                   },
-                   {"AllGather", "overlap"}});
-  cases.push_back({"Broadcast with root -1",
-                   [](Comm& comm, bool bad) {
-                     std::vector<std::int64_t> buf(5, 1);
-                     gs::Broadcast<gs::Ring>{}(comm, std::span<std::int64_t>(buf), bad ? -1 : 0);
-                   },
-                   {"Broadcast", "[0, 3)", "got -1"}});
-  cases.push_back({"Broadcast with root N",
-                   [](Comm& comm, bool bad) {
-                     std::vector<std::int64_t> buf(5, 1);
-                     gs::Broadcast<gs::Ring>{}(comm, std::span<std::int64_t>(buf), bad ? 3 : 0);
-                   },
-                   {"Broadcast", "[0, 3)", "got 3"}});
-  return cases;
+  return {
+      with_sizes<float, gs::AllReduce<gs::Ring>>("AllReduce with in and out of different sizes", 10, 10, 10, 12,
+                                                 {"AllReduce", "in.size() = 10", "out.size() = 12"}),
+      in_one_buffer<float, gs::AllReduce<gs::Ring>>("AllReduce with partially overlapping in and out", 20, 10, 10,
+                                                    10, 5, {"AllReduce", "overlap"}),
+      with_sizes<double, gs::ReduceScatter<gs::Ring>>("ReduceScatter with in.size() != out.size() * N", 12, 10, 4, 4,
+                                                      {"ReduceScatter", "4 * 3 = 12", "in.size() = 10"}),
+      in_one_buffer<double, gs::ReduceScatter<gs::Ring>>("ReduceScatter with overlapping in and out", 16, 12, 4, 12,
+                                                         8, {"ReduceScatter", "overlap"}),
+      with_sizes<std::int32_t, gs::AllGather<gs::Ring>>("AllGather with out.size() != in.size() * N", 4, 4, 12, 10,
+                                                        {"AllGather", "4 * 3 = 12", "out.size() = 10"}),
+      gather_from_out("AllGather with in overlapping out but not its own block",
+                      [](int rank, bool bad) {
+                        const auto own = static_cast<std::size_t>(rank) * 4;
+                        return bad ? (own + 1) % 9 : own;
+                      }),
+      gather_from_out("AllGather with in being another rank's block of out",
+                      [](int rank, bool bad) { return static_cast<std::size_t>(bad ? (rank + 1) % 3 : rank) * 4; }),
+      broadcast_from("Broadcast with root -1", -1),
+      broadcast_from("Broadcast with root N", 3),
+  };
 }
 
 }  // namespace
@@ -362,33 +371,20 @@ TEST_CASE("a rank that never arrives: the others time out naming the rank, call 
       gs::AllReduce<typename decltype(algo)::type>{}(comm, std::span<float>(x));
     };
   };
-  SUBCASE("AllReduce<Ring>") {
+  // On 2 and 3 ranks, the ranks that call time out naming `call` (the
+  // collective and its number) and rank 1, the one that never came.
+  auto names_the_absent_rank = [](const std::string& call, const std::function<void(Comm&)>& body) {
     for (int n : {2, 3}) {
-      const std::string m = timeout_message(n, all_reduce(std::type_identity<gs::Ring>{}));
+      const std::string m = timeout_message(n, body);
       INFO("N = " << n << ": " << m);
       CHECK(contains(m, "timed out"));
-      CHECK(contains(m, "AllReduce #1"));
+      CHECK(contains(m, call));
       CHECK(contains(m, "rank 1"));
     }
-  }
-  SUBCASE("AllReduce<Native>") {
-    for (int n : {2, 3}) {
-      const std::string m = timeout_message(n, all_reduce(std::type_identity<gs::Native>{}));
-      INFO("N = " << n << ": " << m);
-      CHECK(contains(m, "timed out"));
-      CHECK(contains(m, "AllReduce #1"));
-      CHECK(contains(m, "rank 1"));
-    }
-  }
-  SUBCASE("barrier") {
-    for (int n : {2, 3}) {
-      const std::string m = timeout_message(n, [](Comm& comm) { comm.barrier(); });
-      INFO("N = " << n << ": " << m);
-      CHECK(contains(m, "timed out"));
-      CHECK(contains(m, "Barrier #1"));
-      CHECK(contains(m, "rank 1"));
-    }
-  }
+  };
+  SUBCASE("AllReduce<Ring>") { names_the_absent_rank("AllReduce #1", all_reduce(std::type_identity<gs::Ring>{})); }
+  SUBCASE("AllReduce<Native>") { names_the_absent_rank("AllReduce #1", all_reduce(std::type_identity<gs::Native>{})); }
+  SUBCASE("barrier") { names_the_absent_rank("Barrier #1", [](Comm& comm) { comm.barrier(); }); }
   SUBCASE("the sequence number counts earlier calls, and a rank that left is named at once") {
     // Rank 1 takes part in calls #1 and #2 and leaves before #3: the others
     // learn it from its communicator's destruction, not from the deadline.
