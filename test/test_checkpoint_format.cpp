@@ -158,6 +158,17 @@ struct TwoTensors {
   }
 };
 
+/// Runs `body(two, path, rng)` on TwoTensors drawn from the test seed (printed
+/// on failure): `path` is a free name beside its file, for a damaged copy, and
+/// `rng` goes on from TwoTensors' draws.
+template <class Body>
+void with_damaged_copy(const char* name, Body body) {
+  INFO("seed " << test_seed());
+  std::mt19937_64 rng(test_seed());
+  const TwoTensors two(rng);
+  body(two, two.dir.path / name, rng);
+}
+
 }  // namespace
 
 TEST_CASE("CRC-32 is zlib's, whatever the split") {
@@ -274,62 +285,60 @@ TEST_CASE("writer misuse is refused and publishes nothing") {
 }
 
 TEST_CASE("a truncated file fails to open at every length, naming the file") {
-  INFO("seed " << test_seed());
-  std::mt19937_64 rng(test_seed());
-  const TwoTensors two(rng);
-  const auto path = two.dir.path / "cut.safetensors";
-  for (std::size_t len = 0; len < two.bytes.size(); ++len) {
-    INFO("truncated to " << len << " of " << two.bytes.size() << " bytes");
-    put_bytes(path, std::span(two.bytes).first(len));
-    auto msg = message_of<gradsync::Error>([&] { ck::SafetensorsReader{path}; });
-    CHECK(contains(msg, path.string()));
-    if (len >= two.data_start) {
-      // Data truncation names the first tensor the file cannot hold.
-      CHECK(contains(msg, len < two.data_start + 12 ? "'alpha'" : "'beta'"));
-      CHECK(contains(msg, "truncated"));
+  with_damaged_copy("cut.safetensors", [](const TwoTensors& two, const fs::path& path, std::mt19937_64&) {
+    for (std::size_t len = 0; len < two.bytes.size(); ++len) {
+      INFO("truncated to " << len << " of " << two.bytes.size() << " bytes");
+      put_bytes(path, std::span(two.bytes).first(len));
+      auto msg = message_of<gradsync::Error>([&] { ck::SafetensorsReader{path}; });
+      CHECK(contains(msg, path.string()));
+      if (len >= two.data_start) {
+        // Data truncation names the first tensor the file cannot hold.
+        CHECK(contains(msg, len < two.data_start + 12 ? "'alpha'" : "'beta'"));
+        CHECK(contains(msg, "truncated"));
+      }
     }
-  }
-  // Extra bytes after the data are refused too.
-  auto longer = two.bytes;
-  longer.push_back(std::byte{0});
-  put_bytes(path, longer);
-  CHECK(contains(message_of<gradsync::Error>([&] { ck::SafetensorsReader{path}; }), "after the last tensor"));
+    // Extra bytes after the data are refused too.
+    auto longer = two.bytes;
+    longer.push_back(std::byte{0});
+    put_bytes(path, longer);
+    CHECK(contains(message_of<gradsync::Error>([&] { ck::SafetensorsReader{path}; }), "after the last tensor"));
+  });
 }
 
 TEST_CASE("a corrupted byte is caught: data by checksum naming the tensor, header never loads wrong data") {
-  INFO("seed " << test_seed());
-  std::mt19937_64 rng(test_seed());
-  const TwoTensors two(rng);
-  const auto path = two.dir.path / "bad.safetensors";
-  for (std::size_t at = 0; at < two.bytes.size(); ++at) {
-    INFO("byte " << at << " of " << two.bytes.size() << " flipped");
-    auto bad = two.bytes;
-    bad[at] ^= std::byte{static_cast<unsigned char>(1u << (rng() % 8))};
-    put_bytes(path, bad);
-    Model back = two.model;
-    for (auto& d : back.data) std::fill(d.begin(), d.end(), std::byte{0x5A});
-    auto back_slots = back.slots();
-    bool threw = false;
-    try {
-      ck::load_safetensors(path, back_slots);
-    } catch (const gradsync::Error& e) {
-      threw = true;
-      std::string msg = e.what();
-      CHECK(contains(msg, path.string()));
-      if (at >= two.data_start) {
-        CHECK(contains(msg, "corrupted"));
-        CHECK(contains(msg, at < two.data_start + 12 ? "'alpha'" : "'beta'"));
+  with_damaged_copy("bad.safetensors", [](const TwoTensors& two, const fs::path& path, std::mt19937_64& rng) {
+    for (std::size_t at = 0; at < two.bytes.size(); ++at) {
+      INFO("byte " << at << " of " << two.bytes.size() << " flipped");
+      auto bad = two.bytes;
+      bad[at] ^= std::byte{static_cast<unsigned char>(1u << (rng() % 8))};
+      put_bytes(path, bad);
+      Model back = two.model;
+      for (auto& d : back.data) std::fill(d.begin(), d.end(), std::byte{0x5A});
+      auto back_slots = back.slots();
+      bool threw = false;
+      try {
+        ck::load_safetensors(path, back_slots);
+      } catch (const gradsync::Error& e) {
+        threw = true;
+        std::string msg = e.what();
+        CHECK(contains(msg, path.string()));
+        if (at >= two.data_start) {
+          CHECK(contains(msg, "corrupted"));
+          CHECK(contains(msg, at < two.data_start + 12 ? "'alpha'" : "'beta'"));
+        }
+      }
+      if (threw) {
+        // Nothing half-loaded.
+        for (const auto& d : back.data) {
+          CHECK(std::all_of(d.begin(), d.end(), [](std::byte b) { return b == std::byte{0x5A}; }));
+        }
+      } else {
+        // Only a byte the loader does not depend on (padding, a metadata value) may change.
+        CHECK(at < two.data_start);
+        CHECK(back.data == two.model.data);
       }
     }
-    if (threw) {
-      // Nothing half-loaded.
-      for (const auto& d : back.data) CHECK(std::all_of(d.begin(), d.end(), [](std::byte b) { return b == std::byte{0x5A}; }));
-    } else {
-      // Only a byte the loader does not depend on (padding, a metadata value) may change.
-      CHECK(at < two.data_start);
-      CHECK(back.data == two.model.data);
-    }
-  }
+  });
 }
 
 TEST_CASE("other names, shapes or dtypes are refused with both sides named, and nothing is half-loaded") {
