@@ -1,14 +1,18 @@
 #pragma once
 // What the training-checkpoint tests share: a temporary directory, batches
-// drawn through a DistributedSampler, the optimizers they resume, and what a
-// refused load threw on each rank.
+// drawn through a DistributedSampler, the optimizers they resume, what a
+// refused load threw on each rank, a byte flipped in a file, and the names
+// they use unqualified.
 
 #include <doctest/doctest.h>
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/checkpoint/checkpoint_options.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -77,6 +81,16 @@ SaveOutcome save_outcome_of(Save save) {
   return {};
 }
 
+/// Flips one bit of the byte at offset `at` of `file`, in place.
+inline void flip_byte(const fs::path& file, std::uint64_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(at));
+  char c = 0;
+  f.get(c);
+  f.seekp(std::streamoff(at));
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
 /// Options under which either trainer's runs are bitwise repeatable.
 inline gradsync::ReplicatedTrainerOptions exact_replicated() {
   gradsync::ReplicatedTrainerOptions o;
@@ -123,5 +137,22 @@ void train_steps(Trainer& trainer, gradsync::DistributedSampler& sampler, int st
     sampler.advance(n);
   }
 }
+
+/// The names the checkpoint suites use unqualified, declared once: a test
+/// file says `using namespace test_checkpoint::names;`.
+namespace names {
+using namespace test_train::names;
+namespace fs = std::filesystem;
+using gradsync::CheckpointFormat;
+using test_checkpoint::adam;
+using test_checkpoint::all_say;
+using test_checkpoint::exact_replicated;
+using test_checkpoint::exact_sharded;
+using test_checkpoint::flip_byte;
+using test_checkpoint::LoadOutcome;
+using test_checkpoint::momentum_sgd;
+using test_checkpoint::outcome_of;
+using test_checkpoint::TempDir;
+}  // namespace names
 
 }  // namespace test_checkpoint

@@ -33,15 +33,8 @@
 // it in one translation unit with other test files (a unity build).
 namespace test_train_checkpoint_save {
 
-namespace fs = std::filesystem;
 namespace ck = gradsync::checkpoint;
-using gradsync::CheckpointFormat;
-using gradsync::Communicator;
-using gradsync::ReplicatedTrainer;
-using gradsync::ShardedTrainer;
-using gradsync::Threads;
-using test_checkpoint::TempDir;
-using test_train::Mlp;
+using namespace test_checkpoint::names;
 using FileOp = ck::detail::FileOp;
 
 namespace {
@@ -50,9 +43,6 @@ constexpr std::size_t in = 4, out = 2;
 const std::vector<std::size_t> layers{in, 5, 3, out};
 
 Mlp<float> model() { return {layers, 3}; }
-
-using test_checkpoint::exact_replicated;
-using test_checkpoint::exact_sharded;
 
 template <class Trainer>
 void train(Trainer& t, int steps) {

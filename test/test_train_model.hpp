@@ -172,4 +172,21 @@ struct Declared {
   }
 };
 
+/// The names the trainer tests use unqualified, declared once: a test file
+/// says `using namespace test_train::names;`.
+namespace names {
+using gradsync::Communicator;
+using gradsync::DistributedSampler;
+using gradsync::ReplicatedTrainer;
+using gradsync::ReplicatedTrainerOptions;
+using gradsync::ShardedTrainer;
+using gradsync::ShardedTrainerOptions;
+using gradsync::ShardingStrategy;
+using gradsync::Threads;
+using test_train::Batch;
+using test_train::Declared;
+using test_train::make_batch;
+using test_train::Mlp;
+}  // namespace names
+
 }  // namespace test_train

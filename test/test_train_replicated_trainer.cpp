@@ -25,14 +25,7 @@
 // it in one translation unit with other test files (a unity build).
 namespace test_train_replicated_trainer {
 
-using gradsync::Communicator;
-using gradsync::ReplicatedTrainer;
-using gradsync::ReplicatedTrainerOptions;
-using gradsync::Threads;
-using test_train::Batch;
-using test_train::Declared;
-using test_train::make_batch;
-using test_train::Mlp;
+using namespace test_train::names;
 
 namespace {
 

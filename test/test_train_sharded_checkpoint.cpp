@@ -31,22 +31,8 @@
 // it in one translation unit with other test files (a unity build).
 namespace test_train_sharded_checkpoint {
 
-namespace fs = std::filesystem;
-using gradsync::CheckpointFormat;
-using gradsync::Communicator;
-using gradsync::DistributedSampler;
-using gradsync::ReplicatedTrainer;
-using gradsync::ShardedTrainer;
-using gradsync::ShardedTrainerOptions;
-using gradsync::ShardingStrategy;
-using gradsync::Threads;
-using test_checkpoint::adam;
-using test_checkpoint::all_say;
-using test_checkpoint::LoadOutcome;
-using test_checkpoint::outcome_of;
-using test_checkpoint::TempDir;
+using namespace test_checkpoint::names;
 using test::test_seed;
-using test_train::Mlp;
 
 namespace {
 
@@ -65,8 +51,6 @@ ShardedTrainerOptions exact(ShardingStrategy s) {
   if (s == ShardingStrategy::HybridShard) o.shard_size = 2;
   return o;
 }
-
-using test_checkpoint::exact_replicated;
 
 template <class Trainer>
 void train(Trainer& t, DistributedSampler& s, int steps) {
@@ -363,15 +347,6 @@ std::vector<LoadOutcome> try_load(const Mlp<float>& m, const fs::path& path) {
     if (o.what.empty()) CHECK(t.step_count() == 3);
   });
   return got;
-}
-
-void flip_byte(const fs::path& file, std::uint64_t at) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(std::streamoff(at));
-  char c = 0;
-  f.get(c);
-  f.seekp(std::streamoff(at));
-  f.put(static_cast<char>(c ^ 0x10));
 }
 
 }  // namespace

@@ -23,15 +23,7 @@
 
 namespace test_schedule {
 
-using gradsync::Communicator;
-using gradsync::ReplicatedTrainer;
-using gradsync::ReplicatedTrainerOptions;
-using gradsync::ShardedTrainer;
-using gradsync::ShardedTrainerOptions;
-using gradsync::ShardingStrategy;
-using gradsync::Threads;
-using test_train::Batch;
-using test_train::Mlp;
+using namespace test_train::names;
 
 constexpr std::size_t in = 4, out = 1;
 /// Units of 25, 36, 7 and (aux) 1 elements: most not divisible by N = 2..4,

@@ -27,7 +27,6 @@
 // it in one translation unit with other test files (a unity build).
 namespace test_train_sharded_trainer {
 
-using test_train::Declared;
 using namespace test_schedule;
 
 namespace {
