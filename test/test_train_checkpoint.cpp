@@ -36,25 +36,12 @@
 // it in one translation unit with other test files (a unity build).
 namespace test_train_checkpoint {
 
-namespace fs = std::filesystem;
-using gradsync::Communicator;
-using gradsync::DistributedSampler;
-using gradsync::ReplicatedTrainer;
-using gradsync::ReplicatedTrainerOptions;
-using gradsync::Threads;
-using test_train::Batch;
-using test_train::make_batch;
-using test_train::Mlp;
+using namespace test_checkpoint::names;
 
 namespace {
 
 constexpr std::size_t in = 5, out = 3;
 const std::vector<std::size_t> layers{in, 7, 6, out};
-
-using test_checkpoint::all_say;
-using test_checkpoint::LoadOutcome;
-using test_checkpoint::outcome_of;
-using test_checkpoint::TempDir;
 
 /// Deterministic reductions: a resumed run can then be held to the bits.
 ReplicatedTrainerOptions exact() {
@@ -64,9 +51,6 @@ ReplicatedTrainerOptions exact() {
   o.sync.bucket_cap_bytes = 256;
   return o;
 }
-
-using test_checkpoint::adam;
-using test_checkpoint::momentum_sgd;
 
 Batch<float> batch_of(std::span<const std::size_t> idx) { return test_checkpoint::batch_of(idx, in, out); }
 
@@ -111,23 +95,37 @@ Snapshot snapshot(Trainer& trainer, const DistributedSampler& sampler) {
 constexpr std::size_t dataset = 37;
 constexpr std::size_t batch = 3;
 
+/// A ReplicatedTrainer of `model` (exact()) and a sampler of seed `seed`
+/// over the dataset, after `steps` steps of `batch` samples a rank:
+/// `then(trainer, sampler)`.
+template <class Opt, class Then>
+void after_steps(Communicator<Threads>& comm, const Mlp<float>& model, Opt opt, std::uint64_t seed, int steps,
+                 Then then) {
+  ReplicatedTrainer trainer(comm, model, std::move(opt), exact());
+  DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = seed});
+  train_steps(trainer, sampler, steps, batch);
+  then(trainer, sampler);
+}
+
 template <class Opt>
 void check_resume(int world, Opt make_opt(double), const char* what) {
   CAPTURE(world);
   CAPTURE(what);
   TempDir dir;
   std::vector<Snapshot> straight(static_cast<std::size_t>(world)), resumed(straight.size());
+  // The run that does not stop, and one that stops after 10 steps.
+  auto from_the_start = [&](Communicator<Threads>& comm, int steps, auto then) {
+    after_steps(comm, Mlp<float>{layers, 7 + std::uint64_t(comm.rank())}, make_opt(0.05), 11, steps, then);
+  };
   gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 7 + std::uint64_t(comm.rank())}, make_opt(0.05), exact());
-    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
-    train_steps(trainer, sampler, 20, batch);
-    straight[std::size_t(comm.rank())] = snapshot(trainer, sampler);
+    from_the_start(comm, 20, [&](auto& trainer, const DistributedSampler& sampler) {
+      straight[std::size_t(comm.rank())] = snapshot(trainer, sampler);
+    });
   });
   gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 7 + std::uint64_t(comm.rank())}, make_opt(0.05), exact());
-    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
-    train_steps(trainer, sampler, 10, batch);
-    gradsync::save_checkpoint(trainer, sampler, dir.path, {{"schedule.warmup", "done"}});
+    from_the_start(comm, 10, [&](auto& trainer, const DistributedSampler& sampler) {
+      gradsync::save_checkpoint(trainer, sampler, dir.path, {{"schedule.warmup", "done"}});
+    });
   });
   // Fresh communicator, trainer, model (other initial values), optimizer
   // (other learning rate) and sampler (other seed and epoch): the load must
@@ -303,45 +301,44 @@ TEST_CASE("checkpoint file: the training state as named tensors, values as the t
   TempDir dir;
   const fs::path file = dir.path / "step.safetensors";
   gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 3}, adam(), exact());
-    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 4});
-    train_steps(trainer, sampler, 3, batch);
-    gradsync::save_checkpoint(trainer, sampler, file, {{"note", "x"}});
-    if (comm.rank() != 1) return;
-    gradsync::checkpoint::SafetensorsReader reader(file);
-    std::set<std::string> names;
-    for (const auto& t : reader.tensors()) names.insert(t.spec.name);
-    const std::set<std::string> expected{
-        "layer0.w", "layer0.b", "layer0.seen", "layer1.w", "layer1.b", "layer2.w", "layer2.b",
-        "optimizer.layer0.w.exp_avg", "optimizer.layer0.w.exp_avg_sq", "optimizer.layer0.b.exp_avg",
-        "optimizer.layer0.b.exp_avg_sq", "optimizer.layer1.w.exp_avg", "optimizer.layer1.w.exp_avg_sq",
-        "optimizer.layer1.b.exp_avg", "optimizer.layer1.b.exp_avg_sq", "optimizer.layer2.w.exp_avg",
-        "optimizer.layer2.w.exp_avg_sq", "optimizer.layer2.b.exp_avg", "optimizer.layer2.b.exp_avg_sq",
-        "trainer.step", "optimizer.step", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
-        "optimizer.weight_decay", "sampler.seed", "sampler.epoch", "sampler.consumed", "sampler.length",
-        "sampler.shuffle", "sampler.drop_last"};
-    CHECK(names == expected);
-    CHECK(reader.tensor("layer1.w").spec.shape == std::vector<std::uint64_t>{6, 7});
-    CHECK(reader.tensor("optimizer.layer1.w.exp_avg").spec.shape == std::vector<std::uint64_t>{6, 7});
-    CHECK(reader.tensor("trainer.step").spec.shape.empty());
-    CHECK(reader.metadata().at("note") == "x");
-    CHECK(reader.metadata().at("gradsync.optimizer") == "Adam");
-    // Parameters and exp_avg_sq of layer1.w, bit for bit.
-    const std::size_t w1 = 7 * 5 + 7;  // layer0's w and b come first
-    std::vector<float> got(42);
-    reader.read("layer1.w", std::as_writable_bytes(std::span<float>(got)));
-    CHECK(std::equal(got.begin(), got.end(), trainer.parameters().begin() + std::ptrdiff_t(w1)));
-    reader.read("optimizer.layer1.w.exp_avg_sq", std::as_writable_bytes(std::span<float>(got)));
-    const auto v = trainer.optimizer().state().buffers[1].second;
-    CHECK(std::equal(got.begin(), got.end(), v.begin() + std::ptrdiff_t(w1)));
-    std::uint64_t u = 0;
-    reader.read("trainer.step", std::as_writable_bytes(std::span<std::uint64_t>(&u, 1)));
-    CHECK(u == 3);
-    reader.read("sampler.consumed", std::as_writable_bytes(std::span<std::uint64_t>(&u, 1)));
-    CHECK(u == 2 * 3 * batch);
-    double lr = 0;
-    reader.read("optimizer.lr", std::as_writable_bytes(std::span<double>(&lr, 1)));
-    CHECK(lr == trainer.optimizer().lr());
+    after_steps(comm, Mlp<float>{layers, 3}, adam(), 4, 3, [&](auto& trainer, DistributedSampler& sampler) {
+      gradsync::save_checkpoint(trainer, sampler, file, {{"note", "x"}});
+      if (comm.rank() != 1) return;
+      gradsync::checkpoint::SafetensorsReader reader(file);
+      std::set<std::string> names;
+      for (const auto& t : reader.tensors()) names.insert(t.spec.name);
+      const std::set<std::string> expected{
+          "layer0.w", "layer0.b", "layer0.seen", "layer1.w", "layer1.b", "layer2.w", "layer2.b",
+          "optimizer.layer0.w.exp_avg", "optimizer.layer0.w.exp_avg_sq", "optimizer.layer0.b.exp_avg",
+          "optimizer.layer0.b.exp_avg_sq", "optimizer.layer1.w.exp_avg", "optimizer.layer1.w.exp_avg_sq",
+          "optimizer.layer1.b.exp_avg", "optimizer.layer1.b.exp_avg_sq", "optimizer.layer2.w.exp_avg",
+          "optimizer.layer2.w.exp_avg_sq", "optimizer.layer2.b.exp_avg", "optimizer.layer2.b.exp_avg_sq",
+          "trainer.step", "optimizer.step", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
+          "optimizer.weight_decay", "sampler.seed", "sampler.epoch", "sampler.consumed", "sampler.length",
+          "sampler.shuffle", "sampler.drop_last"};
+      CHECK(names == expected);
+      CHECK(reader.tensor("layer1.w").spec.shape == std::vector<std::uint64_t>{6, 7});
+      CHECK(reader.tensor("optimizer.layer1.w.exp_avg").spec.shape == std::vector<std::uint64_t>{6, 7});
+      CHECK(reader.tensor("trainer.step").spec.shape.empty());
+      CHECK(reader.metadata().at("note") == "x");
+      CHECK(reader.metadata().at("gradsync.optimizer") == "Adam");
+      // Parameters and exp_avg_sq of layer1.w, bit for bit.
+      const std::size_t w1 = 7 * 5 + 7;  // layer0's w and b come first
+      std::vector<float> got(42);
+      reader.read("layer1.w", std::as_writable_bytes(std::span<float>(got)));
+      CHECK(std::equal(got.begin(), got.end(), trainer.parameters().begin() + std::ptrdiff_t(w1)));
+      reader.read("optimizer.layer1.w.exp_avg_sq", std::as_writable_bytes(std::span<float>(got)));
+      const auto v = trainer.optimizer().state().buffers[1].second;
+      CHECK(std::equal(got.begin(), got.end(), v.begin() + std::ptrdiff_t(w1)));
+      std::uint64_t u = 0;
+      reader.read("trainer.step", std::as_writable_bytes(std::span<std::uint64_t>(&u, 1)));
+      CHECK(u == 3);
+      reader.read("sampler.consumed", std::as_writable_bytes(std::span<std::uint64_t>(&u, 1)));
+      CHECK(u == 2 * 3 * batch);
+      double lr = 0;
+      reader.read("optimizer.lr", std::as_writable_bytes(std::span<double>(&lr, 1)));
+      CHECK(lr == trainer.optimizer().lr());
+    });
   });
 }
 
@@ -360,14 +357,13 @@ template <class Opt>
 std::vector<LoadOutcome> try_load(const Mlp<float>& model, Opt opt, const std::function<fs::path(int)>& path) {
   std::vector<LoadOutcome> got(3);
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, model, opt, exact());
-    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
-    train_steps(trainer, sampler, 1, batch);
-    const Snapshot before = snapshot(trainer, sampler);
-    const LoadOutcome& o = got[std::size_t(comm.rank())] =
-        outcome_of([&] { gradsync::load_checkpoint(trainer, sampler, path(comm.rank())); });
-    if (!o.what.empty()) CHECK(snapshot(trainer, sampler) == before);
-    if (o.what.empty()) CHECK(trainer.step_count() == 2);
+    after_steps(comm, model, opt, 11, 1, [&](auto& trainer, DistributedSampler& sampler) {
+      const Snapshot before = snapshot(trainer, sampler);
+      const LoadOutcome& o = got[std::size_t(comm.rank())] =
+          outcome_of([&] { gradsync::load_checkpoint(trainer, sampler, path(comm.rank())); });
+      if (!o.what.empty()) CHECK(snapshot(trainer, sampler) == before);
+      if (o.what.empty()) CHECK(trainer.step_count() == 2);
+    });
   });
   return got;
 }
@@ -378,10 +374,9 @@ TEST_CASE("bad files: every rank throws, naming the file and the tensor, and not
   TempDir dir;
   const fs::path good = dir.path / "good.safetensors";
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, Mlp<float>{layers, 3}, adam(), exact());
-    DistributedSampler sampler(dataset, comm.size(), comm.rank(), {.seed = 11});
-    train_steps(trainer, sampler, 2, batch);
-    gradsync::save_checkpoint(trainer, sampler, good);
+    after_steps(comm, Mlp<float>{layers, 3}, adam(), 11, 2, [&](auto& trainer, const DistributedSampler& sampler) {
+      gradsync::save_checkpoint(trainer, sampler, good);
+    });
   });
   auto same_file = [](fs::path p) { return [p](int) { return p; }; };
 
@@ -408,13 +403,7 @@ TEST_CASE("bad files: every rank throws, naming the file and the tensor, and not
       gradsync::checkpoint::SafetensorsReader r(bad);
       at = r.tensor("optimizer.layer1.b.exp_avg").offset + 5;
     }
-    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(std::streamoff(at));
-    char c = 0;
-    f.get(c);
-    f.seekp(std::streamoff(at));
-    f.put(static_cast<char>(c ^ 0x10));
-    f.close();
+    flip_byte(bad, at);
     all_say(try_load(Mlp<float>{layers, 5}, adam(), same_file(bad)), "Error",
             {bad.string(), "'optimizer.layer1.b.exp_avg' is corrupted"});
   }
