@@ -34,26 +34,15 @@
 // it in one translation unit with other test files (a unity build).
 namespace test_train_checkpoint_async {
 
-namespace fs = std::filesystem;
 namespace ck = gradsync::checkpoint;
+using namespace test_checkpoint::names;
 using gradsync::AsyncCheckpointer;
-using gradsync::CheckpointFormat;
-using gradsync::Communicator;
-using gradsync::DistributedSampler;
-using gradsync::ReplicatedTrainer;
-using gradsync::ShardedTrainer;
-using gradsync::Threads;
-using test_checkpoint::TempDir;
-using test_train::Mlp;
 using FileOp = ck::detail::FileOp;
 
 namespace {
 
 constexpr std::size_t in = 4, out = 2, samples = 96, batch = 4;
 const std::vector<std::size_t> layers{in, 6, 5, out};
-
-using test_checkpoint::exact_replicated;
-using test_checkpoint::exact_sharded;
 
 /// A trainer of either kind on `comm`, the model's initial values drawn from `seed`.
 template <bool Sharded>
@@ -63,6 +52,16 @@ auto make_trainer(Communicator<Threads>& comm, std::uint64_t seed) {
   } else {
     return ReplicatedTrainer(comm, Mlp<float>{layers, seed}, test_checkpoint::adam(), exact_replicated());
   }
+}
+
+/// Runs `body(t, sampler, ckpt)` on `comm` with a trainer of either kind and
+/// a sampler, both from `seed`, and an AsyncCheckpointer of the two.
+template <bool Sharded, class Body>
+void with_async_checkpointer(Communicator<Threads>& comm, std::uint64_t seed, Body body) {
+  auto t = make_trainer<Sharded>(comm, seed);
+  DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = seed});
+  AsyncCheckpointer ckpt(t, sampler);
+  body(t, sampler, ckpt);
 }
 
 /// What a rank holds of a trainer and its sampler: its parameters (a
@@ -209,24 +208,23 @@ void same_as_sync(std::uint64_t seed, CheckpointFormat format, bool file_path, b
   std::vector<std::size_t> snapshot(3), reserved(3);
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     const auto me = std::size_t(comm.rank());
-    auto t = make_trainer<Sharded>(comm, seed);
-    DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = seed});
-    AsyncCheckpointer ckpt(t, sampler);
-    if (reserve) {
-      ckpt.reserve({.format = format});
+    with_async_checkpointer<Sharded>(comm, seed, [&](auto& t, DistributedSampler& sampler, auto& ckpt) {
+      if (reserve) {
+        ckpt.reserve({.format = format});
+        CHECK(!ckpt.pending());
+        reserved[me] = ckpt.snapshot_bytes();
+      }
+      train(t, sampler, warmup);
+      gradsync::save_checkpoint(t, sampler, sync_target, {{"run", "x"}}, {.format = format});
+      at_save[me] = held(t, sampler);
+      ckpt.save(async_target, {{"run", "x"}}, {.format = format});
+      CHECK(ckpt.pending());
+      snapshot[me] = ckpt.snapshot_bytes();
+      train(t, sampler, 1);
+      ckpt.wait();
       CHECK(!ckpt.pending());
-      reserved[me] = ckpt.snapshot_bytes();
-    }
-    train(t, sampler, warmup);
-    gradsync::save_checkpoint(t, sampler, sync_target, {{"run", "x"}}, {.format = format});
-    at_save[me] = held(t, sampler);
-    ckpt.save(async_target, {{"run", "x"}}, {.format = format});
-    CHECK(ckpt.pending());
-    snapshot[me] = ckpt.snapshot_bytes();
-    train(t, sampler, 1);
-    ckpt.wait();
-    CHECK(!ckpt.pending());
-    CHECK(ckpt.written());
+      CHECK(ckpt.written());
+    });
   });
   // Rank 0 alone copies a full file's state; in the sharded layout each rank its own ranges (a
   // ReplicatedTrainer's one shard: rank 0).
@@ -286,30 +284,29 @@ TEST_CASE("async save: training steps run while the files are written; the check
     const int writers = format == CheckpointFormat::sharded ? 3 : 1;
     gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
       const auto me = std::size_t(comm.rank());
-      auto t = make_trainer<true>(comm, 5);
-      DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = 5});
-      AsyncCheckpointer ckpt(t, sampler);
-      train(t, sampler, 2);
-      at_save[me] = held(t, sampler);
-      if (me == 0) hold_writes = true;
-      comm.barrier();
-      ckpt.save(target, {{"run", "x"}}, {.format = format});
-      // Every writer is held at its file until the steps below are done.
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (held_writers.load() < writers && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      train(t, sampler, 3);
-      const bool writes = format == CheckpointFormat::sharded || me == 0;
-      if (writes) {
-        stepped_while_held[me] = !ckpt.written();
-      } else {
-        stepped_while_held[me] = 1;
-      }
-      comm.barrier();
-      if (me == 0) released = true;
-      ckpt.wait();
-      CHECK(ckpt.written());
+      with_async_checkpointer<true>(comm, 5, [&](auto& t, DistributedSampler& sampler, auto& ckpt) {
+        train(t, sampler, 2);
+        at_save[me] = held(t, sampler);
+        if (me == 0) hold_writes = true;
+        comm.barrier();
+        ckpt.save(target, {{"run", "x"}}, {.format = format});
+        // Every writer is held at its file until the steps below are done.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (held_writers.load() < writers && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        train(t, sampler, 3);
+        const bool writes = format == CheckpointFormat::sharded || me == 0;
+        if (writes) {
+          stepped_while_held[me] = !ckpt.written();
+        } else {
+          stepped_while_held[me] = 1;
+        }
+        comm.barrier();
+        if (me == 0) released = true;
+        ckpt.wait();
+        CHECK(ckpt.written());
+      });
     });
     CHECK(!held_too_long.load());
     CHECK(held_writers.load() == writers);
@@ -328,28 +325,27 @@ TEST_CASE("async save: the next save waits for the previous one, which it commit
   std::thread releaser;
   gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
     const auto me = std::size_t(comm.rank());
-    auto t = make_trainer<false>(comm, 3);
-    DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = 3});
-    AsyncCheckpointer ckpt(t, sampler);
-    train(t, sampler, 1);
-    if (me == 0) {
-      hold_writes = true;
-      // Lets the held write go only once rank 0 is calling the second save.
-      releaser = std::thread([&] {
-        while (!calling_second.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        released = true;
-      });
-    }
-    comm.barrier();
-    ckpt.save(target, {{"which", "first"}});
-    train(t, sampler, 1);
-    if (me == 0) calling_second = true;
-    ckpt.save(target, {{"which", "second"}});
-    released_before_return[me] = released.load();
-    // The first save is committed before the second starts writing.
-    committed_at_second[me] = gradsync::checkpoint_file(target).filename().string();
-    ckpt.wait();
+    with_async_checkpointer<false>(comm, 3, [&](auto& t, DistributedSampler& sampler, auto& ckpt) {
+      train(t, sampler, 1);
+      if (me == 0) {
+        hold_writes = true;
+        // Lets the held write go only once rank 0 is calling the second save.
+        releaser = std::thread([&] {
+          while (!calling_second.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          released = true;
+        });
+      }
+      comm.barrier();
+      ckpt.save(target, {{"which", "first"}});
+      train(t, sampler, 1);
+      if (me == 0) calling_second = true;
+      ckpt.save(target, {{"which", "second"}});
+      released_before_return[me] = released.load();
+      // The first save is committed before the second starts writing.
+      committed_at_second[me] = gradsync::checkpoint_file(target).filename().string();
+      ckpt.wait();
+    });
   });
   releaser.join();
   for (int r : released_before_return) CHECK(r == 1);
@@ -390,39 +386,38 @@ void failing_write(int world, int failing, CheckpointFormat format, FileOp op, i
   std::vector<int> later_ok(static_cast<std::size_t>(world), 0);
   gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
     const auto me = std::size_t(comm.rank());
-    auto t = make_trainer<Sharded>(comm, 8);
-    DistributedSampler sampler(samples, comm.size(), comm.rank(), {.seed = 8});
-    AsyncCheckpointer ckpt(t, sampler);
-    train(t, sampler, 1);
-    ckpt.save(target, {{"which", "A"}}, {.format = format});
-    ckpt.wait();
-    train(t, sampler, 1);
-    if (me == 0) {
-      const std::lock_guard<std::mutex> lock(log_mutex);
-      fail_op = op;
-      fail_path_part = format == CheckpointFormat::sharded
-                           ? ck::shard_file_name("checkpoint", "00000002", failing, Sharded ? world : 1)
-                           : "checkpoint-00000002.safetensors";
-      fail_errno = err;
-    }
-    comm.barrier();
-    ckpt.save(target, {{"which", "B"}}, {.format = format});
-    train(t, sampler, 1);
-    got[me] = save_outcome_of([&] {
-      if (at_next_save) {
-        ckpt.save(target, {{"which", "C"}}, {.format = format});
-      } else {
-        ckpt.wait();
+    with_async_checkpointer<Sharded>(comm, 8, [&](auto& t, DistributedSampler& sampler, auto& ckpt) {
+      train(t, sampler, 1);
+      ckpt.save(target, {{"which", "A"}}, {.format = format});
+      ckpt.wait();
+      train(t, sampler, 1);
+      if (me == 0) {
+        const std::lock_guard<std::mutex> lock(log_mutex);
+        fail_op = op;
+        fail_path_part = format == CheckpointFormat::sharded
+                             ? ck::shard_file_name("checkpoint", "00000002", failing, Sharded ? world : 1)
+                             : "checkpoint-00000002.safetensors";
+        fail_errno = err;
       }
+      comm.barrier();
+      ckpt.save(target, {{"which", "B"}}, {.format = format});
+      train(t, sampler, 1);
+      got[me] = save_outcome_of([&] {
+        if (at_next_save) {
+          ckpt.save(target, {{"which", "C"}}, {.format = format});
+        } else {
+          ckpt.wait();
+        }
+      });
+      CHECK(!ckpt.pending());
+      // Nothing of the failed save is committed: the directory loads A.
+      auto fresh = make_trainer<Sharded>(comm, 9);
+      CHECK(gradsync::load_checkpoint(fresh, target).at("which") == "A");
+      // The failure was thrown once: the checkpointer takes the next save.
+      ckpt.save(target, {{"which", "D"}}, {.format = format});
+      ckpt.wait();
+      later_ok[me] = 1;
     });
-    CHECK(!ckpt.pending());
-    // Nothing of the failed save is committed: the directory loads A.
-    auto fresh = make_trainer<Sharded>(comm, 9);
-    CHECK(gradsync::load_checkpoint(fresh, target).at("which") == "A");
-    // The failure was thrown once: the checkpointer takes the next save.
-    ckpt.save(target, {{"which", "D"}}, {.format = format});
-    ckpt.wait();
-    later_ok[me] = 1;
   });
   for (std::size_t r = 0; r < got.size(); ++r) {
     CAPTURE(r);
