@@ -128,6 +128,24 @@ void replicated_steps(Communicator<Threads>& comm, Opt opt, gradsync::Replicated
   for (int s = 0; s < 2; ++s) trainer.step(Scale{1.0f});
 }
 
+/// Ranks whose ShardedTrainers (SGD) differ in their options only: `ours` on
+/// the other ranks, `theirs` on the odd one.
+Divergence sharded_options(const char* name, const char* field, std::string ours, std::string theirs,
+                           const ShardedTrainerOptions& ours_o, const ShardedTrainerOptions& theirs_o) {
+  return {name, field, std::move(ours), std::move(theirs), [ours_o, theirs_o](auto& c, bool odd) {
+            sharded_steps(c, gradsync::Sgd<float>(), odd ? theirs_o : ours_o);
+          }};
+}
+
+/// The same for ReplicatedTrainers.
+Divergence replicated_options(const char* name, const char* field, std::string ours, std::string theirs,
+                              const gradsync::ReplicatedTrainerOptions& ours_o,
+                              const gradsync::ReplicatedTrainerOptions& theirs_o) {
+  return {name, field, std::move(ours), std::move(theirs), [ours_o, theirs_o](auto& c, bool odd) {
+            replicated_steps(c, gradsync::Sgd<float>(), odd ? theirs_o : ours_o);
+          }};
+}
+
 std::vector<Divergence> divergences() {
   using gradsync::Adam;
   using gradsync::AdamW;
@@ -153,49 +171,28 @@ std::vector<Divergence> divergences() {
        [](auto& c, bool odd) { sharded_steps(c, Adam<float>({.eps = odd ? 1e-6 : 1e-8})); }},
       {"ShardedTrainer, AdamW weight decay", "optimizer weight_decay", "0.01", "0.1",
        [](auto& c, bool odd) { sharded_steps(c, AdamW<float>({.weight_decay = odd ? 0.1 : 0.01})); }},
-      {"ShardedTrainer, strategy", "ShardedTrainerOptions::strategy", "FullShard", "ShardGradOp",
-       [](auto& c, bool odd) {
-         sharded_steps(c, Sgd<float>(), {.strategy = odd ? ShardingStrategy::ShardGradOp : ShardingStrategy::FullShard});
-       }},
-      {"ShardedTrainer, HybridShard shard_size", "ShardedTrainerOptions::shard_size", "0", "1",
-       [](auto& c, bool odd) {
-         sharded_steps(c, Sgd<float>(), {.strategy = ShardingStrategy::HybridShard, .shard_size = odd ? 1 : 0});
-       }},
-      {"ShardedTrainer, accumulation mode", "ShardedTrainerOptions::accumulation", "Sharded", "NoSync",
-       [](auto& c, bool odd) {
-         sharded_steps(c, Sgd<float>(),
-                       {.accumulation = odd ? gradsync::AccumulationMode::NoSync : gradsync::AccumulationMode::Sharded});
-       }},
-      {"ShardedTrainer, param_dtype", "ShardedTrainerOptions::param_dtype", "unset", "bfloat16",
-       [](auto& c, bool odd) {
-         ShardedTrainerOptions o;
-         if (odd) o.param_dtype = gradsync::DataType::bfloat16;
-         sharded_steps(c, Sgd<float>(), o);
-       }},
-      {"ShardedTrainer, deterministic", "ShardedTrainerOptions::collective.deterministic", "false", "true",
-       [](auto& c, bool odd) { sharded_steps(c, Sgd<float>(), {.collective = {.deterministic = odd}}); }},
-      {"ShardedTrainer, backward prefetch", "ShardedTrainerOptions::backward_prefetch", "None", "BackwardPre",
-       [](auto& c, bool odd) {
-         sharded_steps(c, Sgd<float>(),
-                       {.backward_prefetch = odd ? gradsync::BackwardPrefetch::BackwardPre : gradsync::BackwardPrefetch::None});
-       }},
-      {"ShardedTrainer, wrap policy", "ShardedTrainerOptions::wrap", "per unit", "size-based (at least 8 parameters)",
-       [](auto& c, bool odd) {
-         sharded_steps(c, Sgd<float>(),
-                       {.wrap = odd ? gradsync::WrapPolicy::size_based(8) : gradsync::WrapPolicy::per_unit()});
-       }},
-      {"ReplicatedTrainer, bucket size", "GradSyncOptions::bucket_cap_bytes", "26214400", "64",
-       [](auto& c, bool odd) {
-         gradsync::ReplicatedTrainerOptions o;
-         if (odd) o.sync.bucket_cap_bytes = 64;
-         replicated_steps(c, Sgd<float>(), o);
-       }},
-      {"ReplicatedTrainer, bf16 compression", "GradSyncOptions::compression", "none", "bf16",
-       [](auto& c, bool odd) {
-         gradsync::ReplicatedTrainerOptions o;
-         if (odd) o.sync.compression = gradsync::Compression::bf16;
-         replicated_steps(c, Sgd<float>(), o);
-       }},
+      sharded_options("ShardedTrainer, strategy", "ShardedTrainerOptions::strategy", "FullShard", "ShardGradOp",
+                      {.strategy = ShardingStrategy::FullShard}, {.strategy = ShardingStrategy::ShardGradOp}),
+      sharded_options("ShardedTrainer, HybridShard shard_size", "ShardedTrainerOptions::shard_size", "0", "1",
+                      {.strategy = ShardingStrategy::HybridShard, .shard_size = 0},
+                      {.strategy = ShardingStrategy::HybridShard, .shard_size = 1}),
+      sharded_options("ShardedTrainer, accumulation mode", "ShardedTrainerOptions::accumulation", "Sharded", "NoSync",
+                      {.accumulation = gradsync::AccumulationMode::Sharded},
+                      {.accumulation = gradsync::AccumulationMode::NoSync}),
+      sharded_options("ShardedTrainer, param_dtype", "ShardedTrainerOptions::param_dtype", "unset", "bfloat16", {},
+                      {.param_dtype = gradsync::DataType::bfloat16}),
+      sharded_options("ShardedTrainer, deterministic", "ShardedTrainerOptions::collective.deterministic", "false",
+                      "true", {.collective = {.deterministic = false}}, {.collective = {.deterministic = true}}),
+      sharded_options("ShardedTrainer, backward prefetch", "ShardedTrainerOptions::backward_prefetch", "None",
+                      "BackwardPre", {.backward_prefetch = gradsync::BackwardPrefetch::None},
+                      {.backward_prefetch = gradsync::BackwardPrefetch::BackwardPre}),
+      sharded_options("ShardedTrainer, wrap policy", "ShardedTrainerOptions::wrap", "per unit",
+                      "size-based (at least 8 parameters)", {.wrap = gradsync::WrapPolicy::per_unit()},
+                      {.wrap = gradsync::WrapPolicy::size_based(8)}),
+      replicated_options("ReplicatedTrainer, bucket size", "GradSyncOptions::bucket_cap_bytes", "26214400", "64", {},
+                         {.sync = {.bucket_cap_bytes = 64}}),
+      replicated_options("ReplicatedTrainer, bf16 compression", "GradSyncOptions::compression", "none", "bf16", {},
+                         {.sync = {.compression = gradsync::Compression::bf16}}),
   };
 }
 
@@ -253,12 +250,22 @@ void check_every_rank(const std::vector<Outcome>& got, double seconds, const std
   CHECK(seconds < 5.0);
 }
 
-TEST_CASE("a learning rate changed on one rank fails the next step on every rank, naming both rates") {
-  auto rng = test::rng_for("lr agreement per step");
+/// For each trainer of with_trainer's on 3 to 5 ranks, one of them odd, all
+/// drawn from the stream `seed_name` of the test seed (printed on failure):
+/// `body(trainer, n, odd, rng)`.
+template <class Body>
+void each_trainer_with_odd_rank(const char* seed_name, Body body) {
+  auto rng = test::rng_for(seed_name);
   CAPTURE(test::test_seed());
   for (const int trainer : {0, 1, 2}) {
     const int n = 3 + static_cast<int>(rng() % 3);
     const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    body(trainer, n, odd, rng);
+  }
+}
+
+TEST_CASE("a learning rate changed on one rank fails the next step on every rank, naming both rates") {
+  each_trainer_with_odd_rank("lr agreement per step", [](int trainer, int n, int odd, auto& rng) {
     const int change_at = 1 + static_cast<int>(rng() % 3);
     INFO((trainer == 0 ? "ReplicatedTrainer" : trainer == 1 ? "ShardedTrainer FullShard" : "ShardedTrainer NoShard")
          << ", N = " << n << ", rank " << odd << " sets lr 0.05 before step " << change_at);
@@ -272,15 +279,11 @@ TEST_CASE("a learning rate changed on one rank fails the next step on every rank
       with_trainer(comm, trainer, 0.25, train);
     });
     check_every_rank(got, seconds, {"optimizer lr 0.25", "optimizer lr 0.05", " " + std::to_string(change_at) + ", "});
-  }
+  });
 }
 
 TEST_CASE("clip_grad_norm with different max_norm on one rank fails every rank, naming both") {
-  auto rng = test::rng_for("clip agreement");
-  CAPTURE(test::test_seed());
-  for (const int trainer : {0, 1, 2}) {
-    const int n = 3 + static_cast<int>(rng() % 3);
-    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+  each_trainer_with_odd_rank("clip agreement", [](int trainer, int n, int odd, auto&) {
     INFO("trainer " << trainer << ", N = " << n << ", odd rank " << odd);
     const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
       auto train = [&](auto& t) {
@@ -293,7 +296,7 @@ TEST_CASE("clip_grad_norm with different max_norm on one rank fails every rank, 
       with_trainer(comm, trainer, 0.1, train);
     });
     check_every_rank(got, seconds, {"clip_grad_norm(max_norm = 1, p = 2)", "clip_grad_norm(max_norm = 0.5, p = 2)"});
-  }
+  });
 }
 
 TEST_CASE("ranks that agree train as before: labels and settings refuse nothing") {
