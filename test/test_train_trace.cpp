@@ -64,6 +64,28 @@ std::size_t named(const test::TraceFile& f, const std::string& prefix) {
   return n;
 }
 
+/// Rank `r`'s timeline in `dir`, read back.
+test::TraceFile timeline_of(const std::filesystem::path& dir, int r) {
+  return test::read_trace(dir / ("gradsync-trace-rank" + std::to_string(r) + ".json"));
+}
+
+/// The ReplicatedTrainer cases' ranks.
+constexpr int replicated_world = 3;
+
+/// Runs `body(trainer, batches, r)` on rank r of 3, each tracing into `dir`
+/// with a ReplicatedTrainer (SGD); `batches` are 2 steps of 3 samples a
+/// rank, drawn from the test seed's stream `seed_name`.
+template <class Body>
+void traced_replicated(const char* seed_name, const std::filesystem::path& dir, Body body) {
+  const Batches batches = random_batches(test::rng_for(seed_name)(), 2, replicated_world, 3);
+  gradsync::run_threads(replicated_world, [&](Communicator<Threads>& comm) {
+    comm.trace_to(dir.string());
+    const auto r = static_cast<std::size_t>(comm.rank());
+    ReplicatedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05}));
+    body(trainer, batches, r);
+  });
+}
+
 }  // namespace
 
 TEST_CASE("timeline: one ShardedTrainer step holds the collectives its strategy issues") {
@@ -96,7 +118,7 @@ TEST_CASE("timeline: one ShardedTrainer step holds the collectives its strategy 
     for (const auto& e : expected_trace(strategy, unit_sizes.size(), true)) ++expected[std::string(gradsync::name(e.collective))];
     for (int r = 0; r < world; ++r) {
       CAPTURE(r);
-      const test::TraceFile f = test::read_trace(dir / ("gradsync-trace-rank" + std::to_string(r) + ".json"));
+      const test::TraceFile f = timeline_of(dir, r);
       CHECK(collectives_within(f, "progress worker", "step 1") == expected);
       std::map<std::string, std::size_t> issued;
       for (const auto& e : traces[static_cast<std::size_t>(r)]) ++issued[std::string(gradsync::name(e.collective))];
@@ -115,18 +137,12 @@ TEST_CASE("timeline: one ShardedTrainer step holds the collectives its strategy 
 }
 
 TEST_CASE("timeline: a ReplicatedTrainer step holds its buckets, its optimizer step, a checkpoint's save and load") {
-  auto g = test::rng_for("timeline replicated step");
   INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
   const TraceOut out;
   const test::TempDir checkpoints;
-  constexpr int world = 3;
-  const Batches batches = random_batches(g(), 2, world, 3);
   const std::filesystem::path dir = out.dir() / "Replicated";
   std::size_t buckets = 0;
-  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    comm.trace_to(dir.string());
-    const auto r = static_cast<std::size_t>(comm.rank());
-    ReplicatedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05}));
+  traced_replicated("timeline replicated step", dir, [&](auto& trainer, const Batches& batches, std::size_t r) {
     for (const auto& step : batches) {
       trainer.forward_backward(step[r]);
       trainer.clip_grad_norm(1.0e9);
@@ -136,9 +152,9 @@ TEST_CASE("timeline: a ReplicatedTrainer step holds its buckets, its optimizer s
     gradsync::load_checkpoint(trainer, checkpoints.path / "ckpt");
     if (r == 0) buckets = trainer.grad_sync().buckets().size();
   });
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < replicated_world; ++r) {
     CAPTURE(r);
-    const test::TraceFile f = test::read_trace(dir / ("gradsync-trace-rank" + std::to_string(r) + ".json"));
+    const test::TraceFile f = timeline_of(dir, r);
     CHECK(named(f, "step ") == 2);
     CHECK(named(f, "all-reduce bucket ") == 2 * buckets);
     CHECK(named(f, "optimizer step") == 2);
@@ -150,17 +166,11 @@ TEST_CASE("timeline: a ReplicatedTrainer step holds its buckets, its optimizer s
 }
 
 TEST_CASE("timeline: an asynchronous save's write is on its own track, inside save() to the end of wait()") {
-  auto g = test::rng_for("timeline async save");
   INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
   const TraceOut out;
   const test::TempDir checkpoints;
-  constexpr int world = 3;
-  const Batches batches = random_batches(g(), 2, world, 3);
   const std::filesystem::path dir = out.dir() / "AsyncSave";
-  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    comm.trace_to(dir.string());
-    const auto r = static_cast<std::size_t>(comm.rank());
-    ReplicatedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05}));
+  traced_replicated("timeline async save", dir, [&](auto& trainer, const Batches& batches, std::size_t r) {
     gradsync::AsyncCheckpointer ckpt(trainer);
     trainer.forward_backward(batches[0][r]);
     trainer.optimizer_step();
@@ -169,9 +179,9 @@ TEST_CASE("timeline: an asynchronous save's write is on its own track, inside sa
     trainer.optimizer_step();
     ckpt.wait();
   });
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < replicated_world; ++r) {
     CAPTURE(r);
-    const test::TraceFile f = test::read_trace(dir / ("gradsync-trace-rank" + std::to_string(r) + ".json"));
+    const test::TraceFile f = timeline_of(dir, r);
     const auto span = [&](const std::string& name) {
       std::vector<const test::TraceLine*> found;
       for (const test::TraceLine& e : f.events) {
