@@ -394,18 +394,32 @@ TEST_CASE("offload: refused with NoShard at construction, and for sharded accumu
   }
 }
 
-TEST_CASE("memory_budget: a rank given a different budget makes every rank throw the same error") {
-  auto rng = test::rng_for("budget agreement");
+namespace {
+
+/// Squares' two unit sizes in [1, 1000], then for each world of 2 to 4 ranks
+/// an odd rank, drawn from the test seed's stream `seed_name` (the seed and
+/// sizes printed on failure): `body(sizes, world, odd, rng)`.
+template <class Body>
+void at_worlds_with_odd_rank(const char* seed_name, Body body) {
+  auto rng = test::rng_for(seed_name);
   std::uniform_int_distribution<std::size_t> d(1, 1000);
   const std::vector<std::size_t> sizes{d(rng), d(rng)};
   INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
   for (int world = 2; world <= 4; ++world) {
     CAPTURE(world);
-    std::uniform_int_distribution<int> pick(0, world - 1);
-    const int odd = pick(rng);
+    const int odd = std::uniform_int_distribution<int>(0, world - 1)(rng);
     CAPTURE(odd);
+    body(sizes, world, odd, rng);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("memory_budget: a rank given a different budget makes every rank throw the same error") {
+  at_worlds_with_odd_rank("budget agreement", [](const std::vector<std::size_t>& sizes, int world, int odd, auto& rng) {
     // Both budgets fit, so only the disagreement can refuse.
-    const std::size_t budget = std::size_t{1} << 30, other = budget + 1 + d(rng);
+    const std::size_t budget = std::size_t{1} << 30;
+    const std::size_t other = budget + 1 + std::uniform_int_distribution<std::size_t>(1, 1000)(rng);
     for (const bool replicated : {false, true}) {
       CAPTURE(replicated);
       const std::vector<std::string> what = test::refusals_on_threads(world, [&](Communicator<Threads>& comm) {
@@ -424,18 +438,11 @@ TEST_CASE("memory_budget: a rank given a different budget makes every rank throw
       CHECK(what[0].find(std::to_string(other) + " on world rank " + std::to_string(odd)) != std::string::npos);
       for (const std::string& w : what) CHECK(w == what[0]);
     }
-  }
+  });
 }
 
 TEST_CASE("offload: ranks that differ in whether they offload all throw the same error, before any step") {
-  auto rng = test::rng_for("offload agreement");
-  std::uniform_int_distribution<std::size_t> d(1, 1000);
-  const std::vector<std::size_t> sizes{d(rng), d(rng)};
-  INFO("seed = " << test::test_seed() << ", sizes = " << joined(sizes));
-  for (int world = 2; world <= 4; ++world) {
-    CAPTURE(world);
-    const int odd = std::uniform_int_distribution<int>(0, world - 1)(rng);
-    CAPTURE(odd);
+  at_worlds_with_odd_rank("offload agreement", [](const std::vector<std::size_t>& sizes, int world, int odd, auto&) {
     for (const bool odd_offloads : {false, true}) {
       CAPTURE(odd_offloads);
       for (const bool budget_too : {false, true}) {
@@ -457,7 +464,7 @@ TEST_CASE("offload: ranks that differ in whether they offload all throw the same
         for (const std::string& w : what) CHECK(w == what[0]);
       }
     }
-  }
+  });
 }
 
 namespace {
