@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support/common.hpp"
@@ -298,6 +299,27 @@ TEST_CASE_TEMPLATE("the vectorized optimizer steps equal the scalar reference lo
   }
 }
 
+namespace {
+
+/// `n` parameters drawn from `normal(rng)`, stepped `steps` times on the same
+/// gradients (drawn from it, a step's after the last) two ways: `step_a(p, g)`
+/// on them and `step_b(q, g)` on a copy. Returns both ways' parameters.
+template <class T, class Normal, class Rng, class StepA, class StepB>
+std::pair<std::vector<T>, std::vector<T>> stepped_two_ways(std::size_t n, int steps, Normal& normal, Rng& rng,
+                                                           StepA step_a, StepB step_b) {
+  std::vector<T> p(n), g(n);
+  for (T& x : p) x = normal(rng);
+  std::vector<T> q = p;
+  for (int step = 0; step < steps; ++step) {
+    for (T& x : g) x = normal(rng);
+    step_a(std::span<T>(p), std::span<const T>(g));
+    step_b(std::span<T>(q), std::span<const T>(g));
+  }
+  return {std::move(p), std::move(q)};
+}
+
+}  // namespace
+
 // Each element's update depends on that element only, whether it falls in a
 // vector block or the tail: shards at any offset step bitwise as the whole.
 TEST_CASE_TEMPLATE("optimizer shards at odd offsets step bitwise as the whole span", Opt, gradsync::Sgd<float>,
@@ -316,15 +338,12 @@ TEST_CASE_TEMPLATE("optimizer shards at odd offsets step bitwise as the whole sp
       }
     };
     Opt whole = make(), left = make(), right = make();
-    std::vector<float> p(n), g(n);
-    for (float& x : p) x = normal(rng);
-    std::vector<float> q = p;
-    for (int step = 0; step < 4; ++step) {
-      for (float& x : g) x = normal(rng);
-      whole.step(std::span<float>(p), std::span<const float>(g));
-      left.step(std::span<float>(q).first(cut), std::span<const float>(g).first(cut));
-      right.step(std::span<float>(q).subspan(cut), std::span<const float>(g).subspan(cut));
-    }
+    const auto [p, q] = stepped_two_ways<float>(
+        n, 4, normal, rng, [&](std::span<float> x, std::span<const float> g) { whole.step(x, g); },
+        [&](std::span<float> x, std::span<const float> g) {
+          left.step(x.first(cut), g.first(cut));
+          right.step(x.subspan(cut), g.subspan(cut));
+        });
     CHECK(p == q);
   }
 }
@@ -342,14 +361,9 @@ TEST_CASE_TEMPLATE("an optimizer step shared by threads is bitwise the one-threa
   CAPTURE(threads);
   auto check = [&](auto one, auto many, const char* what) {
     INFO(what);
-    std::vector<T> p(n), g(n);
-    for (T& x : p) x = normal(rng);
-    std::vector<T> q = p;
-    for (int step = 0; step < 3; ++step) {
-      for (T& x : g) x = normal(rng);
-      one.step(std::span<T>(p), std::span<const T>(g));
-      many.step(std::span<T>(q), std::span<const T>(g));
-    }
+    const auto [p, q] = stepped_two_ways<T>(
+        n, 3, normal, rng, [&](std::span<T> x, std::span<const T> g) { one.step(x, g); },
+        [&](std::span<T> x, std::span<const T> g) { many.step(x, g); });
     CHECK(p == q);
     const auto a = one.state(), b = many.state();
     REQUIRE(a.buffers.size() == b.buffers.size());
