@@ -56,6 +56,22 @@ void at_worlds_with_batches(const char* salt, int max_world, int steps, std::siz
   }
 }
 
+/// Runs body(strategy, mode, o) for every strategy and both accumulation
+/// modes, `o` being options_for(strategy, world) in that mode; a failure
+/// names the two.
+template <class Body>
+void each_accumulation(int world, Body body) {
+  for (const ShardingStrategy strategy : all_strategies) {
+    for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
+      INFO("strategy = " << std::string(name(strategy))
+                         << ", mode = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
+      ShardedTrainerOptions o = options_for(strategy, world);
+      o.accumulation = mode;
+      body(strategy, mode, o);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("accumulation: K = 4 via NoSync, K = 4 via Sharded, and one step on a 4x batch agree") {
@@ -99,62 +115,56 @@ TEST_CASE("accumulation: K = 4 via NoSync, K = 4 via Sharded, and one step on a 
       }
     });
     CHECK(worst_relative(replicated_accumulated, replicated_big) <= 1e-6);
-    for (const ShardingStrategy strategy : all_strategies) {
-      for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
-        INFO("strategy = " << std::string(name(strategy))
-                           << ", mode = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
-        ShardedTrainerOptions so = options_for(strategy, world);
-        so.accumulation = mode;
-        so.collective.deterministic = true;
-        std::vector<std::vector<float>> accumulated(ranks), single(ranks);
-        // Per rank: collectives in each micro-step's trace, and whether the
-        // communicator saw any call in a NoSync micro-step.
-        std::vector<std::vector<std::size_t>> micro_reductions(ranks);
-        std::vector<std::uint64_t> micro_calls(ranks);
-        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-          const auto r = static_cast<std::size_t>(comm.rank());
-          ShardedTrainer many(comm, model_for(comm.rank()), momentum_sgd(), so);
-          ShardedTrainer one(comm, model_for(comm.rank()), momentum_sgd(), so);
-          for (std::size_t s = 0; s < steps; ++s) {
-            for (std::size_t k = 0; k + 1 < K; ++k) {
-              const std::uint64_t before = comm.sequence();
-              many.accumulate(micro[s][k][r]);
-              micro_calls[r] += comm.sequence() - before;
-              std::size_t reductions = 0;
-              for (const auto& e : many.trace()) reductions += e.collective != Collective::all_gather;
-              micro_reductions[r].push_back(reductions);
-            }
-            many.step(micro[s][K - 1][r]);
-            one.step(big[s][r]);
+    each_accumulation(world, [&](ShardingStrategy strategy, AccumulationMode mode, ShardedTrainerOptions so) {
+      so.collective.deterministic = true;
+      std::vector<std::vector<float>> accumulated(ranks), single(ranks);
+      // Per rank: collectives in each micro-step's trace, and whether the
+      // communicator saw any call in a NoSync micro-step.
+      std::vector<std::vector<std::size_t>> micro_reductions(ranks);
+      std::vector<std::uint64_t> micro_calls(ranks);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ShardedTrainer many(comm, model_for(comm.rank()), momentum_sgd(), so);
+        ShardedTrainer one(comm, model_for(comm.rank()), momentum_sgd(), so);
+        for (std::size_t s = 0; s < steps; ++s) {
+          for (std::size_t k = 0; k + 1 < K; ++k) {
+            const std::uint64_t before = comm.sequence();
+            many.accumulate(micro[s][k][r]);
+            micro_calls[r] += comm.sequence() - before;
+            std::size_t reductions = 0;
+            for (const auto& e : many.trace()) reductions += e.collective != Collective::all_gather;
+            micro_reductions[r].push_back(reductions);
           }
-          accumulated[r] = many.full_parameters();
-          single[r] = one.full_parameters();
-        });
-        for (std::size_t r = 0; r < ranks; ++r) {
-          CAPTURE(r);
-          CHECK(bitwise_equal(accumulated[r], accumulated[0]));
-          CHECK(bitwise_equal(single[r], single[0]));
-          for (const std::size_t n : micro_reductions[r]) {
-            if (mode == AccumulationMode::NoSync) {
-              CHECK(n == 0);
-            } else {
-              // One reduction per unit (HybridShard: and one across replicas).
-              CHECK(n == layers.size() * (strategy == ShardingStrategy::HybridShard ? 2 : 1));
-            }
+          many.step(micro[s][K - 1][r]);
+          one.step(big[s][r]);
+        }
+        accumulated[r] = many.full_parameters();
+        single[r] = one.full_parameters();
+      });
+      for (std::size_t r = 0; r < ranks; ++r) {
+        CAPTURE(r);
+        CHECK(bitwise_equal(accumulated[r], accumulated[0]));
+        CHECK(bitwise_equal(single[r], single[0]));
+        for (const std::size_t n : micro_reductions[r]) {
+          if (mode == AccumulationMode::NoSync) {
+            CHECK(n == 0);
+          } else {
+            // One reduction per unit (HybridShard: and one across replicas).
+            CHECK(n == layers.size() * (strategy == ShardingStrategy::HybridShard ? 2 : 1));
           }
-          // NoShard under NoSync: a micro-step talks to no one.
-          if (mode == AccumulationMode::NoSync && strategy == ShardingStrategy::NoShard) CHECK(micro_calls[r] == 0);
         }
-        CHECK(worst_relative(accumulated[0], replicated_big) <= 1e-6);
-        CHECK(worst_relative(single[0], replicated_big) <= 1e-6);
-        CHECK(worst_relative(accumulated[0], single[0]) <= 1e-6);
-        // NoSync reduces 1/K of the local sum once, as ReplicatedTrainer does:
-        // bitwise equal under the deterministic option (HybridShard sums by group).
-        if (mode == AccumulationMode::NoSync && strategy != ShardingStrategy::HybridShard) {
-          CHECK(bitwise_equal(accumulated[0], replicated_accumulated));
-        }
+        // NoShard under NoSync: a micro-step talks to no one.
+        if (mode == AccumulationMode::NoSync && strategy == ShardingStrategy::NoShard) CHECK(micro_calls[r] == 0);
       }
-    }
+      CHECK(worst_relative(accumulated[0], replicated_big) <= 1e-6);
+      CHECK(worst_relative(single[0], replicated_big) <= 1e-6);
+      CHECK(worst_relative(accumulated[0], single[0]) <= 1e-6);
+      // NoSync reduces 1/K of the local sum once, as ReplicatedTrainer does:
+      // bitwise equal under the deterministic option (HybridShard sums by group).
+      if (mode == AccumulationMode::NoSync && strategy != ShardingStrategy::HybridShard) {
+        CHECK(bitwise_equal(accumulated[0], replicated_accumulated));
+      }
+    });
   }
 }
 
@@ -697,54 +707,48 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
           "and the losses noted for them") {
   at_worlds_with_batches("accumulation interrupted", 3, 4, 3,
                          [&](int world, std::size_t ranks, const Batches& batches) {
-    for (const ShardingStrategy strategy : all_strategies) {
-      for (const AccumulationMode mode : {AccumulationMode::Sharded, AccumulationMode::NoSync}) {
-        INFO("strategy = " << std::string(name(strategy))
-                           << ", mode = " << (mode == AccumulationMode::NoSync ? "NoSync" : "Sharded"));
-        ShardedTrainerOptions o = options_for(strategy, world);
-        o.accumulation = mode;
-        o.backward_prefetch = BackwardPrefetch::BackwardPre;
-        // plain: micro-steps 0, 1 and the step on 2. interrupted: the same with
-        // an evaluation after 0, and a failed micro-step (then 3) before it all.
-        // The last rank's loss in the micro-step that the failure drops is a
-        // NaN: dropped with it, it must not fail the step (on_nonfinite).
-        std::vector<std::vector<float>> plain(ranks), interrupted(ranks);
-        std::vector<std::string> errors(ranks);
-        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-          const auto r = static_cast<std::size_t>(comm.rank());
-          ShardedTrainer a(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
-          a.accumulate(batches[0][r]);
-          a.accumulate(batches[1][r]);
-          a.step(batches[2][r]);
-          plain[r] = a.full_parameters();
+    each_accumulation(world, [&](ShardingStrategy, AccumulationMode, ShardedTrainerOptions o) {
+      o.backward_prefetch = BackwardPrefetch::BackwardPre;
+      // plain: micro-steps 0, 1 and the step on 2. interrupted: the same with
+      // an evaluation after 0, and a failed micro-step (then 3) before it all.
+      // The last rank's loss in the micro-step that the failure drops is a
+      // NaN: dropped with it, it must not fail the step (on_nonfinite).
+      std::vector<std::vector<float>> plain(ranks), interrupted(ranks);
+      std::vector<std::string> errors(ranks);
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ShardedTrainer a(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
+        a.accumulate(batches[0][r]);
+        a.accumulate(batches[1][r]);
+        a.step(batches[2][r]);
+        plain[r] = a.full_parameters();
 
-          ShardedTrainer b(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
-          b.model().nan_loss = comm.rank() == comm.size() - 1;
+        ShardedTrainer b(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
+        b.model().nan_loss = comm.rank() == comm.size() - 1;
+        b.accumulate(batches[3][r]);
+        b.model().nan_loss = false;
+        b.model().fail = true;
+        try {
           b.accumulate(batches[3][r]);
-          b.model().nan_loss = false;
-          b.model().fail = true;
-          try {
-            b.accumulate(batches[3][r]);
-          } catch (const std::runtime_error& e) {
-            errors[r] = e.what();
-          }
-          b.model().fail = false;
-          b.accumulate(batches[0][r]);
-          b.evaluate([&](const gradsync::StepContext<float>& ctx) {
-            for (std::size_t u = 0; u < layers.size(); ++u) const auto p = ctx.params(u);
-            return 0;
-          });
-          b.accumulate(batches[1][r]);
-          b.step(batches[2][r]);
-          interrupted[r] = b.full_parameters();
-        });
-        for (std::size_t r = 0; r < ranks; ++r) {
-          CAPTURE(r);
-          CHECK(errors[r] == "the model failed");
-          CHECK(bitwise_equal(interrupted[r], plain[r]));
+        } catch (const std::runtime_error& e) {
+          errors[r] = e.what();
         }
+        b.model().fail = false;
+        b.accumulate(batches[0][r]);
+        b.evaluate([&](const gradsync::StepContext<float>& ctx) {
+          for (std::size_t u = 0; u < layers.size(); ++u) const auto p = ctx.params(u);
+          return 0;
+        });
+        b.accumulate(batches[1][r]);
+        b.step(batches[2][r]);
+        interrupted[r] = b.full_parameters();
+      });
+      for (std::size_t r = 0; r < ranks; ++r) {
+        CAPTURE(r);
+        CHECK(errors[r] == "the model failed");
+        CHECK(bitwise_equal(interrupted[r], plain[r]));
       }
-    }
+    });
   });
 }
 
