@@ -1,21 +1,11 @@
 // The second translation unit: same headers, a different instantiation.
 #include <gradsync/gradsync.hpp>
 
-#include <span>
-#include <vector>
+#include "two_tu_use.hpp"
 
 int a_main();
 
-static int b_main()
-{
-    gradsync::bfloat16 half(2.0f);
-    if (static_cast<float>(half) != 2.0f) return 1;
-    gradsync::run_threads(2, [](auto& comm) {
-        std::vector<float> x(3, 1.0f);
-        gradsync::AllReduce<gradsync::Native>{}(comm, std::span<float>(x));
-    });
-    return 0;
-}
+static int b_main() { return use_library<gradsync::Native>(2.0f); }
 
 int main()
 {
