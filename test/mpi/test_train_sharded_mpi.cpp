@@ -60,6 +60,17 @@ bool same_on_every_rank(const void* p, std::size_t bytes) {
 bool same_on_every_rank(const std::vector<float>& v) { return same_on_every_rank(v.data(), v.size() * sizeof(float)); }
 bool same_on_every_rank(const std::string& s) { return same_on_every_rank(s.data(), s.size()); }
 
+/// Runs `body(world, batches)` with the processes' world and `steps` random
+/// steps of `b` samples a rank, drawn from the test seed's stream
+/// `seed_name`; the seed and the world are printed on failure.
+template <class Body>
+void with_mpi_batches(const char* seed_name, int steps, std::size_t b, Body body) {
+  const int world = test::mpi_size();
+  const auto batches = random_batches(test::rng_for(seed_name)(), steps, world, b);
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world);
+  body(world, batches);
+}
+
 /// Random Squares unit sizes for this world, drawn from `salt`'s generator.
 std::vector<std::size_t> squares_sizes(const char* salt) {
   auto rng = test::rng_for(salt);
@@ -116,81 +127,79 @@ TEST_CASE("mpi parity: Adam") { check_parity("Adam", gradsync::Adam<float>({.lr 
 TEST_CASE("mpi parity: AdamW") { check_parity("AdamW", gradsync::AdamW<float>({.lr = 0.01, .weight_decay = 0.1})); }
 
 TEST_CASE("mpi trace: the collectives of one step, in order and counted, the same on every rank") {
-  const int world = test::mpi_size();
-  const auto batches = random_batches(test::rng_for("mpi trace")(), 2, world, 2);
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world);
-  test::run_world(world, [&](Communicator<Mpi>& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    for (const ShardingStrategy s : strategies_for(world)) {
-      for (const bool keep : {true, false}) {
-        INFO("strategy = " << std::string(name(s)) << ", keep_last_forward_unit = " << keep);
-        ShardedTrainerOptions o = options_for(s, world);
-        o.keep_last_forward_unit = keep;
-        ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9}), o);
-        trainer.step(batches[0][r]);
-        const std::uint64_t before = comm.sequence();
-        trainer.step(batches[1][r]);
-        const std::uint64_t calls = comm.sequence() - before;
-        const Trace expected = expected_trace(s, layers.size(), keep);
-        const std::string got = describe(trainer.trace());
-        CHECK(got == describe(expected));
-        CHECK(same_on_every_rank(got));
-        // Nothing else on the communicator but the buffers' broadcast and the
-        // agreement on finite gradients (HybridShard's collectives run on its
-        // split communicators).
-        if (s != ShardingStrategy::HybridShard) CHECK(calls == expected.size() + 2);
+  with_mpi_batches("mpi trace", 2, 2, [&](int world, const Batches& batches) {
+    test::run_world(world, [&](Communicator<Mpi>& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      for (const ShardingStrategy s : strategies_for(world)) {
+        for (const bool keep : {true, false}) {
+          INFO("strategy = " << std::string(name(s)) << ", keep_last_forward_unit = " << keep);
+          ShardedTrainerOptions o = options_for(s, world);
+          o.keep_last_forward_unit = keep;
+          ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05, .momentum = 0.9}), o);
+          trainer.step(batches[0][r]);
+          const std::uint64_t before = comm.sequence();
+          trainer.step(batches[1][r]);
+          const std::uint64_t calls = comm.sequence() - before;
+          const Trace expected = expected_trace(s, layers.size(), keep);
+          const std::string got = describe(trainer.trace());
+          CHECK(got == describe(expected));
+          CHECK(same_on_every_rank(got));
+          // Nothing else on the communicator but the buffers' broadcast and the
+          // agreement on finite gradients (HybridShard's collectives run on its
+          // split communicators).
+          if (s != ShardingStrategy::HybridShard) CHECK(calls == expected.size() + 2);
+        }
       }
-    }
+    });
   });
 }
 
 TEST_CASE("mpi timeline: each process's file holds its step's collectives, and the ranks' steps share one clock") {
-  const int world = test::mpi_size();
-  const auto batches = random_batches(test::rng_for("mpi timeline")(), 1, world, 2);
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world);
-  for (const ShardingStrategy s : strategies_for(world)) {
-    INFO("strategy = " << std::string(name(s)));
-    const test::TempDir out;  // this process's own: each rank reads back the file it wrote
-    test::run_world(world, [&](Communicator<Mpi>& comm) {
-      comm.trace_to(out.path.string());
-      ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05}), options_for(s, world));
-      trainer.step(batches[0][static_cast<std::size_t>(comm.rank())]);
-      const test::TraceFile f = test::read_trace(comm.write_trace());
-      std::map<std::string, std::size_t> expected;
-      for (const auto& e : expected_trace(s, layers.size(), true)) ++expected[std::string(name(e.collective))];
-      // In a HybridShard group of one rank the reduce-scatter is a copy, not a call.
-      if (s == ShardingStrategy::HybridShard && hybrid_shard_size(world) == 1) expected.erase("ReduceScatter");
-      std::map<std::string, std::size_t> on_worker;
-      double from = -1, to = -1;
-      for (const test::TraceLine& e : f.events) {
-        CHECK(e.pid == comm.rank());
-        if (e.name == "step 1") from = e.ts, to = e.ts + e.dur;
-      }
-      REQUIRE(from >= 0);
-      for (const test::TraceLine& e : f.events) {
-        if (e.cat == "communication" && !test::trace_field(e.line, "seq").empty() &&
-            f.thread_names.at(e.tid) == "progress worker" && e.ts >= from && e.ts + e.dur <= to) {
-          ++on_worker[e.name];
-          CHECK(test::trace_field(e.line, "backend") == "Mpi");
+  with_mpi_batches("mpi timeline", 1, 2, [&](int world, const Batches& batches) {
+    for (const ShardingStrategy s : strategies_for(world)) {
+      INFO("strategy = " << std::string(name(s)));
+      const test::TempDir out;  // this process's own: each rank reads back the file it wrote
+      test::run_world(world, [&](Communicator<Mpi>& comm) {
+        comm.trace_to(out.path.string());
+        ShardedTrainer trainer(comm, model_for(comm.rank()), gradsync::Sgd<float>({.lr = 0.05}), options_for(s, world));
+        trainer.step(batches[0][static_cast<std::size_t>(comm.rank())]);
+        const test::TraceFile f = test::read_trace(comm.write_trace());
+        std::map<std::string, std::size_t> expected;
+        for (const auto& e : expected_trace(s, layers.size(), true)) ++expected[std::string(name(e.collective))];
+        // In a HybridShard group of one rank the reduce-scatter is a copy, not a call.
+        if (s == ShardingStrategy::HybridShard && hybrid_shard_size(world) == 1) expected.erase("ReduceScatter");
+        std::map<std::string, std::size_t> on_worker;
+        double from = -1, to = -1;
+        for (const test::TraceLine& e : f.events) {
+          CHECK(e.pid == comm.rank());
+          if (e.name == "step 1") from = e.ts, to = e.ts + e.dur;
         }
-      }
-      const auto words = [](const std::map<std::string, std::size_t>& m) {
-        std::string t;
-        for (const auto& [k, n] : m) t += k + " x" + std::to_string(n) + "; ";
-        return t;
-      };
-      CHECK(words(on_worker) == words(expected));
-      // CLOCK_MONOTONIC is one clock for the host's processes: every rank's
-      // step, which waits in collectives for all the others, overlaps every other's.
-      const auto us = [](double t) { return static_cast<std::uint64_t>(t); };
-      std::vector<std::uint64_t> mine(static_cast<std::size_t>(world));
-      mine[static_cast<std::size_t>(comm.rank())] = us(from);
-      const std::vector<std::uint64_t> starts = test::all_values(world, mine);
-      mine[static_cast<std::size_t>(comm.rank())] = us(to) + 1;
-      const std::vector<std::uint64_t> ends = test::all_values(world, mine);
-      CHECK(*std::max_element(starts.begin(), starts.end()) <= *std::min_element(ends.begin(), ends.end()));
-    });
-  }
+        REQUIRE(from >= 0);
+        for (const test::TraceLine& e : f.events) {
+          if (e.cat == "communication" && !test::trace_field(e.line, "seq").empty() &&
+              f.thread_names.at(e.tid) == "progress worker" && e.ts >= from && e.ts + e.dur <= to) {
+            ++on_worker[e.name];
+            CHECK(test::trace_field(e.line, "backend") == "Mpi");
+          }
+        }
+        const auto words = [](const std::map<std::string, std::size_t>& m) {
+          std::string t;
+          for (const auto& [k, n] : m) t += k + " x" + std::to_string(n) + "; ";
+          return t;
+        };
+        CHECK(words(on_worker) == words(expected));
+        // CLOCK_MONOTONIC is one clock for the host's processes: every rank's
+        // step, which waits in collectives for all the others, overlaps every other's.
+        const auto us = [](double t) { return static_cast<std::uint64_t>(t); };
+        std::vector<std::uint64_t> mine(static_cast<std::size_t>(world));
+        mine[static_cast<std::size_t>(comm.rank())] = us(from);
+        const std::vector<std::uint64_t> starts = test::all_values(world, mine);
+        mine[static_cast<std::size_t>(comm.rank())] = us(to) + 1;
+        const std::vector<std::uint64_t> ends = test::all_values(world, mine);
+        CHECK(*std::max_element(starts.begin(), starts.end()) <= *std::min_element(ends.begin(), ends.end()));
+      });
+    }
+  });
 }
 
 // Across processes, each rank writing its own values unit by unit (init_unit:
@@ -198,54 +207,53 @@ TEST_CASE("mpi timeline: each process's file holds its step's collectives, and t
 // from rank 0's. (bind's path is the parity cases': their Mlp binds, with
 // values that differ by rank.)
 TEST_CASE("mpi async checkpoint: saved while the processes step on, it loads as the state at save(), both layouts") {
-  const int world = test::mpi_size();
-  const auto batches = random_batches(test::rng_for("mpi async checkpoint")(), 4, world, 3);
-  INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world);
-  test::run_world(world, [&](Communicator<Mpi>& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    // One directory for every process: rank 0's, its path broadcast as integers.
-    std::optional<test::TempDir> dir;
-    std::vector<std::int32_t> path_chars(4096, 0);
-    if (r == 0) {
-      dir.emplace();
-      const std::string p = dir->path.string();
-      REQUIRE(p.size() < path_chars.size());
-      std::copy(p.begin(), p.end(), path_chars.begin());
-    }
-    gradsync::Broadcast<>{}(comm, std::span<std::int32_t>(path_chars), 0);
-    std::string root;
-    for (const std::int32_t c : path_chars) {
-      if (c == 0) break;
-      root += static_cast<char>(c);
-    }
-    for (const gradsync::CheckpointFormat format : {gradsync::CheckpointFormat::full, gradsync::CheckpointFormat::sharded}) {
-      const std::string layout = format == gradsync::CheckpointFormat::full ? "full" : "sharded";
-      for (const ShardingStrategy s : strategies_for(world)) {
-        INFO("layout = " << layout << ", strategy = " << std::string(name(s)));
-        ShardedTrainerOptions o = options_for(s, world);
-        o.collective.deterministic = true;
-        const gradsync::Adam<float> adam({.lr = 0.01});
-        ShardedTrainer t(comm, model_for(comm.rank()), adam, o);
-        gradsync::AsyncCheckpointer ckpt(t);
-        ckpt.reserve({.format = format});
-        t.step(batches[0][r]);
-        t.step(batches[1][r]);
-        const std::vector<float> at_save = t.full_parameters();
-        const std::string target = root + "/ckpt-" + std::string(name(s)) + "-" + layout;
-        ckpt.save(target, {}, {.format = format});
-        t.step(batches[2][r]);
-        ckpt.wait();
-        CHECK(!ckpt.pending());
-        // Other initial values, then the checkpoint: the parameters and Adam's state at save().
-        ShardedTrainer u(comm, model_for(comm.rank() + 7), adam, o);
-        gradsync::load_checkpoint(u, target);
-        CHECK(u.full_parameters() == at_save);
-        u.step(batches[2][r]);
-        const std::vector<float> resumed = u.full_parameters(), trained = t.full_parameters();
-        CHECK(resumed == trained);
-        CHECK(same_on_every_rank(resumed));
+  with_mpi_batches("mpi async checkpoint", 4, 3, [&](int world, const Batches& batches) {
+    test::run_world(world, [&](Communicator<Mpi>& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      // One directory for every process: rank 0's, its path broadcast as integers.
+      std::optional<test::TempDir> dir;
+      std::vector<std::int32_t> path_chars(4096, 0);
+      if (r == 0) {
+        dir.emplace();
+        const std::string p = dir->path.string();
+        REQUIRE(p.size() < path_chars.size());
+        std::copy(p.begin(), p.end(), path_chars.begin());
       }
-    }
+      gradsync::Broadcast<>{}(comm, std::span<std::int32_t>(path_chars), 0);
+      std::string root;
+      for (const std::int32_t c : path_chars) {
+        if (c == 0) break;
+        root += static_cast<char>(c);
+      }
+      for (const gradsync::CheckpointFormat format : {gradsync::CheckpointFormat::full, gradsync::CheckpointFormat::sharded}) {
+        const std::string layout = format == gradsync::CheckpointFormat::full ? "full" : "sharded";
+        for (const ShardingStrategy s : strategies_for(world)) {
+          INFO("layout = " << layout << ", strategy = " << std::string(name(s)));
+          ShardedTrainerOptions o = options_for(s, world);
+          o.collective.deterministic = true;
+          const gradsync::Adam<float> adam({.lr = 0.01});
+          ShardedTrainer t(comm, model_for(comm.rank()), adam, o);
+          gradsync::AsyncCheckpointer ckpt(t);
+          ckpt.reserve({.format = format});
+          t.step(batches[0][r]);
+          t.step(batches[1][r]);
+          const std::vector<float> at_save = t.full_parameters();
+          const std::string target = root + "/ckpt-" + std::string(name(s)) + "-" + layout;
+          ckpt.save(target, {}, {.format = format});
+          t.step(batches[2][r]);
+          ckpt.wait();
+          CHECK(!ckpt.pending());
+          // Other initial values, then the checkpoint: the parameters and Adam's state at save().
+          ShardedTrainer u(comm, model_for(comm.rank() + 7), adam, o);
+          gradsync::load_checkpoint(u, target);
+          CHECK(u.full_parameters() == at_save);
+          u.step(batches[2][r]);
+          const std::vector<float> resumed = u.full_parameters(), trained = t.full_parameters();
+          CHECK(resumed == trained);
+          CHECK(same_on_every_rank(resumed));
+        }
+      }
+    });
   });
 }
 
