@@ -156,6 +156,58 @@ std::int64_t numel(const std::vector<torch::Tensor>& ts) {
   return n;
 }
 
+/// The cases where one rank of 3 misbehaves: which rank, and in which step
+/// (counted from 1: the first or the second).
+struct OneRankFault {
+  static constexpr int world = 3;
+  static constexpr std::int64_t rows = 4;  ///< each rank's rows of the data
+  int rank = 0, step = 0;
+};
+
+/// A OneRankFault drawn from the test seed's stream `seed_name`.
+OneRankFault draw_fault(const char* seed_name) {
+  auto rng = test::rng_for(seed_name);
+  const int odd = static_cast<int>(rng() % OneRankFault::world);
+  const int bad = 1 + static_cast<int>(rng() % 2);
+  return {.rank = odd, .step = bad};
+}
+
+/// Runs `body(strategy)` for FullShard, ShardGradOp and NoShard; a failure
+/// names the strategy.
+template <class Body>
+void each_strategy(Body body) {
+  for (const ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
+    const std::string strategy_name = gradsync::name(strategy);
+    CAPTURE(strategy_name);
+    body(strategy);
+  }
+}
+
+/// Under FullShard, ShardGradOp and NoShard: each rank wraps a `Module` by
+/// `shard(m, comm, options)` and trains it on its rows of `d` with momentum
+/// SGD, through the step after `fault.step`, `step(m, mine, misbehave)`
+/// running each forward and backward. Every rank must fail naming `needle`.
+template <class Module, class Shard, class Step>
+void fails_everywhere(const OneRankFault& fault, const Data& d, const std::string& needle, Shard shard, Step step) {
+  each_strategy([&](ShardingStrategy strategy) {
+    const Outcomes got = run_failing(OneRankFault::world, [&](Comm& comm) {
+      gradsync::ShardedModule<Module> m;
+      gradsync::FullyShardOptions o;
+      o.strategy = strategy;
+      shard(m, comm, o);
+      auto opt = make_optimizer(Opt::sgd_momentum, *m);
+      const Data mine = rank_rows(d, comm.rank(), OneRankFault::rows);
+      for (int s = 1; s <= fault.step + 1; ++s) {
+        opt->zero_grad();
+        step(m, mine, comm.rank() == fault.rank && s == fault.step);
+        opt->step();
+      }
+    });
+    check_failed_everywhere(got, needle);
+  });
+}
+
 }  // namespace
 
 TEST_CASE("fully_shard: every strategy and optimizer matches one process on the N·b batch and "
@@ -179,10 +231,7 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         fit([&](const torch::Tensor& x) { return dp(x); }, o, rank_rows(d, comm.rank(), b), steps);
       });
 
-      for (const ShardingStrategy strategy :
-           {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-        const std::string strategy_name = gradsync::name(strategy);
-        CAPTURE(strategy_name);
+      each_strategy([&](ShardingStrategy strategy) {
         std::vector<std::int64_t> local(static_cast<std::size_t>(n));
         std::vector<std::size_t> bytes(static_cast<std::size_t>(n));
         PerRank got = run_ranks(n, [&](Comm& comm) {
@@ -217,7 +266,7 @@ TEST_CASE("fully_shard: every strategy and optimizer matches one process on the 
         CAPTURE(from_ddp);
         CHECK(error <= 1e-5);
         CHECK(from_ddp <= 1e-5);
-      }
+      });
     }
   }
 }
@@ -261,10 +310,7 @@ TEST_CASE("fully_shard: K micro-batches under no_sync match one step on the K·N
         train(forward, [&] { return dp.no_sync(); }, o, comm.rank());
       });
 
-      for (const ShardingStrategy strategy :
-           {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-        const std::string strategy_name = gradsync::name(strategy);
-        CAPTURE(strategy_name);
+      each_strategy([&](ShardingStrategy strategy) {
         PerRank got = run_ranks(n, [&](Comm& comm) {
           gradsync::ShardedModule<Net> m;
           load_and_wrap(m, comm, init, strategy);
@@ -274,49 +320,31 @@ TEST_CASE("fully_shard: K micro-batches under no_sync match one step on the K·N
           return values(gradsync::full_state_dict(m));
         });
         check_parity(got, expected, ddp.params[0]);
-      }
+      });
     }
   }
 }
 
 TEST_CASE("fully_shard: one rank's backward under no_sync while the others sync fails every rank, naming both") {
-  auto rng = test::rng_for("fsdp no_sync on one rank");
   CAPTURE(test::test_seed());
-  const int n = 3;
-  const int odd = static_cast<int>(rng() % n);
-  const int bad = 1 + static_cast<int>(rng() % 2);  // counted from 1
-  INFO("rank " << odd << " runs backward " << bad << " under no_sync");
-  const std::int64_t b = 4;
-  Data d = make_data(n * b, "fsdp no_sync on one rank data");
+  const OneRankFault fault = draw_fault("fsdp no_sync on one rank");
+  INFO("rank " << fault.rank << " runs backward " << fault.step << " under no_sync");
+  Data d = make_data(OneRankFault::world * OneRankFault::rows, "fsdp no_sync on one rank data");
   d.x = d.x.to(torch::kDouble);
-  for (const ShardingStrategy strategy :
-       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-    const std::string strategy_name = gradsync::name(strategy);
-    CAPTURE(strategy_name);
-    const Outcomes got = run_failing(n, [&](Comm& comm) {
-      gradsync::ShardedModule<Net> m;
-      gradsync::FullyShardOptions o;
-      o.strategy = strategy;
-      wrap(m, comm, o);
-      auto opt = make_optimizer(Opt::sgd_momentum, *m);
-      const Data mine = rank_rows(d, comm.rank(), b);
-      for (int s = 1; s <= bad + 1; ++s) {
-        opt->zero_grad();
+  // b2 (unit 1) reduces first in backward: the root's unit, whose input
+  // needs no gradient, is finished last, by the engine's callback.
+  const std::string first = "backward " + std::to_string(fault.step) + ", gradient reduction of fully_shard unit 1";
+  fails_everywhere<Net>(
+      fault, d, first, [](auto& m, Comm& comm, const gradsync::FullyShardOptions& o) { wrap(m, comm, o); },
+      [](auto& m, const Data& mine, bool misbehave) {
         auto backward = [&] { torch::nn::functional::cross_entropy(m(mine.x), mine.y).backward(); };
-        if (comm.rank() == odd && s == bad) {
+        if (misbehave) {
           auto guard = gradsync::no_sync(m);
           backward();
         } else {
           backward();
         }
-        opt->step();
-      }
-    });
-    // b2 (unit 1) reduces first in backward: the root's unit, whose input
-    // needs no gradient, is finished last, by the engine's callback.
-    const std::string first = "backward " + std::to_string(bad) + ", gradient reduction of fully_shard unit 1";
-    check_failed_everywhere(got, first);
-  }
+      });
 }
 
 TEST_CASE("fully_shard: HybridShard over groups of shard_size ranks matches DistributedDataParallel and one "
@@ -371,38 +399,23 @@ TEST_CASE("fully_shard: HybridShard over groups of shard_size ranks matches Dist
 }
 
 TEST_CASE("fully_shard: a forward that skips a unit on one rank fails every rank naming the unit, with no wait") {
-  auto rng = test::rng_for("fsdp skipped unit");
   CAPTURE(test::test_seed());
-  const int n = 3;
-  const int odd = static_cast<int>(rng() % n);
-  const int bad = 1 + static_cast<int>(rng() % 2);  // counted from 1
-  INFO("rank " << odd << " skips b2 in step " << bad);
-  const std::int64_t b = 4;
-  const Data d = make_data(n * b, "fsdp skipped unit data");
-  for (const ShardingStrategy strategy :
-       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-    const std::string strategy_name = gradsync::name(strategy);
-    CAPTURE(strategy_name);
-    const Outcomes got = run_failing(n, [&](Comm& comm) {
-      gradsync::ShardedModule<SkipNet> m;
-      gradsync::FullyShardOptions o;
-      o.strategy = strategy;
-      gradsync::fully_shard(m->b1, comm, o);
-      gradsync::fully_shard(m->b2, comm, o);
-      gradsync::fully_shard(m, comm, o);
-      auto opt = make_optimizer(Opt::sgd_momentum, *m);
-      const Data mine = rank_rows(d, comm.rank(), b);
-      for (int s = 1; s <= bad + 1; ++s) {
-        opt->zero_grad();
-        torch::nn::functional::cross_entropy(m(mine.x, comm.rank() == odd && s == bad), mine.y).backward();
-        opt->step();
-      }
-    });
-    // b2 is the second unit wrapped: index 1.
-    const std::string b2 =
-        "fully_shard unit 1 ('test_torch_fsdp_support::BlockImpl' (a.weight [5 x 12], a.bias [5], …))";
-    check_failed_everywhere(got, b2);
-  }
+  const OneRankFault fault = draw_fault("fsdp skipped unit");
+  INFO("rank " << fault.rank << " skips b2 in step " << fault.step);
+  const Data d = make_data(OneRankFault::world * OneRankFault::rows, "fsdp skipped unit data");
+  // b2 is the second unit wrapped: index 1.
+  const std::string b2 =
+      "fully_shard unit 1 ('test_torch_fsdp_support::BlockImpl' (a.weight [5 x 12], a.bias [5], …))";
+  fails_everywhere<SkipNet>(
+      fault, d, b2,
+      [](auto& m, Comm& comm, const gradsync::FullyShardOptions& o) {
+        gradsync::fully_shard(m->b1, comm, o);
+        gradsync::fully_shard(m->b2, comm, o);
+        gradsync::fully_shard(m, comm, o);
+      },
+      [](auto& m, const Data& mine, bool misbehave) {
+        torch::nn::functional::cross_entropy(m(mine.x, misbehave), mine.y).backward();
+      });
 }
 
 TEST_CASE("fully_shard: param_dtype bfloat16 trains close to float, the shards and their gradients staying float") {
@@ -487,10 +500,7 @@ TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp af
     /// What b1's gathered parameters hold, in bytes, at each point.
     std::vector<std::size_t> gathered;
   };
-  for (const ShardingStrategy strategy :
-       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-    const std::string strategy_name = gradsync::name(strategy);
-    CAPTURE(strategy_name);
+  each_strategy([&](ShardingStrategy strategy) {
     std::vector<Seen> seen(static_cast<std::size_t>(n));
     PerRank got = run_ranks(n, [&](Comm& comm) {
       gradsync::ShardedModule<Net> m;
@@ -532,7 +542,7 @@ TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp af
                                                       : std::vector<std::size_t>{whole, whole, whole};
       CHECK(seen[r].gathered == gathered);
     }
-  }
+  });
 }
 
 TEST_CASE("fully_shard: a frozen parameter keeps its value and a buffer is rank 0's, on every rank") {
@@ -570,10 +580,7 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
   d.x = d.x.to(torch::kDouble);
   std::vector<torch::Tensor> expected;
   const std::vector<double> norms = clipped_alone(init, Opt::sgd_momentum, d, steps, max_norm, expected);
-  for (const ShardingStrategy strategy :
-       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-    const std::string strategy_name = gradsync::name(strategy);
-    CAPTURE(strategy_name);
+  each_strategy([&](ShardingStrategy strategy) {
     std::vector<std::vector<double>> seen(static_cast<std::size_t>(n));
     PerRank got = run_ranks(n, [&](Comm& comm) {
       gradsync::ShardedModule<Net> m;
@@ -595,7 +602,7 @@ TEST_CASE("fully_shard: clip_grad_norm_ over the shards matches torch::nn::utils
     const double error = max_relative(got.params[0], expected);
     CAPTURE(error);
     CHECK(error <= 1e-5);
-  }
+  });
 }
 
 TEST_CASE("fully_shard: save_full_state_dict writes the unwrapped module's names and full values from rank 0") {
@@ -640,10 +647,7 @@ TEST_CASE("fully_shard: after a backward that threw, training goes on as if that
   auto alone_opt = make_optimizer(Opt::adam, *alone);
   fit([&](const torch::Tensor& x) { return alone->forward(x); }, *alone_opt, d, steps - 1);
   const std::vector<torch::Tensor> expected = state(*alone);
-  for (const ShardingStrategy strategy :
-       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard}) {
-    const std::string strategy_name = gradsync::name(strategy);
-    CAPTURE(strategy_name);
+  each_strategy([&](ShardingStrategy strategy) {
     std::vector<int> threw(static_cast<std::size_t>(n));
     PerRank got = run_ranks(n, [&](Comm& comm) {
       gradsync::ShardedModule<Net> m;
@@ -675,7 +679,7 @@ TEST_CASE("fully_shard: after a backward that threw, training goes on as if that
     const double error = max_relative(got.params[0], expected);
     CAPTURE(error);
     CHECK(error <= 1e-5);
-  }
+  });
 }
 
 TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
