@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <span>
 #include <string>
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "../support/common.hpp"
+#include "../support/temp_dir.hpp"
+#include "../support/trace_events.hpp"
 #include "../support/world.hpp"
 
 // Everything in this file is in its own namespace: the Mpi suites compile it
@@ -187,6 +190,49 @@ TEST_CASE_TEMPLATE("large AllReduce then Barrier, call after call, completes", A
   // ends as a Timeout on some rank, which fails the case.
   comm.set_timeout(20s);
   all_reduce_checked<Algo>(comm, count, rng(), calls, true);
+}
+
+// The timeline's peer_wait_us on Mpi: the ranks that wait in a Ring
+// all-reduce for a late peer report that wait, the late one does not, and
+// no rank's wait exceeds the call; a Native call, all inside MPI, reports none.
+TEST_CASE("mpi timeline: peer_wait_us is the wait for a late peer; Native does not tell it") {
+  const int rank = test::mpi_rank();
+  const int last = test::mpi_size() - 1;
+  constexpr auto late_by = 300ms;
+  const test::TempDir out;  // this process's own
+  gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
+  comm.set_timeout(30s);
+  comm.trace_to(out.path.string());
+  std::vector<float> v(4099, 1.0f);
+  gs::AllReduce<gs::Ring>{}(comm, std::span<float>(v));  // every rank in step first
+  if (rank == last) std::this_thread::sleep_for(late_by);
+  gs::AllReduce<gs::Ring>{}(comm, std::span<float>(v));
+  gs::AllReduce<gs::Native>{}(comm, std::span<float>(v));
+  const test::TraceFile f = test::read_trace(comm.write_trace());
+  std::vector<const test::TraceLine*> calls;
+  for (const test::TraceLine& e : f.events) {
+    if (e.name == "AllReduce") calls.push_back(&e);
+  }
+  REQUIRE(calls.size() == 3);
+  const test::TraceLine& late = *calls[1];
+  const std::string wait = test::trace_field(late.line, "peer_wait_us");
+  REQUIRE(!wait.empty());
+  const double waited = std::strtod(wait.c_str(), nullptr);
+  const double moving = late.dur - std::strtod(test::trace_field(late.line, "agree_us").c_str(), nullptr);
+  const double late_us = std::chrono::duration<double, std::micro>(late_by).count();
+  CAPTURE(waited);
+  CAPTURE(moving);
+  CHECK(waited >= 0);
+  CHECK(waited <= moving + 1);
+  // The late rank found its peers' messages waiting; they waited for it
+  // (in the agreement or in the ring's receives: the two together).
+  if (rank == last) {
+    CHECK(waited < late_us / 2);
+  } else {
+    CHECK(waited + std::strtod(test::trace_field(late.line, "agree_us").c_str(), nullptr) >= late_us / 2);
+  }
+  CHECK(test::trace_field(calls[2]->line, "peer_wait_us").empty());
+  CHECK(test::trace_field(calls[2]->line, "algorithm") == "native");
 }
 
 }  // namespace test_mpi_progress

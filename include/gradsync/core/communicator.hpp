@@ -258,7 +258,7 @@ class Communicator {
     if (trace) issued = detail::TraceRecorder::now_ns();
     // A backend that can tell its waits for peers apart from moving data
     // times them while a timeline is recorded (a hook, as begin_call).
-    if constexpr (requires { ep_.take_waited_ns(); }) ep_.time_waits(trace != nullptr);
+    if constexpr (requires { ep_.peer_waits(); }) ep_.peer_waits().enable(trace != nullptr);
     try {
       // begin_call/end_call are protocol hooks, not capabilities: a backend
       // brackets a call with them to check that ranks agree on it, and code
@@ -266,14 +266,14 @@ class Communicator {
       if constexpr (requires { ep_.begin_call(call_, timeout_); }) ep_.begin_call(call_, timeout_);
       detail::FlightRecorder::start(flight);
       if (trace) started = detail::TraceRecorder::now_ns();
-      if constexpr (requires { ep_.take_waited_ns(); }) {
-        if (trace) ep_.take_waited_ns();  // the agreement's waits are agree_us
+      if constexpr (requires { ep_.peer_waits(); }) {
+        if (trace) ep_.peer_waits().take();  // the agreement's waits are agree_us
       }
       detail::CallView<B> view(ep_, call_, timeout_, scratch_);
       std::forward<F>(body)(view);
       if (trace) moved = detail::TraceRecorder::now_ns();
-      if constexpr (requires { ep_.take_waited_ns(); }) {
-        if (trace) waited = ep_.take_waited_ns();
+      if constexpr (requires { ep_.peer_waits(); }) {
+        if (trace) waited = ep_.peer_waits().take();
       }
       if constexpr (requires { ep_.end_call(call_, timeout_); }) ep_.end_call(call_, timeout_);
       detail::FlightRecorder::end(flight, detail::FlightState::completed);

@@ -32,6 +32,7 @@
 #include "gradsync/core/flight_signal.hpp"
 #include "gradsync/core/local_reduce.hpp"
 #include "gradsync/core/ops.hpp"
+#include "gradsync/core/peer_wait_timer.hpp"
 #include "gradsync/core/rank_names.hpp"
 #include "gradsync/core/spinner.hpp"
 
@@ -175,6 +176,15 @@ class Endpoint : public NativeCollectives<Endpoint> {
     completed_.pop_back();
     return token;
   }
+
+  /// While a timeline is recorded (the communicator turns it on), the time
+  /// this rank's waits in wait_any and barriers took, less the reductions of
+  /// what had arrived that it made meanwhile. MPI moves a message only inside
+  /// this rank's MPI calls (shared memory's copies, TCP's fragments), and
+  /// those are among the polls of the wait, so the transport's own copying
+  /// counts as waiting: an upper bound on the time spent waiting for a late
+  /// peer. Inside a native collective nothing can be told apart: untold.
+  PeerWaitTimer& peer_waits() noexcept { return waits_; }
 
   void barrier(const CallInfo& call, std::chrono::nanoseconds timeout) {
     // The agreement completes only once every rank has joined: a barrier.
@@ -332,7 +342,9 @@ class Endpoint : public NativeCollectives<Endpoint> {
                                 ": the ranks called it with different arguments");
         }
         if (op.kind == Op::recv_reduce) {
+          const std::int64_t begin = waits_.work_begins();
           reduce_into_erased(op.type, op.reduce_op, op.dst, buffers_.data(op.buffer), op.count);
+          waits_.work_ends(begin);
           buffers_.release(op.buffer);
         }
       }
@@ -428,6 +440,11 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// stretch a large transfer that needs many of them (TCP's fragments).
   template <class Ready, class Expired>
   void await(Ready&& ready, std::chrono::nanoseconds timeout, Expired&& expired) {
+    struct Timed {
+      PeerWaitTimer& timer;
+      const PeerWaitTimer::Mark began;
+      ~Timed() { timer.wait_ends(began); }
+    } timed{waits_, waits_.wait_begins()};
     // A small message often lands within a poll or two: answer it before
     // paying for the clock.
     for (int i = 0; i < 4; ++i) {
@@ -639,6 +656,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// runs a native collective of its own inside it (deterministic Native).
   CallInfo user_call_{};
   Control control_;
+  PeerWaitTimer waits_;
 };
 
 }  // namespace detail::mpi

@@ -65,6 +65,7 @@ class NativeCollectives {
     ep.check(MPI_Iallgather(MPI_IN_PLACE, n, datatype(call.type), buf, n, datatype(call.type), ep.mpi_comm(), &req),
              "MPI_Iallgather");
     ep.poll(req, call, timeout, "MPI_Iallgather", !direct);
+    ep.waits_.untold();
     if (!direct && bytes) std::memcpy(out, buf, bytes * ranks);
   }
 
@@ -82,6 +83,7 @@ class NativeCollectives {
     ep.check(MPI_Ibcast(buf, static_cast<int>(call.count), datatype(call.type), call.root, ep.mpi_comm(), &req),
              "MPI_Ibcast");
     ep.poll(req, call, timeout, "MPI_Ibcast", !direct);
+    ep.waits_.untold();
     if (!direct && !root && bytes) std::memcpy(data, buf, bytes);
   }
 
@@ -123,6 +125,7 @@ class NativeCollectives {
                    ep.mpi_comm(), &req),
              name);
     ep.poll(req, call, timeout, name, buf != nullptr);
+    ep.waits_.untold();
     if (stage_out && out_bytes) std::memcpy(out, recv, out_bytes);
     ep.local_finish(out, call.count, call.type, call.op);
   }

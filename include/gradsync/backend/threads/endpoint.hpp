@@ -26,6 +26,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
+#include "gradsync/core/peer_wait_timer.hpp"
 #include "gradsync/core/rank_names.hpp"
 
 namespace gradsync::detail::threads {
@@ -138,25 +139,23 @@ class Endpoint : public NativeCollectives<Endpoint> {
   std::uint32_t wait_any(const CallInfo& call, std::chrono::nanoseconds timeout) {
     if (completed_.empty()) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
-      const std::int64_t begin = time_waits_ ? now_ns() : 0, moved = moved_ns_;
+      const PeerWaitTimer::Mark waiting = waits_.wait_begins();
       wait_on(
           world_->bell(rank_), spinner_, [&] { return progress(), !completed_.empty(); },
           [&] { check_peers(call, deadline, timeout); });
-      if (time_waits_) waited_ns_ += now_ns() - begin - (moved_ns_ - moved);
+      waits_.wait_ends(waiting);
     }
     const std::uint32_t token = completed_.back();
     completed_.pop_back();
     return token;
   }
 
-  /// With `on` (a timeline is recorded), this rank's waits for its peers
-  /// are timed: take_waited_ns() says how long the waits in wait_any found
+  /// While a timeline is recorded (the communicator turns it on), the time
+  /// this rank's waits for its peers took: the waits in wait_any that found
   /// nothing to do, without the copies and reductions out of the peers'
   /// buffers that it made meanwhile, plus the waits in barriers (Native's
   /// phases). A clock read per wait and two per message, so only when asked.
-  void time_waits(bool on) noexcept { time_waits_ = on; }
-  /// Nanoseconds waited for peers since the last take, then 0.
-  std::int64_t take_waited_ns() noexcept { return std::exchange(waited_ns_, 0); }
+  PeerWaitTimer& peer_waits() noexcept { return waits_; }
 
   /// Waits for every rank to arrive.
   void barrier(const CallInfo& call, std::chrono::nanoseconds timeout) {
@@ -170,7 +169,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
       return;
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    const std::int64_t begin = time_waits_ ? now_ns() : 0;
+    const PeerWaitTimer::Mark waiting = waits_.wait_begins();
     // Gives up only if the barrier has not completed: the arrival is taken
     // back with a compare-and-swap, so either everyone passes or nobody does.
     auto give_up = [&](auto&& thrower) {
@@ -190,7 +189,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
           // A peer in another call (or gone) will never arrive.
           if (const PeerProblem problem = peer_problem(call)) give_up([&] { problem.raise(); });
         });
-    if (time_waits_) waited_ns_ += now_ns() - begin;
+    waits_.wait_ends(waiting);
   }
 
   void local_copy(void* dst, const void* src, std::size_t count, DataType type) noexcept {
@@ -428,13 +427,13 @@ class Endpoint : public NativeCollectives<Endpoint> {
                                 describe(*op->call) + " but was sent " + std::to_string(m->count) + " x " +
                                 std::string(name(m->type)) + ": the ranks called it with different arguments");
         }
-        const std::int64_t begin = time_waits_ ? now_ns() : 0;
+        const std::int64_t begin = waits_.work_begins();
         if (op->reduce) {
           memory_.reduce(op->type, op->reduce_op, op->dst, m->data, op->count);
         } else if (op->count) {
           memory_.copy(op->dst, m->data, op->count * size_of(op->type));
         }
-        if (time_waits_) moved_ns_ += now_ns() - begin;
+        waits_.work_ends(begin);
         const int src = m->src;
         m->state.store(Message::done, std::memory_order_release);
         world_->bell(src).ring();
@@ -610,11 +609,6 @@ class Endpoint : public NativeCollectives<Endpoint> {
     throw Timeout(what + laggards(call));
   }
 
-  static std::int64_t now_ns() noexcept {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-
   std::shared_ptr<World> world_;
   int rank_;
   RankNames names_;  ///< the world's until split names a group
@@ -626,9 +620,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
   std::chrono::nanoseconds timeout_ = default_timeout;
   std::uint64_t seen_ = 0;
   bool scan_needed_ = false;
-  /// time_waits(): the waits' total, and the copies' and reductions' (ns).
-  bool time_waits_ = false;
-  std::int64_t waited_ns_ = 0, moved_ns_ = 0;
+  PeerWaitTimer waits_;
   std::vector<std::unique_ptr<Op>> pool_;
   std::vector<Op*> free_;
   std::vector<Op*> active_;
