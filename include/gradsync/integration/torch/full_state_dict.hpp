@@ -23,12 +23,7 @@ namespace gradsync {
 ///                 a `std::shared_ptr` to a torch::nn::Module subclass.
 template <class Holder>
 torch::OrderedDict<std::string, at::Tensor> full_state_dict(Holder& module) {
-  std::shared_ptr<torch::nn::Module> root;
-  if constexpr (requires { module.ptr(); }) {
-    root = module.ptr();
-  } else {
-    root = module;
-  }
+  const std::shared_ptr<torch::nn::Module> root = detail::module_root(module);
   std::unordered_map<const c10::TensorImpl*, at::Tensor> full;
   for (const auto& sub : root->modules(/*include_self=*/true)) {
     if (auto unit = detail::find_torch_unit(sub.get())) {

@@ -21,6 +21,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/integration/torch/sharded_optimizer_state.hpp"
 #include "gradsync/integration/torch/sharded_state_entries.hpp"
+#include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
 #include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
 
@@ -48,12 +49,7 @@ inline c10::ScalarType scalar_type_of(checkpoint::TensorDtype t) {
 template <class Holder, Backend B>
 void load_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Communicator<B>& comm,
                         const std::filesystem::path& dir) {
-  std::shared_ptr<torch::nn::Module> root;
-  if constexpr (requires { module.ptr(); }) {
-    root = module.ptr();
-  } else {
-    root = module;
-  }
+  const std::shared_ptr<torch::nn::Module> root = module_root(module);
   const std::string where = "load_sharded_state_dict from '" + dir.string() + "'";
   std::exception_ptr error;
   std::vector<ShardedStateEntry> entries;

@@ -20,6 +20,7 @@
 #include "gradsync/core/error.hpp"
 #include "gradsync/integration/torch/sharded_optimizer_state.hpp"
 #include "gradsync/integration/torch/sharded_state_entries.hpp"
+#include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
 #include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
 
@@ -31,12 +32,7 @@ namespace detail {
 template <class Holder, Backend B>
 void save_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Communicator<B>& comm,
                         const std::filesystem::path& dir) {
-  std::shared_ptr<torch::nn::Module> root;
-  if constexpr (requires { module.ptr(); }) {
-    root = module.ptr();
-  } else {
-    root = module;
-  }
+  const std::shared_ptr<torch::nn::Module> root = module_root(module);
   const std::string where = "save_sharded_state_dict to '" + dir.string() + "'";
   std::exception_ptr error;
   std::string refusal;
@@ -79,15 +75,7 @@ void save_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Comm
       error = std::current_exception();
     }
   }
-  agree<Auto>(comm, error, where);
-  if (comm.rank() == 0) {
-    try {
-      commit_sharded(dir, g, comm.size(), infos);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  agree<Auto>(comm, error, where);
+  commit_when_durable<Auto>(comm, error, where, dir, g, comm.size(), infos);
 }
 
 }  // namespace detail

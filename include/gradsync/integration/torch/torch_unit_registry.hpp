@@ -169,16 +169,22 @@ inline std::vector<std::string> torch_unit_descriptions(const void* comm) {
   return out;
 }
 
+/// The module that `module` holds: `Holder` is a module holder
+/// (ShardedModule, a TORCH_MODULE type) or a shared_ptr to a module.
+template <class Holder>
+std::shared_ptr<torch::nn::Module> module_root(Holder& module) {
+  if constexpr (requires { module.ptr(); }) {
+    return module.ptr();
+  } else {
+    return module;
+  }
+}
+
 /// The units of `module` and of the modules under it, outermost first.
 /// `Holder` is a module holder (ShardedModule, TORCH_MODULE) or a shared_ptr.
 template <class Holder>
 std::vector<std::shared_ptr<TorchUnit>> torch_units_under(Holder& module) {
-  std::shared_ptr<torch::nn::Module> root;
-  if constexpr (requires { module.ptr(); }) {
-    root = module.ptr();
-  } else {
-    root = module;
-  }
+  const std::shared_ptr<torch::nn::Module> root = module_root(module);
   std::vector<std::shared_ptr<TorchUnit>> out;
   for (const auto& sub : root->modules(/*include_self=*/true)) {
     if (auto unit = find_torch_unit(sub.get())) out.push_back(std::move(unit));

@@ -311,12 +311,29 @@ std::uint64_t agree_generation(Comm& comm, const std::filesystem::path& dir, std
   return static_cast<std::uint64_t>(generation);
 }
 
+/// The end of a sharded save of generation `g`, once each rank has written
+/// its shard file (or recorded in `error` why not): the first agreement says
+/// every file is durable; then rank 0 builds the index from the files'
+/// headers, writes it, commits the generation and removes the other
+/// generations' files; the second agreement tells every rank the outcome.
+template <class Algo, class Comm>
+void commit_when_durable(Comm& comm, std::exception_ptr& error, const std::string& where,
+                         const std::filesystem::path& dir, std::uint64_t g, int shards,
+                         const std::vector<checkpoint::TensorInfo>& infos) {
+  agree<Algo>(comm, error, where);
+  if (comm.rank() == 0) {
+    try {
+      commit_sharded(dir, g, shards, infos);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  agree<Algo>(comm, error, where);
+}
+
 /// A sharded save: rank 0 creates the directory and picks the generation;
 /// each writing rank streams its ranges into its shard file (shard 0 adds
-/// the buffers, the scalars and the metadata); once every file is durable
-/// (the first agreement), rank 0 builds the index from the files' headers,
-/// writes it, commits the generation and removes the other generations'
-/// files; the second agreement tells every rank the outcome.
+/// the buffers, the scalars and the metadata); then commit_when_durable.
 template <class Algo, class Comm, class T>
 void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, const std::filesystem::path& dir,
                   const checkpoint::Metadata& metadata) {
@@ -335,15 +352,7 @@ void save_sharded(Comm& comm, const SaveList<T>& l, const ShardSource<T>& me, co
       error = std::current_exception();
     }
   }
-  agree<Algo>(comm, error, where);
-  if (comm.rank() == 0) {
-    try {
-      commit_sharded(dir, g, me.shards, l.infos);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  agree<Algo>(comm, error, where);
+  commit_when_durable<Algo>(comm, error, where, dir, g, me.shards, l.infos);
 }
 
 /// What a rank reads and checks before it changes anything.
