@@ -12,7 +12,7 @@ namespace gradsync::detail {
 /// the rank's own work done inside them (a copy or reduction of what had
 /// arrived). Off (no timeline), every method is a test of one flag and
 /// reads no clock; on, a clock read at each end of a wait and of each piece
-/// of work inside one.
+/// of work inside one (work outside a wait is not timed). Waits do not nest.
 class PeerWaitTimer {
  public:
   /// Where a wait began, and the work done up to then.
@@ -23,14 +23,21 @@ class PeerWaitTimer {
 
   void enable(bool on) noexcept { on_ = on; }
 
-  Mark wait_begins() const noexcept { return on_ ? Mark{now_ns(), worked_ns_} : Mark{}; }
+  Mark wait_begins() noexcept {
+    if (!on_) return {};
+    waiting_ = true;
+    return {now_ns(), worked_ns_};
+  }
   void wait_ends(Mark m) noexcept {
-    if (on_) waited_ns_ += now_ns() - m.at - (worked_ns_ - m.worked);
+    if (!waiting_) return;
+    waiting_ = false;
+    waited_ns_ += now_ns() - m.at - (worked_ns_ - m.worked);
   }
 
-  std::int64_t work_begins() const noexcept { return on_ ? now_ns() : 0; }
+  /// 0 (nothing to time) outside a wait.
+  std::int64_t work_begins() const noexcept { return waiting_ ? now_ns() : 0; }
   void work_ends(std::int64_t begin) noexcept {
-    if (on_) worked_ns_ += now_ns() - begin;
+    if (begin != 0) worked_ns_ += now_ns() - begin;
   }
 
   /// The call waited where waiting and moving data cannot be told apart
@@ -50,6 +57,7 @@ class PeerWaitTimer {
   }
 
   bool on_ = false;
+  bool waiting_ = false;
   bool untold_ = false;
   std::int64_t waited_ns_ = 0, worked_ns_ = 0;
 };

@@ -440,16 +440,16 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// stretch a large transfer that needs many of them (TCP's fragments).
   template <class Ready, class Expired>
   void await(Ready&& ready, std::chrono::nanoseconds timeout, Expired&& expired) {
+    // A small message often lands within a poll or two: answer it before
+    // paying for the clock (and without timing it as a wait for peers).
+    for (int i = 0; i < 4; ++i) {
+      if (ready()) return spinner_.spun_enough();
+    }
     struct Timed {
       PeerWaitTimer& timer;
       const PeerWaitTimer::Mark began;
       ~Timed() { timer.wait_ends(began); }
     } timed{waits_, waits_.wait_begins()};
-    // A small message often lands within a poll or two: answer it before
-    // paying for the clock.
-    for (int i = 0; i < 4; ++i) {
-      if (ready()) return spinner_.spun_enough();
-    }
     const auto start = std::chrono::steady_clock::now();
     const auto spin_until = start + spinner_.budget();
     // Past the fast polls, a wait also watches the agreement and the other
