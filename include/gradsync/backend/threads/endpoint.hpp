@@ -154,7 +154,8 @@ class Endpoint : public NativeCollectives<Endpoint> {
   /// this rank's waits for its peers took: the waits in wait_any that found
   /// nothing to do, without the copies and reductions out of the peers'
   /// buffers that it made meanwhile, plus the waits in barriers (Native's
-  /// phases). A clock read per wait and two per message, so only when asked.
+  /// phases). Two clock reads per wait and two per message taken during one,
+  /// so only when asked.
   PeerWaitTimer& peer_waits() noexcept { return waits_; }
 
   /// Waits for every rank to arrive.
