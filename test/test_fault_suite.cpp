@@ -18,10 +18,8 @@
 // process; see docs/DESIGN.md), so at np 4 on 24 GiB run the long mode in
 // batches (GRADSYNC_FAULT_TRIALS=2000 with a different GRADSYNC_FAULT_SEED each).
 // A crash must end the process with its signal: doctest's handler allocates,
-// and after heap corruption it deadlocks in malloc (a hang instead of a crash).
-// (test/meson.build links this suite with a main built without doctest's
-// signal handlers.)
-#define DOCTEST_CONFIG_NO_POSIX_SIGNALS
+// and after heap corruption it deadlocks in malloc (a hang instead of a crash),
+// so each case puts the default actions back first (default_crash_actions).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -32,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <csignal>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -47,6 +46,8 @@
 #include "support/sanitizers.hpp"
 #include "support/world.hpp"
 
+namespace fault_suite {
+
 namespace gs = gradsync;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -54,6 +55,12 @@ using namespace std::chrono_literals;
 namespace {
 
 using test::sanitized;
+
+/// Doctest catches the fatal signals while a case runs, and its handler
+/// reports through the heap; these default actions hold until the case ends.
+void default_crash_actions() {
+  for (const int sig : {SIGINT, SIGILL, SIGFPE, SIGSEGV, SIGTERM, SIGABRT}) std::signal(sig, SIG_DFL);
+}
 
 #ifdef GRADSYNC_TEST_MPI
 constexpr const char* backend_name = "mpi";
@@ -722,6 +729,7 @@ void print_violations(const std::vector<std::string>& v) {
 #ifndef GRADSYNC_TEST_MPI
 
 TEST_CASE("randomized faults on Threads: every rank ends promptly with the promised error") {
+  default_crash_actions();
   const Limits lim = Limits::make();
   const Plan plan = plan_from_env();
   test::Watchdog watchdog;
@@ -781,6 +789,7 @@ TEST_CASE("randomized faults on Threads: every rank ends promptly with the promi
 
 
 TEST_CASE("randomized faults on Mpi: every rank ends promptly with the promised error") {
+  default_crash_actions();
   const int n = test::mpi_size();
   const int me = test::mpi_rank();
   if (n < 2 || n > 5) {
@@ -855,3 +864,5 @@ TEST_CASE("randomized faults on Mpi: every rank ends promptly with the promised 
 }
 
 #endif
+
+}  // namespace fault_suite

@@ -1,6 +1,5 @@
 // Deadlines and faults on the Mpi backend, run under mpirun with 2..4 ranks;
 // at 4, on sub-communicators too, whose errors name world ranks.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <gradsync/backend/mpi.hpp>
@@ -21,6 +20,8 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+namespace mpi_failures {
 
 namespace gs = gradsync;
 using namespace std::chrono_literals;
@@ -588,21 +589,4 @@ TEST_CASE("on a split communicator, a member that destroys it is named by world 
   });
 }
 
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int rc = 0;
-  if (size < 2) {
-    std::printf("SKIP: the fault tests need at least 2 ranks\n");
-    rc = 77;
-  } else {
-    doctest::Context ctx(argc, argv);
-    rc = ctx.run();
-  }
-  // Any failing rank fails the run.
-  const int worst = test::idle_max(rc);
-  MPI_Finalize();
-  return worst;
-}
+}  // namespace mpi_failures

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Python's safetensors package reads a file gradsync wrote.
 
-usage: check_safetensors.py WRITER WORKDIR
+usage: check_safetensors.py WORKDIR -- WRITER...
 
 Runs `WRITER sample FILE SIDECAR` (checkpoint_writer.cpp), loads FILE with
 safetensors.numpy.load_file and compares every tensor's dtype, shape and
@@ -37,11 +37,12 @@ def main():
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
-    writer, work = sys.argv[1], sys.argv[2]
+    at = sys.argv.index("--")
+    (work,), writer = sys.argv[1:at], sys.argv[at + 1:]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     path, sidecar = os.path.join(work, "sample.safetensors"), os.path.join(work, "sample.json")
-    subprocess.run([writer, "sample", path, sidecar], check=True)
+    subprocess.run(writer + ["sample", path, sidecar], check=True)
     with open(sidecar) as f:
         expected = json.load(f)
 
@@ -79,7 +80,7 @@ def main():
     theirs = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
     theirs_path = os.path.join(work, "from_python.safetensors")
     save_file(theirs, theirs_path, metadata={"from": "python"})
-    out = subprocess.run([writer, "read", theirs_path], capture_output=True, text=True)
+    out = subprocess.run(writer + ["read", theirs_path], capture_output=True, text=True)
     if out.returncode != 0:
         failures.append(f"gradsync cannot read a file safetensors wrote: {out.stderr.strip()}")
     else:

@@ -1,4 +1,5 @@
-// A checkpoint writer for the kill test and the Python interop test.
+// A checkpoint writer for the kill test and the Python interop test: a helper
+// of test_core (`test_core --helper checkpoint_writer ARGS...`, support/helper_main.hpp).
 //
 //   checkpoint_writer write DIR GEN [KILL_AT]   write generation GEN (a full file and a
 //       4-rank sharded checkpoint); with KILL_AT, SIGKILL itself before that file operation
@@ -25,6 +26,10 @@
 #include "gradsync/checkpoint/shard_index.hpp"
 #include "gradsync/checkpoint/shard_writer.hpp"
 #include "gradsync/core/float16.hpp"
+
+#include "../support/helper_main.hpp"
+
+namespace checkpoint_writer {
 
 namespace ck = gradsync::checkpoint;
 namespace fs = std::filesystem;
@@ -214,7 +219,7 @@ int read(const fs::path& file) {
 
 }  // namespace
 
-int main(int argc, char** argv) try {
+int helper_main(int argc, char** argv) try {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() >= 3 && args[0] == "write") {
     if (args.size() >= 4) kill_at = std::stol(args[3]);
@@ -235,3 +240,7 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "checkpoint_writer: %s\n", e.what());
   return 1;
 }
+
+GRADSYNC_TEST_HELPER("checkpoint_writer", helper_main);
+
+}  // namespace checkpoint_writer

@@ -3,6 +3,8 @@ generation GEN into WORKDIR, killing itself with SIGKILL before its K-th
 file operation (`WRITER write WORKDIR GEN [K]`; the trainers' writer takes
 a rank too), and checks what is there (`WRITER verify ...`). Random kill
 points come from a replayable seed; `every_kill_point` tries them all.
+WRITER is a command, the words after `--` on a test's command line (a
+test binary's helper: `test_core --helper checkpoint_writer`).
 """
 
 import os
@@ -13,6 +15,14 @@ import shutil
 import signal
 import subprocess
 import sys
+
+
+def split_command(argv):
+    """(the arguments before `--`, the WRITER command after it)."""
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        sys.exit(f"usage: {pathlib.Path(argv[0]).name} ... -- WRITER [ARGS...]")
+    at = argv.index("--")
+    return argv[1:at], argv[at + 1:]
 
 
 def run(args):
@@ -33,7 +43,7 @@ def start(title, default_trials, work):
 
 def verify(writer, work, pattern):
     """The generations `WRITER verify` reports, as the integer groups of `pattern`."""
-    p = run([writer, "verify", work])
+    p = run(writer + ["verify", work])
     if p.returncode != 0:
         sys.exit(f"FAIL: the checkpoint in {work} does not load: {p.stderr.strip()}")
     m = re.fullmatch(pattern, p.stdout)
@@ -44,7 +54,7 @@ def verify(writer, work, pattern):
 
 def write_whole(writer, work, gen):
     """A write that must complete; returns how many I/O steps it took."""
-    p = run([writer, "write", work, str(gen)])
+    p = run(writer + ["write", work, str(gen)])
     if p.returncode != 0:
         sys.exit(f"FAIL: write of generation {gen}: {p.stderr.strip()}")
     return int(re.search(r"steps (\d+)", p.stdout).group(1))
@@ -59,7 +69,7 @@ def kill_point(rng, trial, steps):
 def write_killed(writer, work, gen, k, trial):
     """Writes generation `gen`, killed at step k (none if 0). Returns the
     completed process; exits on any failure other than the kill."""
-    p = run([writer, "write", work, str(gen)] + ([str(k)] if k else []))
+    p = run(writer + ["write", work, str(gen)] + ([str(k)] if k else []))
     if p.returncode not in (0, -signal.SIGKILL):
         sys.exit(f"FAIL: trial {trial} (kill at {k}): writer failed: {p.stderr.strip()}")
     return p

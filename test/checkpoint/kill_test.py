@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Kills a checkpoint writer with SIGKILL at random I/O steps.
 
-usage: kill_test.py WRITER WORKDIR
+usage: kill_test.py WORKDIR -- WRITER...
 
 The writer (checkpoint_writer.cpp) raises SIGKILL before the file operation given on its
 command line (a create, pwrite, fsync, close, rename, directory fsync or old-file removal),
@@ -25,7 +25,7 @@ GENERATIONS = r"full (\d+) sharded (\d+)\n"
 
 
 def main():
-    writer, work = sys.argv[1], sys.argv[2]
+    (work,), writer = kh.split_command(sys.argv)
     trials, rng = kh.start("kill test", 60, work)
     start = time.monotonic()
 

@@ -16,7 +16,7 @@ is killed at GRADSYNC_KILL_POINTS (default 12) random file operations of
 the process, whichever thread makes them: their order across threads
 varies from run to run. GRADSYNC_KILL_SEED replays the points.
 
-usage: trainer_kill_test.py WRITER WORKDIR [--async]
+usage: trainer_kill_test.py WORKDIR [--async] -- WRITER...
 
 Environment: GRADSYNC_KILL_WORLDS (default "1,2,3,4"), GRADSYNC_KILL_SWITCHES
 (default "full>full,sharded>sharded,full>sharded,sharded>full": the layout
@@ -39,8 +39,8 @@ STEP = r"step (\d+)"
 
 
 def main():
-    writer, work = sys.argv[1], pathlib.Path(sys.argv[2])
-    asynchronous = sys.argv[3:] == ["--async"]
+    options, writer = kh.split_command(sys.argv)
+    work, asynchronous = pathlib.Path(options[0]), options[1:] == ["--async"]
     points = int(os.environ.get("GRADSYNC_KILL_POINTS", "12"))
     seed = int(os.environ.get("GRADSYNC_KILL_SEED", random.randrange(1 << 31)))
     rng = random.Random(seed)
@@ -58,7 +58,7 @@ def main():
     for old, new in switches:
         for n in worlds:
             command = "write-async" if asynchronous else "write"
-            write = lambda layout, d, gen, *kill: [writer, command, layout, str(n), d, str(gen), *map(str, kill)]
+            write = lambda layout, d, gen, *kill: [*writer, command, layout, str(n), d, str(gen), *map(str, kill)]
             base = work / f"{old}-{new}-n{n}"
             kh.complete(write(old, base, 1))
             kh.complete(write(old, base, 2))
@@ -73,7 +73,7 @@ def main():
                 dirs = kh.kill_points([(0, k) for k in ks], base, lambda d, r, k: kh.run(write(new, d, 3, k)), pool)
             else:
                 dirs = kh.every_kill_point(ops, base, lambda d, r, k: kh.run(write(new, d, 3, r, k)), pool)
-            steps = kh.verify_each([writer, "verify"], dirs, STEP)
+            steps = kh.verify_each([*writer, "verify"], dirs, STEP)
             seen = collections.Counter()
             for d, (step,) in zip(dirs, steps):
                 if step not in (2, 3):
@@ -89,7 +89,7 @@ def main():
                 left = sorted(f for f in os.listdir(d) if f != "checkpoint.commit" and not f.startswith(own))
                 if left:
                     sys.exit(f"FAIL: a complete save into {d} left {left}")
-                if kh.verify_each([writer, "verify"], [d], STEP) != [(4,)]:
+                if kh.verify_each([*writer, "verify"], [d], STEP) != [(4,)]:
                     sys.exit(f"FAIL: {d} does not hold step 4 after a complete save of it")
             total += len(dirs)
             print(f"{old} then {new}, N={n}: file operations {'of the process' if asynchronous else 'per rank'} {ops}; "

@@ -1,4 +1,5 @@
-// Trainers that save checkpoints, for the trainers' kill test.
+// Trainers that save checkpoints, for the trainers' kill test: a helper of
+// test_train (`test_train --helper trainer_writer ARGS...`, support/helper_main.hpp).
 //
 //   trainer_writer write LAYOUT N DIR GEN [RANK K]   train GEN steps on N ranks (threads) and save
 //       into DIR: LAYOUT full is a ReplicatedTrainer's full checkpoint, sharded a ShardedTrainer's
@@ -26,6 +27,10 @@
 #include "gradsync/gradsync.hpp"
 #include "gradsync/train/checkpoint/async_checkpointer.hpp"
 #include "gradsync/train/checkpoint/sharded_checkpoint.hpp"
+
+#include "../support/helper_main.hpp"
+
+namespace trainer_writer {
 
 namespace {
 
@@ -231,7 +236,7 @@ int verify(const std::vector<std::string>& dirs) {
 
 }  // namespace
 
-int main(int argc, char** argv) try {
+int helper_main(int argc, char** argv) try {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if ((args.size() == 5 || args.size() == 7) && args[0] == "write") {
     if (args.size() == 7) kill_rank = std::stoi(args[5]), kill_at = std::stol(args[6]);
@@ -249,3 +254,7 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "trainer_writer: %s\n", e.what());
   return 1;
 }
+
+GRADSYNC_TEST_HELPER("trainer_writer", helper_main);
+
+}  // namespace trainer_writer

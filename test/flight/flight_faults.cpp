@@ -3,8 +3,11 @@
 // its flight record (GRADSYNC_FLIGHT_DIR). flight_test.py then checks what
 // tools/flight-analyze says of the records.
 //
-//   flight_faults FAULT RANK CALL DEADLINE_MS [N]     (Threads: N ranks as threads)
-//   mpirun -np N flight_faults FAULT RANK CALL DEADLINE_MS   (built with GRADSYNC_FLIGHT_MPI)
+//   test_core --helper flight_faults FAULT RANK CALL DEADLINE_MS N   (Threads: N ranks as threads)
+//   mpirun -np N test_mpi --helper flight_faults FAULT RANK CALL DEADLINE_MS
+//
+// (A helper of both binaries, support/helper_main.hpp; test_mpi compiles it
+// with GRADSYNC_TEST_MPI.)
 //
 // FAULT, done by rank RANK at call number CALL (from 1):
 //   skip       it leaves that call out: it waits past the deadline, then makes the next call
@@ -20,7 +23,7 @@
 // stops; the signal fault's rank prints "AWAY <rank>" as it stays away.
 
 #include <gradsync/gradsync.hpp>
-#ifdef GRADSYNC_FLIGHT_MPI
+#ifdef GRADSYNC_TEST_MPI
 #include <gradsync/backend/mpi.hpp>
 #endif
 
@@ -35,6 +38,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../support/helper_main.hpp"
+
+namespace flight_faults {
 
 namespace gs = gradsync;
 
@@ -114,8 +121,8 @@ void run_rank(Comm& comm, const Fault& f) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-#ifdef GRADSYNC_FLIGHT_MPI
+int helper_main(int argc, char** argv) {
+#ifdef GRADSYNC_TEST_MPI
   const int args = 5;
 #else
   const int args = 6;
@@ -126,7 +133,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Fault f{argv[1], std::atoi(argv[2]), std::atoi(argv[3]), std::chrono::milliseconds(std::atoi(argv[4]))};
-#ifdef GRADSYNC_FLIGHT_MPI
+#ifdef GRADSYNC_TEST_MPI
   gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);
   run_rank(comm, f);
   // A dead peer would keep MPI_Finalize waiting: leave without it.
@@ -136,3 +143,7 @@ int main(int argc, char** argv) {
   return 0;
 #endif
 }
+
+GRADSYNC_TEST_HELPER("flight_faults", helper_main);
+
+}  // namespace flight_faults

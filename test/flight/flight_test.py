@@ -5,8 +5,11 @@ records and that tools/flight-analyze names the right rank and call. The
 "signal" fault sends SIGUSR1 (GRADSYNC_FLIGHT_SIGNAL=USR1) while the other
 ranks wait for the absent one: they write their records from inside the call.
 
-  flight_test.py ANALYZER threads FLIGHT_FAULTS
-  flight_test.py ANALYZER mpi FLIGHT_FAULTS_MPI MPIRUN
+  flight_test.py ANALYZER threads -- FLIGHT_FAULTS...
+  flight_test.py ANALYZER mpi MPIRUN -- FLIGHT_FAULTS...
+
+FLIGHT_FAULTS... is the command of the flight_faults helper (a test binary
+and `--helper flight_faults`).
 
 GRADSYNC_FLIGHT_SEED replays a run (the seed is printed first).
 """
@@ -49,10 +52,10 @@ def run_fault(args, fault, n, rank, call, deadline_ms, mode):
     with tempfile.TemporaryDirectory(prefix="flight-") as d:
         env = dict(os.environ, GRADSYNC_FLIGHT_DIR=d, GRADSYNC_FLIGHT_SIGNAL="USR1")
         if mode == "threads":
-            cmd = [args["exe"], fault, str(rank), str(call), str(deadline_ms), str(n)]
+            cmd = args["exe"] + [fault, str(rank), str(call), str(deadline_ms), str(n)]
         else:
             cmd = [args["mpirun"], "--allow-run-as-root", "--oversubscribe", "--enable-recovery", "--mca", "btl",
-                   "self,vader,tcp", "-np", str(n), args["exe"], fault, str(rank), str(call), str(deadline_ms)]
+                   "self,vader,tcp", "-np", str(n), *args["exe"], fault, str(rank), str(call), str(deadline_ms)]
         if fault == "signal":
             p = run_with_signal(cmd, env, n, d, deadline_ms / 1e4 * 0.75)
         else:
@@ -113,8 +116,9 @@ def run_fault(args, fault, n, rank, call, deadline_ms, mode):
 
 
 def main():
-    analyzer, mode, exe = sys.argv[1], sys.argv[2], sys.argv[3]
-    args = {"analyzer": analyzer, "exe": exe, "mpirun": sys.argv[4] if mode == "mpi" else None}
+    at = sys.argv.index("--")
+    analyzer, mode, *mpirun = sys.argv[1:at]
+    args = {"analyzer": analyzer, "exe": sys.argv[at + 1:], "mpirun": mpirun[0] if mode == "mpi" else None}
     seed = int(os.environ.get("GRADSYNC_FLIGHT_SEED", random.randrange(1 << 32)))
     print(f"GRADSYNC_FLIGHT_SEED={seed}")
     g = random.Random(seed)

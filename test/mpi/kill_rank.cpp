@@ -2,7 +2,9 @@
 // kills itself (SIGKILL) mid-loop. Run by kill_rank.py under
 // `mpirun --enable-recovery`, which checks what the survivors say and when.
 //
-//   mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S [ring|native [FLOATS SEED]]
+//   mpirun --enable-recovery -np 3 test_mpi --helper kill_rank throw|abort DEADLINE_S [ring|native [FLOATS SEED]]
+//
+// (A helper of test_mpi: support/helper_main.hpp.)
 //
 // native: the loop's all-reduce is Native, MPI's own; under abort the ranks
 // hand MPI their own buffer (no copy), which is safe only because a failed
@@ -34,6 +36,10 @@
 #include <thread>
 #include <vector>
 
+#include "../support/helper_main.hpp"
+
+namespace kill_rank {
+
 namespace gs = gradsync;
 
 namespace {
@@ -55,7 +61,7 @@ void survived(int rank, const char* kind, const char* what) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int helper_main(int argc, char** argv) {
   if (argc != 3 && argc != 4 && argc != 6) {
     std::fprintf(stderr,
                  "usage: mpirun --enable-recovery -np 3 kill_rank throw|abort DEADLINE_S [ring|native [FLOATS SEED]]\n");
@@ -106,3 +112,7 @@ int main(int argc, char** argv) {
     }
   }
 }
+
+GRADSYNC_TEST_HELPER("kill_rank", helper_main);
+
+}  // namespace kill_rank

@@ -2,7 +2,10 @@
 """Rank 2 of 3 dies by SIGKILL mid-loop (see kill_rank.cpp); checks that the
 survivors end within the deadline plus slack.
 
-  kill_rank.py MPIRUN KILL_RANK_EXE throw|abort [DEADLINE_S] [RUNS] [ring|native] [FLOATS]
+  kill_rank.py MPIRUN throw|abort [DEADLINE_S] [RUNS] [ring|native] [FLOATS] -- KILL_RANK...
+
+KILL_RANK... is the kill_rank helper's command (a test binary and
+`--helper kill_rank`).
 
 throw: both survivors end with Timeout or Aborted, naming rank 2.
 abort: a survivor prints why and MPI_Aborts the job, which ends in time.
@@ -22,7 +25,7 @@ SLACK_S = 1.5  # past the deadline: hearing out the others, then leaving
 
 def run_once(mpirun, exe, policy, deadline, algo, floats):
     cmd = [mpirun, '--allow-run-as-root', '--oversubscribe', '--enable-recovery', '--mca', 'btl', 'self,vader,tcp',
-           '-np', '3', exe, policy, str(deadline), algo]
+           '-np', '3', *exe, policy, str(deadline), algo]
     if floats:
         env_seed = os.environ.get('GRADSYNC_TEST_SEED')
         seed = int(env_seed, 0) if env_seed else random.getrandbits(63)
@@ -85,11 +88,13 @@ def run_once(mpirun, exe, policy, deadline, algo, floats):
 
 
 def main():
-    mpirun, exe, policy = sys.argv[1:4]
-    deadline = float(sys.argv[4]) if len(sys.argv) > 4 else 2.0
-    runs = int(sys.argv[5]) if len(sys.argv) > 5 else 3
-    algo = sys.argv[6] if len(sys.argv) > 6 else 'ring'
-    floats = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    at = sys.argv.index('--')
+    exe = sys.argv[at + 1:]
+    mpirun, policy, *rest = sys.argv[1:at]
+    deadline = float(rest[0]) if len(rest) > 0 else 2.0
+    runs = int(rest[1]) if len(rest) > 1 else 3
+    algo = rest[2] if len(rest) > 2 else 'ring'
+    floats = int(rest[3]) if len(rest) > 3 else 0
     for i in range(runs):
         problems, out = run_once(mpirun, exe, policy, deadline, algo, floats)
         if problems:

@@ -1,10 +1,13 @@
 // The one doctest main every test binary links (test/meson.build builds it
-// three ways: plain; without doctest's signal handlers, for the fault suite;
-// and with GRADSYNC_TEST_MPI, for the suites that run under mpirun).
+// twice: plain, and with GRADSYNC_TEST_MPI for the suites that run under
+// mpirun). `BINARY --helper NAME ARGS...` runs one of the binary's helper
+// processes instead (helper_main.hpp).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
+
+#include "helper_main.hpp"
 
 namespace {
 
@@ -59,6 +62,7 @@ int fail_if_no_case(int rc) {
 // inputs; a failure on any rank fails the job, and each rank prints its own
 // summary line.
 int main(int argc, char** argv) {
+  if (int rc = 0; test::run_helper(argc, argv, rc)) return rc;
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0, size = 0;
@@ -83,6 +87,7 @@ int main(int argc, char** argv) {
 }
 #else
 int main(int argc, char** argv) {
+  if (int rc = 0; test::run_helper(argc, argv, rc)) return rc;
   doctest::Context ctx(argc, argv);
   return fail_if_no_case(ctx.run());
 }
