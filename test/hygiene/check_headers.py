@@ -69,7 +69,9 @@ class BaseHeaders:
     comes after its includes (a header with code before an #include is
     compiled without a base), so its code sees the same declarations in both
     cases. Includes inside #if blocks are not counted as included.
-    The bases themselves are compiled alone, as every other header."""
+    A base's precompile is its check: that is the header compiled alone, with
+    the same warnings and -Werror, written out instead of thrown away (a base
+    that fails to precompile is then compiled alone, to report why)."""
 
     CONDITIONAL = re.compile(r"^\s*#\s*(if|ifdef|ifndef)\b")
     ENDIF = re.compile(r"^\s*#\s*endif\b")
@@ -226,8 +228,12 @@ def run_alone(cxx, include_dir, headers, extra_flags=()):
         built = {b: stub for b, stub in built.items() if stub}
         jobs = []
         for h in headers:
+            if h in built:
+                continue
             base = index.base_for(h, built)
             jobs.append(pool.submit(compile_alone, cxx, include_dir, h, extra_flags, built[base] if base else None))
+        for h in built:
+            print(f"ok    {h} (precompiled alone)")
         for job in jobs:
             header, rc, output = job.result()
             if rc == 0:
@@ -235,7 +241,7 @@ def run_alone(cxx, include_dir, headers, extra_flags=()):
             else:
                 print(f"FAIL  {header}\n{output}")
                 failed.append(header)
-    with_base = sum(1 for h in headers if index.base_for(h, built))
+    with_base = sum(1 for h in headers if h not in built and index.base_for(h, built))
     print(f"{len(headers) - len(failed)} of {len(headers)} headers compile alone"
           + (f"; {len(umbrellas)} umbrella(s) made of them" if umbrellas else "")
           + f"; {with_base} of them after one of {len(built)} precompiled base headers they include")
