@@ -1,4 +1,4 @@
-"""The options torch_ddp_peer.py and libtorch_compare.py share (libtorch_ddp_step
+"""The options torch_ddp_peer.py and libtorch_compare.py share (libtorch_fsdp_step
 takes the same flags), so that both peers run the model, batch and steps the
 comparison asks for."""
 

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """gradsync's LibTorch DDP against PyTorch's DDP + Gloo, interleaved in one run.
 
-    /usr/bin/python3 bench/libtorch_compare.py build/bench/libtorch_ddp_step --rounds 3
+    /usr/bin/python3 bench/libtorch_compare.py build/bench/libtorch_fsdp_step --rounds 3
 
-Each round runs, for every N, libtorch_ddp_step then torch_ddp_peer.py, so
+Each round runs, for every N, gradsync's DDP (`libtorch_fsdp_step --only DDP
+--sgd`, one round of its own) then torch_ddp_peer.py, so
 both see the same machine load; the table gives the median over the rounds
 of each one's median step time, samples/s over all ranks, the weak-scaling
 efficiency (samples/s at N over N times samples/s at 1) and the ratio of
@@ -28,10 +29,14 @@ env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 
 
 def gradsync_ms(exe, n, a):
-    out = subprocess.run([exe] + step_flags(a, n), check=True, capture_output=True, text=True, timeout=600,
-                         env=env).stdout
+    """Rank 0's median ms per step of gradsync's DDP at N = n: the ms column of
+    libtorch_fsdp_step's row "N DDP ms ...". Five warm-up steps, as the peer."""
+    flags = step_flags(a, n) + ["--only", "DDP", "--sgd", "--rounds", "1", "--warmup", "5"]
+    out = subprocess.run([exe] + flags, check=True, capture_output=True, text=True, timeout=600, env=env).stdout
     row = [l for l in out.splitlines() if l and not l.startswith("#")][0].split()
-    return float(row[1])
+    if row[1] != "DDP":
+        raise RuntimeError(f"unexpected libtorch_fsdp_step row: {row}")
+    return float(row[2])
 
 
 def torch_ms(n, a):

@@ -7,7 +7,7 @@
 //   libtorch_fsdp_step --ranks 1,2 --only FullShard --only no-comm
 //   libtorch_fsdp_step --ranks 2 --only FullShard --max-gathered 1     FullShard with no prefetch
 //
-// The MLP is libtorch_ddp_step's (Linear-ReLU-Linear-ReLU-Linear), with each
+// The MLP is examples/torch_mlp.hpp's (Linear-ReLU-Linear-ReLU-Linear), with each
 // hidden Linear + ReLU a block that fully_shard wraps, then the root, which
 // keeps the head: three units, as PyTorch FSDP2 users wrap a model. Rounds
 // interleave the strategies (the first rotates from round to round), each
@@ -26,7 +26,8 @@
 // faults per step: fresh memory the step touched. --only STRATEGY runs one
 // (repeatable), e.g. under GRADSYNC_TRACE, whose file holds the last run.
 // bench/peer/libtorch_fsdp_compare.py runs this interleaved with PyTorch
-// 2.x's FSDP2 on the same model.
+// 2.x's FSDP2 on the same model, and bench/libtorch_compare.py its DDP with
+// --sgd against PyTorch 1.13's DDP (bench/torch_ddp_peer.py).
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/integration/torch.hpp>
@@ -56,7 +57,7 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-/// libtorch_ddp_step's 784-hidden-hidden-10 MLP, its hidden layers as blocks.
+/// examples/torch_mlp.hpp's 784-hidden-hidden-10 MLP, its hidden layers as blocks.
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(int hidden)
       : b1(register_module("b1", Block(784, hidden))),

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch's own DDP over Gloo: the peer of libtorch_ddp_step.
+"""PyTorch's own DDP over Gloo: the peer of libtorch_fsdp_step's DDP (--only DDP --sgd).
 
 Same model (784-H-H-10 MLP), per-rank batch, SGD and step protocol (a barrier
 before each step, rank 0 times zero_grad + forward + backward + step, the

@@ -1,6 +1,7 @@
 #pragma once
-// The LibTorch MLP 784-hidden-hidden-10 of examples/libtorch_ddp.cpp, which
-// bench/libtorch_ddp_step.cpp times (and bench/torch_ddp_peer.py mirrors).
+// The LibTorch MLP 784-hidden-hidden-10 of examples/libtorch_ddp.cpp.
+// bench/libtorch_fsdp_step.cpp times the same layers (its hidden ones as
+// fully_shard units), and bench/torch_ddp_peer.py mirrors them.
 
 #include <torch/torch.h>
 
