@@ -13,6 +13,7 @@
 // MPI): a helper sets up what it needs itself.
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
