@@ -224,11 +224,16 @@ def run_alone(cxx, include_dir, headers, extra_flags=()):
     failed = []
     workers = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        built = dict(pool.map(lambda b: precompile(cxx, include_dir, b, extra_flags, pathlib.Path(tmp)), index.bases))
+        # The headers that include no base compile beside the bases'
+        # precompiles (one LibTorch base parses for as long as a dozen small
+        # headers take); the others wait for their base.
+        precompiles = [pool.submit(precompile, cxx, include_dir, b, extra_flags, pathlib.Path(tmp)) for b in index.bases]
+        jobs = [pool.submit(compile_alone, cxx, include_dir, h, extra_flags)
+                for h in headers if h not in index.bases and index.base_for(h, index.bases) is None]
+        built = dict(job.result() for job in precompiles)
         built = {b: stub for b, stub in built.items() if stub}
-        jobs = []
         for h in headers:
-            if h in built:
+            if h in built or (h not in index.bases and index.base_for(h, index.bases) is None):
                 continue
             base = index.base_for(h, built)
             jobs.append(pool.submit(compile_alone, cxx, include_dir, h, extra_flags, built[base] if base else None))
