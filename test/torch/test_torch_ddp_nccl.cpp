@@ -1,15 +1,16 @@
 // DistributedDataParallel on CUDA tensors over Nccl: one rank per
 // visible GPU, each on its own thread, against one LibTorch process on the
-// concatenated batch; refusals of tensors on the wrong device. Without a
-// GPU, or with a LibTorch built without CUDA (Debian's), it reports SKIP
-// (exit 77) and is never counted as passed.
+// concatenated batch; refusals of tensors on the wrong device. A file of the
+// LibTorch tests' binary where NCCL is found, run as its helper
+// `test_torch_ddp --helper torch_ddp_nccl [DOCTEST OPTIONS]`: without a GPU,
+// or with a LibTorch built without CUDA (Debian's), that reports SKIP (exit
+// 77) and is never counted as passed.
 //
 // Tolerances: float32 as in test_torch_ddp (1e-6 relative would hold on the
 // CPU), widened to 1e-5 because cuBLAS may pick different kernels, so
 // different summation orders, for a batch of b and one of N·b. bfloat16 as
 // in test_torch_ddp_half: steps · 2^-8.
 
-#define DOCTEST_CONFIG_IMPLEMENT
 #include "torch_ddp_support.hpp"
 
 #include <cmath>
@@ -21,7 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include "../support/helper_main.hpp"
 #include "torch_nccl_world.hpp"
+
+namespace test_torch_ddp_nccl {
 
 namespace {
 
@@ -60,7 +64,8 @@ std::vector<std::string> on_every_rank(test::TorchNcclWorld& world, F body) {
 
 }  // namespace
 
-TEST_CASE("DistributedDataParallel on Nccl: one rank per GPU matches one process on the N·b batch") {
+// Skipped (doctest::skip) unless run by the helper below, which has seen a GPU.
+TEST_CASE("DistributedDataParallel on Nccl: one rank per GPU matches one process on the N·b batch" * doctest::skip()) {
   CAPTURE(test::test_seed());
   const int n = test::visible_gpus();
   CAPTURE(n);
@@ -128,7 +133,7 @@ TEST_CASE("DistributedDataParallel on Nccl: one rank per GPU matches one process
   }
 }
 
-TEST_CASE("DistributedDataParallel on Nccl: tensors on the wrong device are refused, naming the parameter") {
+TEST_CASE("DistributedDataParallel on Nccl: tensors on the wrong device are refused, naming the parameter" * doctest::skip()) {
   const int n = test::visible_gpus();
   auto world = test::make_torch_nccl_world(n);
   SUBCASE("a module left on the CPU") {
@@ -176,7 +181,9 @@ TEST_CASE("DistributedDataParallel on Nccl: tensors on the wrong device are refu
   }
 }
 
-int main(int argc, char** argv) {
+/// The helper's main: SKIP (77) without a GPU that LibTorch and the CUDA
+/// runtime both see; otherwise doctest over this file's cases alone.
+int helper_main(int argc, char** argv) {
   if (!torch::cuda::is_available()) {
     std::printf("SKIP: this LibTorch has no CUDA, or sees no GPU (torch::cuda::is_available() is false)\n");
     return 77;
@@ -186,5 +193,11 @@ int main(int argc, char** argv) {
     return 77;
   }
   doctest::Context ctx(argc, argv);
+  ctx.addFilter("source-file", __FILE__);
+  ctx.setOption("no-skip", true);
   return ctx.run();
 }
+
+GRADSYNC_TEST_HELPER("torch_ddp_nccl", helper_main);
+
+}  // namespace test_torch_ddp_nccl

@@ -1,4 +1,4 @@
-// The CUDA half of test_torch_ddp_nccl: see torch_nccl_world.hpp.
+// The CUDA half of test_torch_ddp_nccl.cpp: see torch_nccl_world.hpp.
 
 #include "torch_nccl_world.hpp"
 
