@@ -133,7 +133,8 @@ TEST_CASE("DistributedDataParallel on Nccl: one rank per GPU matches one process
   }
 }
 
-TEST_CASE("DistributedDataParallel on Nccl: tensors on the wrong device are refused, naming the parameter" * doctest::skip()) {
+TEST_CASE("DistributedDataParallel on Nccl: tensors on the wrong device are refused, naming the parameter" *
+          doctest::skip()) {
   const int n = test::visible_gpus();
   auto world = test::make_torch_nccl_world(n);
   SUBCASE("a module left on the CPU") {
