@@ -3,9 +3,11 @@
 // the same run. This is the gamma of the cost model, and what the compiler
 // made of gradsync/core/ops.hpp at this build's -O level.
 //
-//   reduce_kernel [-b BYTES] [-o sum|min|max|prod]
+//   reduce_kernel [-b BYTES] [-o sum|min|max|prod] [-n CALLS]
 //
-// GB/s counts the bytes of one operand (like memcpy's bytes copied).
+// GB/s counts the bytes of one operand (like memcpy's bytes copied). Each
+// figure is the median of 5 batches of CALLS back-to-back calls; by default
+// a batch moves about 1 GB (3 to 100,000 calls). -n 1 is a smoke run.
 
 #include <gradsync/gradsync.hpp>
 
@@ -21,10 +23,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// Calls per timed batch; 0: about 1 GB of operand bytes per batch.
+int calls_per_batch = 0;
+
 template <class F>
 double seconds_per_call(F&& f, std::size_t bytes) {
   f();  // warm the caches and fault the pages in
-  const int iters = static_cast<int>(std::clamp(1e9 / static_cast<double>(bytes), 3.0, 100000.0));
+  const int iters = calls_per_batch > 0
+                        ? calls_per_batch
+                        : static_cast<int>(std::clamp(1e9 / static_cast<double>(bytes), 3.0, 100000.0));
   std::vector<double> t;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = Clock::now();
@@ -55,12 +62,32 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "-b" && i + 1 < argc) {
       sizes = {static_cast<std::size_t>(std::strtoull(argv[++i], nullptr, 10))};
+      if (sizes[0] < sizeof(double)) {
+        std::fprintf(stderr, "reduce_kernel: -b takes at least %zu bytes (one element of every type)\n", sizeof(double));
+        return 2;
+      }
     } else if (a == "-o" && i + 1 < argc) {
       const std::string o = argv[++i];
-      op = o == "min" ? gradsync::OpKind::min : o == "max" ? gradsync::OpKind::max
-         : o == "prod" ? gradsync::OpKind::prod : gradsync::OpKind::sum;
+      if (o == "sum") {
+        op = gradsync::OpKind::sum;
+      } else if (o == "min") {
+        op = gradsync::OpKind::min;
+      } else if (o == "max") {
+        op = gradsync::OpKind::max;
+      } else if (o == "prod") {
+        op = gradsync::OpKind::prod;
+      } else {
+        std::fprintf(stderr, "reduce_kernel: -o takes sum, min, max or prod, not '%s'\n", o.c_str());
+        return 2;
+      }
+    } else if (a == "-n" && i + 1 < argc) {
+      calls_per_batch = std::atoi(argv[++i]);
+      if (calls_per_batch < 1) {
+        std::fprintf(stderr, "reduce_kernel: -n takes a number of calls, at least 1\n");
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: reduce_kernel [-b BYTES] [-o sum|min|max|prod]\n");
+      std::fprintf(stderr, "usage: reduce_kernel [-b BYTES] [-o sum|min|max|prod] [-n CALLS]\n");
       return 2;
     }
   }
