@@ -25,12 +25,12 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <csignal>
 #include <random>
 #include <span>
 #include <stdexcept>

@@ -21,7 +21,7 @@ import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from gradsync_python import under_gradsync_python  # noqa: E402
-import kill_harness  # noqa: E402  (its WORKDIR -- WRITER... command line)
+from helper_command import split_command  # noqa: E402
 
 NUMPY_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
@@ -38,7 +38,7 @@ def main():
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
-    (work,), writer = kill_harness.split_command(sys.argv)
+    (work,), writer = split_command(sys.argv)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     path, sidecar = os.path.join(work, "sample.safetensors"), os.path.join(work, "sample.json")

@@ -17,14 +17,6 @@ import subprocess
 import sys
 
 
-def split_command(argv):
-    """(the arguments before `--`, the WRITER command after it)."""
-    if "--" not in argv or argv.index("--") == len(argv) - 1:
-        sys.exit(f"usage: {pathlib.Path(argv[0]).name} ... -- WRITER [ARGS...]")
-    at = argv.index("--")
-    return argv[1:at], argv[at + 1:]
-
-
 def run(args):
     # A writer that hangs fails its trial rather than the whole test's timeout.
     return subprocess.run(args, capture_output=True, text=True, timeout=120)

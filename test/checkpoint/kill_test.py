@@ -20,12 +20,15 @@ import time
 
 import kill_harness as kh
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from helper_command import split_command  # noqa: E402
+
 # What `WRITER verify` prints: the generation of the full file and of the sharded index.
 GENERATIONS = r"full (\d+) sharded (\d+)\n"
 
 
 def main():
-    (work,), writer = kh.split_command(sys.argv)
+    (work,), writer = split_command(sys.argv)
     trials, rng = kh.start("kill test", 60, work)
     start = time.monotonic()
 

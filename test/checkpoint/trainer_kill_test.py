@@ -35,11 +35,14 @@ import time
 
 import kill_harness as kh
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from helper_command import split_command  # noqa: E402
+
 STEP = r"step (\d+)"
 
 
 def main():
-    options, writer = kh.split_command(sys.argv)
+    options, writer = split_command(sys.argv)
     work, asynchronous = pathlib.Path(options[0]), options[1:] == ["--async"]
     points = int(os.environ.get("GRADSYNC_KILL_POINTS", "12"))
     seed = int(os.environ.get("GRADSYNC_KILL_SEED", random.randrange(1 << 31)))

@@ -22,6 +22,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from helper_command import split_command  # noqa: E402
+
 
 def run_with_signal(cmd, env, n, directory, settle):
     """Runs cmd; once its n ranks are ready and one is away from its call,
@@ -116,9 +119,8 @@ def run_fault(args, fault, n, rank, call, deadline_ms, mode):
 
 
 def main():
-    at = sys.argv.index("--")
-    analyzer, mode, *mpirun = sys.argv[1:at]
-    args = {"analyzer": analyzer, "exe": sys.argv[at + 1:], "mpirun": mpirun[0] if mode == "mpi" else None}
+    (analyzer, mode, *mpirun), exe = split_command(sys.argv)
+    args = {"analyzer": analyzer, "exe": exe, "mpirun": mpirun[0] if mode == "mpi" else None}
     seed = int(os.environ.get("GRADSYNC_FLIGHT_SEED", random.randrange(1 << 32)))
     print(f"GRADSYNC_FLIGHT_SEED={seed}")
     g = random.Random(seed)

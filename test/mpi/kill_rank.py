@@ -20,6 +20,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'support'))
+from helper_command import split_command  # noqa: E402
+
 SLACK_S = 1.5  # past the deadline: hearing out the others, then leaving
 
 
@@ -88,9 +91,7 @@ def run_once(mpirun, exe, policy, deadline, algo, floats):
 
 
 def main():
-    at = sys.argv.index('--')
-    exe = sys.argv[at + 1:]
-    mpirun, policy, *rest = sys.argv[1:at]
+    (mpirun, policy, *rest), exe = split_command(sys.argv)
     deadline = float(rest[0]) if len(rest) > 0 else 2.0
     runs = int(rest[1]) if len(rest) > 1 else 3
     algo = rest[2] if len(rest) > 2 else 'ring'
