@@ -5,7 +5,8 @@
 // algorithms, Auto's table, the backend's endpoint calls) is instantiated
 // there. The declarations below keep a test file from instantiating it;
 // support/instances.cpp (built with the test support library) holds the one
-// instantiation of each, for Threads and, in the Mpi suites, for Mpi.
+// instantiation of each, for Threads and, in the Mpi suites, for Mpi. The
+// bench's *_perf tools link them too, where bench/meson.build says.
 
 #include <cstddef>
 
