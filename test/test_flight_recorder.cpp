@@ -249,9 +249,16 @@ TEST_CASE("flight record: a dump signal makes every rank waiting in a call write
   gs::dump_flight_records_on(SIGUSR1);
   const auto path = [&](int r) { return dir.path / ("gradsync-flight-world-rank" + std::to_string(r) + ".json"); };
   std::atomic<bool> dumped{false};
+  // Ranks out of the first AllReduce: no signal comes before all are, or a
+  // rank still waiting in it (a slow start, under a sanitizer on a busy
+  // machine) would answer it, the late one too.
+  std::atomic<int> past_first{0};
   std::thread signaller([&] {
     // Every other rank's record written, or give up after 20 s (the check below says which).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (past_first.load() < world && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     for (int sent = 0; std::chrono::steady_clock::now() < until; ++sent) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       bool all = true;
@@ -264,6 +271,7 @@ TEST_CASE("flight record: a dump signal makes every rank waiting in a call write
   gs::run_threads(world, gs::ThreadsOptions{.timeout = std::chrono::seconds(60)}, [&](Communicator<Threads>& comm) {
     std::vector<float> x(37, 1.0f);
     gs::AllReduce{}(comm, std::span<float>(x));
+    ++past_first;
     if (comm.rank() == late) {
       while (!dumped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
