@@ -37,6 +37,7 @@
 #include <gradsync/train/checkpoint/async_checkpointer.hpp>
 #include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 #include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
+#include "perf/shared_launches.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

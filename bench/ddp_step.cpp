@@ -41,6 +41,7 @@
 #ifdef GRADSYNC_HAVE_MPI
 #include <gradsync/backend/mpi.hpp>
 #endif
+#include "perf/shared_launches.hpp"
 
 #include <algorithm>
 #include <chrono>

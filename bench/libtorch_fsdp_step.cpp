@@ -31,6 +31,7 @@
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/integration/torch.hpp>
+#include "perf/shared_launches.hpp"
 
 #include <algorithm>
 #include <array>

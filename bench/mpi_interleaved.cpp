@@ -32,6 +32,7 @@
 #include <gradsync/backend/mpi.hpp>
 
 #include "perf/args.hpp"
+#include "perf/shared_launches.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -13,11 +13,7 @@
 #ifdef GRADSYNC_BENCH_MPI
 #include <gradsync/backend/mpi.hpp>
 #endif
-#ifdef GRADSYNC_BENCH_EXTERN_LAUNCHES
-// Built beside the tests: the collectives' launches come compiled from their
-// support library (bench/meson.build says when).
-#include "support/instances.hpp"
-#endif
+#include "shared_launches.hpp"
 
 #include <algorithm>
 #include <chrono>
