@@ -96,7 +96,7 @@ namespace {
 
 /// Set on the thread of the rank whose transport is slow.
 thread_local bool slow_rank = false;
-constexpr auto slow_op = std::chrono::milliseconds(10);
+constexpr auto slow_op = std::chrono::milliseconds(40);
 
 /// Host memory whose copies and reductions take `slow_op` longer on the slow rank.
 gs::detail::threads::Memory slow_memory() {
@@ -138,7 +138,7 @@ TEST_CASE("timeline: peer_wait_us is a collective's wait for a slow peer, not th
   }
   for (auto& t : ranks) t.join();
   for (const std::string& e : errors) REQUIRE(e == "");
-  // A ring on 3 ranks: the slow rank receives at least 4 times (2 reductions, 2 copies), 40 ms or
+  // A ring on 3 ranks: the slow rank receives at least 4 times (2 reductions, 2 copies), 160 ms or
   // more in all. Its neighbours wait for it: one for its sends, one for it to finish reading theirs.
   double waited[world] = {}, moving[world] = {};
   for (int r = 0; r < world; ++r) {
@@ -163,7 +163,12 @@ TEST_CASE("timeline: peer_wait_us is a collective's wait for a slow peer, not th
   // over. (What it waits besides, for a neighbour to wake up and go on,
   // grows with the machine's load, so it is not compared.)
   CHECK(moving[slow] - waited[slow] >= 0.99 * slow_us);
-  for (const int r : {0, 2}) CHECK(waited[r] >= slow_us / 2);
+  // The slow rank sends to its successor after each of its first three slow
+  // operations, so the successor waits about three of them (120 ms). Asked
+  // is one: a neighbour that leaves the call's agreement late, or that the
+  // machine deschedules, waits less (under TSan on two busy cores, 20 ms of
+  // a 30 ms wait went so when an operation took 10 ms).
+  for (const int r : {0, 2}) CHECK(waited[r] >= slow_us / 4);
 }
 
 TEST_CASE("timeline: off, no rank records or writes anything; write_trace says how to turn it on") {
