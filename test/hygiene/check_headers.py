@@ -227,7 +227,6 @@ def run_alone(cxx, include_dir, headers, extra_flags=()):
     for h in umbrellas:
         print(f"umbrella {h}: only #include lines, each of a header compiled alone here or of a system header")
     extra_flags = list(extra_flags)
-    # Clang loads a precompiled header lazily; GCC whole.
     index = BaseHeaders(include_dir, headers, lazy_load="clang" in pathlib.Path(cxx[0]).name)
     failed = []
     workers = os.cpu_count() or 1

@@ -6,7 +6,8 @@
 // there. The declarations below keep a test file from instantiating it;
 // support/instances.cpp (built with the test support library) holds the one
 // instantiation of each, for Threads and, in the Mpi suites, for Mpi. The
-// bench's *_perf tools link them too, where bench/meson.build says.
+// bench tools link them too (bench/perf/shared_launches.hpp), where
+// bench/meson.build says.
 
 #include <cstddef>
 
