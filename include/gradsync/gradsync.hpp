@@ -1,40 +1,18 @@
 #pragma once
-/// \file The umbrella header: the core, the Threads backend, every
-/// algorithm and primitive, and the trainers. It never includes MPI, NCCL or
-/// CUDA headers; those backends are opt-in through their own headers.
+/// \file The umbrella header: the collectives (gradsync/collectives.hpp: the
+/// core, the Threads backend, every algorithm and primitive) and the trainers.
+/// It never includes MPI, NCCL or CUDA headers; those backends are opt-in
+/// through their own headers.
 
-#include "gradsync/algorithm/auto.hpp"
-#include "gradsync/algorithm/native.hpp"
-#include "gradsync/algorithm/recursive_halving_doubling.hpp"
-#include "gradsync/algorithm/ring.hpp"
-#include "gradsync/algorithm/tags.hpp"
-#include "gradsync/algorithm/tree.hpp"
-#include "gradsync/backend/threads.hpp"
-#include "gradsync/collective/all_gather.hpp"
-#include "gradsync/collective/all_reduce.hpp"
-#include "gradsync/collective/broadcast.hpp"
-#include "gradsync/collective/progress_worker.hpp"
-#include "gradsync/collective/reduce_scatter.hpp"
-#include "gradsync/core/backend_traits.hpp"
-#include "gradsync/core/bfloat16.hpp"
-#include "gradsync/core/communicator.hpp"
-#include "gradsync/core/cost_model.hpp"
-#include "gradsync/core/denormals.hpp"
-#include "gradsync/core/error.hpp"
-#include "gradsync/core/float16.hpp"
+#include "gradsync/collectives.hpp"
 #include "gradsync/core/host_offload_space.hpp"
-#include "gradsync/core/ops.hpp"
-#include "gradsync/core/options.hpp"
-#include "gradsync/core/request.hpp"
-#include "gradsync/core/types.hpp"
-#include "gradsync/core/visit.hpp"
+#include "gradsync/train/common/model.hpp"
+#include "gradsync/train/data/distributed_sampler.hpp"
+#include "gradsync/train/data/lr_scaling.hpp"
+#include "gradsync/train/ddp/grad_sync.hpp"
+#include "gradsync/train/ddp/replicated_trainer.hpp"
+#include "gradsync/train/fsdp/sharded_trainer.hpp"
 #include "gradsync/train/optim/adam.hpp"
 #include "gradsync/train/optim/adamw.hpp"
-#include "gradsync/train/data/distributed_sampler.hpp"
-#include "gradsync/train/ddp/grad_sync.hpp"
-#include "gradsync/train/data/lr_scaling.hpp"
-#include "gradsync/train/common/model.hpp"
 #include "gradsync/train/optim/optimizer.hpp"
-#include "gradsync/train/ddp/replicated_trainer.hpp"
 #include "gradsync/train/optim/sgd.hpp"
-#include "gradsync/train/fsdp/sharded_trainer.hpp"

@@ -6,7 +6,8 @@ usage: check_headers.py MODE SOURCE_ROOT -- CXX [CXX_ARGS...]
   alone     every public header except the MPI/NCCL backends compiles alone
   mpi       the MPI backend headers compile alone (skipped without MPI)
   torch     the LibTorch integration headers compile alone (skipped without libtorch-dev)
-  umbrella  gradsync.hpp includes no MPI, NCCL or CUDA header, even indirectly
+  umbrella  gradsync.hpp and collectives.hpp include no MPI, NCCL or CUDA
+            header, even indirectly, and collectives.hpp no trainer header
 
 Exit 0 pass, 1 fail, 77 skip (meson's convention).
 """
@@ -26,6 +27,8 @@ WARNINGS = ["-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Wpedantic", "-W
 # A path in the umbrella's include tree that names one of these is a leak.
 BACKEND_HEADER = re.compile(r"(^|/)(mpi\.h|mpi\.hpp|mpicxx\.h|nccl\.h|nccl_net\.h)$|cuda|(^|/)torch/torch\.h$",
                             re.IGNORECASE)
+# What collectives.hpp promises to leave out besides: the trainers and what only they use.
+TRAINER_HEADER = re.compile(r"(^|/)gradsync/(train/|core/host_offload_space\.hpp$)")
 # Debian's libtorch-dev: the C++ frontend's headers live below this, the rest under /usr/include.
 TORCH_API_INCLUDE = pathlib.Path("/usr/include/torch/csrc/api/include")
 
@@ -328,27 +331,46 @@ def mode_torch(cxx, include_dir):
     return run_alone(cxx, include_dir, headers, ["-isystem", str(TORCH_API_INCLUDE)])
 
 
-def mode_umbrella(cxx, include_dir):
-    umbrella = include_dir / "gradsync" / "gradsync.hpp"
-    if not umbrella.is_file():
-        print("SKIP: include/gradsync/gradsync.hpp does not exist yet")
-        return SKIP
+def include_tree(cxx, include_dir, header):
+    """Every header that preprocessing `header` opens, or None (after saying why)."""
     # -H lists every header opened, one per line, prefixed with dots for depth.
-    cmd = cxx + ["-std=c++20", "-E", "-H", f"-I{include_dir}", "-x", "c++", str(umbrella), "-o", os.devnull]
+    cmd = cxx + ["-std=c++20", "-E", "-H", f"-I{include_dir}", "-x", "c++", str(include_dir / header), "-o", os.devnull]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        print(f"FAIL: preprocessing gradsync.hpp failed:\n{proc.stderr}")
-        return 1
+        print(f"FAIL: preprocessing {header} failed:\n{proc.stderr}")
+        return None
     included = [line.lstrip(".").strip() for line in proc.stderr.splitlines()
                 if re.match(r"^\.+ ", line)]
     if not included:
         print(f"FAIL: {' '.join(cmd)} printed no include tree; is this compiler's -H supported?")
-        return 1
-    leaks = [path for path in included if BACKEND_HEADER.search(path)]
-    print(f"gradsync.hpp opens {len(included)} headers")
-    for path in leaks:
-        print(f"FAIL: gradsync.hpp includes {path}; only an opt-in backend header may")
-    return 1 if leaks else 0
+        return None
+    return included
+
+
+def mode_umbrella(cxx, include_dir):
+    # Each umbrella, and what it must never open: (pattern, what the pattern names).
+    rules = {
+        "gradsync/gradsync.hpp": [(BACKEND_HEADER, "only an opt-in backend header may")],
+        "gradsync/collectives.hpp": [(BACKEND_HEADER, "only an opt-in backend header may"),
+                                     (TRAINER_HEADER, "the trainers are gradsync.hpp's")],
+    }
+    failed = False
+    for header, forbidden in rules.items():
+        if not (include_dir / header).is_file():
+            print(f"FAIL: include/{header} does not exist")
+            failed = True
+            continue
+        included = include_tree(cxx, include_dir, header)
+        if included is None:
+            failed = True
+            continue
+        print(f"{header} opens {len(included)} headers")
+        for pattern, why in forbidden:
+            for path in included:
+                if pattern.search(path):
+                    print(f"FAIL: {header} includes {path}; {why}")
+                    failed = True
+    return 1 if failed else 0
 
 
 def main(argv):
