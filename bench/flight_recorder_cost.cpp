@@ -9,7 +9,7 @@
 //
 //   flight_recorder_cost [CALLS] [ROUNDS]   (default 2,000,000 and 15; the all-reduce runs CALLS / 10 a round)
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 #include "perf/shared_launches.hpp"
 
 #include <algorithm>

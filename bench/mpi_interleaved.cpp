@@ -28,7 +28,7 @@
 // buffer that keep them safe when a failed call throws (ab/native: its time
 // over Native's).
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 #include <gradsync/backend/mpi.hpp>
 
 #include "perf/args.hpp"

@@ -9,7 +9,7 @@
 // figure is the median of 5 batches of CALLS back-to-back calls; by default
 // a batch moves about 1 GB (3 to 100,000 calls). -n 1 is a smoke run.
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -1,7 +1,7 @@
 // all_reduce_demo: four in-process ranks average a gradient, as data-parallel
 // training does after every backward pass, then time the same call at 64 MiB.
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include <algorithm>
 #include <bit>

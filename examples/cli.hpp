@@ -4,7 +4,7 @@
 // program's last line. Built with GRADSYNC_HAVE_MPI, it reaches the Mpi
 // backend too; otherwise --backend mpi is refused with how to get it.
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 #ifdef GRADSYNC_HAVE_MPI
 #include <gradsync/backend/mpi.hpp>
 #endif

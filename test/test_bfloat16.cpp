@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #include "support/instances.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles

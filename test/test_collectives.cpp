@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 
 // Everything in this file is in its own namespace: the Mpi suites compile it
 // in one translation unit with other test files (test/mpi/meson.build).

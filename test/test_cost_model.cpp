@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 
 // Everything in this file is in its own namespace: test/meson.build compiles
 // it in one translation unit with other test files (a unity build).

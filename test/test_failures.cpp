@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "gradsync/core/wire_call.hpp"
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #include "support/common.hpp"
 #include "support/instances.hpp"
 

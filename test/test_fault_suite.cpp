@@ -40,7 +40,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #include "support/common.hpp"
 #include "support/fault_watchdog.hpp"
 #include "support/sanitizers.hpp"

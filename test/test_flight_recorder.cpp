@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #include "support/common.hpp"
 #include "support/temp_dir.hpp"
 

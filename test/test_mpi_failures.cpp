@@ -4,7 +4,7 @@
 
 #include <gradsync/backend/mpi.hpp>
 #include <gradsync/core/endpoint_of.hpp>
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include "support/common.hpp"
 #include "support/world.hpp"

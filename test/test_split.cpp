@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "gradsync/core/endpoint_of.hpp"
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #include "support/common.hpp"
 #include "support/world.hpp"
 

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #include "support/common.hpp"
 #include "support/temp_dir.hpp"
 #include "support/trace_events.hpp"

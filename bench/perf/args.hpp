@@ -2,7 +2,7 @@
 /// \file The *_perf tools' command line: one Config, one parser and one usage
 /// text, shaped by the tool's descriptor (see driver.hpp).
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include <algorithm>
 #include <cstddef>

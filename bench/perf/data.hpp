@@ -3,7 +3,7 @@
 /// the exact reduced values, written from the ops' definitions rather than
 /// with the library's code.
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include <algorithm>
 #include <cstddef>

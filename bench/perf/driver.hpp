@@ -9,7 +9,7 @@
 /// is the per-call mean over back-to-back calls, the maximum over ranks of it,
 /// and the median of that over repeats.
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 #ifdef GRADSYNC_BENCH_MPI
 #include <gradsync/backend/mpi.hpp>
 #endif

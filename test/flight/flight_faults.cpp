@@ -22,7 +22,7 @@
 // signal's handler is installed then) and "END <rank> <Class|ok>" as it
 // stops; the signal fault's rank prints "AWAY <rank>" as it stays away.
 
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 #ifdef GRADSYNC_TEST_MPI
 #include <gradsync/backend/mpi.hpp>
 #endif

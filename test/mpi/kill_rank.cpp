@@ -21,7 +21,7 @@
 //   SURVIVOR <rank> <t> <Class> <what> a survivor, once its call has failed
 
 #include <gradsync/backend/mpi.hpp>
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include <signal.h>
 #include <unistd.h>

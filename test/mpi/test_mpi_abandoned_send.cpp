@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include <gradsync/backend/mpi.hpp>
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include <chrono>
 #include <cstddef>

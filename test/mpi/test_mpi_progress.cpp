@@ -9,7 +9,7 @@
 #include <mpi.h>
 
 #include <gradsync/backend/mpi.hpp>
-#include <gradsync/gradsync.hpp>
+#include <gradsync/collectives.hpp>
 
 #include <chrono>
 #include <cstddef>

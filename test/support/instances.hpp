@@ -11,7 +11,7 @@
 
 #include <cstddef>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #ifdef GRADSYNC_TEST_MPI
 #include "gradsync/backend/mpi.hpp"
 #endif

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradsync/gradsync.hpp"
+#include "gradsync/collectives.hpp"
 #ifdef GRADSYNC_TEST_MPI
 #include "gradsync/backend/mpi.hpp"
 #include "idle_mpi.hpp"
