@@ -12,7 +12,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -266,13 +265,4 @@ TEST_CASE("DeviceThreads: Ring, Tree, RecursiveHalvingDoubling on one GPU, 2..5 
   }
 }
 
-int main(int argc, char** argv) {
-  int n = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&n);
-  if (rc != cudaSuccess || n == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", rc != cudaSuccess ? cudaGetErrorString(rc) : "cudaGetDeviceCount returned 0");
-    return 77;
-  }
-  doctest::Context ctx(argc, argv);
-  return ctx.run();
-}
+#include "../support/cuda_device_main.hpp"

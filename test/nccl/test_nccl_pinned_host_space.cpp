@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -48,13 +47,4 @@ TEST_CASE("PinnedHostSpace: zeroed aligned pinned memory, and copies to the devi
   space.deallocate(b, n * sizeof(float));
 }
 
-int main(int argc, char** argv) {
-  int n = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&n);
-  if (rc != cudaSuccess || n == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", rc != cudaSuccess ? cudaGetErrorString(rc) : "cudaGetDeviceCount returned 0");
-    return 77;
-  }
-  doctest::Context ctx(argc, argv);
-  return ctx.run();
-}
+#include "../support/cuda_device_main.hpp"
