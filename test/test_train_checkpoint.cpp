@@ -297,6 +297,39 @@ TEST_CASE("sampler: across world sizes the ranks together continue the epoch's o
   CHECK_THROWS_AS(DistributedSampler(length, 2, 0).advance(length), gradsync::InvalidArgument);
 }
 
+TEST_CASE("sampler: an epoch finished at one world size resumes finished at every other") {
+  // Every length up to 24 and every pair of world sizes up to 7. Without
+  // drop_last the other world size may pad the epoch beyond the samples
+  // taken (10 by 2 ranks, resumed by 4, whose epoch is 12); with it, N ranks
+  // may leave a sample untaken that M ranks would take (9 of 10 by 3, 10 by
+  // 1). Either way the resumed epoch is done: no rank takes another sample.
+  for (bool drop_last : {false, true}) {
+    for (std::size_t length = 1; length <= 24; ++length) {
+      for (int saved_at = 1; saved_at <= 7; ++saved_at) {
+        DistributedSampler done(length, saved_at, 0, {.seed = length, .drop_last = drop_last});
+        done.set_epoch(2);
+        done.advance(done.num_samples());
+        const gradsync::SamplerState saved = done.state();
+        CHECK(saved.consumed >= length);
+        for (int world = 1; world <= 7; ++world) {
+          CAPTURE(drop_last);
+          CAPTURE(length);
+          CAPTURE(saved_at);
+          CAPTURE(world);
+          for (int r = 0; r < world; ++r) {
+            DistributedSampler s(length, world, r, {.drop_last = drop_last});
+            s.load_state(saved);
+            s.set_epoch(2);
+            CHECK(s.position() == s.num_samples());
+            s.set_epoch(3);
+            CHECK(s.position() == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("checkpoint file: the training state as named tensors, values as the trainer holds them") {
   TempDir dir;
   const fs::path file = dir.path / "step.safetensors";

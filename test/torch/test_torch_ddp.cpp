@@ -775,7 +775,7 @@ TEST_CASE("DistributedDataParallel: on_nonfinite throws on every rank naming the
   }
 }
 
-TEST_CASE("TorchDistributedSampler: a LibTorch loader visits this rank's share, epoch by epoch, and resumes mid-epoch") {
+TEST_CASE("TorchDistributedSampler: this rank's share, epoch by epoch, resumed mid-epoch at any world size that can continue it") {
   const int n = 3;
   const std::int64_t length = 23;  // not divisible by n: the last rank's share is padded
   const auto data = torch::arange(length, torch::kFloat).unsqueeze(1);
@@ -798,19 +798,25 @@ TEST_CASE("TorchDistributedSampler: a LibTorch loader visits this rank's share, 
     }
   }
   // Save after two batches of epoch 1, load into a fresh sampler: the rest of epoch 1 follows.
+  auto load = [](torch::serialize::OutputArchive& out, gradsync::TorchDistributedSampler& to) {
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    torch::serialize::InputArchive in;
+    std::istringstream is(bytes.str());
+    in.load_from(is);
+    to.load(in);
+  };
+  auto round_trip = [&](const gradsync::TorchDistributedSampler& from, gradsync::TorchDistributedSampler& to) {
+    torch::serialize::OutputArchive out;
+    from.save(out);
+    load(out, to);
+  };
   gradsync::TorchDistributedSampler a(static_cast<std::size_t>(length), n, 1);
   a.set_epoch(1);
   auto first = a.next(3).value();
   auto second = a.next(3).value();
-  torch::serialize::OutputArchive out;
-  a.save(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
   gradsync::TorchDistributedSampler b(static_cast<std::size_t>(length), n, 1);
-  torch::serialize::InputArchive in;
-  std::istringstream is(bytes.str());
-  in.load_from(is);
-  b.load(in);
+  round_trip(a, b);
   b.reset();  // what the loader does at begin(): it must not start the epoch over
   std::vector<std::size_t> rest;
   while (auto batch = b.next(5)) rest.insert(rest.end(), batch->begin(), batch->end());
@@ -821,6 +827,45 @@ TEST_CASE("TorchDistributedSampler: a LibTorch loader visits this rank's share, 
   expected.set_epoch(1);
   CHECK(b.epoch() == 1);
   CHECK(all == expected.indices());
+  // An archive of an earlier version (the epoch and this rank's position) loads as it did.
+  torch::serialize::OutputArchive legacy;
+  legacy.write("epoch", torch::tensor(std::int64_t{1}), /*is_buffer=*/true);
+  legacy.write("position", torch::tensor(std::int64_t{6}), /*is_buffer=*/true);
+  gradsync::TorchDistributedSampler old(static_cast<std::size_t>(length), n, 1);
+  load(legacy, old);
+  old.reset();
+  CHECK(old.next(100).value() == rest);
+
+  // Every rank at 6 of 8: 18 of the epoch's 23 taken. Two ranks continue
+  // from 9 of their 12; four would repeat or skip one and are refused, as is
+  // another dataset.
+  for (int r = 0; r < 2; ++r) {
+    gradsync::TorchDistributedSampler two(static_cast<std::size_t>(length), 2, r);
+    round_trip(a, two);
+    two.reset();
+    std::vector<std::size_t> left;
+    while (auto batch = two.next(4)) left.insert(left.end(), batch->begin(), batch->end());
+    gradsync::DistributedSampler at_two(static_cast<std::size_t>(length), 2, r);
+    at_two.set_epoch(1);
+    const auto order = at_two.indices();
+    CHECK(left == std::vector<std::size_t>(order.begin() + 9, order.end()));
+  }
+  gradsync::TorchDistributedSampler four(static_cast<std::size_t>(length), 4, 0);
+  CHECK_THROWS_WITH_AS(round_trip(a, four), doctest::Contains("without repeating or skipping"),
+                       gradsync::InvalidArgument);
+  gradsync::TorchDistributedSampler longer(static_cast<std::size_t>(length) + 1, n, 1);
+  CHECK_THROWS_WITH_AS(round_trip(a, longer), doctest::Contains("over 23 samples"), gradsync::InvalidArgument);
+  // A finished epoch resumes finished at another world size: nothing left
+  // of it, then the next epoch from its start.
+  while (a.next(8)) {
+  }
+  gradsync::TorchDistributedSampler done(static_cast<std::size_t>(length), 4, 3);
+  round_trip(a, done);
+  done.reset();
+  CHECK_FALSE(done.next(4).has_value());
+  done.reset();
+  CHECK(done.epoch() == 2);
+  CHECK(done.next(100).value().size() == done.num_samples());
 }
 
 TEST_CASE("tensor_span shares a tensor's memory and refuses what it cannot") {

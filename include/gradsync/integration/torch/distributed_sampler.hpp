@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,8 @@ namespace gradsync {
 /// the epoch advances there: the first pass is the start epoch, each later
 /// pass the next one, as calling set_epoch(epoch) every epoch does in
 /// PyTorch. save()/load() keep the epoch and the position within it, and
-/// the pass after a load() resumes there instead of starting over.
+/// the pass after a load() resumes there instead of starting over, at the
+/// same world size or another that can continue the epoch (load()).
 ///
 /// LibTorch's own DistributedRandomSampler draws another permutation (from
 /// torch's generator); this one visits what gradsync's trainers visit.
@@ -80,26 +82,67 @@ class TorchDistributedSampler final : public torch::data::samplers::Sampler<std:
     return batch;
   }
 
-  /// Saves the epoch and the position within it (LibTorch's archive format).
+  /// Saves what DistributedSampler::state() holds (LibTorch's archive
+  /// format): the seed, the epoch, the samples all ranks have taken of it,
+  /// and the dataset's length, shuffle and drop_last, which load() checks.
+  /// Every rank's archive is the same where ranks are at the same position.
   void save(torch::serialize::OutputArchive& archive) const override {
-    archive.write("epoch", torch::tensor(static_cast<std::int64_t>(sampler_.epoch())), /*is_buffer=*/true);
-    archive.write("position", torch::tensor(static_cast<std::int64_t>(next_)), /*is_buffer=*/true);
+    const SamplerState s = state();
+    auto write = [&](const char* key, std::uint64_t value) {
+      archive.write(key, torch::tensor(static_cast<std::int64_t>(value)), /*is_buffer=*/true);
+    };
+    write("epoch", s.epoch);
+    write("position", next_);  // this rank's: all an archive of an earlier version holds
+    write("seed", s.seed);
+    write("consumed", s.consumed);
+    write("length", s.length);
+    write("shuffle", s.shuffle ? 1 : 0);
+    write("drop_last", s.drop_last ? 1 : 0);
   }
+
+  /// Resumes where save() left off, at any world size that
+  /// DistributedSampler::load_state accepts: the same dataset (length,
+  /// shuffle, drop_last) and a number of samples taken that this world size
+  /// divides, or the whole epoch. Anything else throws InvalidArgument, so a
+  /// loader never silently visits samples again or skips them. An archive of
+  /// an earlier version (epoch and this rank's position only) loads as it
+  /// did then, unchecked: it must come from the same world size and dataset.
   void load(torch::serialize::InputArchive& archive) override {
-    torch::Tensor epoch = torch::empty({}, torch::kInt64);
-    torch::Tensor position = torch::empty({}, torch::kInt64);
-    archive.read("epoch", epoch, /*is_buffer=*/true);
-    archive.read("position", position, /*is_buffer=*/true);
-    set_epoch(static_cast<std::uint64_t>(epoch.item<std::int64_t>()));
+    auto read = [&](const char* key) -> std::optional<std::uint64_t> {
+      torch::Tensor value = torch::empty({}, torch::kInt64);
+      if (!archive.try_read(key, value, /*is_buffer=*/true)) return std::nullopt;
+      return static_cast<std::uint64_t>(value.item<std::int64_t>());
+    };
+    const auto epoch = read("epoch");
+    const auto position = read("position");
+    if (!epoch || !position) {
+      throw InvalidArgument("gradsync: TorchDistributedSampler::load: the archive holds no sampler state "
+                            "(no 'epoch' and 'position'); was it written by TorchDistributedSampler::save?");
+    }
+    if (const auto consumed = read("consumed")) {
+      const auto seed = read("seed"), length = read("length"), shuffle = read("shuffle"), drop_last = read("drop_last");
+      if (!seed || !length || !shuffle || !drop_last) {
+        throw InvalidArgument("gradsync: TorchDistributedSampler::load: the archive has 'consumed' but lacks one of "
+                              "'seed', 'length', 'shuffle', 'drop_last'");
+      }
+      sampler_.load_state({*seed, *epoch, *consumed, *length, *shuffle != 0, *drop_last != 0});
+      o_.seed = *seed;
+      indices_ = sampler_.indices();
+      next_ = sampler_.position();
+    } else {
+      set_epoch(*epoch);
+      if (*position > indices_.size()) {
+        throw InvalidArgument("gradsync: TorchDistributedSampler::load: position " + std::to_string(*position) +
+                              " is past this rank's " + std::to_string(indices_.size()) + " samples");
+      }
+      next_ = static_cast<std::size_t>(*position);
+    }
     // The loader's next begin() resets: let that pass resume here.
     started_ = false;
-    const auto pos = static_cast<std::size_t>(position.item<std::int64_t>());
-    if (pos > indices_.size()) {
-      throw InvalidArgument("gradsync: TorchDistributedSampler::load: position " + std::to_string(pos) +
-                            " is past this rank's " + std::to_string(indices_.size()) + " samples");
-    }
-    next_ = pos;
   }
+
+  /// What save() writes: DistributedSampler::state() at this pass's position.
+  SamplerState state() const noexcept { return sampler_.state_at(next_); }
 
  private:
   int replicas_;

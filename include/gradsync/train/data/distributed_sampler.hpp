@@ -1,6 +1,7 @@
 #pragma once
 /// \file DistributedSampler: each rank's share of a dataset's indices, by PyTorch's rules.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -20,7 +21,9 @@ struct SamplerState {
   std::uint64_t seed = 0;
   std::uint64_t epoch = 0;
   /// Positions of the epoch's (padded) order that all ranks together have
-  /// taken: position() times the number of ranks.
+  /// taken: position() times the number of ranks; `length` once the epoch
+  /// is done, so that a finished epoch resumes finished at any world size
+  /// (with drop_last, N ranks leave samples untaken that M ranks would not).
   std::uint64_t consumed = 0;
   /// The dataset's length, shuffle and drop_last: checked, not restored
   /// (another dataset is another run).
@@ -99,9 +102,16 @@ class DistributedSampler {
   }
 
   /// What a checkpoint saves.
-  SamplerState state() const noexcept {
-    return {o_.seed, epoch_, static_cast<std::uint64_t>(position_) * static_cast<std::uint64_t>(replicas_), length_,
-            o_.shuffle, o_.drop_last};
+  SamplerState state() const noexcept { return state_at(position_); }
+
+  /// What a checkpoint saves once `position` of this epoch's indices are
+  /// used (for a loader that tracks its own position). A finished epoch
+  /// saves at least `length` taken (SamplerState::consumed).
+  SamplerState state_at(std::size_t position) const noexcept {
+    const std::uint64_t consumed =
+        position >= num_samples_ ? std::max<std::uint64_t>(length_, total_size())
+                                 : static_cast<std::uint64_t>(position) * static_cast<std::uint64_t>(replicas_);
+    return {o_.seed, epoch_, consumed, length_, o_.shuffle, o_.drop_last};
   }
 
   /// Throws InvalidArgument if `s` cannot be loaded here: another length,
@@ -134,9 +144,12 @@ class DistributedSampler {
     check_state(s);
     o_.seed = s.seed;
     epoch_ = s.epoch;
-    const std::uint64_t mine = s.consumed / static_cast<std::uint64_t>(replicas_);
-    // A prefix longer than this world size's padded epoch has seen every sample.
-    position_ = mine < num_samples_ ? static_cast<std::size_t>(mine) : num_samples_;
+    // A prefix that covers the epoch resumes at its end, as check_state
+    // promises: also where this world size pads the order beyond the
+    // samples taken (10 taken by 2 ranks, resumed by 4 whose epoch is 12),
+    // so that no rank takes again the samples the saved run already used.
+    const bool whole = s.consumed >= length_ || s.consumed >= total_size();
+    position_ = whole ? num_samples_ : static_cast<std::size_t>(s.consumed / static_cast<std::uint64_t>(replicas_));
   }
 
   /// Indices this rank visits in the current epoch.
