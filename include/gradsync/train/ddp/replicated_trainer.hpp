@@ -85,7 +85,9 @@ struct ReplicatedTrainerOptions {
 /// shapes, in order; otherwise every rank throws InvalidArgument naming the
 /// first unit and rank that differ) and
 /// broadcasts rank 0's parameters and buffers. N ranks with per-rank batch
-/// b under a mean loss then train as one rank with batch N·b.
+/// b under a mean loss then train as one rank with batch N·b. The gradient
+/// is the plain mean of the ranks' gradients, as in PyTorch DDP: ranks with
+/// unequal batches (a last, shorter batch) weigh alike, not by batch size.
 ///
 /// \tparam M     the model (see gradsync::Model).
 /// \tparam Opt   an optimizer on flat spans of M::value_type (Sgd, Adam, AdamW, ...).
