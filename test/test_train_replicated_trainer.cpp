@@ -173,6 +173,61 @@ TEST_CASE("accumulation: K-1 accumulate() + step() on N ranks equal one step on 
   check_close(multi, single, 2e-5f);
 }
 
+namespace {
+
+/// Adds 1 to its one unit's gradient, then reports the unit ready twice.
+template <class C>
+struct ReadyTwice {
+  using value_type = float;
+  using compute_type = C;
+  std::vector<gradsync::UnitSpec> units() const { return {{"w", {{"w", {4}}}, {}}}; }
+  void bind(std::span<const gradsync::UnitView<float>>) {}
+  double forward_backward(const Batch<float>&, const gradsync::StepContext<C>& ctx) const {
+    { const auto forward = ctx.params(0); }
+    const auto p = ctx.params(0);
+    for (C& g : p->flat_grads) g = C(static_cast<float>(g) + 1.0f);
+    ctx.ready(0);
+    ctx.ready(0);
+    return 0;
+  }
+};
+
+template <class C>
+void check_ready_twice_refused() {
+  for (int world = 1; world <= 3; ++world) {
+    CAPTURE(world);
+    // Under accumulate() nothing communicates: a bfloat16 gradient folded
+    // into the float one on each ready() once counted twice here.
+    std::vector<float> first(static_cast<std::size_t>(world));
+    const auto accumulated = test::refusals_on_threads(world, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, ReadyTwice<C>{}, gradsync::Sgd<float>());
+      struct Record {
+        ReplicatedTrainer<ReadyTwice<C>, gradsync::Sgd<float>, Communicator<Threads>>& t;
+        float& to;
+        ~Record() { to = t.gradients()[0]; }
+      } record{trainer, first[static_cast<std::size_t>(comm.rank())]};
+      trainer.accumulate(Batch<float>{});
+    });
+    for (const float g : first) CHECK(g == 1.0f);
+    // In a synced step the first ready() may already have started the
+    // bucket's all-reduce, which every rank started alike.
+    const auto stepped = test::refusals_on_threads(world, [](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, ReadyTwice<C>{}, gradsync::Sgd<float>());
+      trainer.step(Batch<float>{});
+    });
+    for (const auto& messages : {accumulated, stepped}) {
+      for (const auto& m : messages) CHECK(m.find("unit 0 ('w') ready twice in one backward") != std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("protocol: a unit reported ready twice in one backward throws, under accumulate() too") {
+  SUBCASE("float") { check_ready_twice_refused<float>(); }
+  SUBCASE("bfloat16 compute") { check_ready_twice_refused<gradsync::bfloat16>(); }
+}
+
 TEST_CASE("compression: bf16 gradients train within bfloat16 tolerance of the uncompressed path") {
   ReplicatedTrainerOptions bf16;
   bf16.sync.compression = gradsync::Compression::bf16;

@@ -517,6 +517,55 @@ TEST_CASE("clip_grad_norm: the global norm, equal on every rank and to Replicate
   }
 }
 
+namespace {
+
+/// One unit of 7 whose gradient is 1 but for a NaN at element `nan_at`: at
+/// N = 3 the NaN lands in one rank's shard only, first, between or last.
+struct NanAt {
+  using value_type = float;
+  std::size_t nan_at = 0;
+
+  std::vector<gradsync::UnitSpec> units() const { return {{"w", {{"w", {7}}}, {}}}; }
+  void bind(std::span<const gradsync::UnitView<float>>) {}
+  double forward_backward(const Batch<float>&, const gradsync::StepContext<float>& ctx) const {
+    { const auto forward = ctx.params(0); }
+    const auto p = ctx.params(0);
+    std::fill(p->flat_grads.begin(), p->flat_grads.end(), 1.0f);
+    p->flat_grads[nan_at] = std::numeric_limits<float>::quiet_NaN();
+    ctx.ready(0);
+    return 0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("clip_grad_norm: a NaN anywhere in the gradient makes the norm NaN on every rank, for every p") {
+  // A Max of partials keeps its first operand when the other is NaN, so
+  // the inf-norm once came out finite where only some rank's shard held it.
+  const Batch<float> none{};
+  for (std::size_t at = 0; at < 7; ++at) {
+    for (const double p : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
+      CAPTURE(at);
+      CAPTURE(p);
+      std::vector<double> norms(6, 0.0);
+      gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ReplicatedTrainerOptions ro;
+        ro.on_nonfinite = gradsync::OnNonfinite::ignore;
+        ReplicatedTrainer rt(comm, NanAt{at}, gradsync::Sgd<float>(), ro);
+        rt.forward_backward(none);
+        norms[r] = rt.clip_grad_norm(1.0, p);
+        ShardedTrainerOptions so;
+        so.on_nonfinite = gradsync::OnNonfinite::ignore;
+        ShardedTrainer st(comm, NanAt{at}, gradsync::Sgd<float>(), so);
+        st.forward_backward(none);
+        norms[3 + r] = st.clip_grad_norm(1.0, p);
+      });
+      for (const double n : norms) CHECK(std::isnan(n));
+    }
+  }
+}
+
 TEST_CASE("clip_grad_norm: refused outside forward_backward .. optimizer_step, and for p <= 0") {
   gradsync::run_threads(2, [&](Communicator<Threads>& comm) {
     ReplicatedTrainer rt(comm, model_for(comm.rank()), gradsync::Sgd<float>());

@@ -2,6 +2,7 @@
 /// \file clip_grad_norm_: torch::nn::utils::clip_grad_norm_ for a fully_shard model, whose gradients are sharded.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <memory>
@@ -53,20 +54,22 @@ double clip_grad_norm_(Holder& module, Communicator<B>& comm, double max_norm, d
                         ? detail::norm_partial(std::span<const double>(g.data_ptr<double>(), g.numel()), p)
                         : detail::norm_partial(std::span<const float>(g.data_ptr<float>(), g.numel()), p);
       if (!per.empty() && !std::isinf(p)) part /= per[i];
-      sum = std::isinf(p) ? std::max(sum, part) : sum + part;
+      sum = std::isinf(p) ? detail::max_keeping_nan(sum, part) : sum + part;
     }
     return sum;
   };
   double combined = partial(sharded, copies);
   if (comm.size() > 1) {
     if (std::isinf(p)) {
-      AllReduce<Auto>{}(comm, std::span<double>(&combined, 1), Max{});
+      std::array<double, 2> pair = detail::inf_partial_for_max(combined);
+      AllReduce<Auto>{}(comm, std::span<double>(pair), Max{});
+      combined = detail::combined_inf_partial(pair);
     } else {
       AllReduce<Auto>{}(comm, std::span<double>(&combined, 1), Sum{});
     }
   }
   const double rest = partial(whole, {});
-  combined = std::isinf(p) ? std::max(combined, rest) : combined + rest;
+  combined = std::isinf(p) ? detail::max_keeping_nan(combined, rest) : combined + rest;
   const double total = detail::norm_total(combined, p);
   for (const auto* list : {&sharded, &whole}) {
     for (const at::Tensor& g : *list) {

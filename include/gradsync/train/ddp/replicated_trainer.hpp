@@ -380,6 +380,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     buffers_.assign(nb, value_type(0));
     std::size_t p = 0, b = 0;
     views_.resize(specs_.size());
+    ready_in_backward_.assign(specs_.size(), 0);
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       UnitView<value_type>& v = views_[i];
       const std::size_t p0 = p, b0 = b;
@@ -425,6 +426,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       // A backward that threw part-way may have left gradients here.
       std::ranges::fill(bf16_grads_, bfloat16(0.0f));
     }
+    std::ranges::fill(ready_in_backward_, 0);
     const StepContext<compute_type> ctx(provider_);
     spans_.begin(this->timeline(), views_.size());
     struct End {
@@ -505,7 +507,18 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                               ": the model reported unit " + std::to_string(u) +
                               " ready, but evaluation runs no backward");
       }
-      if (u < t_.views_.size()) t_.fold_bf16_grad(u);
+      if (u < t_.views_.size()) {
+        // GradSync catches a second ready() in a synced backward, but not
+        // under accumulate(), where it does not follow readiness; a bfloat16
+        // gradient folded twice would count twice.
+        if (t_.ready_in_backward_[u]) {
+          throw InvalidArgument("gradsync: ReplicatedTrainer on rank " + std::to_string(t_.comm_.rank()) +
+                                ": the model reported unit " + std::to_string(u) + " ('" + t_.specs_[u].name +
+                                "') ready twice in one backward");
+        }
+        t_.ready_in_backward_[u] = 1;
+        t_.fold_bf16_grad(u);
+      }
       t_.sync_->ready(u);
     }
 
@@ -517,6 +530,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   Provider provider_{*this};
   Provider eval_provider_{*this, true};
   std::vector<UnitSpec> specs_;
+  /// Units the model reported ready in the current backward.
+  std::vector<unsigned char> ready_in_backward_;
   // Aligned alike in every process, so a model's vectorized math sums in
   // the same order wherever the heap put them (see AlignedAllocator).
   std::vector<value_type, detail::AlignedAllocator<value_type>> params_, grads_, buffers_;

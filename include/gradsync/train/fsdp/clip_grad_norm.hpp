@@ -6,6 +6,7 @@
 /// here is which groups combine the partials, which only the sharded layout
 /// decides.
 
+#include <array>
 #include <cmath>
 #include <span>
 
@@ -31,7 +32,9 @@ double clip_grad_norm(HybridGroups<Comm>& comms, bool sharded, std::span<T> grad
   // Replicas hold the same shards: the shard group's partials are the whole.
   if (sharded && comms.shard().size() > 1) {
     if (std::isinf(p)) {
-      all_reduce(comms.shard(), std::span<double>(&partial, 1), Max{});
+      std::array<double, 2> pair = inf_partial_for_max(partial);
+      all_reduce(comms.shard(), std::span<double>(pair), Max{});
+      partial = combined_inf_partial(pair);
     } else {
       all_reduce(comms.shard(), std::span<double>(&partial, 1), Sum{});
     }

@@ -4,6 +4,7 @@
 /// brings it to max_norm.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -26,13 +27,31 @@ inline void check_norm_order(const char* who, double max_norm, double p) {
   }
 }
 
-/// Σ|g|^p over `grads`, in double; for p = ∞ the largest |g|. Partials of
-/// disjoint shards combine by Sum (or Max for ∞).
+/// The larger of two partials of order ∞, NaN if either is: std::max (and
+/// MPI_MAX) keep the first operand whenever a comparison with NaN is false,
+/// so a NaN gradient would vanish from the norm, as a sum never lets it.
+inline double max_keeping_nan(double a, double b) noexcept {
+  return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
+}
+
+/// A partial of order ∞ as two doubles that any Max all-reduce combines
+/// without losing a NaN: the partial with NaN as 0, and 1 where it was NaN.
+/// combined_inf_partial reads the result back.
+inline std::array<double, 2> inf_partial_for_max(double partial) noexcept {
+  return std::isnan(partial) ? std::array<double, 2>{0.0, 1.0} : std::array<double, 2>{partial, 0.0};
+}
+inline double combined_inf_partial(const std::array<double, 2>& combined) noexcept {
+  return combined[1] != 0 ? std::numeric_limits<double>::quiet_NaN() : combined[0];
+}
+
+/// Σ|g|^p over `grads`, in double; for p = ∞ the largest |g|, NaN if any g
+/// is NaN (as PyTorch's norm). Partials of disjoint shards combine by Sum
+/// (for ∞: max_keeping_nan, or Max over inf_partial_for_max).
 template <class T>
 double norm_partial(std::span<const T> grads, double p) {
   double acc = 0;
   if (std::isinf(p)) {
-    for (const T g : grads) acc = std::max(acc, std::abs(static_cast<double>(g)));
+    for (const T g : grads) acc = max_keeping_nan(acc, std::abs(static_cast<double>(g)));
   } else if (p == 2) {
     for (const T g : grads) acc += static_cast<double>(g) * static_cast<double>(g);
   } else if (p == 1) {
