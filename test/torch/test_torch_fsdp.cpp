@@ -530,7 +530,10 @@ TEST_CASE("fully_shard: FullShard frees a unit after its forward, ShardGradOp af
       REQUIRE(got.errors[r] == "");
       const bool sharded = strategy != ShardingStrategy::NoShard;
       CHECK(seen[r].before == (sharded ? pieces[r] : full));
-      CHECK(seen[r].after_forward == (strategy == ShardingStrategy::ShardGradOp || !sharded ? full : pieces[r]));
+      // ShardGradOp keeps the gathered bytes for the backward (below), but
+      // its parameters are their pieces in between: an optimizer step there
+      // steps the shard, never the copy.
+      CHECK(seen[r].after_forward == (sharded ? pieces[r] : full));
       CHECK(seen[r].after_backward == (sharded ? pieces[r] : full));
       // The gradient matches the piece the optimizer steps on.
       CHECK(seen[r].grad == seen[r].after_backward);
@@ -680,6 +683,193 @@ TEST_CASE("fully_shard: after a backward that threw, training goes on as if that
     CAPTURE(error);
     CHECK(error <= 1e-5);
   });
+}
+
+namespace {
+
+/// A decoder that uses the encoder's weight (a language model's embedding
+/// and output head): one tensor that named_parameters() lists twice.
+struct TiedDecoderImpl : torch::nn::Module {
+  explicit TiedDecoderImpl(torch::Tensor w) { weight = register_parameter("weight", w); }
+  torch::Tensor forward(torch::Tensor x) { return torch::linear(x, weight); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(TiedDecoder);
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() : enc(register_module("enc", torch::nn::Linear(5, 5))) {
+    dec = register_module("dec", TiedDecoder(enc->weight));
+    to(torch::kDouble);
+  }
+  torch::Tensor forward(torch::Tensor x) { return dec(torch::tanh(enc(x))); }
+  torch::nn::Linear enc;
+  TiedDecoder dec{nullptr};
+};
+TORCH_MODULE(Tied);
+
+/// A body and an auxiliary head of one 1-D parameter (its piece of a shard
+/// has the parameter's shape or broadcasts against it), whose output some
+/// steps leave out of the loss.
+struct AuxHeadImpl : torch::nn::Module {
+  AuxHeadImpl() { s = register_parameter("s", torch::tensor({0.9, 0.1}, torch::kDouble)); }
+  torch::Tensor forward(torch::Tensor x) { return x * s[0] + s[1]; }
+  torch::Tensor s;
+};
+TORCH_MODULE(AuxHead);
+struct AuxNetImpl : torch::nn::Module {
+  AuxNetImpl() : body(register_module("body", Block(6, 5, 4))), aux(register_module("aux", AuxHead())) {
+    to(torch::kDouble);
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_aux) {
+    const torch::Tensor h = body(x);
+    const torch::Tensor side = aux(h);
+    return use_aux ? side : h;
+  }
+  gradsync::ShardedModule<Block> body;
+  gradsync::ShardedModule<AuxHead> aux;
+};
+TORCH_MODULE(AuxNet);
+
+/// Values by named_parameters() then named_buffers(), as full_state_dict orders them.
+std::vector<torch::Tensor> named_values(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& np : m.named_parameters()) out.push_back(np.value().detach().clone());
+  for (const auto& nb : m.named_buffers()) out.push_back(nb.value().detach().clone());
+  return out;
+}
+
+/// Every rank ran without error and ended within 1e-9 (relative) of `expected`.
+void check_all_match(const PerRank& got, const std::vector<torch::Tensor>& expected) {
+  for (std::size_t r = 0; r < got.errors.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(got.errors[r] == "");
+    CHECK(max_relative(got.params[r], expected) <= 1e-9);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fully_shard: a weight tied under two names in one unit gets its whole gradient, backward after backward") {
+  torch::manual_seed(test::test_seed());
+  const auto x = torch::randn({6, 5}, torch::kDouble), y = torch::randn({6, 5}, torch::kDouble);
+  Tied ref;
+  const auto init = state(*ref);
+  // Two backwards (accumulated) per step: a second slot of the tied tensor
+  // once kept only the last one.
+  auto train = [&](auto& net, torch::optim::Optimizer& opt) {
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      for (int half = 0; half < 2; ++half) {
+        torch::mse_loss(net(x.narrow(0, 3 * half, 3)), y.narrow(0, 3 * half, 3)).backward();
+      }
+      opt.step();
+    }
+  };
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  train(ref, ref_opt);
+  const auto expected = named_values(*ref);
+  for (int n = 1; n <= 3; ++n) {
+    CAPTURE(n);
+    each_strategy([&](ShardingStrategy strategy) {
+      check_all_match(run_ranks(n, [&](Comm& comm) {
+        gradsync::ShardedModule<Tied> m;
+        load_state(*m, init);
+        gradsync::FullyShardOptions o;
+        o.strategy = strategy;
+        gradsync::fully_shard(m, comm, o);
+        torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+        train(m, opt);
+        return values(gradsync::full_state_dict(m));
+      }), expected);
+    });
+  }
+}
+
+TEST_CASE("fully_shard: a unit no backward reaches, or a forward no backward follows, leaves the optimizer its shard") {
+  // ShardGradOp keeps a unit's gather from its forward to its backward: the
+  // aux head out of the loss (step 1), or a forward with grad whose output
+  // is held past the step (step 0), once left the parameters on the
+  // gathered copy, which the optimizer then stepped instead of the shard.
+  torch::manual_seed(test::test_seed() + 1);
+  const auto x = torch::randn({6, 6}, torch::kDouble), y = torch::randn({6, 4}, torch::kDouble);
+  AuxNet ref;
+  const auto init = state(*ref);
+  auto train = [&](auto& net, torch::optim::Optimizer& opt) {
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      torch::mse_loss(net(x, step != 1), y).backward();
+      const torch::Tensor held = step == 0 ? net(x, true) : torch::Tensor();
+      opt.step();
+    }
+  };
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  train(ref, ref_opt);
+  const auto expected = named_values(*ref);
+  for (int n = 1; n <= 3; ++n) {
+    CAPTURE(n);
+    each_strategy([&](ShardingStrategy strategy) {
+      check_all_match(run_ranks(n, [&](Comm& comm) {
+        gradsync::ShardedModule<AuxNet> m;
+        load_state(*m, init);
+        gradsync::FullyShardOptions o;
+        o.strategy = strategy;
+        gradsync::fully_shard(m->body, comm, o);
+        gradsync::fully_shard(m->aux, comm, o);
+        gradsync::fully_shard(m, comm, o);
+        torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        train(m, opt);
+        return values(gradsync::full_state_dict(m));
+      }), expected);
+    });
+  }
+}
+
+TEST_CASE("fully_shard: clip_grad_norm_ counts only the gradients set since they were reset, as torch's does") {
+  // Gradients reset to undefined before each step (zero_grad's set_to_none),
+  // and b2 left out of step 1's forward: its shard still held step 0's
+  // gradient, which clip_grad_norm_ once counted.
+  const std::int64_t b = 3;
+  const int n = 2, steps = 3;
+  const Data d = make_data(n * b, "fsdp clip reset data");
+  torch::manual_seed(test::test_seed() + 2);
+  SkipNet ref;
+  const auto init = state(*ref);
+  std::vector<double> expected;
+  {
+    torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < steps; ++step) {
+      for (auto& p : ref->parameters()) p.mutable_grad().reset();
+      torch::nn::functional::cross_entropy(ref->forward(d.x, step == 1), d.y).backward();
+      expected.push_back(torch::nn::utils::clip_grad_norm_(ref->parameters(), 1e9));
+      opt.step();
+    }
+  }
+  std::vector<std::vector<double>> seen(static_cast<std::size_t>(n));
+  PerRank got = run_ranks(n, [&](Comm& comm) {
+    gradsync::ShardedModule<SkipNet> m;
+    load_state(*m, init);
+    gradsync::fully_shard(m->b1, comm);
+    gradsync::fully_shard(m->b2, comm);
+    gradsync::fully_shard(m, comm);
+    const Data mine = rank_rows(d, comm.rank(), b);
+    std::vector<double>& norms = seen[static_cast<std::size_t>(comm.rank())];
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < steps; ++step) {
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+      torch::nn::functional::cross_entropy(m(mine.x, step == 1), mine.y).backward();
+      norms.push_back(gradsync::clip_grad_norm_(m, comm, 1e9));
+      opt.step();
+    }
+    return values(gradsync::full_state_dict(m));
+  });
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(got.errors[r] == "");
+    REQUIRE(seen[r].size() == expected.size());
+    for (std::size_t s = 0; s < expected.size(); ++s) {
+      CAPTURE(s);
+      CHECK(std::abs(seen[r][s] - expected[s]) <= 1e-5 * expected[s]);
+    }
+  }
 }
 
 TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {

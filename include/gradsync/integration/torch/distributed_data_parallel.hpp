@@ -488,7 +488,7 @@ class DistributedDataParallel {
       for (const torch::Tensor& t : ts) {
         if (t.numel() == 0) continue;
         visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
-          Broadcast<Algo>{o_.collective}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
+          Broadcast<Algo>{o_.collective}(comm_, detail::span_of<T>(t), 0);
         });
       }
     }

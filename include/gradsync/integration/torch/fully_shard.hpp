@@ -115,9 +115,14 @@ void fully_shard(ShardedModule<Holder>& module, Communicator<B>& comm, FullyShar
     for (std::int64_t d : t.sizes()) s.push_back(static_cast<std::size_t>(d));
     return s;
   };
+  // LibTorch's named_parameters() lists a tensor once per name it is
+  // registered under (tied weights: an embedding and its output head);
+  // sharded once, under its first name, it gets one gradient slot, where
+  // two slots of one tensor would each take part of its gradient.
+  std::unordered_set<const c10::TensorImpl*> listed;
   for (const auto& np : root->named_parameters(/*recurse=*/true)) {
     const at::Tensor& t = np.value();
-    if (inner.contains(t.unsafeGetTensorImpl())) continue;
+    if (inner.contains(t.unsafeGetTensorImpl()) || !listed.insert(t.unsafeGetTensorImpl()).second) continue;
     typename Unit::Param p;
     p.name = np.key();
     p.tensor = t;

@@ -16,9 +16,12 @@ namespace gradsync {
 struct FullyShardOptions {
   /// FullShard frees the gathered parameters after the unit's forward and
   /// gathers them again before its backward; ShardGradOp keeps them from
-  /// forward until its gradients are reduce-scattered; NoShard keeps a full
-  /// copy on every rank and all-reduces gradients. HybridShard frees as
-  /// FullShard does, within groups of shard_size ranks.
+  /// forward until its gradients are reduce-scattered (between the two the
+  /// parameters are their shard pieces, so a step or a forward no backward
+  /// follows never sees the copy, which the next forward or the end of a
+  /// backward that did not reach the unit frees); NoShard keeps a full copy
+  /// on every rank and all-reduces gradients. HybridShard frees as FullShard
+  /// does, within groups of shard_size ranks.
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group
   /// g, split from the communicator); it must divide the world size. Each

@@ -49,6 +49,13 @@ inline std::string unusable_reason(const at::Tensor& t) {
   return {};
 }
 
+/// The elements of `t` as a span of T, unchecked: for a tensor known to be
+/// contiguous, on the CPU and of T's dtype (one gradsync made, or checked).
+template <class T>
+std::span<T> span_of(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+}
+
 }  // namespace detail
 
 /// The elements of the CPU tensor `t` as a span of T, without a copy: the
@@ -62,7 +69,7 @@ std::span<T> tensor_span(const at::Tensor& t, std::string_view what = "tensor") 
     why = std::string("its dtype is ") + c10::toString(t.scalar_type()) + ", not the one asked for";
   }
   if (!why.empty()) throw InvalidArgument("gradsync: cannot use " + std::string(what) + " as a buffer: " + why);
-  return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+  return detail::span_of<T>(t);
 }
 
 }  // namespace gradsync

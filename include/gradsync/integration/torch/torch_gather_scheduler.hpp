@@ -270,6 +270,10 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
   void drop_unused() noexcept {
     for (Unit* u : units_) u->drop_prefetch();
   }
+  /// Frees what ShardGradOp kept for a backward that did not use it.
+  void drop_stashes() noexcept {
+    for (Unit* u : units_) u->drop_stash();
+  }
 
   /// After a failure: what is in flight ends, what was gathered ahead is
   /// freed, and the workers go (a worker whose job failed fails every later
@@ -277,6 +281,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
   void fail() noexcept {
     for (Unit* u : units_) u->settle_gather();
     drop_unused();
+    drop_stashes();
     pending_ = nullptr;
     backward_open_ = false;
     for (Unit* u : units_) u->worker_.reset();
@@ -287,6 +292,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     if (generation != generation_ || ended_ || depth_ > 0) return;
     for (Unit* u : units_) u->settle_gather();
     drop_unused();
+    drop_stashes();
     pending_ = nullptr;
     backward_open_ = false;
   }
@@ -295,6 +301,10 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
   void restart() {
     wait_all();
     drop_unused();
+    // What ShardGradOp kept from an outermost forward no backward followed
+    // may predate an optimizer step; inside one (a unit called twice) it is
+    // this forward's, kept for its backward.
+    if (depth_ == 0) drop_stashes();
     if (!forward_.empty()) previous_ = forward_;
     forward_.clear();
     post_.clear();
@@ -327,6 +337,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     ended_ = true;
     quiesce();
     drop_unused();
+    drop_stashes();
   }
 
   std::vector<Unit*> units_;

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/nn/module.h>
 
 #include "gradsync/collective/all_gather.hpp"
@@ -182,7 +183,13 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       if (!p.trainable) continue;
       ++trainable_;
       p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
-      p.hook_key = p.accumulator->add_post_hook(std::make_unique<ReadyHook>(this->weak_from_this(), i));
+      // After the accumulator ran, the parameter's gradient is final.
+      p.hook_key = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak = this->weak_from_this(), i](const torch::autograd::variable_list& outputs,
+                                             const torch::autograd::variable_list& /*inputs*/) {
+            if (auto unit = weak.lock()) unit->on_gradient(i);
+            return outputs;
+          }));
     }
     // Mixed precision: the full buffer, gathered into, is of the compute
     // dtype; the accumulators above keep the master dtype's metadata, so
@@ -257,8 +264,10 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
       // train): keeping it gathered would hold the memory until the next one.
       if (o_.strategy != ShardingStrategy::ShardGradOp || !hooked) {
         if (!in_backward_) reshard();
-      } else {
+      } else if (in_backward_) {
         kept_ = gathered_;
+      } else {
+        stash();
       }
     }
     sched_->after_forward(*this);
@@ -287,10 +296,6 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     return out;
   }
 
-  at::Tensor local_gradient() const override {
-    if (trainable_ == 0) return {};
-    return sharded() ? shard_grad_ : full_grad_;
-  }
   bool sharded() const override { return o_.strategy != ShardingStrategy::NoShard; }
   int replicas() const override { return replicas_; }
 
@@ -327,21 +332,6 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   using Worker = ProgressWorker<B>;
   friend Scheduler;
 
-  /// After a trainable parameter's gradient accumulator ran.
-  class ReadyHook final : public torch::autograd::FunctionPostHook {
-   public:
-    ReadyHook(std::weak_ptr<TorchShardedUnit> unit, std::size_t index) : unit_(std::move(unit)), index_(index) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list& /*inputs*/) override {
-      if (auto unit = unit_.lock()) unit->on_gradient(index_);
-      return outputs;
-    }
-
-   private:
-    std::weak_ptr<TorchShardedUnit> unit_;
-    std::size_t index_;
-  };
-
   static std::int64_t as_int(std::size_t v) noexcept { return static_cast<std::int64_t>(v); }
 
   /// Elements [offset, offset + numel(shape)) of `flat` as a tensor that is
@@ -352,11 +342,6 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     at::Tensor keep = flat;
     return torch::from_blob(
         begin, shape, [keep](void*) mutable { keep.reset(); }, flat.options());
-  }
-
-  template <class T>
-  static std::span<T> span_of(const at::Tensor& t) {
-    return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
   }
 
   /// f(T{}) with T the parameters' type (fully_shard accepts float and double).
@@ -387,7 +372,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   void broadcast(const at::Tensor& t) {
     if (t.numel() == 0) return;
     visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
-      Broadcast<Auto>{labeled(LabelPhase::buffers)}(comm_, std::span<T>(static_cast<T*>(t.data_ptr()), t.numel()), 0);
+      Broadcast<Auto>{labeled(LabelPhase::buffers)}(comm_, span_of<T>(t), 0);
     });
   }
 
@@ -409,7 +394,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     return static_cast<std::size_t>(full_.numel()) * c10::elementSize(compute_);
   }
   /// Gathered, for use or ahead of it (its bytes are there).
-  bool holds_gather() const noexcept { return gathered_ || prefetched_; }
+  bool holds_gather() const noexcept { return gathered_ || prefetched_ || stashed_; }
   /// What FullyShardOptions::max_gathered_units counts: a gather held by a
   /// unit that encloses no other and is not kept by ShardGradOp.
   bool counts() const noexcept { return holds_gather() && !encloses_ && !kept_ && sharded(); }
@@ -454,12 +439,27 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     if (gathering_.valid()) settle(gathering_);
     gathering_ = Request();
   }
-  /// A prefetched unit is used: its parameters become their full views.
+  /// A prefetched or stashed unit is used: its parameters become their full views.
   void take_prefetched() {
-    if (!prefetched_) return;
+    if (!prefetched_ && !stashed_) return;
     for (Param& p : params_) point(p, p.full_view);
-    prefetched_ = false;
+    prefetched_ = stashed_ = false;
     gathered_ = true;
+  }
+  /// ShardGradOp after a forward: the full buffer keeps its bytes for the
+  /// backward (take_prefetched), but the parameters are their pieces, so an
+  /// optimizer step before it steps the shard, never the copy. Where no
+  /// backward uses it, the scheduler frees it (drop_stash).
+  void stash() {
+    if (!gathered_) return;
+    for (Param& p : params_) point(p, p.piece);
+    gathered_ = false;
+    stashed_ = kept_ = true;
+  }
+  void drop_stash() noexcept {
+    if (!stashed_) return;
+    stashed_ = kept_ = false;
+    give_bytes(full_);
   }
   /// A prefetch never used (its job over) is freed.
   void drop_prefetch() noexcept {
@@ -686,8 +686,8 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   std::vector<unsigned char> got_;
   bool gathered_ = false, in_backward_ = false, finish_queued_ = false, accumulate_ = false, input_hooked_ = false;
   bool sync_ = true;
-  /// Gathered ahead and not used yet; kept by ShardGradOp from forward to backward; its module holds other units.
-  bool prefetched_ = false, kept_ = false, encloses_ = false;
+  /// Gathered ahead and not used yet; kept by ShardGradOp from forward to backward (stash()); its module holds others.
+  bool prefetched_ = false, kept_ = false, stashed_ = false, encloses_ = false;
   /// The units of this communicator: when each gathers, and the spare bytes.
   std::shared_ptr<Scheduler> sched_;
   /// The prefetch in flight, and the worker it runs on (after groups_, whose shard group it may use).

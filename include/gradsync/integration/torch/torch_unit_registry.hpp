@@ -46,11 +46,9 @@ class TorchUnit {
   /// Collective over the unit's communicator: a copy of each parameter's
   /// full value, in parameters() order.
   virtual std::vector<at::Tensor> full_parameters() = 0;
-  /// The unit's gradient as this rank holds it after a backward, flat:
-  /// its shard (padding and frozen parameters zero), or under NoShard the
-  /// whole, alike on every rank (sharded() false). Undefined when no
-  /// parameter of the unit is trainable.
-  virtual at::Tensor local_gradient() const = 0;
+  /// After a backward each trainable parameter's `.grad` is its piece of
+  /// this rank's gradient shard, or under NoShard its whole gradient,
+  /// alike on every rank (sharded() false).
   virtual bool sharded() const = 0;
   /// Copies of the unit's shards over the ranks: HybridShard's shard
   /// groups, 1 otherwise (the shard's norm is summed over every rank).
