@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/refusals.hpp"
 #include "test_train_checkpoint.hpp"
 #include "test_train_model.hpp"
 
@@ -313,6 +314,56 @@ TEST_CASE("async save: training steps run while the files are written; the check
     for (int s : stepped_while_held) CHECK(s == 1);
     CHECK(load_held<true>(target, 5) == at_save);
   }
+}
+
+TEST_CASE("async save: a synchronous save to its path before wait() is refused on every rank; after it, it lands") {
+  // Both would number the same generation of files, and one's commit or
+  // clean-up removed or replaced the other's: a path that loaded nothing,
+  // or the older state after the newer save returned.
+  for (const bool sharded_trainer : {false, true}) {
+    for (const CheckpointFormat format : {CheckpointFormat::full, CheckpointFormat::sharded}) {
+      CAPTURE(sharded_trainer);
+      CAPTURE(std::string(format_name(format)));
+      TempDir dir;
+      const fs::path target = dir.path / "ckpt";
+      std::vector<std::string> refused(3);
+      std::vector<Held> at_sync(3);
+      auto body = [&](Communicator<Threads>& comm, auto& t, DistributedSampler& sampler, auto& ckpt) {
+        const auto me = std::size_t(comm.rank());
+        train(t, sampler, 1);
+        ckpt.save(target, {{"run", "x"}}, {.format = format});
+        train(t, sampler, 1);
+        try {
+          // The same directory, written otherwise: still refused.
+          gradsync::save_checkpoint(t, sampler, dir.path / "." / "ckpt" / "", {{"run", "x"}}, {.format = format});
+        } catch (const gradsync::InvalidArgument& e) {
+          refused[me] = e.what();
+        }
+        ckpt.wait();
+        gradsync::save_checkpoint(t, sampler, target, {{"run", "x"}}, {.format = format});
+        at_sync[me] = held(t, sampler);
+      };
+      gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
+        if (sharded_trainer) {
+          with_async_checkpointer<true>(comm, 7, [&](auto& t, DistributedSampler& s, auto& c) { body(comm, t, s, c); });
+        } else {
+          with_async_checkpointer<false>(comm, 7, [&](auto& t, DistributedSampler& s, auto& c) { body(comm, t, s, c); });
+        }
+      });
+      for (const std::string& m : refused) CHECK(m.find("call its wait() first") != std::string::npos);
+      const auto loaded = sharded_trainer ? load_held<true>(target, 7) : load_held<false>(target, 7);
+      CHECK(loaded == at_sync);
+    }
+  }
+  // A full checkpoint is a directory or a .safetensors file, not an index's name.
+  TempDir dir;
+  const auto messages = test::refusals_on_threads(2, [&](Communicator<Threads>& comm) {
+    with_async_checkpointer<false>(comm, 1, [&](auto& t, DistributedSampler& sampler, auto& ckpt) {
+      CHECK_THROWS_AS(ckpt.save(dir.path / "checkpoint.index.json"), gradsync::InvalidArgument);
+      gradsync::save_checkpoint(t, sampler, dir.path / "checkpoint.index.json");
+    });
+  });
+  for (const std::string& m : messages) CHECK(m.find("names a sharded checkpoint's index") != std::string::npos);
 }
 
 TEST_CASE("async save: the next save waits for the previous one, which it commits first") {

@@ -19,6 +19,7 @@
 #include "gradsync/core/trace_scope.hpp"
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_snapshot.hpp"
+#include "gradsync/train/checkpoint/pending_saves.hpp"
 #include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
 #include "gradsync/train/checkpoint/shard_source.hpp"
 // Both trainers' TrainerCheckpoint, so that this one include serves either.
@@ -82,6 +83,7 @@ class AsyncCheckpointer {
   ~AsyncCheckpointer() {
     if (faulter_.joinable()) faulter_.join();
     if (!pending_) return;
+    detail::PendingSaves::remove(&trainer_);
     if (thread_.joinable()) thread_.join();
     try {
       const std::string failure = error_ ? "; its write failed: " + detail::report_of(error_).text : "";
@@ -114,6 +116,7 @@ class AsyncCheckpointer {
     const detail::TraceScope span(detail::trace_recorder(comm), detail::TraceKind::checkpoint_save, trainer_.step_count());
     const bool sharded = options.format == CheckpointFormat::sharded;
     if (sharded) detail::check_sharded_path(path);
+    detail::check_full_path(path, sharded);
     const detail::SaveList<T> l = detail::save_list(trainer_, sampler_, metadata);
     const std::string where = "asynchronous save_checkpoint of '" + path.string() + "'";
     const Copy copy = copy_of(l, sharded);
@@ -142,6 +145,7 @@ class AsyncCheckpointer {
     error_ = error;
     written_.store(false, std::memory_order_relaxed);
     pending_ = true;
+    detail::PendingSaves::add(&trainer_, path);
     if (!start || error_) {
       written_.store(true, std::memory_order_release);
       return;
@@ -188,6 +192,7 @@ class AsyncCheckpointer {
     if (!pending_) return;
     detail::check_checkpointable(trainer_, "AsyncCheckpointer::wait");
     pending_ = false;
+    detail::PendingSaves::remove(&trainer_);
     auto& comm = trainer_.communicator();
     const detail::TraceScope span(detail::trace_recorder(comm), detail::TraceKind::checkpoint_wait, trainer_.step_count());
     if (thread_.joinable()) thread_.join();

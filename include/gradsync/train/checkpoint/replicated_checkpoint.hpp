@@ -27,6 +27,7 @@
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_source.hpp"
+#include "gradsync/train/checkpoint/pending_saves.hpp"
 #include "gradsync/train/checkpoint/shard_source.hpp"
 #include "gradsync/train/data/distributed_sampler.hpp"
 #include "gradsync/train/optim/optimizer.hpp"
@@ -136,6 +137,17 @@ inline void check_sharded_path(const std::filesystem::path& path) {
   if (path.extension() == ".safetensors" || name.ends_with(".index.json") || name == commit_file_name) {
     throw InvalidArgument("gradsync: save_checkpoint: a sharded checkpoint is a directory (its commit file, index and "
                           "one file per shard), but '" + path.string() + "' names a file; give the directory");
+  }
+}
+
+/// Refuses a full save to a path that names a sharded checkpoint's index or
+/// the commit file: a full checkpoint is a directory or a `.safetensors` file.
+inline void check_full_path(const std::filesystem::path& path, bool sharded) {
+  const std::string name = path.filename().string();
+  if (!sharded && (name.ends_with(".index.json") || name == commit_file_name)) {
+    throw InvalidArgument("gradsync: save_checkpoint: '" + path.string() + "' names a sharded checkpoint's " +
+                          (name == commit_file_name ? "commit file" : "index") +
+                          "; a full checkpoint goes to a directory or a .safetensors file");
   }
 }
 
@@ -538,6 +550,13 @@ void save_trainer(Trainer& trainer, const DistributedSampler* sampler, const std
   const TraceScope span(trace_recorder(trainer.communicator()), TraceKind::checkpoint_save, trainer.step_count());
   const bool sharded = options.format == CheckpointFormat::sharded;
   if (sharded) check_sharded_path(path);
+  check_full_path(path, sharded);
+  if (const auto pending = PendingSaves::to(&trainer, path)) {
+    throw InvalidArgument("gradsync: save_checkpoint of '" + path.string() + "' on rank " +
+                          std::to_string(trainer.communicator().rank()) +
+                          ": this trainer's AsyncCheckpointer has a save to it that is not committed yet; call its "
+                          "wait() first (two saves to one path at once would each remove or replace the other's files)");
+  }
   const SaveList<T> l = save_list(trainer, sampler, metadata);
   if (sharded) {
     save_sharded<Algo>(trainer.communicator(), l, TrainerCheckpoint<Trainer>::held(trainer), path, metadata);
