@@ -737,12 +737,31 @@ std::vector<torch::Tensor> named_values(torch::nn::Module& m) {
   return out;
 }
 
-/// Every rank ran without error and ended within 1e-9 (relative) of `expected`.
-void check_all_match(const PerRank& got, const std::vector<torch::Tensor>& expected) {
-  for (std::size_t r = 0; r < got.errors.size(); ++r) {
-    CAPTURE(r);
-    REQUIRE(got.errors[r] == "");
-    CHECK(max_relative(got.params[r], expected) <= 1e-9);
+/// At N = 1..3 under each strategy, every rank loads `init` into a fresh
+/// Module, wraps it (`wrap(m, comm, options)`), trains it (`train(m, opt)`)
+/// with SGD at `sgd`, and ends within 1e-9 (relative) of `expected`.
+template <class Module, class Wrap, class Train>
+void check_every_world(const std::vector<torch::Tensor>& init, const std::vector<torch::Tensor>& expected,
+                       const torch::optim::SGDOptions& sgd, Wrap wrap, Train train) {
+  for (int n = 1; n <= 3; ++n) {
+    CAPTURE(n);
+    each_strategy([&](ShardingStrategy strategy) {
+      const PerRank got = run_ranks(n, [&](Comm& comm) {
+        gradsync::ShardedModule<Module> m;
+        load_state(*m, init);
+        gradsync::FullyShardOptions o;
+        o.strategy = strategy;
+        wrap(m, comm, o);
+        torch::optim::SGD opt(m->parameters(), sgd);
+        train(m, opt);
+        return values(gradsync::full_state_dict(m));
+      });
+      for (std::size_t r = 0; r < got.errors.size(); ++r) {
+        CAPTURE(r);
+        REQUIRE(got.errors[r] == "");
+        CHECK(max_relative(got.params[r], expected) <= 1e-9);
+      }
+    });
   }
 }
 
@@ -764,24 +783,11 @@ TEST_CASE("fully_shard: a weight tied under two names in one unit gets its whole
       opt.step();
     }
   };
-  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  const auto sgd = torch::optim::SGDOptions(0.1);
+  torch::optim::SGD ref_opt(ref->parameters(), sgd);
   train(ref, ref_opt);
-  const auto expected = named_values(*ref);
-  for (int n = 1; n <= 3; ++n) {
-    CAPTURE(n);
-    each_strategy([&](ShardingStrategy strategy) {
-      check_all_match(run_ranks(n, [&](Comm& comm) {
-        gradsync::ShardedModule<Tied> m;
-        load_state(*m, init);
-        gradsync::FullyShardOptions o;
-        o.strategy = strategy;
-        gradsync::fully_shard(m, comm, o);
-        torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
-        train(m, opt);
-        return values(gradsync::full_state_dict(m));
-      }), expected);
-    });
-  }
+  check_every_world<Tied>(init, named_values(*ref), sgd,
+                          [](auto& m, Comm& comm, const auto& o) { gradsync::fully_shard(m, comm, o); }, train);
 }
 
 TEST_CASE("fully_shard: a unit no backward reaches, or a forward no backward follows, leaves the optimizer its shard") {
@@ -801,26 +807,14 @@ TEST_CASE("fully_shard: a unit no backward reaches, or a forward no backward fol
       opt.step();
     }
   };
-  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
+  torch::optim::SGD ref_opt(ref->parameters(), sgd);
   train(ref, ref_opt);
-  const auto expected = named_values(*ref);
-  for (int n = 1; n <= 3; ++n) {
-    CAPTURE(n);
-    each_strategy([&](ShardingStrategy strategy) {
-      check_all_match(run_ranks(n, [&](Comm& comm) {
-        gradsync::ShardedModule<AuxNet> m;
-        load_state(*m, init);
-        gradsync::FullyShardOptions o;
-        o.strategy = strategy;
-        gradsync::fully_shard(m->body, comm, o);
-        gradsync::fully_shard(m->aux, comm, o);
-        gradsync::fully_shard(m, comm, o);
-        torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-        train(m, opt);
-        return values(gradsync::full_state_dict(m));
-      }), expected);
-    });
-  }
+  check_every_world<AuxNet>(init, named_values(*ref), sgd, [](auto& m, Comm& comm, const auto& o) {
+    gradsync::fully_shard(m->body, comm, o);
+    gradsync::fully_shard(m->aux, comm, o);
+    gradsync::fully_shard(m, comm, o);
+  }, train);
 }
 
 TEST_CASE("fully_shard: clip_grad_norm_ counts only the gradients set since they were reset, as torch's does") {
