@@ -21,9 +21,10 @@ struct SamplerState {
   std::uint64_t seed = 0;
   std::uint64_t epoch = 0;
   /// Positions of the epoch's (padded) order that all ranks together have
-  /// taken: position() times the number of ranks; `length` once the epoch
-  /// is done, so that a finished epoch resumes finished at any world size
-  /// (with drop_last, N ranks leave samples untaken that M ranks would not).
+  /// taken: position() times the number of ranks; once the epoch is done,
+  /// at least `length`, so that a finished epoch resumes finished at any
+  /// world size (with drop_last, N ranks leave samples untaken that M ranks
+  /// would take).
   std::uint64_t consumed = 0;
   /// The dataset's length, shuffle and drop_last: checked, not restored
   /// (another dataset is another run).
