@@ -17,7 +17,8 @@
 // (Weight decay, dampening and nesterov change the arithmetic, not the bytes.)
 // Two bounds over --bound-bytes per array (default 256 MiB, 8x this
 // machine's 32 MiB L3), both counted as bytes read plus bytes written:
-// memcpy (16 B per float: glibc's large copies use streaming stores), and
+// memcpy (8 B per float, 4 read and 4 written: glibc's large copies use
+// streaming stores, so no write-allocate read), and
 // the in-place update a += s * b (12 B per float: reads a and b, writes a),
 // which is how every optimizer touches memory, with no write-allocate. The
 // bound is the faster of the two; "/bound" is the optimizer's GB/s over it,
