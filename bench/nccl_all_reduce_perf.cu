@@ -216,6 +216,8 @@ void rank_main(gradsync::Communicator<B>& comm, const Args& args, std::map<std::
     for (std::size_t bytes = args.min_bytes; bytes <= args.max_bytes;
          bytes = std::max(bytes + sizeof(float), static_cast<std::size_t>(static_cast<double>(bytes) * args.factor))) {
       const std::size_t n = bytes / sizeof(float);
+      // What moves: whole floats (a requested size need not be a multiple of 4).
+      const std::size_t moved = n * sizeof(float);
       const int iters = iters_for(bytes);
       double t[2] = {0, 0};
       long wrong[2] = {0, 0};
@@ -230,12 +232,12 @@ void rank_main(gradsync::Communicator<B>& comm, const Args& args, std::map<std::
         comm.barrier();
         t[inplace] = time_on(stream, iters, [&] { run(comm, std::span<const float>(in, n), std::span<float>(dst, n)); });
       }
-      const double algbw[2] = {bytes / t[0] / 1e9, bytes / t[1] / 1e9};
+      const double algbw[2] = {moved / t[0] / 1e9, moved / t[1] / 1e9};
       row.wrong += wrong[0] + wrong[1];
       row.busbw_max = algbw[0] * bus;
       if (bytes == (std::size_t{256} << 20)) row.busbw_256m = algbw[0] * bus;
       if (lead) {
-        std::printf(" %11zu %12zu %8s %6s %6d  %9.2f %8.2f %8.2f %6ld  %9.2f %8.2f %8.2f %6ld\n", bytes, n, "float", "sum",
+        std::printf(" %11zu %12zu %8s %6s %6d  %9.2f %8.2f %8.2f %6ld  %9.2f %8.2f %8.2f %6ld\n", moved, n, "float", "sum",
                     -1, t[0] * 1e6, algbw[0], algbw[0] * bus, wrong[0], t[1] * 1e6, algbw[1], algbw[1] * bus, wrong[1]);
         std::fflush(stdout);
       }
