@@ -80,7 +80,11 @@ void measure_bandwidth(gradsync::Communicator<gradsync::Threads>& comm) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    std::fprintf(stderr, "usage: %s (it takes no options; got %s)\n", argv[0], argv[1]);
+    return 2;
+  }
   bool ok = true;
   gradsync::run_threads(world_size, [&](gradsync::Communicator<gradsync::Threads>& comm) {
     const bool good = average_gradient(comm);

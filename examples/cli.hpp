@@ -46,8 +46,12 @@ class ArgReader {
     if (!n || v[0] == '-') bad(v);
     return *n;
   }
-  /// A count small enough for an int (capped at 2^20).
-  int small() { return static_cast<int>(std::min<std::uint64_t>(count(), 1u << 20)); }
+  /// A count small enough for an int: at most 2^20, refused above.
+  int small() {
+    const std::uint64_t n = count();
+    if (n > (1u << 20)) throw std::runtime_error(key_ + " " + std::to_string(n) + " is more than 1048576");
+    return static_cast<int>(n);
+  }
   double real() {
     const std::string v = value();
     const std::optional<double> x = parse_whole<double>(v);
@@ -178,6 +182,10 @@ struct RunArgs {
   void check(const char* program) const {
     if (ranks < 1 || epochs < 1 || batch < 1 || hidden < 1) {
       throw std::runtime_error("--ranks, --epochs, --batch and --hidden must be at least 1");
+    }
+    if (target > 1) {
+      throw std::runtime_error("--target " + std::to_string(target) + ": a test accuracy is a fraction in [0, 1] "
+                               "(0.88 for 88%)");
     }
     if (backend != "threads" && backend != "mpi") {
       throw std::runtime_error("unknown backend '" + backend + "' (expected threads or mpi)");

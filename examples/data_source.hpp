@@ -40,6 +40,14 @@ struct DataChoice {
   /// Why this data, when no option chose it; else "".
   std::string note;
   bool synthetic() const { return dir.empty(); }
+  /// What a checkpoint records of the data, so that a run resumed on other
+  /// data is refused: the built-in data with its seed, or the directory.
+  std::string identity(std::uint64_t seed) const {
+    if (synthetic()) return "synthetic data, --seed " + std::to_string(seed);
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::weakly_canonical(dir, ec);
+    return "IDX data from " + (ec ? dir : p.string());
+  }
   bool fashion_mnist() const { return name == "Fashion-MNIST"; }
 };
 

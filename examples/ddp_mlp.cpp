@@ -129,10 +129,14 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
                                       ", then a cosine decay over the epochs"});
   }
   // The learning-rate schedule depends on --epochs, so a checkpoint records it.
-  const gradsync::checkpoint::Metadata run_info{{"ddp_mlp.epochs", std::to_string(args.epochs)}};
+  // The data and the batch are the run's: a checkpoint records them, and refuses others.
+  const gradsync::checkpoint::Metadata same{{"ddp_mlp.data", data.identity(args.seed)},
+                                            {"ddp_mlp.batch", std::to_string(args.batch)}};
+  gradsync::checkpoint::Metadata run_info = same;
+  run_info["ddp_mlp.epochs"] = std::to_string(args.epochs);
   if (!args.resume.empty()) {
     example::resume(trainer, sampler, args.resume, gradsync::checkpoint_file(args.resume), "ddp_mlp.epochs",
-                    args.epochs);
+                    args.epochs, same);
   }
   auto save = [&] {
     if (args.save.empty()) return;

@@ -176,8 +176,14 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
                          .samples_per_rank = sampler.num_samples(), .batch = args.batch, .optimizer = optimizer});
   }
   // The learning-rate schedule depends on --epochs, so a checkpoint records it.
-  const gradsync::checkpoint::Metadata run_info{{"fsdp_mlp.epochs", std::to_string(args.epochs)}};
-  if (!args.resume.empty()) example::resume(trainer, sampler, args.resume, args.resume, "fsdp_mlp.epochs", args.epochs);
+  // The data and the batch are the run's: a checkpoint records them, and refuses others.
+  const gradsync::checkpoint::Metadata same{{"fsdp_mlp.data", data.identity(args.seed)},
+                                            {"fsdp_mlp.batch", std::to_string(args.batch)}};
+  gradsync::checkpoint::Metadata run_info = same;
+  run_info["fsdp_mlp.epochs"] = std::to_string(args.epochs);
+  if (!args.resume.empty()) {
+    example::resume(trainer, sampler, args.resume, args.resume, "fsdp_mlp.epochs", args.epochs, same);
+  }
   auto save = [&] {
     if (args.save.empty()) return;
     const auto t = std::chrono::steady_clock::now();

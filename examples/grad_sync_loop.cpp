@@ -16,7 +16,11 @@
 #include <span>
 #include <vector>
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    std::fprintf(stderr, "usage: %s (it takes no options; got %s)\n", argv[0], argv[1]);
+    return 2;
+  }
   constexpr int ranks = 4, dim = 32, classes = 4, per_rank = 2000, batch = 50, epochs = 10;
   gradsync::run_threads(ranks, [&](gradsync::Communicator<gradsync::Threads>& comm) {
     // Each rank's own data: points around one centre per class.

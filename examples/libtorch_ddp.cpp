@@ -151,7 +151,7 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
   // Different inits on purpose: DDP makes them rank 0's.
   example::Net net = seeded_net(a.hidden, a.seed + static_cast<std::uint64_t>(comm.rank()));
   const auto n_train = static_cast<std::size_t>(train_set.x.size(0));
-  gradsync::TorchDistributedSampler sampler(n_train, comm.size(), comm.rank());
+  gradsync::TorchDistributedSampler sampler(n_train, comm.size(), comm.rank(), {.seed = a.shuffle_seed()});
   // Every rank reads the file; the weights before the wrapper is built,
   // since loading may swap a parameter's storage for the file's.
   torch::serialize::InputArchive checkpoint;
@@ -214,7 +214,7 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
     torch::serialize::OutputArchive out, model, optimizer, state;
     net->save(model);
     opt.save(optimizer);
-    gradsync::TorchDistributedSampler next(n_train, comm.size(), comm.rank());
+    gradsync::TorchDistributedSampler next(n_train, comm.size(), comm.rank(), {.seed = a.shuffle_seed()});
     next.set_epoch(static_cast<std::uint64_t>(done));
     next.save(state);
     out.write("model", model);

@@ -87,6 +87,11 @@ Args parse(int argc, char** argv) {
   }
   if (a.shape.d_model % a.shape.heads != 0) throw std::runtime_error("--heads must divide --d-model");
   if (a.temperature <= 0) throw std::runtime_error("--temperature must be positive");
+  // clip_grad_norm_ to 0 would zero every gradient.
+  if (a.clip <= 0) throw std::runtime_error("--clip must be positive");
+  if (a.shard_size != 0 && a.strategy != "hybrid") {
+    throw std::runtime_error("--shard-size is for --strategy hybrid, not " + a.strategy);
+  }
   if (a.prompt.empty()) throw std::runtime_error("--prompt must not be empty");
   const std::set<std::string> strategies{"full", "grad-op", "no-shard", "hybrid"};
   if (!strategies.contains(a.strategy)) {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -30,12 +31,21 @@ namespace example {
 /// Loads the checkpoint at `path` into `trainer` and `sampler`. Rank 0
 /// prints where it resumed (naming the file as `shown`) and a note when the
 /// checkpoint's run planned other --epochs (recorded under `epochs_key`):
-/// the learning-rate schedule then differs.
+/// the learning-rate schedule then differs. What `same` holds (the data,
+/// the batch) must be what the checkpoint's run recorded under those keys,
+/// or every rank throws: training on goes on from the state of another run.
 template <class Trainer>
 void resume(Trainer& trainer, gradsync::DistributedSampler& sampler, const std::string& path, const std::string& shown,
-            const std::string& epochs_key, int epochs) {
+            const std::string& epochs_key, int epochs, const gradsync::checkpoint::Metadata& same = {}) {
   const auto t = std::chrono::steady_clock::now();
   const auto meta = gradsync::load_checkpoint(trainer, sampler, path);
+  for (const auto& [key, value] : same) {
+    // A checkpoint that records no such key predates it: accepted.
+    if (const auto it = meta.find(key); it != meta.end() && it->second != value) {
+      throw std::runtime_error("--resume " + path + ": the checkpoint's run had " + key + " = '" + it->second +
+                               "', this one '" + value + "'; resume with the same data and --batch");
+    }
+  }
   if (trainer.communicator().rank() != 0) return;
   std::printf("resumed from %s in %.2f s: step %zu, epoch %llu, sample %zu of %zu on each rank\n", shown.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), trainer.step_count(),
