@@ -121,6 +121,9 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   gradsync::ReplicatedTrainer trainer(comm, std::move(model), gradsync::Sgd<float>({.lr = lr, .momentum = 0.9}),
                                       options);
   gradsync::DistributedSampler sampler(train.size(), comm.size(), comm.rank(), {.seed = args.shuffle_seed()});
+  // A batch larger than a rank's share, or more ranks than samples, would
+  // scale the learning rate for a batch no step takes.
+  example::check_share(sampler.num_samples(), train.size(), comm.size(), args.batch);
   if (comm.rank() == 0) {
     example::print_plan({.ranks = comm.size(), .train_samples = train.size(),
                          .samples_per_rank = sampler.num_samples(), .batch = args.batch,

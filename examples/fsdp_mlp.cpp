@@ -165,6 +165,9 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   }
 
   gradsync::DistributedSampler sampler(train.size(), comm.size(), rank, {.seed = args.shuffle_seed()});
+  // A batch larger than a rank's share, or more ranks than samples, would
+  // scale the learning rate for a batch no step takes.
+  example::check_share(sampler.num_samples(), train.size(), comm.size(), args.batch);
   if (rank == 0) {
     // Adam's steps are about lr in size whatever the gradient's scale: the rate is not scaled with the batch.
     char optimizer[240];

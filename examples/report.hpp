@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -74,12 +75,18 @@ inline void print_epoch(const EpochFigures& f) {
 }
 
 /// A line that rewrites itself (carriage return) within an epoch, on rank 0
-/// and only when stdout is a terminal: a log or a pipe gets the epoch lines alone.
+/// and only when stdout is a terminal: a log or a pipe gets the epoch lines
+/// alone. Under mpirun stdout is a terminal that mpirun forwards, often into
+/// a file, so there too only the epoch lines.
 class Progress {
  public:
-  explicit Progress(bool rank0) : on_(rank0 && isatty(fileno(stdout)) == 1) {}
+  explicit Progress(bool rank0) : on_(rank0 && isatty(fileno(stdout)) == 1 && !under_mpirun()) {}
 
   /// After a step: `done` of `total` samples of this rank's shard, the running mean loss (this rank's).
+  static bool under_mpirun() {
+    return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  }
+
   void update(int epoch, std::size_t done, std::size_t total, double loss) {
     if (!on_) return;
     const auto now = std::chrono::steady_clock::now();
