@@ -184,7 +184,9 @@ TEST_CASE("optimizer state: state() and load_state() carry Sgd, Adam and AdamW o
     }
     CHECK(pa == pb);
   };
-  run(gradsync::Sgd<float>({.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}),
+  run(gradsync::Sgd<float>({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true}),
+      gradsync::Sgd<float>({.lr = 3, .momentum = 0.5}));
+  run(gradsync::Sgd<float>({.lr = 0.1, .momentum = 0.9, .dampening = 0.1}),
       gradsync::Sgd<float>({.lr = 3, .momentum = 0.5}));
   run(gradsync::Sgd<float>({.lr = 0.1}), gradsync::Sgd<float>({.lr = 3}));
   run(gradsync::Adam<float>({.lr = 0.01, .beta1 = 0.8, .weight_decay = 0.1}), gradsync::Adam<float>({.lr = 1}));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -397,7 +398,113 @@ TEST_CASE_TEMPLATE("an optimizer step shared by threads is bitwise the one-threa
 TEST_CASE("linear LR scaling: 0.1 at batch 64 becomes 0.4 at effective batch 256") {
   CHECK(gradsync::linear_scaled_lr(0.1, 64, 256) == Approx(0.4));
   CHECK(gradsync::linear_scaled_lr(0.1, 64, 64) == Approx(0.1));
+  CHECK(gradsync::linear_scaled_lr(0, 64, 256) == 0);
   CHECK_THROWS_AS(gradsync::linear_scaled_lr(0.1, 0, 256), gradsync::InvalidArgument);
+  for (const double bad : {-0.1, std::nan(""), double{INFINITY}}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(gradsync::linear_scaled_lr(bad, 64, 256), doctest::Contains("base learning rate"),
+                         gradsync::InvalidArgument);
+  }
+}
+
+TEST_CASE("optimizers refuse what torch.optim refuses, at construction, in set_lr and in a loaded state") {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  using gradsync::AdamOptions;
+  using gradsync::SgdOptions;
+  struct SgdCase {
+    SgdOptions o;
+    const char* says;
+  };
+  for (const SgdCase& c : {SgdCase{{.lr = -0.1}, "lr"}, SgdCase{{.lr = nan}, "lr"}, SgdCase{{.lr = inf}, "lr"},
+                           SgdCase{{.momentum = -0.5}, "momentum"}, SgdCase{{.momentum = nan}, "momentum"},
+                           SgdCase{{.dampening = nan}, "dampening"}, SgdCase{{.weight_decay = -1}, "weight_decay"},
+                           SgdCase{{.nesterov = true}, "nesterov"},
+                           SgdCase{{.momentum = 0.9, .dampening = 0.5, .nesterov = true}, "nesterov"}}) {
+    CAPTURE(c.says);
+    CHECK_THROWS_WITH_AS(gradsync::Sgd<float>{c.o}, doctest::Contains(c.says), gradsync::InvalidArgument);
+  }
+  struct AdamCase {
+    AdamOptions o;
+    const char* says;
+  };
+  for (const AdamCase& c :
+       {AdamCase{{.lr = -1e-3}, "lr"}, AdamCase{{.lr = nan}, "lr"}, AdamCase{{.beta1 = 1}, "beta1"},
+        AdamCase{{.beta1 = -0.1}, "beta1"}, AdamCase{{.beta1 = 1.5}, "beta1"}, AdamCase{{.beta2 = 1}, "beta2"},
+        AdamCase{{.beta2 = -0.1}, "beta2"}, AdamCase{{.eps = -1e-8}, "eps"}, AdamCase{{.eps = nan}, "eps"},
+        AdamCase{{.weight_decay = -0.01}, "weight_decay"}, AdamCase{{.weight_decay = inf}, "weight_decay"}}) {
+    CAPTURE(c.says);
+    CHECK_THROWS_WITH_AS(gradsync::Adam<float>{c.o}, doctest::Contains(c.says), gradsync::InvalidArgument);
+    CHECK_THROWS_WITH_AS(gradsync::AdamW<double>{c.o}, doctest::Contains(c.says), gradsync::InvalidArgument);
+  }
+  // What torch.optim accepts is accepted: lr 0, beta 0, eps 0, any finite dampening.
+  CHECK_NOTHROW(gradsync::Sgd<float>({.lr = 0, .momentum = 0.9, .dampening = 1.5}));
+  CHECK_NOTHROW(gradsync::Adam<float>({.lr = 0, .beta1 = 0, .beta2 = 0, .eps = 0}));
+
+  gradsync::Sgd<float> sgd({.lr = 0.25, .momentum = 0.9});
+  gradsync::AdamW<float> adamw({.lr = 0.25});
+  for (const double bad : {-0.1, nan, inf}) {
+    CHECK_THROWS_WITH_AS(sgd.set_lr(bad), doctest::Contains("lr"), gradsync::InvalidArgument);
+    CHECK_THROWS_WITH_AS(adamw.set_lr(bad), doctest::Contains("lr"), gradsync::InvalidArgument);
+  }
+  CHECK(sgd.lr() == 0.25);
+  CHECK(adamw.lr() == 0.25);
+  // A loaded state's hyper-parameters are checked as the constructor's,
+  // before anything changes.
+  CHECK_THROWS_WITH_AS(sgd.load_state({1, {nan, 0.9, 0, 0, 0}, {std::vector<float>(3)}}), doctest::Contains("lr"),
+                       gradsync::InvalidArgument);
+  CHECK_THROWS_WITH_AS(adamw.load_state({1, {0.1, -1, 0.99, 1e-8, 0}, {std::vector<float>(3), std::vector<float>(3)}}),
+                       doctest::Contains("beta1"), gradsync::InvalidArgument);
+  CHECK_THROWS_WITH_AS(adamw.load_state({1, {0.1, 0.9, 2, 1e-8, 0}, {std::vector<float>(3), std::vector<float>(3)}}),
+                       doctest::Contains("beta2"), gradsync::InvalidArgument);
+  CHECK_THROWS_WITH_AS(adamw.load_state({1, {0.1, 0.9, 0.99, -1, 0}, {std::vector<float>(3), std::vector<float>(3)}}),
+                       doctest::Contains("eps"), gradsync::InvalidArgument);
+  CHECK(sgd.lr() == 0.25);
+  CHECK(adamw.lr() == 0.25);
+}
+
+TEST_CASE_TEMPLATE("a step on no elements is not counted; a state that took steps without buffers is refused", Opt,
+                   gradsync::Sgd<double>, gradsync::Adam<double>, gradsync::AdamW<double>) {
+  auto make = [] {
+    if constexpr (std::is_same_v<Opt, gradsync::Sgd<double>>) {
+      return Opt({.lr = 0.1, .momentum = 0.9, .dampening = 0.5});
+    } else {
+      return Opt({.lr = 0.1});
+    }
+  };
+  std::vector<double> g{1.0, -2.0, 0.5, 3.0, -1.0};
+  auto run = [&](Opt& o) {
+    std::vector<double> p{1.0, 2.0, 3.0, 4.0, 5.0};
+    for (int s = 0; s < 3; ++s) o.step(std::span<double>(p), std::span<const double>(g));
+    return p;
+  };
+  Opt fresh = make();
+  const std::vector<double> want = run(fresh);
+  // An empty step first, as a rank with no parameters would take: the
+  // steps after it are those of a fresh optimizer (Adam's bias correction,
+  // Sgd's first-step momentum), bitwise.
+  Opt after_empty = make();
+  after_empty.step(std::span<double>(), std::span<const double>());
+  CHECK(after_empty.state().steps == 0);
+  CHECK(run(after_empty) == want);
+  // Bound to storage for no elements: a step on five is refused, not a write past it.
+  Opt bound = make();
+  std::vector<double> none;
+  bound.bind_state(std::span<double>(none), 0);
+  std::vector<double> p(5, 1.0);
+  CHECK_THROWS_WITH_AS(bound.step(std::span<double>(p), std::span<const double>(g)), doctest::Contains("bound to 0"),
+                       gradsync::InvalidArgument);
+  CHECK(p == std::vector<double>(5, 1.0));
+  // Steps taken but no momentum or moments: the next step would start from
+  // zeros under a later step's rule.
+  const auto view = fresh.state();
+  gradsync::OptimizerState<double> hollow{view.steps, {}, {}};
+  for (const auto& h : view.hyperparameters) hollow.hyperparameters.push_back(h.second);
+  hollow.buffers.resize(view.buffers.size());
+  Opt loaded = make();
+  CHECK_THROWS_WITH_AS(loaded.load_state(hollow), doctest::Contains("holds no buffers"), gradsync::InvalidArgument);
+  std::vector<double> lent(loaded.state_per_element() * 5);
+  loaded.bind_state(std::span<double>(lent), 5);
+  CHECK_THROWS_WITH_AS(loaded.load_state(hollow), doctest::Contains("holds no buffers"), gradsync::InvalidArgument);
 }
 
 }  // namespace test_train_optimizers

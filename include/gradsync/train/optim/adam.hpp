@@ -36,6 +36,19 @@ struct AdamOptions {
 
 namespace detail {
 
+/// Throws InvalidArgument unless `o` is what torch.optim.Adam and AdamW
+/// accept, all finite: lr, eps and weight_decay not negative, each beta in
+/// [0, 1) (beta1 = 1 divides by a zero bias correction; above 1 the
+/// averages grow without bound).
+inline const AdamOptions& checked(const char* who, const AdamOptions& o) {
+  check_hyperparameter(who, "lr", o.lr, 0);
+  check_hyperparameter(who, "beta1", o.beta1, 0, 1);
+  check_hyperparameter(who, "beta2", o.beta2, 0, 1);
+  check_hyperparameter(who, "eps", o.eps, 0);
+  check_hyperparameter(who, "weight_decay", o.weight_decay, 0);
+  return o;
+}
+
 /// Adam's per-step constants, computed in double once per step and rounded
 /// once to T, so the per-element loop holds no division by a bias correction.
 ///
@@ -122,10 +135,14 @@ class AdamImpl {
 
   /// PyTorch's AdamW defaults weight_decay to 0.01 and Adam to 0; so do these.
   explicit AdamImpl(AdamOptions options = Decoupled ? AdamOptions{.weight_decay = 0.01} : AdamOptions{})
-      : o_(options), moments_(2) {}
+      : o_(checked(name(), options)), moments_(2) {}
 
   double lr() const noexcept { return o_.lr; }
-  void set_lr(double lr) noexcept { o_.lr = lr; }
+  /// Throws InvalidArgument unless `lr` is finite and not negative.
+  void set_lr(double lr) {
+    check_hyperparameter(name(), "lr", lr, 0);
+    o_.lr = lr;
+  }
   const AdamOptions& options() const noexcept { return o_; }
   /// State elements kept per parameter: the two moments.
   static constexpr std::size_t state_per_element() noexcept { return 2; }
@@ -156,23 +173,28 @@ class AdamImpl {
             {{"exp_avg", moments_.buffer(0)}, {"exp_avg_sq", moments_.buffer(1)}}};
   }
 
-  /// Throws InvalidArgument unless `s` holds five hyper-parameters and two buffers.
+  /// Throws InvalidArgument unless `s` holds five hyper-parameters that the
+  /// constructor would accept and two buffers, which a state that has taken
+  /// steps holds.
   void check_state(const OptimizerState<T>& s) const {
     check_state_shape(name(), s, 5, 2);
     moments_.check_assign(name(), s.buffers);
+    checked(name(), options_of(s));
   }
 
   /// Restores what state() lists, in its order, after check_state.
   void load_state(OptimizerState<T> s) {
     check_state(s);
-    const auto& h = s.hyperparameters;
-    o_ = {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4], .threads = o_.threads};
+    o_ = options_of(s);
     moments_.assign(std::move(s.buffers));
     t_ = static_cast<std::size_t>(s.steps);
   }
 
+  /// A step on no elements changes nothing and is not counted: counted, it
+  /// would move the bias correction of the first real step.
   void step(std::span<T> params, std::span<const T> grads) {
-    check_step_sizes(name(), params.size(), grads.size(), moments_.size());
+    check_step_sizes(name(), params.size(), grads.size(), moments_.size(), moments_.bound());
+    if (params.empty()) return;
     if (moments_.size() == 0) moments_.zero(params.size());
     const std::size_t t = ++t_;
     T *p = params.data(), *m = moments_.buffer(0).data(), *v = moments_.buffer(1).data();
@@ -184,6 +206,11 @@ class AdamImpl {
 
  private:
   static constexpr const char* name() noexcept { return Decoupled ? "AdamW" : "Adam"; }
+  /// The options a state's hyper-parameters (state()'s order) stand for.
+  AdamOptions options_of(const OptimizerState<T>& s) const {
+    const auto& h = s.hyperparameters;
+    return {.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4], .threads = o_.threads};
+  }
 
   AdamOptions o_;
   /// exp_avg (m) and exp_avg_sq (v).

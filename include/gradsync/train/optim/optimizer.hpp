@@ -1,9 +1,12 @@
 #pragma once
 /// \file What a trainer asks of an optimizer: a step on flat spans.
 
+#include <charconv>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,7 +49,10 @@ struct OptimizerStateView {
 };
 
 /// State to load into an optimizer: the values of what its state() lists,
-/// in the same order (hyper-parameters by value, buffers moved in).
+/// in the same order (hyper-parameters by value, buffers moved in). It
+/// names no kind: Adam's and AdamW's have the same shape, so a caller that
+/// moves state between optimizers by hand matches their state().kind
+/// itself, as the checkpoint loaders do.
 template <class T>
 struct OptimizerState {
   std::uint64_t steps = 0;
@@ -86,6 +92,30 @@ void check_state_shape(const char* who, const OptimizerState<T>& s, std::size_t 
                             std::to_string(s.buffers.front().size()) + " and " + std::to_string(b.size()));
     }
   }
+  // After a step the buffers hold the momentum or the moments; without them
+  // the next step would start from zeros under the step count of a later
+  // one (Adam's bias correction, Sgd's first-step rule).
+  if (s.steps != 0 && buffers != 0 && s.buffers.front().empty()) {
+    throw InvalidArgument(std::string("gradsync: ") + who + "::load_state: the state has taken " +
+                          std::to_string(s.steps) + " steps but holds no buffers");
+  }
+}
+
+/// Throws InvalidArgument unless `value` is finite and in [lo, hi), the
+/// ranges torch.optim checks (with finiteness added): outside them an
+/// optimizer trains on, silently, as something else (a negative learning
+/// rate climbs the loss; beta1 = 1 divides by zero).
+inline void check_hyperparameter(const char* who, const char* name, double value, double lo,
+                                 double hi = std::numeric_limits<double>::infinity(), bool hi_open = true) {
+  const bool ok = std::isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi);
+  if (!ok) {
+    auto text = [](double x) {
+      char buf[32];
+      return std::string(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
+    };
+    throw InvalidArgument(std::string("gradsync: ") + who + " expects " + name + " finite and in [" + text(lo) +
+                          ", " + text(hi) + (hi_open ? ")" : "]") + ", got " + text(value));
+  }
 }
 
 /// State elements the optimizer keeps per parameter (`state_per_element()`:
@@ -104,10 +134,17 @@ std::size_t optimizer_state_per_element(const O& opt) noexcept {
 
 /// An optimizer's state is sized by its first step; a later step on a span
 /// of another size is a bug in the caller, not a new model.
-inline void check_step_sizes(const char* who, std::size_t params, std::size_t grads, std::size_t state) {
+/// `bound`: the state lives in storage lent for exactly `state` elements,
+/// which may be none.
+inline void check_step_sizes(const char* who, std::size_t params, std::size_t grads, std::size_t state,
+                             bool bound = false) {
   if (params != grads) {
     throw InvalidArgument(std::string("gradsync: ") + who + "::step expects params and grads of the same size, got " +
                           std::to_string(params) + " and " + std::to_string(grads));
+  }
+  if (bound && state != params) {
+    throw InvalidArgument(std::string("gradsync: ") + who + "::step on " + std::to_string(params) +
+                          " elements, but its state is bound to " + std::to_string(state));
   }
   if (state != 0 && state != params) {
     throw InvalidArgument(std::string("gradsync: ") + who + "::step was first called on " + std::to_string(state) +

@@ -4,6 +4,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -32,6 +33,23 @@ struct SgdOptions {
 };
 
 namespace detail {
+
+/// Throws InvalidArgument unless `o` is what torch.optim.SGD accepts, all
+/// finite: lr, momentum and weight_decay not negative, and nesterov only
+/// with momentum and no dampening (where it would otherwise be ignored, or
+/// step along a dampened velocity that PyTorch never takes).
+inline const SgdOptions& checked(const SgdOptions& o) {
+  check_hyperparameter("Sgd", "lr", o.lr, 0);
+  check_hyperparameter("Sgd", "momentum", o.momentum, 0);
+  check_hyperparameter("Sgd", "dampening", o.dampening, -std::numeric_limits<double>::max(),
+                       std::numeric_limits<double>::max(), false);
+  check_hyperparameter("Sgd", "weight_decay", o.weight_decay, 0);
+  if (o.nesterov && (o.momentum == 0 || o.dampening != 0)) {
+    throw InvalidArgument("gradsync: Sgd's nesterov needs a positive momentum and zero dampening, got momentum " +
+                          std::to_string(o.momentum) + " and dampening " + std::to_string(o.dampening));
+  }
+  return o;
+}
 
 /// Plain SGD: p -= lr * (g + weight_decay * p), in blocks that vectorize at -O2.
 ///
@@ -79,10 +97,16 @@ class Sgd {
  public:
   using value_type = T;
 
-  explicit Sgd(SgdOptions options = {}) : o_(options), velocity_(options.momentum == 0 ? 0 : 1) {}
+  /// Throws InvalidArgument on options torch.optim.SGD refuses (detail::checked).
+  explicit Sgd(SgdOptions options = {})
+      : o_(detail::checked(options)), velocity_(options.momentum == 0 ? 0 : 1) {}
 
   double lr() const noexcept { return o_.lr; }
-  void set_lr(double lr) noexcept { o_.lr = lr; }
+  /// Throws InvalidArgument unless `lr` is finite and not negative.
+  void set_lr(double lr) {
+    detail::check_hyperparameter("Sgd", "lr", lr, 0);
+    o_.lr = lr;
+  }
   const SgdOptions& options() const noexcept { return o_; }
   /// State elements kept per parameter: the velocity, with momentum.
   std::size_t state_per_element() const noexcept { return o_.momentum == 0 ? 0 : 1; }
@@ -117,11 +141,13 @@ class Sgd {
   }
 
   /// Throws InvalidArgument if `s` is not what state() lists for this
-  /// optimizer: five hyper-parameters and, with momentum (and only then),
-  /// one buffer.
+  /// optimizer: five hyper-parameters that the constructor would accept
+  /// and, with momentum (and only then), one buffer, which a state that
+  /// has taken steps holds.
   void check_state(const OptimizerState<T>& s) const {
     detail::check_state_shape("Sgd", s, 5, o_.momentum == 0 ? 0 : 1);
     velocity_.check_assign("Sgd", s.buffers);
+    detail::checked(options_of(s));
     if ((s.hyperparameters[1] == 0) != (o_.momentum == 0)) {
       throw InvalidArgument("gradsync: Sgd::load_state: momentum " + std::to_string(s.hyperparameters[1]) +
                             (o_.momentum == 0 ? " into an Sgd without momentum" : " into an Sgd with momentum") +
@@ -134,20 +160,17 @@ class Sgd {
   /// velocity to the gradient.
   void load_state(OptimizerState<T> s) {
     check_state(s);
-    const auto& h = s.hyperparameters;
-    o_ = {.lr = h[0],
-          .momentum = h[1],
-          .dampening = h[2],
-          .weight_decay = h[3],
-          .nesterov = h[4] != 0,
-          .threads = o_.threads};
+    o_ = options_of(s);
     velocity_.assign(std::move(s.buffers));
     steps_ = static_cast<std::size_t>(s.steps);
   }
 
+  /// A step on no elements changes nothing and is not counted: it would
+  /// leave a momentum of no elements for the first real step to read.
   void step(std::span<T> params, std::span<const T> grads) {
-    detail::check_step_sizes("Sgd", params.size(), grads.size(), velocity_.size());
+    detail::check_step_sizes("Sgd", params.size(), grads.size(), velocity_.size(), velocity_.bound());
     const std::size_t n = params.size();
+    if (n == 0) return;
     T* p = params.data();
     const T* g = grads.data();
     if (o_.momentum == 0) {
@@ -173,6 +196,13 @@ class Sgd {
   }
 
  private:
+  /// The options a state's hyper-parameters (state()'s order) stand for.
+  SgdOptions options_of(const OptimizerState<T>& s) const {
+    const auto& h = s.hyperparameters;
+    return {.lr = h[0], .momentum = h[1], .dampening = h[2], .weight_decay = h[3], .nesterov = h[4] != 0,
+            .threads = o_.threads};
+  }
+
   SgdOptions o_;
   /// The velocity (one slot), with momentum; no slots without.
   detail::OptimizerStateStorage<T> velocity_;
