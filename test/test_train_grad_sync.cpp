@@ -274,6 +274,49 @@ TEST_CASE("find_unused_parameters: a unit with no gradient on a rank contributes
   });
 }
 
+TEST_CASE("find_unused_parameters: a synced finish() with no gradient since the last is refused, the mean kept") {
+  CAPTURE(test::test_seed());
+  auto rng = test::rng_for("find_unused second finish");
+  for (int n = 3; n <= 5; ++n) {
+    // Which units each rank reports in the one backward, at random: some
+    // ranks report none of a unit, none reports no unit at all.
+    std::vector<std::vector<int>> reports(static_cast<std::size_t>(n));
+    for (auto& r : reports) {
+      for (int u = 0; u < 3; ++u) {
+        if (std::bernoulli_distribution(0.6)(rng)) r.push_back(u);
+      }
+      if (r.empty()) r.push_back(std::uniform_int_distribution<int>(0, 2)(rng));
+    }
+    const bool accumulate_first = std::bernoulli_distribution(0.5)(rng);
+    CAPTURE(n);
+    CAPTURE(accumulate_first);
+    gradsync::run_threads(n, [&](Communicator<Threads>& comm) {
+      std::vector<float> flat(30, float(comm.rank() + 1));
+      GradSyncOptions o;
+      o.find_unused_parameters = true;
+      GradSync<Threads, float> sync(comm, split(flat, {10, 10, 10}), o);
+      if (accumulate_first) {
+        // A no_sync micro-step's gradient counts as one since the last sync.
+        auto guard = sync.no_sync();
+        for (int u : reports[static_cast<std::size_t>(comm.rank())]) sync.ready(static_cast<std::size_t>(u));
+        sync.finish();
+      } else {
+        for (int u : reports[static_cast<std::size_t>(comm.rank())]) sync.ready(static_cast<std::size_t>(u));
+      }
+      sync.finish();
+      const std::vector<float> mean = flat;
+      const auto seq = comm.sequence();
+      CHECK_THROWS_WITH_AS(sync.finish(), doctest::Contains("no unit got a gradient since the last synced finish()"),
+                           gradsync::InvalidArgument);
+      CHECK(comm.sequence() == seq);
+      CHECK(flat == mean);
+      // The refused call did not count: the next backward still syncs on every rank.
+      sync.mark_all_ready();
+      sync.finish();
+    });
+  }
+}
+
 TEST_CASE("without find_unused_parameters, a missing gradient is a clear error and no rank hangs") {
   const auto t0 = std::chrono::steady_clock::now();
   gradsync::ThreadsOptions topt;

@@ -12,6 +12,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/common.hpp"
@@ -109,9 +110,10 @@ TEST_CASE_TEMPLATE("GradSync on 16-bit gradients: rank-ordered sums rounded per 
           CHECK((packed[static_cast<std::size_t>(r)] > 0) == scattered);
           for (std::size_t i = 0; i < total; ++i) {
             CAPTURE(i);
-            // Dividing by N is Avg's last step; another divisor is folded
-            // into the local scale (in double, then float) before a Sum.
-            const bool mean = divisor == n;
+            // Dividing by N is Avg's last step; another divisor, and any
+            // divisor of float16, is folded into the local scale (in
+            // double, then float) before a Sum.
+            const bool mean = divisor == n && !std::is_same_v<T, gradsync::float16>;
             const auto pre = static_cast<float>(mean ? double{scale} : double{scale} / divisor);
             // A world of one skips the reduction: its mean is its own value.
             const T want = n == 1 ? T(static_cast<float>(in[0][i]) * pre) : expected(in, i, pre, mean);
@@ -120,6 +122,22 @@ TEST_CASE_TEMPLATE("GradSync on 16-bit gradients: rank-ordered sums rounded per 
         }
       }
     }
+  }
+}
+
+TEST_CASE("GradSync on float16 gradients: a mean within float16's range stays finite where the sum would not") {
+  // 30000 on each of 3 ranks sums to 90000, past float16's 65504: the
+  // gradients are divided by N before the sum, so the mean is exact.
+  for (int n = 2; n <= 5; ++n) {
+    CAPTURE(n);
+    gradsync::run_threads(n, [&](Communicator<Threads>& comm) {
+      std::vector<gradsync::float16> grad(9, gradsync::float16(30000.0f + 1000.0f * float(comm.rank())));
+      GradSync<Threads, gradsync::float16> sync(comm, {std::span<gradsync::float16>(grad)});
+      sync.mark_all_ready();
+      sync.finish();
+      const float want = 30000.0f + 1000.0f * float(n - 1) / 2.0f;
+      for (auto g : grad) CHECK(static_cast<float>(g) == doctest::Approx(want).epsilon(2e-3));
+    });
   }
 }
 

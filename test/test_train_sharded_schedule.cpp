@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <random>
@@ -750,6 +751,65 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
       }
     });
   });
+}
+
+TEST_CASE("a step or first micro-step whose backward throws leaves no gradient behind, on both trainers") {
+  // The model throws after its whole backward, on every rank alike, in a
+  // plain step() or in the first accumulate() of a window: the next steps
+  // must be those of a run where the failed call never happened. Under
+  // NoShard, and in ReplicatedTrainer, the backward writes into the very
+  // gradient the next step reduces.
+  auto rng = test::rng_for("failed first micro-step");
+  INFO("GRADSYNC_TEST_SEED = " << test::test_seed());
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const auto ranks = static_cast<std::size_t>(world);
+    const Batches batches = random_batches(rng(), 4, world, 3);
+    for (const bool in_accumulate : {false, true}) {
+      CAPTURE(in_accumulate);
+      // Runs: [the failed call,] step(0), accumulate(1), step(2).
+      auto train = [&](auto& t, std::size_t r, bool fail) {
+        if (fail) {
+          t.model().fail = true;
+          CHECK_THROWS_WITH_AS(in_accumulate ? t.accumulate(batches[3][r]) : t.step(batches[3][r]),
+                               "the model failed", std::runtime_error);
+          t.model().fail = false;
+        }
+        t.step(batches[0][r]);
+        t.accumulate(batches[1][r]);
+        t.step(batches[2][r]);
+        if constexpr (requires { t.full_parameters(); }) {
+          return t.full_parameters();
+        } else {
+          return std::vector<float>(t.parameters().begin(), t.parameters().end());
+        }
+      };
+      const std::vector<ShardingStrategy> strategies(std::begin(all_strategies), std::end(all_strategies));
+      for (std::size_t k = 0; k <= strategies.size(); ++k) {
+        const bool replicated = k == strategies.size();
+        INFO("trainer = " << (replicated ? std::string("ReplicatedTrainer") : std::string(name(strategies[k]))));
+        std::vector<std::vector<float>> plain(ranks), failed(ranks);
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          auto run = [&](bool fail) {
+            if (replicated) {
+              ReplicatedTrainer t(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), ReplicatedTrainerOptions{});
+              return train(t, r, fail);
+            }
+            ShardedTrainer t(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(),
+                             options_for(strategies[k], world));
+            return train(t, r, fail);
+          };
+          plain[r] = run(false);
+          failed[r] = run(true);
+        });
+        for (std::size_t r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          CHECK(bitwise_equal(failed[r], plain[r]));
+        }
+      }
+    }
+  }
 }
 
 // FSDP's SHARD_GRAD_OP inside no_sync keeps the gathered parameters until

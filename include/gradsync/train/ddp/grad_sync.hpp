@@ -86,9 +86,11 @@ namespace gradsync {
 ///
 /// \tparam B          the backend of the communicator.
 /// \tparam T          the gradient element type: float, double, or bfloat16/float16
-///                    (16-bit gradients are scaled in float and rounded back once;
-///                    AllReduce's Avg sums them, rounding after each addition, and
-///                    rounds the division by N once).
+///                    (16-bit gradients are scaled in float and rounded back once,
+///                    then summed, rounding after each addition; AllReduce's Avg
+///                    rounds the division of a bfloat16 sum by N once, while float16
+///                    gradients are divided by N before the sum, whose range
+///                    float16 would overflow).
 /// \tparam Algo       the algorithm of every bucket's collective.
 /// \tparam Reduction  the reduction policy (AllReduceAverage, ReduceScatterAverage).
 template <Backend B, class T, class Algo = Auto, ReductionPolicy Reduction = AllReduceAverage<Algo>>
@@ -212,7 +214,20 @@ class GradSync {
   /// that sync on every rank, naming both counts, rather than averaging its
   /// gradient with theirs of another step. So where a rank calls finish()
   /// after a backward under no_sync, every rank must do so alike.
+  ///
+  /// Under find_unused_parameters a synced finish() needs at least one unit
+  /// that got a gradient since the last sync (a ready(), or a gradient
+  /// accumulated under no_sync): otherwise every unit would count as unused
+  /// and be zeroed, and a second finish() after a backward's own would wipe
+  /// the mean it left. Such a call throws InvalidArgument before anything
+  /// moves, and does not count.
   void finish() {
+    if (sync_ && o_.find_unused_parameters && !units_.empty() && !any_since_sync()) {
+      throw InvalidArgument("gradsync: GradSync::finish on rank " + std::to_string(comm_.rank()) +
+                            ": no unit got a gradient since the last synced finish() (no ready(), nothing "
+                            "accumulated under no_sync); with find_unused_parameters every unit would be zeroed. "
+                            "Call finish() once per backward");
+    }
     // Buckets this finish() launches belong to the same backward as those
     // launched during it: the count moves on only as finish() leaves.
     struct CountOnLeave {
@@ -271,6 +286,17 @@ class GradSync {
     tracker_.reset_backward();
     tracker_.clear_touched();
     if (first) std::rethrow_exception(first);
+  }
+
+  /// After a backward that threw part-way: waits for the buckets it
+  /// launched (their errors dropped: the caller has its own) and forgets
+  /// it, so the next backward starts with no unit ready or touched. The
+  /// gradients keep what they hold, and the call does not count as a
+  /// finish().
+  void abandon() noexcept {
+    drain();
+    tracker_.reset_backward();
+    tracker_.clear_touched();
   }
 
   /// The learning rate this rank will step with after the next synced
@@ -417,8 +443,11 @@ class GradSync {
     const int world = comm_.size();
     const int divisor = avg_.divisor == 0 ? world : avg_.divisor;
     // Dividing by the world size is the policy's mean (Avg's last step);
-    // any other divisor is folded into the local scale before a sum.
-    const bool mean = divisor == world;
+    // any other divisor is folded into the local scale before a sum, and so
+    // is every divisor of float16 gradients: their sum over the ranks passes
+    // float16's largest value, 65504, long before the mean does (three ranks
+    // at 30000 each), so they are divided first, as PyTorch DDP does.
+    const bool mean = divisor == world && !std::is_same_v<T, float16>;
     const scale_type scale = static_cast<scale_type>(mean ? avg_.local_scale : avg_.local_scale / divisor);
     // What the bucket moves: its index, in the finish() that the ranks have
     // counted alike, and the learning rate that follows it.
@@ -439,6 +468,15 @@ class GradSync {
       } clock{worker_seconds_, t0};
       reduce_bucket(c, k, mean, scale, label);
     });
+  }
+
+  /// Whether some unit was touched (ready, or accumulated under no_sync)
+  /// since the last synced finish().
+  bool any_since_sync() const noexcept {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (tracker_.touched(u)) return true;
+    }
+    return false;
   }
 
   /// Runs on the progress worker, or on the owner's thread from finish().

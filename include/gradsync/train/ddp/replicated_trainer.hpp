@@ -149,8 +149,14 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
     sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
                           .divisor = o_.join ? active : 0});
-    const double loss = run_model(batch);
-    sync_grads();
+    double loss = 0;
+    try {
+      loss = run_model(batch);
+      sync_grads();
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
     check_finite();
     step_ = {};
     step_.compute_seconds = stats_.compute_seconds - before.compute_seconds;
@@ -193,13 +199,20 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// Forward and backward on `batch` without communication: the gradient
   /// is accumulated locally and reduced by the next step(). K−1 calls of
   /// accumulate() and one step() equal one step on K times the samples
-  /// with the loss scaled by 1/K.
+  /// with the loss scaled by 1/K. A micro-step (or step) that throws drops
+  /// what was accumulated since the last step, its own part included.
   template <class Batch>
   double accumulate(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("accumulate");
     sync_->set_sync(false);
-    const double loss = run_model(batch);
+    double loss = 0;
+    try {
+      loss = run_model(batch);
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
     ++micro_steps_;
     return loss;
   }
@@ -415,6 +428,17 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
         v.flat_grads = std::span<bfloat16>(bf16_grads_).subspan(p0, p - p0);
       }
     }
+  }
+
+  /// After a forward or backward that threw: the gradients accumulated
+  /// since the last step are dropped, and the losses noted for them, as
+  /// ShardedTrainer drops them; a backward that threw part-way left some
+  /// of its gradient there, which the next step would otherwise average in.
+  void abandon_step() noexcept {
+    sync_->abandon();
+    std::ranges::fill(grads_, value_type(0));
+    micro_steps_ = 0;
+    this->forget_losses();
   }
 
   template <class Batch>

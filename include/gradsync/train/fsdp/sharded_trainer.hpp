@@ -362,13 +362,13 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   void abandon_step() noexcept {
     lender_.settle_all();
     // Gradients accumulated before a failed training step are dropped, and
-    // with them the losses noted for them.
+    // with them the losses noted for them. The shard is zeroed even after a
+    // failed first micro-step: under NoShard the model's backward writes
+    // into it, so a backward that threw part-way has left gradient there.
     if (!lender_.evaluating()) {
       this->forget_losses();
-      if (micro_steps_ > 0) {
-        micro_steps_ = 0;
-        std::ranges::fill(state_.grad_shard(), value_type(0));
-      }
+      micro_steps_ = 0;
+      std::ranges::fill(state_.grad_shard(), value_type(0));
     }
     lender_.abandon();
   }
