@@ -111,7 +111,9 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   const gradsync::FlushDenormals flush(true);
   const int rank = comm.rank();
   const auto n = static_cast<std::size_t>(comm.size());
-  const auto budget = static_cast<std::size_t>(args.budget_mib * 1024 * 1024);
+  // 0 is no budget, so a positive one is at least a byte.
+  const std::size_t budget =
+      args.budget_mib > 0 ? std::max<std::size_t>(1, static_cast<std::size_t>(args.budget_mib * 1024 * 1024)) : 0;
   std::vector<int> sizes{train.dim};
   for (int l = 0; l < args.depth; ++l) sizes.push_back(args.hidden);
   sizes.push_back(train.classes);
@@ -120,22 +122,27 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   if (rank == 0) {
     std::string shape;
     for (const int s : sizes) shape += (shape.empty() ? "" : "-") + std::to_string(s);
+    char limit[64] = "no memory budget";
+    if (budget) std::snprintf(limit, sizeof limit, "memory budget %g MiB per rank", args.budget_mib);
     std::printf("MLP %s (%zu parameters) on %s (%zu train / %zu test), %s backend, %zu ranks x batch %d, Adam lr %g, "
-                "memory budget %g MiB per rank\n\n",
+                "%s\n\n",
                 shape.c_str(), model().parameter_count(), data.name.c_str(),
-                train.size(), test.size(), args.backend.c_str(), n, args.batch, args.lr, args.budget_mib);
+                train.size(), test.size(), args.backend.c_str(), n, args.batch, args.lr, limit);
     if (!data.note.empty()) std::printf("data: %s\n", data.note.c_str());
     std::fflush(stdout);
   }
 
-  // Both are refused before they allocate the model or broadcast it.
-  show_refusal(rank, "ReplicatedTrainer (DDP)", [&] {
-    gradsync::ReplicatedTrainer ddp(comm, model(), adam, {.memory_budget = budget});
-  });
-  show_refusal(rank, "ShardedTrainer ShardGradOp", [&] {
-    gradsync::ShardedTrainer sgo(comm, model(), adam,
-                                 {.strategy = gradsync::ShardingStrategy::ShardGradOp, .memory_budget = budget});
-  });
+  // Both are refused before they allocate the model or broadcast it; without
+  // a budget there is nothing to show.
+  if (budget) {
+    show_refusal(rank, "ReplicatedTrainer (DDP)", [&] {
+      gradsync::ReplicatedTrainer ddp(comm, model(), adam, {.memory_budget = budget});
+    });
+    show_refusal(rank, "ShardedTrainer ShardGradOp", [&] {
+      gradsync::ShardedTrainer sgo(comm, model(), adam,
+                                   {.strategy = gradsync::ShardingStrategy::ShardGradOp, .memory_budget = budget});
+    });
+  }
   gradsync::ShardedTrainerOptions options{.strategy = gradsync::ShardingStrategy::FullShard, .memory_budget = budget};
   options.collective.deterministic = args.deterministic;
   gradsync::ShardedTrainer trainer(comm, model(), adam, options);

@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -140,6 +141,12 @@ example::Net seeded_net(int hidden, std::uint64_t seed) {
   return example::Net(hidden);
 }
 
+/// What a checkpoint records of its run, to refuse a resume on other data
+/// or at another --batch: (key, value) pairs.
+std::vector<std::pair<std::string, std::string>> run_record(const example::DataChoice& data, const Args& a) {
+  return {{"data", data.identity(a.seed)}, {"batch", std::to_string(a.batch)}};
+}
+
 void set_lr(torch::optim::SGD& opt, double lr) {
   for (auto& group : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
 }
@@ -161,6 +168,17 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
       throw std::runtime_error("--resume " + a.resume + ": cannot open " + file + ", which --save DIR writes");
     }
     checkpoint.load_from(file);
+    // The data and the batch are the run's: training on from another run's
+    // state would go on without a word. (A checkpoint that records none
+    // predates the record: accepted.)
+    for (const auto& [key, value] : run_record(data, a)) {
+      c10::IValue saved;
+      if (checkpoint.try_read(key, saved) && saved.isString() && saved.toStringRef() != value) {
+        throw std::runtime_error("--resume " + a.resume + ": the checkpoint's run had " + key + " = '" +
+                                 saved.toStringRef() + "', this one '" + value +
+                                 "'; resume with the same data and --batch");
+      }
+    }
     torch::serialize::InputArchive model, state;
     checkpoint.read("model", model);
     load_weights(net, model, file);
@@ -220,6 +238,7 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
     out.write("model", model);
     out.write("optimizer", optimizer);
     out.write("sampler", state);
+    for (const auto& [key, value] : run_record(data, a)) out.write(key, c10::IValue(value));
     // Written whole, then renamed: a crash leaves the previous checkpoint.
     std::filesystem::create_directories(a.save);
     const std::string file = checkpoint_file(a.save);
@@ -234,21 +253,24 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
                                               std::move(sampler),
                                               torch::data::DataLoaderOptions(static_cast<std::size_t>(a.batch)));
   example::Progress progress(comm.rank() == 0);
-  example::MetricsFile metrics(comm.rank() == 0 ? a.metrics : "", comm.size(), a.batch, a.lr * comm.size());
-  // Every rank takes part in a step line's sums, so every rank counts the steps.
-  const std::uint64_t every = a.metrics.empty() ? 0 : a.metrics_every;
   // Optimizer steps so far: a resumed run starts after whole epochs.
   const std::size_t steps_per_epoch = (per_rank + std::size_t(a.batch) - 1) / std::size_t(a.batch);
   std::uint64_t step = std::uint64_t(first_epoch) * steps_per_epoch;
+  example::MetricsFile metrics(comm.rank() == 0 ? a.metrics : "", comm.size(), a.batch, a.lr * comm.size(),
+                               a.resume.empty() ? std::nullopt : std::optional<std::uint64_t>(step));
+  // Every rank takes part in a step line's sums, so every rank counts the steps.
+  const std::uint64_t every = a.metrics.empty() ? 0 : a.metrics_every;
   const std::uint64_t warmup_steps = a.warmup_steps(per_rank);
   double accuracy = 0;
+  // Since the last step line, across epoch ends: loss x samples, samples,
+  // right, and the seconds of the steps (evaluations left out).
+  std::vector<double> window(3, 0.0);
+  double window_seconds = 0;
   for (int epoch = first_epoch; epoch < a.epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     ddp.reset_stats();
     net->train();
     double loss_sum = 0, samples = 0, right = 0;
-    // Since the last step line: loss x samples, samples, right; and when it was written.
-    std::vector<double> window(3, 0.0);
     auto window_start = t0;
     for (auto& batch : *loader) {  // each pass is the next epoch of the sampler
       if (warmup_steps && step <= warmup_steps) {
@@ -273,17 +295,20 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
         if (step % every == 0) {
           gradsync::AllReduce<>{}(comm, window, gradsync::Sum{});
           const auto now = std::chrono::steady_clock::now();
-          const double s = std::chrono::duration<double>(now - window_start).count();
+          const double s = window_seconds + std::chrono::duration<double>(now - window_start).count();
           metrics.write({.kind = "step", .epoch = epoch + 1, .step = step,
                          .samples_seen = (double(epoch) * double(per_rank) + samples) * comm.size(),
                          .loss = window[0] / window[1], .train_accuracy = window[2] / window[1], .seconds = s,
                          .samples_per_second = window[1] / s});
           std::fill(window.begin(), window.end(), 0.0);
+          window_seconds = 0;
           window_start = now;
         }
       }
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(t1 - t0).count();
+    window_seconds += std::chrono::duration<double>(t1 - window_start).count();
     std::vector<double> sums{loss_sum, samples, count_correct(comm, net, test_set),
                              static_cast<double>(ddp.stats().buckets_launched_early),
                              static_cast<double>(ddp.stats().buckets_launched), right};
@@ -293,7 +318,8 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
       char tail[96];
       std::snprintf(tail, sizeof tail, "buckets started in backward %.0f of %.0f", sums[3], sums[4]);
       const example::EpochFigures f{.epoch = epoch + 1, .loss = sums[0] / sums[1], .train_accuracy = sums[5] / sums[1],
-                                    .test_accuracy = accuracy, .samples = sums[1], .seconds = seconds, .tail = tail};
+                                    .test_accuracy = accuracy, .samples = sums[1], .seconds = seconds, .tail = tail,
+                                    .last = per_rank, .of = per_rank};
       progress.clear();
       example::print_epoch(f);
       metrics.write({.kind = "epoch", .epoch = f.epoch, .step = step,

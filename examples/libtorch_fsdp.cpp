@@ -268,7 +268,14 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
   std::int64_t steps_per_epoch =
       (corpus.train.numel() - 1) / shape.context / a.batch / n;  // whole batches, the same count on every rank
   if (steps_per_epoch < 1) throw std::runtime_error("the text is too short for one batch per rank");
-  const std::uint64_t last = a.steps ? a.steps : std::uint64_t(a.epochs) * std::uint64_t(steps_per_epoch);
+  const std::uint64_t all_steps = std::uint64_t(a.epochs) * std::uint64_t(steps_per_epoch);
+  // --steps stops within --epochs; past them it would train epochs no one asked for.
+  if (a.steps > all_steps) {
+    throw std::runtime_error("--steps " + std::to_string(a.steps) + " is past the end of --epochs " +
+                             std::to_string(a.epochs) + " (" + std::to_string(all_steps) +
+                             " steps); give more --epochs");
+  }
+  const std::uint64_t last = a.steps ? a.steps : all_steps;
 
   if (printer) {
     std::printf("character transformer: %lld blocks, d_model %lld, %lld heads, context %lld, vocabulary %zu "
@@ -426,6 +433,12 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
 int main(int argc, char** argv) try {
   const Args args = parse(argc, argv);
   const Corpus corpus(args.text);
+  // The prompt is read after training: a character the text lacks is refused now.
+  try {
+    corpus.encode(args.prompt);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("--prompt: ") + e.what());
+  }
   example::run_on_backend(args.backend, args.ranks, [&](auto& comm) { return train(comm, corpus, args); });
   return 0;
 } catch (const c10::Error& e) {

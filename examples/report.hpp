@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -64,13 +65,21 @@ struct EpochFigures {
   double samples = 0;          // trained in the epoch, all ranks
   double seconds = 0;          // the epoch's training steps
   std::string tail;            // the program's own figures
+  /// Each rank's samples [first, last) of `of` that the line covers, where
+  /// that is not the whole epoch (a resumed run's first, a stopped run's last).
+  std::size_t first = 0, last = 0, of = 0;
 };
 
-/// An epoch's line, printed by rank 0.
+/// An epoch's line, printed by rank 0; one that covers part of its epoch says which part.
 inline void print_epoch(const EpochFigures& f) {
-  std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  train acc %5.2f%%  %7.0f samples/s  %5.2f s%s%s\n", f.epoch,
+  char part[96] = "";
+  if (f.first != 0 || f.last != f.of) {
+    std::snprintf(part, sizeof part, "  (part of the epoch: samples %zu-%zu of %zu on each rank)", f.first + 1, f.last,
+                  f.of);
+  }
+  std::printf("epoch %2d  loss %.4f  test acc %5.2f%%  train acc %5.2f%%  %7.0f samples/s  %5.2f s%s%s%s\n", f.epoch,
               f.loss, 100 * f.test_accuracy, 100 * f.train_accuracy, f.samples / f.seconds, f.seconds,
-              f.tail.empty() ? "" : "  ", f.tail.c_str());
+              f.tail.empty() ? "" : "  ", f.tail.c_str(), part);
   std::fflush(stdout);
 }
 
@@ -114,7 +123,9 @@ class Progress {
 /// --metrics FILE: one JSON object per line, rank 0's, flushed as written so
 /// that a run cut short keeps its lines. "kind" is "epoch" (after each epoch,
 /// with test accuracy) or "step" (every --metrics-every steps: the figures
-/// of those steps, test_acc null).
+/// of those steps, across epoch ends, test_acc null). A resumed run keeps
+/// the file's lines up to its checkpoint's step and goes on after them, so
+/// the file tells one run, as if it had never stopped.
 class MetricsFile {
  public:
   struct Line {
@@ -128,11 +139,24 @@ class MetricsFile {
   };
 
   MetricsFile() = default;
-  /// Opens `path` (nothing when empty) for a run of `ranks` x `batch` at learning rate `lr`.
-  MetricsFile(const std::string& path, int ranks, int batch, double lr) : ranks_(ranks), batch_(batch), lr_(lr) {
+  /// Opens `path` (nothing when empty) for a run of `ranks` x `batch` at
+  /// learning rate `lr`; for a run resumed at optimizer step `resumed_at`,
+  /// the file's lines of steps after it (a run that went on past its last
+  /// checkpoint) go, the others stay.
+  MetricsFile(const std::string& path, int ranks, int batch, double lr,
+              std::optional<std::uint64_t> resumed_at = std::nullopt)
+      : ranks_(ranks), batch_(batch), lr_(lr) {
     if (path.empty()) return;
+    std::string kept;
+    if (resumed_at) {
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) {
+        if (const auto step = step_of(line); step && *step <= *resumed_at) kept += line + "\n";
+      }
+    }
     out_.open(path, std::ios::trunc);
     if (!out_) throw std::runtime_error("--metrics " + path + ": cannot open it for writing");
+    out_ << kept << std::flush;
   }
   bool open() const { return out_.is_open(); }
   void set_lr(double lr) { lr_ = lr; }
@@ -151,6 +175,17 @@ class MetricsFile {
   }
 
  private:
+  /// The "step" of one of write()'s lines; nothing for another line.
+  static std::optional<std::uint64_t> step_of(const std::string& line) {
+    const std::string key = "\"step\": ";
+    const auto at = line.find(key);
+    if (at == std::string::npos) return std::nullopt;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(line.c_str() + at + key.size(), &end, 10);
+    if (end == line.c_str() + at + key.size()) return std::nullopt;
+    return v;
+  }
+
   /// JSON has no NaN or infinity: a diverged loss is null.
   static std::string number(double x) {
     if (!std::isfinite(x)) return "null";

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -134,12 +135,17 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
     return correct[0] / double(test.size());
   }
   Progress progress(rank == 0);
-  MetricsFile metrics(rank == 0 ? args.metrics : "", comm.size(), args.batch, lr);
+  MetricsFile metrics(rank == 0 ? args.metrics : "", comm.size(), args.batch, lr,
+                      args.resume.empty() ? std::nullopt : std::optional<std::uint64_t>(trainer.step_count()));
   // Every rank takes part in a step line's sums, so every rank counts the steps.
   const std::uint64_t every = args.metrics.empty() ? 0 : args.metrics_every;
   // Counted from the run's first step: a resumed run goes on with the warm-up where it was.
   const std::size_t warmup_steps = args.warmup_steps(sampler.num_samples());
   double accuracy = 0;
+  // Since the last step line, across epoch ends: loss, steps, right,
+  // samples, and the seconds of the steps (evaluations left out).
+  std::vector<double> window(4, 0.0);
+  double window_seconds = 0;
   for (int epoch = first_epoch; epoch < args.epochs && !stopped; ++epoch) {
     sampler.set_epoch(epoch);
     const double epoch_lr = lr * 0.5 * (1 + std::cos(3.141592653589793 * epoch / args.epochs));
@@ -150,8 +156,6 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     std::int64_t steps = 0, right = 0;
-    // Since the last step line: loss, steps, right, samples; and when it was written.
-    std::vector<double> window(4, 0.0);
     auto window_start = t0;
     const std::size_t first_sample = sampler.position();
     for (std::size_t at = first_sample; at < idx.size(); at += args.batch) {
@@ -175,13 +179,14 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
         if (trainer.step_count() % every == 0) {
           gradsync::AllReduce<>{}(comm, std::span<double>(window), gradsync::Sum{});
           const auto now = std::chrono::steady_clock::now();
-          const double s = std::chrono::duration<double>(now - window_start).count();
+          const double s = window_seconds + std::chrono::duration<double>(now - window_start).count();
           metrics.write({.kind = "step", .epoch = epoch + 1, .step = trainer.step_count(),
                          .samples_seen = double(std::size_t(epoch) * sampler.num_samples() + sampler.position()) *
                                          double(n),
                          .loss = window[0] / window[1], .train_accuracy = window[2] / window[3],
                          .seconds = s, .samples_per_second = window[3] / s});
           std::fill(window.begin(), window.end(), 0.0);
+          window_seconds = 0;
           window_start = now;
         }
       }
@@ -190,7 +195,9 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
         break;
       }
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(t1 - t0).count();
+    window_seconds += std::chrono::duration<double>(t1 - window_start).count();
     const std::int64_t correct = count_correct(trainer, test, test_begin, test_end);
     const auto [comm_seconds, exposed] = hooks.comm_seconds();
     const double trained = double(sampler.position() - first_sample);
@@ -202,7 +209,8 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
       std::snprintf(tail, sizeof tail, "comm %.2f s/rank (exposed %.2f s)", sums[3] / double(n), sums[4] / double(n));
       const EpochFigures f{.epoch = epoch + 1, .loss = sums[0] / sums[1],
                            .train_accuracy = sums[6] > 0 ? sums[5] / sums[6] : 0, .test_accuracy = accuracy,
-                           .samples = sums[6], .seconds = seconds, .tail = tail};
+                           .samples = sums[6], .seconds = seconds, .tail = tail, .first = first_sample,
+                           .last = sampler.position(), .of = sampler.num_samples()};
       progress.clear();
       print_epoch(f);
       metrics.write({.kind = "epoch", .epoch = f.epoch, .step = trainer.step_count(),

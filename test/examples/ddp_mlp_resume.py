@@ -42,14 +42,21 @@ def main():
     common = options + ["--deterministic", "--epochs", "3"]
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    straight = run(binary, common + ["--save", str(work / "straight")])
+    every = ["--metrics-every", "5"]
+    straight = run(binary, common + ["--save", str(work / "straight"), "--metrics", str(work / "straight.jsonl")]
+                   + every)
     # 20 steps of batch 64 on 2048 samples stop mid-epoch at 1 to 4 ranks.
-    first = run(binary, common + ["--max-steps", "20", "--save", str(work / "stopped")] + stopped_format)
+    # The stopped run and the resumed one write one metrics file.
+    metrics = ["--metrics", str(work / "resumed.jsonl")] + every
+    first = run(binary, common + ["--max-steps", "20", "--save", str(work / "stopped")] + stopped_format + metrics)
     if stopped_format and not committed(work / "stopped").name.endswith(".index.json"):
         sys.exit("the stopped run did not write a sharded checkpoint:\n" + first)
     if "at step 20" not in first:
         sys.exit("the stopped run did not save at step 20:\n" + first)
-    resumed = run(binary, common + ["--resume", str(work / "stopped"), "--save", str(work / "resumed")])
+    # A line past the checkpoint, as a run that went on after its last save would leave.
+    with open(work / "resumed.jsonl", "a") as f:
+        f.write('{"kind": "step", "epoch": 2, "step": 25}\n')
+    resumed = run(binary, common + ["--resume", str(work / "stopped"), "--save", str(work / "resumed")] + metrics)
     at = re.search(r"resumed from .* step 20, epoch \d+, sample (\d+) of (\d+)", resumed)
     if not at or not 0 < int(at.group(1)) < int(at.group(2)):
         sys.exit("the resumed run did not start mid-epoch at step 20:\n" + resumed)
@@ -60,6 +67,16 @@ def main():
         a, b = (a[0], a[2]), (b[0], b[2])
     if a != b:
         sys.exit(f"the resumed run ends at {b}, the uninterrupted one at {a}\n--- straight\n{straight}\n--- resumed\n{resumed}")
+    # The metrics file tells the stopped and resumed run as one: every step
+    # line of the uninterrupted run, once, with its figures (windows of 5
+    # steps across epoch ends; the stop at 20 ends one), timings aside.
+    def step_lines(name):
+        lines = [json.loads(t) for t in (work / name).read_text().splitlines()]
+        keep = ("epoch", "step", "samples", "loss", "train_acc", "lr")
+        return [tuple(l[k] for k in keep) for l in lines if l["kind"] == "step"]
+    sl, rl = step_lines("straight.jsonl"), step_lines("resumed.jsonl")
+    if not sl or sl != rl:
+        sys.exit(f"the step lines of the stopped and resumed run differ from the uninterrupted run's:\n{rl}\n---\n{sl}")
     sa = committed(work / "straight").read_bytes()
     sb = committed(work / "resumed").read_bytes()
     if sa != sb:

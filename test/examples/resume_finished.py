@@ -80,6 +80,13 @@ def main():
     if abs(float(final_accuracy(other)) - float(accuracy)) > 1:
         sys.exit(f"the finished run resumed at 2 ranks scores {final_accuracy(other)}%, not about {accuracy}%:\n{other}")
 
+    # Another --batch: the checkpoint's run is not this one's; refused on
+    # every rank, exit 2, before a step (the learning rate, the sampler's
+    # steps and the data seen would all be another run's).
+    refused = run(binary, common + ["--resume", done, "--epochs", "3", "--batch", "32"], expect_rc=2)
+    if "resume with the same data and --batch" not in refused or epochs_trained(refused):
+        sys.exit("resumed at another --batch, it was not refused before training:\n" + refused)
+
     # More --epochs: just the third is trained, and its checkpoint is then finished too.
     more = run(binary, common + ["--resume", done, "--epochs", "3", "--save", str(work / "more")])
     if epochs_trained(more) != [3]:
