@@ -112,6 +112,23 @@ int main(int argc, char** argv) {
           gs(gradsync::Ring{}), gs(gradsync::Tree{}), gs(gradsync::RecursiveHalvingDoubling{}), gs(gradsync::Native{}),
           gs(gradsync::Auto{}), nc(gradsync::Ring{}), nc(gradsync::Tree{}), nc(gradsync::RecursiveHalvingDoubling{}),
           nc(gradsync::Native{}), nc(gradsync::Auto{}), on(aborting, gradsync::Native{})};
+      // Each contender's result first, on values whose sum is exact: a
+      // contender that sums wrongly has no time worth printing.
+      for (std::size_t c = 0; c < calls.size(); ++c) {
+        const float mine = 0.5f * static_cast<float>(comm.rank() + 1);
+        std::fill(in.begin(), in.end(), mine);
+        std::fill(out.begin(), out.end(), in_place ? mine : -1.0f);
+        calls[c]();
+        const float want = 0.25f * static_cast<float>(comm.size() * (comm.size() + 1));
+        const auto bad = std::find_if(out.begin(), out.end(), [&](float x) { return x != want; });
+        if (bad != out.end()) {
+          std::fprintf(stderr, "mpi_interleaved: rank %d: contender %zu (%s) gave %g at element %td of %zu, expected %g\n",
+                       comm.rank(), c, in_place ? "in place" : "out of place", static_cast<double>(*bad),
+                       bad - out.begin(), count, static_cast<double>(want));
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+      }
+      std::fill(in.begin(), in.end(), 0.5f);
       // About 20 ms per batch, from a first probe of the slowest contender.
       double probe = 0;
       for (const Fn& c : calls) probe = std::max(probe, batch(c, 2));

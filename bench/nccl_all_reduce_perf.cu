@@ -13,7 +13,8 @@
 //
 // Columns as nccl-tests: size count type redop root, then time (us) algbw
 // busbw (GB/s, 1 GB = 1e9 B, busbw = algbw * 2(N-1)/N) #wrong, out-of-place
-// then in-place. Under Nccl, two checks at 256 MiB follow: Native through
+// then in-place; the time is the slowest rank's and #wrong counts every
+// rank's elements. Under Nccl, two checks at 256 MiB follow: Native through
 // gradsync against ncclAllReduce called directly, and the Thrust reduce
 // kernel against cudaMemcpy device-to-device. A short table comes last.
 
@@ -151,6 +152,14 @@ struct Row {
   long wrong = 0;
 };
 
+/// One size's figures of every rank (the ranks are threads of this
+/// process), for rank 0 to combine: the slowest rank's time, as collective
+/// benchmarks report it, and the wrong elements of all ranks.
+struct RankFigures {
+  double t[2] = {0, 0};
+  long wrong[2] = {0, 0};
+};
+
 /// Under Nccl, at 256 MiB: Native through gradsync against ncclAllReduce
 /// called directly, and the Thrust reduce kernel against cudaMemcpy.
 void compare_with_nccl(gradsync::Communicator<gradsync::Nccl>& comm, float* in, float* out,
@@ -190,7 +199,8 @@ void compare_with_nccl(gradsync::Communicator<gradsync::Nccl>& comm, float* in, 
 }
 
 template <class B>
-void rank_main(gradsync::Communicator<B>& comm, const Args& args, std::map<std::string, Row>* rows) {
+void rank_main(gradsync::Communicator<B>& comm, const Args& args, std::map<std::string, Row>* rows,
+               std::vector<RankFigures>& figures) {
   constexpr bool nccl = std::is_same_v<B, gradsync::Nccl>;
   const int p = comm.size();
   const bool lead = comm.rank() == 0;
@@ -232,6 +242,18 @@ void rank_main(gradsync::Communicator<B>& comm, const Args& args, std::map<std::
         comm.barrier();
         t[inplace] = time_on(stream, iters, [&] { run(comm, std::span<const float>(in, n), std::span<float>(dst, n)); });
       }
+      figures[static_cast<std::size_t>(comm.rank())] = {{t[0], t[1]}, {wrong[0], wrong[1]}};
+      comm.barrier();
+      if (lead) {
+        for (const RankFigures& f : figures) {
+          for (int k = 0; k < 2; ++k) {
+            t[k] = std::max(t[k], f.t[k]);
+            if (&f != &figures[0]) wrong[k] += f.wrong[k];
+          }
+        }
+      }
+      // Rank 0 has read every rank's figures before they are written again.
+      comm.barrier();
       const double algbw[2] = {moved / t[0] / 1e9, moved / t[1] / 1e9};
       row.wrong += wrong[0] + wrong[1];
       row.busbw_max = algbw[0] * bus;
@@ -274,13 +296,14 @@ int run_nccl(const Args& args, int devices) {
   for (int d = 0; d < devices; ++d) ids[static_cast<std::size_t>(d)] = d;
   auto comms = gradsync::nccl_communicators(ids);
   std::vector<std::map<std::string, Row>> rows(comms.size());
+  std::vector<RankFigures> figures(comms.size());
   std::vector<std::thread> threads;
   std::atomic<int> rc{0};
   for (std::size_t r = 0; r < comms.size(); ++r) {
     threads.emplace_back([&, r] {
       try {
         check_cuda(cudaSetDevice(ids[r]), "cudaSetDevice");
-        rank_main(comms[r], args, &rows[r]);
+        rank_main(comms[r], args, &rows[r], figures);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %zu: %s\n", r, e.what());
         rc = 1;
@@ -300,9 +323,10 @@ int run_on_one_gpu(const Args& args) {
   int rc = 0;
   for (const int n : args.ranks) {
     std::vector<std::map<std::string, Row>> rows(static_cast<std::size_t>(n));
+    std::vector<RankFigures> figures(static_cast<std::size_t>(n));
     try {
       gradsync::run_device_threads(n, 0, std::chrono::seconds(120), [&](gradsync::Communicator<gradsync::DeviceThreads>& comm) {
-        rank_main(comm, args, &rows[static_cast<std::size_t>(comm.rank())]);
+        rank_main(comm, args, &rows[static_cast<std::size_t>(comm.rank())], figures);
       });
     } catch (const std::exception& e) {
       std::fprintf(stderr, "DeviceThreads at %d ranks: %s\n", n, e.what());

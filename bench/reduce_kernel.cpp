@@ -42,11 +42,36 @@ double seconds_per_call(F&& f, std::size_t bytes) {
   return t[t.size() / 2];
 }
 
+/// op(3, 2), exact in every type.
+double expected(gradsync::OpKind op) {
+  switch (op) {
+    case gradsync::OpKind::sum:
+    case gradsync::OpKind::avg: return 5;  // Avg's local step is a sum; it divides once, at the end
+    case gradsync::OpKind::min: return 2;
+    case gradsync::OpKind::max: return 3;
+    case gradsync::OpKind::prod: return 6;
+  }
+  return 0;
+}
+
 template <class T>
 void row(const char* name, std::size_t bytes, gradsync::OpKind op, double memcpy_gbs) {
   const std::size_t n = bytes / sizeof(T);
-  std::vector<T> dst(n, T(1.0f)), src(n, T(0.0f));
   const gradsync::DataType type = gradsync::DataTypeOf<T>::value;
+  // A kernel that computes something else has no throughput worth printing:
+  // one call on 3s and 2s first, every element checked.
+  std::vector<T> dst(n, T(3.0f)), src(n, T(2.0f));
+  gradsync::detail::reduce_into_erased(type, op, dst.data(), src.data(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double got = static_cast<double>(static_cast<float>(dst[i]));  // 16-bit types convert to float only
+    if (got != expected(op)) {
+      std::fprintf(stderr, "reduce_kernel: %s gave %g at element %zu of %zu, expected %g\n", name,
+                   got, i, n, expected(op));
+      std::exit(1);
+    }
+  }
+  std::fill(dst.begin(), dst.end(), T(1.0f));
+  std::fill(src.begin(), src.end(), T(0.0f));
   const double s = seconds_per_call(
       [&] { gradsync::detail::reduce_into_erased(type, op, dst.data(), src.data(), n); }, bytes);
   const double gbs = static_cast<double>(bytes) / s / 1e9;
