@@ -119,6 +119,18 @@ class DeviceGradSync {
     tracker_.clear_touched();
   }
 
+  /// After a backward that threw part-way: what it launched ends (its
+  /// errors dropped: the caller has its own) and it is forgotten, as
+  /// GradSync::abandon does.
+  void abandon() noexcept {
+    try {
+      comm_.join(stream_);
+    } catch (...) {
+    }
+    tracker_.reset_backward();
+    tracker_.clear_touched();
+  }
+
  private:
   void launch_ready(bool early) {
     bool waited = false;

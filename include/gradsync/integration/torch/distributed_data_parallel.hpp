@@ -55,13 +55,12 @@ namespace gradsync {
 ///     opt.step();
 ///
 /// How: every parameter's `.grad` is a view into one flat gradient buffer
-/// (PyTorch's gradient_as_bucket_view), so buckets are reduced in place,
-/// with no copy in or out. A hook after each parameter's gradient
-/// accumulator marks it ready in a GradSync, which launches each bucket
-/// (reverse registration order, 1 MiB first, then 25 MiB) on the
-/// communicator's progress worker while backward goes on; a callback queued
-/// on the autograd engine finishes the sync before `backward()` returns, so
-/// the training loop is unchanged.
+/// (PyTorch's gradient_as_bucket_view), so buckets are reduced in place. A
+/// hook after each parameter's gradient accumulator marks it ready in a
+/// GradSync, which launches each bucket (reverse registration order, 1 MiB
+/// first, then 25 MiB) on the communicator's progress worker while backward
+/// goes on; a callback on the autograd engine finishes the sync before
+/// `backward()` returns, so the training loop is unchanged.
 ///
 /// The averaged gradient is then checked for NaN and Inf
 /// (DistributedDataParallelOptions::on_nonfinite): by default backward()
@@ -78,38 +77,35 @@ namespace gradsync {
 /// then rank 0's parameters, frozen ones included, and buffers are broadcast,
 /// as PyTorch's DDP does. Parameters that require a gradient must be
 /// contiguous CPU tensors of one floating dtype (float, double, bfloat16 or
-/// half): the flat gradient has that dtype, and a model that mixes dtypes is
-/// refused, naming the first parameter that differs. A parameter that breaks
-/// this, or that changes shape later, is named in the error.
+/// half), the flat gradient's; the error names a parameter that breaks
+/// this, mixes dtypes or later changes shape.
 ///
 /// Frozen parameters (requires_grad false at construction) are broadcast
-/// then, and neither reduced nor hooked after. Which parameters are frozen is
-/// fixed at construction, as in PyTorch's DDP, whose buckets are built once:
-/// a forward after a parameter was frozen or unfrozen throws InvalidArgument
-/// naming it; build a new DistributedDataParallel for the new set instead.
+/// then, never reduced or hooked. Which are frozen is fixed at construction,
+/// as PyTorch DDP's buckets are: a forward after one was frozen or unfrozen
+/// throws InvalidArgument naming it (build a new DistributedDataParallel).
 ///
 /// bfloat16 and half gradients are reduced as they are, with no float copy:
-/// each addition of the all-reduce widens to float and rounds back to 16
-/// bits (N − 1 roundings per element), then the division by N rounds once.
-/// So they match a single process on the N·b batch only to the 16-bit
-/// type's precision, not bitwise; every rank still gets the same bits.
+/// each addition widens to float and rounds back to 16 bits; a bfloat16 sum
+/// is divided by N once, half gradients before the sum (whose range half
+/// would overflow). They match one process on the N·b batch to the 16-bit
+/// type's precision, not bitwise; every rank gets the same bits.
 ///
-/// Backward runs on the calling thread for CPU tensors, which is where the
-/// hooks and the final callback run: one DistributedDataParallel belongs to
-/// one thread (one rank), as its communicator does.
+/// CPU backward runs the hooks and the final callback on the calling thread:
+/// one DistributedDataParallel belongs to one thread (rank), as its communicator.
 ///
-/// CUDA tensors: pass a DeviceCommunicator (a Communicator<Nccl> wrapped by
-/// torch_device_communicator in a CUDA translation unit; see
-/// device_communicator.hpp for why the two are apart). Every parameter and
-/// buffer must be on that communicator's device; the flat gradient is there
-/// too. The hooks then run on the autograd engine's thread for that device
-/// (the caller is blocked in backward() meanwhile); each bucket is enqueued
-/// on the communicator's stream after an event recorded on the gradient
-/// stream (DistributedDataParallelOptions::cuda_stream), and finish makes the
-/// gradient stream wait for the reductions and waits for them on the host
-/// within the deadline, so backward() returns with the averaged gradients
-/// ordered before whatever the program enqueues next. Broadcasts of
-/// buffers in a forward wait the same way.
+/// CUDA tensors: pass a DeviceCommunicator (torch_device_communicator wraps a
+/// Communicator<Nccl> in a CUDA translation unit; device_communicator.hpp
+/// says why). Parameters, buffers and the flat gradient are on its device;
+/// the hooks run on the engine's thread for it. Each bucket is enqueued on
+/// the communicator's stream after an event on the gradient stream
+/// (DistributedDataParallelOptions::cuda_stream); finish makes that stream
+/// wait for the reductions and waits for them on the host within the
+/// deadline, as do buffer broadcasts in a forward.
+///
+/// A backward that throws leaves the buckets it launched to end when its
+/// graph goes (or at the next forward, if the caller keeps the graph),
+/// after which `zero_grad` and the next step train as if it never ran.
 ///
 /// \tparam Module  a module holder (`torch::nn::Linear`, a TORCH_MODULE type)
 ///                 or a `std::shared_ptr` to a torch::nn::Module subclass.
@@ -182,8 +178,8 @@ class DistributedDataParallel {
   template <class... Args>
   auto operator()(Args&&... args) {
     check_parameters();
-    // A backward that failed never ran its final callback: start clean.
-    finish_queued_ = false;
+    // A backward that failed never ran its final callback: start clean, GradSync's ready units too.
+    if (std::exchange(finish_queued_, false)) std::visit([](auto& s) { s->abandon(); }, sync_);
     std::fill(got_.begin(), got_.end(), 0);
     // PyTorch 1.13, torch/nn/parallel/distributed.py, forward(): buffers are
     // synced before the module runs when require_forward_param_sync, which
@@ -199,6 +195,9 @@ class DistributedDataParallel {
     broadcast_buffers_next_ = c10::GradMode::is_enabled() && sync_enabled();
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
       if (o_.find_unused_parameters) find_unreachable(out);
+      // Freed with this forward's graph: if its backward threw (its callback
+      // never ran), what it launched ends then, before a zero_grad it would race.
+      if (out.requires_grad()) out.register_hook([token = graph_token()](const torch::Tensor&) {});
     }
     return out;
   }
@@ -208,11 +207,10 @@ class DistributedDataParallel {
 
   /// While the guard lives, backward only accumulates gradients locally; the
   /// next synced backward averages the sum (PyTorch's `no_sync()`). Every
-  /// rank must run as many backwards under it before a synced one. On a host
-  /// communicator the buckets carry the count of backwards, so a rank that
-  /// ran one more fails the next sync on every rank, naming both counts
-  /// ("sync 3", "sync 4"), where PyTorch's DDP would average gradients of
-  /// different steps.
+  /// rank must run as many backwards under it before a synced one: on a host
+  /// communicator a rank that ran one more fails the next sync on every rank,
+  /// naming both counts ("sync 3", "sync 4"), where PyTorch's DDP would
+  /// average gradients of different steps.
   using NoSync = detail::NoSyncGuard<DistributedDataParallel>;
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
@@ -349,9 +347,8 @@ class DistributedDataParallel {
     }
   }
 
-  /// Every rank wrapped the same parameters and buffers: checked before any
-  /// data moves, so a mismatch is a clear error on every rank, not a
-  /// broadcast of one tensor into another.
+  /// Every rank wrapped the same parameters and buffers: checked before any data
+  /// moves, so a mismatch is an error on every rank, not one tensor broadcast into another.
   void check_agreement() {
     std::vector<std::string> declared;
     auto describe = [](const std::string& kind, const std::string& name, const torch::Tensor& t) {
@@ -379,10 +376,9 @@ class DistributedDataParallel {
     }
   }
 
-  /// One flat gradient buffer in registration order; each parameter's .grad
-  /// aliases its slice. The aliases are made with from_blob (holding the
-  /// flat buffer alive) rather than as autograd views, because LibTorch's
-  /// Optimizer::zero_grad calls detach_() on every grad, which a view refuses.
+  /// One flat gradient buffer in registration order; each parameter's .grad aliases its
+  /// slice, made with from_blob (holding the buffer alive), not as an autograd view:
+  /// LibTorch's Optimizer::zero_grad calls detach_() on every grad, which a view refuses.
   void make_grad_views() {
     std::size_t total = 0;
     for (Param& p : params_) {
@@ -551,6 +547,7 @@ class DistributedDataParallel {
       // after the whole backward, before backward() returns; an exception
       // it throws reaches backward()'s caller.
       finish_queued_ = true;
+      backward_of_ = forwards_;
       std::shared_ptr<HookState> state = state_;
       torch::autograd::Engine::get_default_engine().queue_callback([state] {
         if (state->owner) state->owner->finish_backward();
@@ -565,6 +562,17 @@ class DistributedDataParallel {
     got_[i] = 1;
     touched_[i] = 1;
     std::visit([i](auto& s) { s->ready(i); }, sync_);
+  }
+
+  /// What forward()'s graph holds: when it goes while a backward of it is
+  /// open (it threw), GradSync lets what it launched end and forgets it.
+  std::shared_ptr<void> graph_token() {
+    return std::shared_ptr<void>(nullptr, [state = state_, forward = ++forwards_](void*) noexcept {
+      DistributedDataParallel* d = state->owner;
+      if (!d || !d->finish_queued_ || d->backward_of_ != forward) return;
+      d->finish_queued_ = false;
+      std::visit([](auto& s) { s->abandon(); }, d->sync_);
+    });
   }
 
   /// Parameters the last forward's graph cannot reach: ready now, holding
@@ -684,6 +692,7 @@ class DistributedDataParallel {
   torch::Tensor flat_grad_;
   typename detail::TorchGradSyncs<Comm, Algo>::type sync_;
   bool finish_queued_ = false;
+  std::uint64_t forwards_ = 0, backward_of_ = 0;  ///< forwards so far; the one whose backward is open
   /// Synced backwards since construction: the step an error names.
   std::size_t synced_ = 0;
   /// See step_is_finite().

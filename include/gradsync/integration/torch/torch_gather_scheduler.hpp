@@ -86,6 +86,13 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     if (depth_ > 0) --depth_;
     if (depth_ > 0) return;
     quiesce();
+    // Where a unit encloses the others (the root wrapped too), a whole
+    // forward is one outermost forward, and a prefetch left at its end
+    // came from a part of the model called alone: kept, an optimizer step
+    // before the next forward would leave it stale, and a forward taking
+    // the units in another order would use it. (LibTorch's optimizers step
+    // through .data(), which no version counter sees.)
+    if (std::ranges::any_of(units_, [](const Unit* v) { return v->encloses_; })) drop_unused();
   }
 
   /// A forward that threw: what is in flight ends, what was gathered ahead
@@ -293,6 +300,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     for (Unit* u : units_) u->settle_gather();
     drop_unused();
     drop_stashes();
+    if (backward_seen_) backward_failed();
     pending_ = nullptr;
     backward_open_ = false;
   }
@@ -301,6 +309,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
   void restart() {
     wait_all();
     drop_unused();
+    if (backward_seen_ && !ended_) backward_failed();
     // What ShardGradOp kept from an outermost forward no backward followed
     // may predate an optimizer step; inside one (a unit called twice) it is
     // this forward's, kept for its backward.
@@ -315,6 +324,17 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
     trace_.clear();
     ++generation_;
     token_.reset();
+  }
+
+  /// A backward began and never reached its end (the engine drops the end
+  /// callback of one that throws): what backwards without sync summed is
+  /// dropped on every unit, as a trainer drops a failed micro-step's
+  /// window, since the units the failed backward reached hold part of it.
+  void backward_failed() noexcept {
+    for (Unit* u : units_) {
+      if (u->unsynced_.defined()) u->give_bytes(u->unsynced_);
+      u->unsynced_.reset();
+    }
   }
 
   /// The end of this backward, after every node: what was prefetched and

@@ -549,8 +549,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     }
   }
 
-  /// The gradient of one of the forward's inputs is complete: every node of
-  /// the unit's backward that leads to it has run.
+  /// The gradient of one of the forward's inputs is complete (every node of the unit's backward to it ran).
   void on_input_gradient() {
     if (inputs_pending_ > 0) --inputs_pending_;
     if (in_backward_) maybe_post_backward();
@@ -560,8 +559,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   /// gradient and the gradients of its inputs are complete: only then may
   /// the parameters be freed, as later nodes of the unit (a frozen
   /// parameter's product, a parameter used twice) read them. Without an
-  /// input that needs a gradient (the first unit), the engine's callback
-  /// decides.
+  /// input that needs a gradient (the first unit), the engine's callback decides.
   void maybe_post_backward() {
     if (got_count_ == trainable_ && input_hooked_ && inputs_pending_ == 0) post_backward();
   }

@@ -70,10 +70,12 @@ inline double norm_total(double combined, double p) {
 }
 
 /// PyTorch's rule: scale by max_norm / (norm + 1e-6) when that is below 1.
+/// A NaN norm makes the factor NaN, and torch's clamp keeps it: every
+/// gradient becomes NaN, rather than the finite ones going on unclipped.
 template <class T>
 void clip_to(std::span<T> grads, double total, double max_norm) {
   const double coef = max_norm / (total + 1e-6);
-  if (!(coef < 1)) return;
+  if (coef >= 1) return;
   const T c = static_cast<T>(coef);
   for (T& g : grads) g *= c;
 }
