@@ -12,6 +12,7 @@
 #include "parse_number.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -35,15 +36,20 @@ class ArgReader {
   }
   const std::string& key() const { return key_; }
 
+  /// The option's value; an empty one (`--resume "$DIR"` with DIR unset)
+  /// is refused, not read as the option left out.
   std::string value() {
     if (i_ + 1 >= argc_) throw std::runtime_error(key_ + " needs a value");
-    return argv_[++i_];
+    std::string v = argv_[++i_];
+    if (v.empty()) throw std::runtime_error(key_ + " needs a value, got an empty one");
+    return v;
   }
-  /// A whole non-negative number.
+  /// A whole non-negative number (digits first: stoull would skip spaces
+  /// and take " -5" as 2^64 - 5).
   std::uint64_t count() {
     const std::string v = value();
     const std::optional<std::uint64_t> n = parse_whole<std::uint64_t>(v);
-    if (!n || v[0] == '-') bad(v);
+    if (!n || !std::isdigit(static_cast<unsigned char>(v[0]))) bad(v);
     return *n;
   }
   /// A count small enough for an int: at most 2^20, refused above.
@@ -52,10 +58,12 @@ class ArgReader {
     if (n > (1u << 20)) throw std::runtime_error(key_ + " " + std::to_string(n) + " is more than 1048576");
     return static_cast<int>(n);
   }
+  /// A finite number: no option means anything by nan or inf (a NaN
+  /// --warmup passed the sign check and held the learning rate near 0).
   double real() {
     const std::string v = value();
     const std::optional<double> x = parse_whole<double>(v);
-    if (!x) bad(v);
+    if (!x || !std::isfinite(*x)) bad(v);
     return *x;
   }
   double non_negative() {
@@ -254,6 +262,20 @@ inline int finish(const Outcome& o, double target, const std::string& tail = "")
 inline int exit_error(const char* program, const char* what) {
   std::fprintf(stderr, "%s: %s\n", program, what);
   return 2;
+}
+
+/// Refuses (every rank alike) more ranks than training samples, and a batch
+/// larger than a rank's share of them: the linear-scaling rule would scale
+/// the learning rate for a batch that no step takes.
+inline void check_share(std::size_t per_rank, std::size_t samples, int ranks, int batch) {
+  if (std::size_t(ranks) > samples) {
+    throw std::runtime_error(std::to_string(ranks) + " ranks for " + std::to_string(samples) +
+                             " training samples: use at most one rank per sample");
+  }
+  if (std::size_t(batch) > per_rank) {
+    throw std::runtime_error("--batch " + std::to_string(batch) + " is more than each rank's " +
+                             std::to_string(per_rank) + " training samples");
+  }
 }
 
 }  // namespace example

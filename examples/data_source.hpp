@@ -3,15 +3,18 @@
 // as float features. --data DIR (or --mnist DIR) reads DIR; --dataset
 // fashion-mnist reads Debian's dataset-fashion-mnist; --dataset synthetic is
 // the built-in data; with none of them, Fashion-MNIST where it is installed
-// and the built-in data otherwise. The standard library and zlib only, so
-// that libtorch_ddp (no Eigen) shares it with the Eigen examples.
+// and the built-in data otherwise. The standard library, zlib and gradsync's
+// CRC-32 only, so that libtorch_ddp (no Eigen) shares it with the Eigen examples.
 
 #include "mnist.hpp"
+
+#include <gradsync/checkpoint/crc32.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -50,6 +53,23 @@ struct DataChoice {
   }
   bool fashion_mnist() const { return name == "Fashion-MNIST"; }
 };
+
+/// What a checkpoint records of the training data's values beside
+/// DataChoice::identity(): a directory may hold other files by the time a
+/// run resumes from it. The sample count and one CRC-32 of the features'
+/// bytes and then the classes'.
+inline std::string content_checksum(std::span<const std::byte> features, std::span<const std::byte> classes,
+                                    std::size_t samples) {
+  gradsync::checkpoint::Crc32 crc;
+  crc.update(features);
+  crc.update(classes);
+  return std::to_string(samples) + " samples, CRC-32 " + gradsync::checkpoint::crc32_hex(crc.value());
+}
+
+inline std::string content_checksum(const Dataset& d) {
+  return content_checksum(std::as_bytes(std::span<const float>(d.x)), std::as_bytes(std::span<const int>(d.y)),
+                          d.size());
+}
 
 namespace detail {
 

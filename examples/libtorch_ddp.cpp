@@ -40,6 +40,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -143,8 +144,15 @@ example::Net seeded_net(int hidden, std::uint64_t seed) {
 
 /// What a checkpoint records of its run, to refuse a resume on other data
 /// or at another --batch: (key, value) pairs.
-std::vector<std::pair<std::string, std::string>> run_record(const example::DataChoice& data, const Args& a) {
-  return {{"data", data.identity(a.seed)}, {"batch", std::to_string(a.batch)}};
+std::vector<std::pair<std::string, std::string>> run_record(const example::DataChoice& data, const Samples& train,
+                                                            const Args& a) {
+  // The data's values too: a directory may hold other files by the resume.
+  const torch::Tensor x = train.x.contiguous(), y = train.y.contiguous();
+  const std::string values = example::content_checksum(
+      std::span<const std::byte>(static_cast<const std::byte*>(x.data_ptr()), x.nbytes()),
+      std::span<const std::byte>(static_cast<const std::byte*>(y.data_ptr()), y.nbytes()),
+      static_cast<std::size_t>(x.size(0)));
+  return {{"data", data.identity(a.seed)}, {"data_values", values}, {"batch", std::to_string(a.batch)}};
 }
 
 void set_lr(torch::optim::SGD& opt, double lr) {
@@ -159,6 +167,12 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
   example::Net net = seeded_net(a.hidden, a.seed + static_cast<std::uint64_t>(comm.rank()));
   const auto n_train = static_cast<std::size_t>(train_set.x.size(0));
   gradsync::TorchDistributedSampler sampler(n_train, comm.size(), comm.rank(), {.seed = a.shuffle_seed()});
+  // More ranks than samples, or a batch over a rank's share: refused, as
+  // the linear scaling would be for a batch no step takes.
+  example::check_share(sampler.num_samples(), n_train, comm.size(), a.batch);
+  // What a checkpoint records of this run, where one is written or read.
+  const auto record = a.save.empty() && a.resume.empty() ? std::vector<std::pair<std::string, std::string>>{}
+                                                         : run_record(data, train_set, a);
   // Every rank reads the file; the weights before the wrapper is built,
   // since loading may swap a parameter's storage for the file's.
   torch::serialize::InputArchive checkpoint;
@@ -171,7 +185,7 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
     // The data and the batch are the run's: training on from another run's
     // state would go on without a word. (A checkpoint that records none
     // predates the record: accepted.)
-    for (const auto& [key, value] : run_record(data, a)) {
+    for (const auto& [key, value] : record) {
       c10::IValue saved;
       if (checkpoint.try_read(key, saved) && saved.isString() && saved.toStringRef() != value) {
         throw std::runtime_error("--resume " + a.resume + ": the checkpoint's run had " + key + " = '" +
@@ -238,7 +252,7 @@ double train(Comm& comm, const Samples& train_set, const Samples& test_set, cons
     out.write("model", model);
     out.write("optimizer", optimizer);
     out.write("sampler", state);
-    for (const auto& [key, value] : run_record(data, a)) out.write(key, c10::IValue(value));
+    for (const auto& [key, value] : record) out.write(key, c10::IValue(value));
     // Written whole, then renamed: a crash leaves the previous checkpoint.
     std::filesystem::create_directories(a.save);
     const std::string file = checkpoint_file(a.save);

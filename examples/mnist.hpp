@@ -216,13 +216,23 @@ inline LabelledImages read(const std::string& images_path, const std::string& la
   return d;
 }
 
-/// `dir`/`name` or, where only it exists, `dir`/`name`.gz; neither is an error naming both.
+/// `dir`/`name` or `dir`/`name`.gz, whichever is a file. Neither is an error
+/// naming both; so is both (`gunzip -k`, or two downloads): which one holds
+/// the data meant is not ours to guess, and taking each of the four files
+/// from its own kind could pair images and labels of two versions.
 inline std::string find(const std::string& dir, const std::string& name) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) throw std::runtime_error(dir + " is not a directory of IDX files");
   const fs::path plain = fs::path(dir) / name, gz = fs::path(dir) / (name + ".gz");
-  if (fs::exists(plain)) return plain.string();
-  if (fs::exists(gz)) return gz.string();
+  for (const fs::path& p : {plain, gz}) {
+    if (fs::exists(p) && !fs::is_regular_file(p)) throw std::runtime_error(p.string() + " is not a regular file");
+  }
+  const bool has_plain = fs::exists(plain), has_gz = fs::exists(gz);
+  if (has_plain && has_gz) {
+    throw std::runtime_error("both " + plain.string() + " and " + gz.string() + " exist: keep one of them");
+  }
+  if (has_plain) return plain.string();
+  if (has_gz) return gz.string();
   throw std::runtime_error("neither " + plain.string() + " nor " + gz.string() + " exists");
 }
 

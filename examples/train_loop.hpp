@@ -57,20 +57,6 @@ void resume(Trainer& trainer, gradsync::DistributedSampler& sampler, const std::
   }
 }
 
-/// Refuses (every rank alike) more ranks than training samples, and a batch
-/// larger than a rank's share of them: the linear-scaling rule would scale
-/// the learning rate for a batch that no step takes.
-inline void check_share(std::size_t per_rank, std::size_t samples, int ranks, int batch) {
-  if (std::size_t(ranks) > samples) {
-    throw std::runtime_error(std::to_string(ranks) + " ranks for " + std::to_string(samples) +
-                             " training samples: use at most one rank per sample");
-  }
-  if (std::size_t(batch) > per_rank) {
-    throw std::runtime_error("--batch " + std::to_string(batch) + " is more than each rank's " +
-                             std::to_string(per_rank) + " training samples");
-  }
-}
-
 /// What an example does around the steps of an epoch besides training.
 struct EpochHooks {
   /// Called as each epoch starts.

@@ -199,6 +199,20 @@ TEST_CASE("a directory's files are found plain or with .gz") {
                  "/nonexistent/gradsync is not a directory"));
 }
 
+TEST_CASE("a file there both plain and as .gz, or a directory in a file's place, is an error naming it") {
+  TempDir dir;
+  dir.write("train-images-idx3-ubyte", images_file(5, 2, 2));
+  dir.write("train-images-idx3-ubyte.gz", gzip(images_file(6, 2, 2)));
+  dir.write("train-labels-idx1-ubyte", labels_file({0, 1, 2, 3, 4}));
+  const std::string both = error_of([&] { example::mnist::read_split(dir.path(), "train"); });
+  CHECK(contains(both, "both "));
+  CHECK(contains(both, "train-images-idx3-ubyte.gz"));
+  CHECK(contains(both, "keep one of them"));
+  fs::create_directory(fs::path(dir.path()) / "t10k-images-idx3-ubyte");
+  const std::string not_file = error_of([&] { example::mnist::read_split(dir.path(), "t10k"); });
+  CHECK(contains(not_file, "t10k-images-idx3-ubyte is not a regular file"));
+}
+
 TEST_CASE("a truncated or corrupt gzip file is an error naming it and what is wrong") {
   TempDir dir;
   const Bytes gz = gzip(images_file(30, 8, 8));
