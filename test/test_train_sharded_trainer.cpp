@@ -548,6 +548,7 @@ TEST_CASE("clip_grad_norm: a NaN anywhere in the gradient makes the norm NaN on 
       CAPTURE(at);
       CAPTURE(p);
       std::vector<double> norms(6, 0.0);
+      std::vector<int> all_nan(3, 0);
       gradsync::run_threads(3, [&](Communicator<Threads>& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         ReplicatedTrainerOptions ro;
@@ -555,6 +556,9 @@ TEST_CASE("clip_grad_norm: a NaN anywhere in the gradient makes the norm NaN on 
         ReplicatedTrainer rt(comm, NanAt{at}, gradsync::Sgd<float>(), ro);
         rt.forward_backward(none);
         norms[r] = rt.clip_grad_norm(1.0, p);
+        // The NaN factor reaches every gradient, as torch's clip_grad_norm_
+        // makes it, not only the NaN one: the finite ones do not go on unclipped.
+        all_nan[r] = std::ranges::all_of(rt.gradients(), [](float g) { return std::isnan(g); });
         ShardedTrainerOptions so;
         so.on_nonfinite = gradsync::OnNonfinite::ignore;
         ShardedTrainer st(comm, NanAt{at}, gradsync::Sgd<float>(), so);
@@ -562,6 +566,7 @@ TEST_CASE("clip_grad_norm: a NaN anywhere in the gradient makes the norm NaN on 
         norms[3 + r] = st.clip_grad_norm(1.0, p);
       });
       for (const double n : norms) CHECK(std::isnan(n));
+      for (const int a : all_nan) CHECK(a == 1);
     }
   }
 }

@@ -148,16 +148,14 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  /// Removes the hooks (the module outlives this object in the user's
-  /// hands) and lets what is in flight end.
+  /// Removes the hooks (the module outlives this object) and lets what is in flight end.
   ~DistributedDataParallel() {
     state_->owner = nullptr;
     for (Param& p : params_) {
       if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
     }
     if constexpr (on_device) {
-      // A backward that failed half-way may have left buckets on the
-      // communicator's stream, reading the flat gradient freed below.
+      // A backward that failed half-way may have left buckets reading the flat gradient freed below.
       try {
         comm_.join(o_.cuda_stream);
       } catch (...) {
@@ -166,15 +164,11 @@ class DistributedDataParallel {
     }
   }
 
-  /// The forward pass: checks that no parameter changed shape, storage or
-  /// requires_grad, broadcasts rank 0's buffers (see
-  /// DistributedDataParallelOptions::broadcast_buffers), then calls
-  /// `module->forward(args...)`.
-  ///
-  /// With find_unused_parameters, a Tensor result's autograd graph is
-  /// walked, as PyTorch DDP does: parameters it cannot reach are marked
-  /// ready (with zeros) as soon as backward starts, so their buckets do not
-  /// wait for finish() and communication still overlaps backward.
+  /// The forward pass: checks that no parameter changed shape, storage or requires_grad,
+  /// broadcasts rank 0's buffers (DistributedDataParallelOptions::broadcast_buffers), then
+  /// calls `module->forward(args...)`. With find_unused_parameters, a Tensor result's graph
+  /// is walked, as PyTorch DDP does: parameters it cannot reach are marked ready (zeros) as
+  /// soon as backward starts, so their buckets do not wait for finish().
   template <class... Args>
   auto operator()(Args&&... args) {
     check_parameters();
@@ -221,8 +215,7 @@ class DistributedDataParallel {
     std::visit([on](auto& s) { s->set_sync(on); }, sync_);
   }
 
-  /// Bucket statistics: `buckets_launched_early` counts the buckets that
-  /// started while backward was still running.
+  /// Bucket statistics: `buckets_launched_early` counts those started while backward ran.
   const GradSyncStats& stats() const {
     return std::visit([](const auto& s) -> const GradSyncStats& { return s->stats(); }, sync_);
   }
@@ -249,8 +242,7 @@ class DistributedDataParallel {
     return true;
   }
 
-  /// Synced backwards whose averaged gradient was non-finite under
-  /// OnNonfinite::skip_step (the steps step() skipped).
+  /// Synced backwards non-finite under OnNonfinite::skip_step (the steps step() skipped).
   std::size_t skipped_steps() const noexcept { return skipped_; }
 
   /// Names of the parameters that are synchronised, in registration order.
