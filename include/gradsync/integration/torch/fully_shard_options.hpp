@@ -57,7 +57,13 @@ struct FullyShardOptions {
   /// gathered on the caller's thread when it runs. The bytes of freed
   /// gathers, and of the flat gradient backward reduce-scatters from, are
   /// kept for the next ones (within this bound and one gradient more) until
-  /// the module's last ShardedModule holder goes.
+  /// the module's last ShardedModule holder goes. Wrap the root too (as
+  /// FSDP2 does, fully_shard on it last): then what a forward gathered
+  /// ahead and did not use is freed as it ends. Without an enclosing unit,
+  /// a unit gathered ahead by a block called alone stays gathered, and a
+  /// forward that reaches that unit first after an optimizer step would
+  /// use the values from before the step (LibTorch's optimizers step through
+  /// .data(), which no version counter sees); there, set this to 0 or 1.
   std::size_t max_gathered_units = 2;
   /// Passed to every collective; `deterministic` sums in rank order.
   Options collective{};
