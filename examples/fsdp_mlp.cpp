@@ -187,11 +187,7 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   }
   // The learning-rate schedule depends on --epochs, so a checkpoint records it.
   // The data and the batch are the run's: a checkpoint records them, and refuses others.
-  // The data's values too, where a checkpoint is written or read (a CRC-32
-  // of the training set: a directory may hold other files by the resume).
-  gradsync::checkpoint::Metadata same{{"fsdp_mlp.data", data.identity(args.seed)},
-                                      {"fsdp_mlp.batch", std::to_string(args.batch)}};
-  if (!args.save.empty() || !args.resume.empty()) same["fsdp_mlp.data_values"] = example::content_checksum(train);
+  const gradsync::checkpoint::Metadata same = example::run_to_match("fsdp_mlp", data, train, args);
   gradsync::checkpoint::Metadata run_info = same;
   run_info["fsdp_mlp.epochs"] = std::to_string(args.epochs);
   if (!args.resume.empty()) {

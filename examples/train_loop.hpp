@@ -29,6 +29,18 @@
 
 namespace example {
 
+/// What `program`'s checkpoint records of its run, and a resume must match:
+/// the data (`<program>.data`), the batch (`.batch`) and, where a checkpoint
+/// is written or read, a CRC-32 of the training set (`.data_values`: a
+/// directory may hold other files by the resume).
+inline gradsync::checkpoint::Metadata run_to_match(const std::string& program, const DataChoice& data,
+                                                   const Dataset& train, const RunArgs& args) {
+  gradsync::checkpoint::Metadata same{{program + ".data", data.identity(args.seed)},
+                                      {program + ".batch", std::to_string(args.batch)}};
+  if (!args.save.empty() || !args.resume.empty()) same[program + ".data_values"] = content_checksum(train);
+  return same;
+}
+
 /// Loads the checkpoint at `path` into `trainer` and `sampler`. Rank 0
 /// prints where it resumed (naming the file as `shown`) and a note when the
 /// checkpoint's run planned other --epochs (recorded under `epochs_key`):
