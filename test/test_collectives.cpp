@@ -19,11 +19,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -378,6 +381,86 @@ TEST_CASE_TEMPLATE("AllReduce hands every rank the same bits for max and min of 
           CHECK_MESSAGE(std::all_of(x.begin(), x.end(), [](float v) { return v == 0.0f; }), "rank " << r);
         }
         check_same_on_all_ranks(out, n, "signed zeros");
+      }
+    }
+  }
+}
+
+// Min and Max may not drop a NaN because of the order an algorithm meets the
+// ranks' values in (std::min keeps its first operand when a comparison with
+// NaN is false): a NaN on any rank is the result, and -0 is below +0, the
+// same bits on every algorithm, type and world size.
+template <class T, class Algo>
+void check_min_max_order_free(int n, gs::OpKind op, std::size_t count, std::mt19937_64& rng) {
+  if (!test::world_has(n)) return;
+  const auto world = static_cast<std::size_t>(n);
+  const bool is_min = op == gs::OpKind::min;
+  // Inputs as doubles exactly representable in T: a NaN on one rank, zeros
+  // of either sign on every rank, or eighths in [-12.5, 12.5].
+  std::vector<std::vector<double>> in(world, std::vector<double>(count));
+  std::vector<double> want(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto kind = rng() % 3;
+    for (std::size_t r = 0; r < world; ++r) {
+      in[r][i] = kind == 1 ? (rng() % 2 ? -0.0 : 0.0) : static_cast<double>(static_cast<int>(rng() % 201) - 100) / 8;
+    }
+    if (kind == 0) in[rng() % world][i] = std::numeric_limits<double>::quiet_NaN();
+    double w = in[0][i];
+    for (std::size_t r = 1; r < world; ++r) {
+      const double x = in[r][i];
+      if (std::isnan(w) || std::isnan(x)) {
+        w = std::numeric_limits<double>::quiet_NaN();
+      } else if (x == w) {
+        w = (std::signbit(x) == is_min) ? x : w;
+      } else {
+        w = (is_min ? x < w : x > w) ? x : w;
+      }
+    }
+    want[i] = w;
+  }
+  std::vector<Values> out(world, Values(gs::DataTypeOf<T>::value, count));
+  test::run_world(n, [&](auto& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    const std::span<T> x = out[r].as<T>();
+    for (std::size_t i = 0; i < count; ++i) {
+      if constexpr (std::is_same_v<T, double>) {
+        x[i] = in[r][i];
+      } else {
+        x[i] = T(static_cast<float>(in[r][i]));
+      }
+    }
+    gs::visit(op, [&](auto o) { gs::AllReduce<Algo>{}(comm, x, o); });
+  });
+  for (std::size_t r : test::local_ranks(n)) {
+    const std::span<const T> x = std::as_const(out[r]).template as<T>();
+    std::size_t wrong = 0, first = count;
+    for (std::size_t i = 0; i < count; ++i) {
+      double g = 0;
+      if constexpr (std::is_same_v<T, double>) {
+        g = x[i];
+      } else {
+        g = static_cast<double>(static_cast<float>(x[i]));
+      }
+      const bool ok = std::isnan(want[i]) ? std::isnan(g) : g == want[i] && std::signbit(g) == std::signbit(want[i]);
+      if (!ok && wrong++ == 0) first = i;
+    }
+    CHECK_MESSAGE(wrong == 0, "rank " << r << ": " << wrong << " wrong, the first at " << first);
+  }
+}
+
+TEST_CASE_TEMPLATE("Min and Max: a NaN on any rank is the result and -0 is below +0, on every algorithm", Algo,
+                   GRADSYNC_ALGORITHMS) {
+  auto rng = test::rng_for("min max order free");
+  CAPTURE(test::test_seed());
+  // Sanitized, odd world sizes only (with and without RHD's fold).
+  for (int n = test::sanitized ? 3 : 2; n <= 7; n += test::sanitized ? 2 : 1) {
+    for (const gs::OpKind op : {gs::OpKind::max, gs::OpKind::min}) {
+      for (const std::size_t count : {std::size_t{7}, std::size_t{5003}}) {
+        INFO("AllReduce<" << Algo::name << "> " << gs::detail::name(op) << " N = " << n << " count = " << count);
+        check_min_max_order_free<float, Algo>(n, op, count, rng);
+        check_min_max_order_free<double, Algo>(n, op, count, rng);
+        check_min_max_order_free<gs::bfloat16, Algo>(n, op, count, rng);
+        check_min_max_order_free<gs::float16, Algo>(n, op, count, rng);
       }
     }
   }

@@ -7,10 +7,13 @@
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <span>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "support/common.hpp"
+#include "support/temp_dir.hpp"
 #include "test_train_squares.hpp"
 #include "test_train_swapping.hpp"
 
@@ -280,6 +284,87 @@ TEST_CASE("a learning rate changed on one rank fails the next step on every rank
     });
     check_every_rank(got, seconds, {"optimizer lr 0.25", "optimizer lr 0.05", " " + std::to_string(change_at) + ", "});
   });
+}
+
+/// The first parameter this rank holds, read without communicating: its
+/// replica's, or the first element of its shard of unit 0.
+template <class T>
+float first_held(T& t) {
+  if constexpr (requires { t.parameters(); }) {
+    return t.parameters()[0];
+  } else {
+    return t.unit_shard(0)[0];
+  }
+}
+
+TEST_CASE("a learning rate set after forward_backward() on one rank fails every rank, even in the last step") {
+  // The step's collectives carried forward_backward()'s rate; a rate set on
+  // one rank before optimizer_step() must not step that rank apart unseen,
+  // whether a checkpoint save or nothing at all follows.
+  each_trainer_with_odd_rank("lr set between the halves", [](int trainer, int n, int odd, auto& rng) {
+    const int steps = 1 + static_cast<int>(rng() % 3);
+    for (const bool save : {true, false}) {
+      INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " sets lr 0.05 after forward_backward of "
+                      << "step " << steps << ", the last; then " << std::string(save ? "a checkpoint save" : "nothing"));
+      test::TempDir dir;
+      std::vector<float> before_last(static_cast<std::size_t>(n), 0), after(static_cast<std::size_t>(n), 0);
+      const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        auto train = [&](auto& t) {
+          for (int s = 1; s <= steps; ++s) {
+            t.forward_backward(Scale{1.0f});
+            before_last[r] = first_held(t);
+            if (s == steps && comm.rank() == odd) t.optimizer().set_lr(0.05);
+            try {
+              t.optimizer_step();
+            } catch (...) {
+              after[r] = first_held(t);
+              throw;
+            }
+          }
+          after[r] = first_held(t);
+          if (save) gradsync::save_checkpoint(t, dir.path);
+        };
+        with_trainer(comm, trainer, 0.25, train);
+      });
+      if (save) {
+        // The save's collectives carry no label to read the odd rank's by
+        // (a rank reads a peer's label with its own call's names): the
+        // message names the two calls and the ranks.
+        check_every_rank(got, seconds, {"ranks disagree on a collective", "rank " + std::to_string(odd)});
+        CHECK(!std::filesystem::exists(gradsync::checkpoint_file(dir.path)));
+      } else {
+        const Outcome& o = got[static_cast<std::size_t>(odd)];
+        INFO("rank " << odd << ": " << o.kind << ": " << o.what);
+        CHECK(o.kind != "returned");
+        CHECK(seconds < 5.0);
+      }
+      // The rank that set the rate alone never stepped at it.
+      CHECK(after[static_cast<std::size_t>(odd)] == before_last[static_cast<std::size_t>(odd)]);
+    }
+  });
+}
+
+TEST_CASE("a learning rate set after forward_backward() on every rank alike is the step's rate") {
+  for (const int trainer : {0, 1, 2}) {
+    for (int n = 2; n <= 3; ++n) {
+      INFO("trainer " << trainer << ", N = " << n);
+      std::vector<float> late(static_cast<std::size_t>(n)), early(static_cast<std::size_t>(n));
+      gradsync::run_threads(n, [&](Communicator<Threads>& comm) {
+        with_trainer(comm, trainer, 0.25, [&](auto& t) {
+          t.forward_backward(Scale{1.0f});
+          t.optimizer().set_lr(0.125);
+          t.optimizer_step();
+          late[static_cast<std::size_t>(comm.rank())] = first_held(t);
+        });
+        with_trainer(comm, trainer, 0.125, [&](auto& t) {
+          t.step(Scale{1.0f});
+          early[static_cast<std::size_t>(comm.rank())] = first_held(t);
+        });
+      });
+      CHECK(late == early);
+    }
+  }
 }
 
 TEST_CASE("clip_grad_norm with different max_norm on one rank fails every rank, naming both") {

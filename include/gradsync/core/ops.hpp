@@ -8,6 +8,7 @@
 /// 2^bits (two's complement), computed in the unsigned type: no signed overflow.
 
 #include <algorithm>
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +30,41 @@ constexpr T combine(T a, T b, F f) noexcept {
   } else {
     return static_cast<T>(f(a, b));
   }
+}
+
+/// Whether floating-point x has its sign bit set (−0 too).
+template <class F>
+constexpr bool sign_bit(F x) noexcept {
+  if constexpr (sizeof(F) == sizeof(std::uint32_t)) {
+    return (std::bit_cast<std::uint32_t>(x) >> 31) != 0;
+  } else {
+    return (std::bit_cast<std::uint64_t>(x) >> 63) != 0;
+  }
+}
+
+/// min(x, y) that does not depend on the operands' order, as std::min does
+/// (it returns its first operand when a comparison with NaN is false, so a
+/// NaN on one rank would survive one algorithm and vanish under another):
+/// a NaN wins, −0 is below +0. Integers: std::min.
+template <class V>
+constexpr V least(V x, V y) noexcept {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (x != x) return x;
+    if (y != y) return y;
+    if (x == y) return sign_bit(x) ? x : y;
+  }
+  return y < x ? y : x;
+}
+
+/// max(x, y) as least(): a NaN wins, +0 is above −0.
+template <class V>
+constexpr V greatest(V x, V y) noexcept {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (x != x) return x;
+    if (y != y) return y;
+    if (x == y) return sign_bit(x) ? y : x;
+  }
+  return x < y ? y : x;
 }
 
 /// The unsigned type integer T computes in: at least unsigned int, so that
@@ -91,23 +127,25 @@ struct Avg {
   }
 };
 
-/// Element-wise minimum.
+/// Element-wise minimum. A NaN operand is the result, and −0 is below +0:
+/// every algorithm, whatever order it meets the ranks' values in, gives
+/// the same bits.
 struct Min {
   static constexpr OpKind kind = OpKind::min;
   static constexpr std::string_view name = "min";
   template <class T>
   static constexpr T apply(T a, T b) noexcept {
-    return detail::combine(a, b, [](auto x, auto y) { return std::min(x, y); });
+    return detail::combine(a, b, [](auto x, auto y) { return detail::least(x, y); });
   }
 };
 
-/// Element-wise maximum.
+/// Element-wise maximum; a NaN operand is the result, +0 above −0 (see Min).
 struct Max {
   static constexpr OpKind kind = OpKind::max;
   static constexpr std::string_view name = "max";
   template <class T>
   static constexpr T apply(T a, T b) noexcept {
-    return detail::combine(a, b, [](auto x, auto y) { return std::max(x, y); });
+    return detail::combine(a, b, [](auto x, auto y) { return detail::greatest(x, y); });
   }
 };
 

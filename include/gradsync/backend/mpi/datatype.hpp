@@ -35,32 +35,39 @@ inline MPI_Op builtin_op(Max) noexcept { return MPI_MAX; }
 inline MPI_Op builtin_op(Prod) noexcept { return MPI_PROD; }
 
 template <class T, class Op>
-void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
-  // MPI's convention is inout = in op inout; op order does not change the bits.
+void user_op_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  // MPI's convention is inout = in op inout; gradsync's ops give the same
+  // bits in either order (Min and Max too, NaN and signed zeros included).
   reduce_into_kind(Op::kind, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
 }
 
 /// The user op reducing T with Op, created on first use (Avg shares Sum's).
 template <class T, class Op>
-MPI_Op half_user_op() {
+MPI_Op user_op() {
   if constexpr (std::is_same_v<Op, Avg>) {
-    return half_user_op<T, Sum>();
+    return user_op<T, Sum>();
   } else {
     static const MPI_Op o = [] {
       MPI_Op h{};
-      MPI_Op_create(&half_op<T, Op>, 1, &h);
+      MPI_Op_create(&user_op_fn<T, Op>, 1, &h);
       return h;
     }();
     return o;
   }
 }
 
-/// Built-in ops, except for bfloat16 and float16, which MPI does not know:
-/// there a user op widens to float per step exactly as the other algorithms do.
+/// Built-in ops, except where MPI's would differ from the other algorithms':
+/// bfloat16 and float16, which MPI does not know (a user op widens to float
+/// per step exactly as the other algorithms do), and Min and Max of floats
+/// (MPI_MIN and MPI_MAX keep or drop a NaN by the order they meet it in).
 inline MPI_Op op(OpKind k, DataType t) {
   return visit(k, [&]<class Op>(Op o) {
-    if (t == DataType::bfloat16) return half_user_op<bfloat16, Op>();
-    if (t == DataType::float16) return half_user_op<float16, Op>();
+    if (t == DataType::bfloat16) return user_op<bfloat16, Op>();
+    if (t == DataType::float16) return user_op<float16, Op>();
+    if constexpr (std::is_same_v<Op, Min> || std::is_same_v<Op, Max>) {
+      if (t == DataType::float32) return user_op<float, Op>();
+      if (t == DataType::float64) return user_op<double, Op>();
+    }
     return builtin_op(o);
   });
 }

@@ -31,6 +31,7 @@ enum class LabelPhase : std::uint8_t {
   clip,            ///< clip_grad_norm's norm; the index holds p, the setting max_norm
   check,           ///< a replica check or another whole-model collective
   nonfinite,       ///< the agreement on whether the step's gradient and loss are finite
+  lr_changed,      ///< the agreement on a learning rate set between forward_backward() and optimizer_step()
 };
 
 /// The shortest text that reads back as `x` ("0.1", "1e-05").
@@ -106,6 +107,7 @@ class StepLabels final : public LabelNames {
       case LabelPhase::bucket: s += "all-reduce of " + unit(index); break;
       case LabelPhase::check: s += "whole-model check"; break;
       case LabelPhase::nonfinite: s += "agreement on finite gradients and loss"; break;
+      case LabelPhase::lr_changed: s += "agreement on a learning rate set after forward_backward()"; break;
       case LabelPhase::clip: {
         const auto pb = static_cast<std::uint32_t>(index) << 8;
         float p;

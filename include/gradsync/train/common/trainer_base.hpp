@@ -17,8 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
+#include "gradsync/core/ops.hpp"
 #include "gradsync/core/options.hpp"
 #include "gradsync/core/trace_recorder.hpp"
 #include "gradsync/core/trace_scope.hpp"
@@ -148,9 +150,29 @@ class TrainerBase {
     }
   }
 
+  /// forward_backward() has reduced the step's gradient, labelled with the
+  /// learning rate it had then: optimizer_step() may follow.
+  void mark_pending() noexcept {
+    pending_ = true;
+    pending_lr_bits_ = bits_of(static_cast<double>(opt_.lr()));
+  }
+
   /// optimizer_step() ends the forward_backward() before it, which it needs.
+  /// The step's collectives carried forward_backward()'s learning rate, so a
+  /// rate set since (a scheduler run after backward) went unchecked: a rank
+  /// that set it alone would step apart from the others, and nothing after
+  /// (a save, the end of training) need notice. Such a rank agrees on the new
+  /// rate with one 8-byte AllReduce labelled with it: where every rank set
+  /// the same rate they agree and step; where some did not, the call meets
+  /// their next collective (or their leaving) and every rank fails, naming
+  /// both rates, before this rank's optimizer runs.
   void begin_optimizer_step() {
     if (!pending_) throw InvalidArgument(where() + ": optimizer_step without a forward_backward() before it");
+    const double lr = static_cast<double>(opt_.lr());
+    if (bits_of(lr) != pending_lr_bits_ && comm_.size() > 1) {
+      double agreed = lr;
+      AllReduce<Algo>{labelled(Options{}, LabelPhase::lr_changed, 0)}(comm_, std::span<double>(&agreed, 1), Max{});
+    }
     pending_ = false;
   }
 
@@ -241,6 +263,8 @@ class TrainerBase {
   StepStats step_{};
   /// forward_backward() ran and optimizer_step() has not.
   bool pending_ = false;
+  /// The learning rate's bits when forward_backward() ended (mark_pending).
+  std::uint64_t pending_lr_bits_ = 0;
   /// accumulate() calls since the last step.
   std::size_t micro_steps_ = 0;
   /// A loss since the last check_nonfinite() was NaN or Inf.

@@ -164,7 +164,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     step_.exposed_comm_seconds = stats_.exposed_comm_seconds - before.exposed_comm_seconds;
     step_.sent_elements = step_sent_;
     step_.sent_bytes = step_sent_ * (o_.sync.compression == Compression::bf16 ? sizeof(bfloat16) : sizeof(value_type));
-    pending_ = true;
+    this->mark_pending();
     return loss;
   }
 

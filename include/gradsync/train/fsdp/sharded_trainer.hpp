@@ -108,7 +108,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       return run_model(batch, true);
     });
     check_finite();
-    pending_ = true;
+    this->mark_pending();
     return loss;
   }
 
