@@ -21,6 +21,7 @@
 // gathers its units on every rank), and rank 0 prints the text.
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/checkpoint/crc32.hpp>
 #include <gradsync/integration/torch.hpp>
 
 #include "char_transformer.hpp"
@@ -28,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -35,8 +37,10 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <random>
 #include <numeric>
 #include <set>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -107,11 +111,16 @@ Args parse(int argc, char** argv) {
 struct Corpus {
   std::string vocab;
   torch::Tensor train, held_out;  // 1-D, int64
+  /// "N bytes, CRC-32 X" of the whole text, which a checkpoint records.
+  std::string checksum;
 
   explicit Corpus(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error("--text " + path + ": cannot open it");
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    gradsync::checkpoint::Crc32 crc;
+    crc.update(std::as_bytes(std::span<const char>(text)));
+    checksum = std::to_string(text.size()) + " bytes, CRC-32 " + gradsync::checkpoint::crc32_hex(crc.value());
     const std::set<char> chars(text.begin(), text.end());
     vocab.assign(chars.begin(), chars.end());
     const torch::Tensor ids = encode(text);
@@ -313,6 +322,15 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
 
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(0.01));
   std::uint64_t step = 0;
+  // What a checkpoint records of its run and a resume must match: the text,
+  // the model (the head count changes no shape), and the batch and seed
+  // that order the windows of an epoch.
+  const std::vector<std::pair<std::string, std::string>> record{
+      {"text", corpus.checksum},
+      {"model", "blocks " + std::to_string(shape.blocks) + ", d_model " + std::to_string(shape.d_model) + ", heads " +
+                    std::to_string(shape.heads) + ", context " + std::to_string(shape.context)},
+      {"batch", std::to_string(a.batch)},
+      {"seed", std::to_string(a.seed)}};
   if (!a.resume.empty()) {
     // Every rank checks every file first, so all agree before any reads.
     for (int r = 0; r < n; ++r) {
@@ -323,9 +341,31 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
     }
     torch::serialize::InputArchive in, params, optimizer;
     in.load_from(rank_file(a.resume, rank, n));
-    torch::Tensor saved_step;
+    for (const auto& [key, value] : record) {
+      c10::IValue saved;
+      if (!in.try_read(key, saved) || !saved.isString() || saved.toStringRef() != value) {
+        throw std::runtime_error("--resume " + a.resume + ": the checkpoint's run had " + key + " '" +
+                                 (saved.isString() ? saved.toStringRef() : std::string("(none)")) + "', this one '" +
+                                 value + "'; resume with the same --text, model, --batch and --seed");
+      }
+    }
+    // Each rank renames its own file: a save cut short between two ranks'
+    // renames leaves files of two saves, which the save's id tells apart.
+    torch::Tensor saved_step, saved_id;
     in.read("step", saved_step);
     step = static_cast<std::uint64_t>(saved_step.item<std::int64_t>());
+    if (!in.try_read("save_id", saved_id)) saved_id = torch::tensor(std::int64_t{0});
+    std::array<std::int64_t, 2> mine{saved_id.item<std::int64_t>(), static_cast<std::int64_t>(step)};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n));
+    gradsync::AllGather<>{}(comm, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+    for (int r = 0; r < n; ++r) {
+      if (all[2 * std::size_t(r)] != all[0] || all[2 * std::size_t(r) + 1] != all[1]) {
+        throw std::runtime_error("--resume " + a.resume + ": " + rank_file(a.resume, r, n) +
+                                 " is of another save (step " + std::to_string(all[2 * std::size_t(r) + 1]) +
+                                 ") than " + rank_file(a.resume, 0, n) + " (step " + std::to_string(all[1]) +
+                                 "): a save cut short between ranks; resume from an earlier checkpoint");
+      }
+    }
     in.read("params", params);
     // Copied into the pieces: Module::load would point them at the file's
     // storage, away from the unit's shard they are views of.
@@ -345,8 +385,13 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
   auto save = [&] {
     if (a.save.empty()) return;
     std::filesystem::create_directories(a.save);
+    // One id per save, rank 0's, on every rank's file.
+    std::int64_t id = static_cast<std::int64_t>(std::random_device{}() >> 1) << 31 ^ std::random_device{}();
+    gradsync::Broadcast<>{}(comm, std::span<std::int64_t>(&id, 1), 0);
     torch::serialize::OutputArchive out, params, optimizer;
     out.write("step", torch::tensor(static_cast<std::int64_t>(step)));
+    out.write("save_id", torch::tensor(id));
+    for (const auto& [key, value] : record) out.write(key, c10::IValue(value));
     for (const auto& p : model->named_parameters()) params.write(p.key(), p.value());
     out.write("params", params);
     opt.save(optimizer);

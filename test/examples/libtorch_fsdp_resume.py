@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """libtorch_fsdp stopped with --save and resumed in a fresh process at the
 same world size ends with the uninterrupted run's held-out loss, to the last
-digit printed; resumed again at its end it trains nothing. The text is the
+digit printed; resumed again at its end it trains nothing. A resume whose
+--heads, --batch, --seed or text differ from the checkpoint's run is refused
+(exit 2), and so is a checkpoint whose ranks' files come from two saves (a save
+cut short between ranks' renames), at another step or the same. The text is the
 first 3,000 bytes of GPL-3, so that the runs cross an epoch's end (5 steps
 per epoch at 2 ranks and the options meson.build gives). The full state dict written beside the
 shards is a safetensors file naming the unwrapped model's parameters.
@@ -53,6 +56,32 @@ def main():
     again = run(binary, common + ["--steps", "8", "--resume", saved])
     if "nothing to train" not in again or final_loss(again) != (loss, 8):
         sys.exit("resumed at its end, the run trained or ended elsewhere:\n" + again)
+
+    def refused(args, says):
+        out = run(binary, args, expect_rc=2)
+        if says not in out or "resumed from" in out:
+            sys.exit(f"{args[-4:]}: expected a refusal saying '{says}':\n{out}")
+
+    heads = common.index("--heads") + 1
+    other_heads = common[:heads] + [str(2 * int(common[heads]))] + common[heads + 1:]
+    refused(other_heads + ["--steps", "8", "--resume", saved], "the checkpoint's run had model")
+    refused(common + ["--steps", "8", "--batch", "3", "--resume", saved], "the checkpoint's run had batch")
+    refused(common + ["--steps", "8", "--seed", "9", "--resume", saved], "the checkpoint's run had seed")
+    changed = work / "changed"
+    changed.write_bytes(text.read_bytes().replace(b"software", b"hardware"))
+    changed_text = common[:common.index("--text") + 1] + [str(changed)] + common[common.index("--text") + 2:]
+    refused(changed_text + ["--steps", "8", "--resume", saved], "the checkpoint's run had text")
+
+    # Files of two saves: at steps 3 and 8, and two saves at step 3.
+    for i in (1, 2):
+        run(binary, common + ["--steps", "3", "--save", str(work / f"at3-{i}")])
+    for name, zero, one in (("mixed-steps", saved, work / "at3-1"), ("mixed-saves", work / "at3-1", work / "at3-2")):
+        mixed = work / name
+        mixed.mkdir()
+        shutil.copy(pathlib.Path(zero) / "rank-0-of-2.pt", mixed)
+        shutil.copy(pathlib.Path(one) / "rank-1-of-2.pt", mixed)
+        refused(common + ["--steps", "8", "--resume", str(mixed)], "is of another save")
+    print("refused: other heads, batch, seed and text; files of two saves")
 
     # safetensors: an 8-byte little-endian header length, then the JSON header.
     blob = (pathlib.Path(saved) / "model.safetensors").read_bytes()
