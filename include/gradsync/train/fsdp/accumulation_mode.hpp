@@ -12,6 +12,11 @@ enum class AccumulationMode : std::uint8_t {
   /// Every micro-step reduce-scatters its gradient and adds the averaged
   /// shard into this rank's gradient shard: memory stays 1/N, and each
   /// micro-step costs a reduction (DeepSpeed ZeRO-3 can do only this).
+  /// Under NoShard the backward adds into the gradient itself, so each
+  /// micro-step all-reduces the running sum with its own part: with
+  /// reduce_dtype bfloat16 that sum is rounded to bfloat16 at every
+  /// micro-step (its error grows with K); NoSync, which costs NoShard no
+  /// memory, rounds once.
   Sharded,
   /// FSDP's `no_sync()`: micro-steps communicate no gradient; each unit keeps
   /// its whole unsharded gradient (Ψ more elements per rank, padding
