@@ -222,7 +222,10 @@ concept Model = detail::ModelHasValueType<M> && detail::ModelComputeType<M> && d
 /// const StepContext<compute_type>&)` runs forward and backward, holding each
 /// unit's parameters through `ctx.params(u)` while it uses them, adds (+=)
 /// the gradient of its mean loss into the grad views, calls `ctx.ready(u)`
-/// once per unit that received a gradient, and returns the loss.
+/// once per unit in every backward, a unit without parameters too (nothing
+/// to add, but the trainers check that no unit was forgotten; only
+/// ReplicatedTrainer's find_unused_parameters lets a unit it did not use go
+/// without), and returns the loss.
 template <class M, class Batch>
 concept TrainableOn =
     Model<M> && requires(M& m, const Batch& b, const StepContext<detail::compute_t<M>>& ctx) {

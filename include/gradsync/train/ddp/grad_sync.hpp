@@ -256,8 +256,8 @@ class GradSync {
       tracker_.reset_backward();
       throw InvalidArgument("gradsync: GradSync on rank " + std::to_string(comm_.rank()) +
                             ": backward produced no gradient for " + missing +
-                            ". Every unit must call ready() in every synced backward; if some units are unused on "
-                            "some steps, set GradSyncOptions::find_unused_parameters = true");
+                            ". Every unit must call ready() in every synced backward, one without parameters too; if "
+                            "some units are unused on some steps, set GradSyncOptions::find_unused_parameters = true");
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr first;
