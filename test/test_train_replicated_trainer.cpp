@@ -269,6 +269,42 @@ TEST_CASE("unused parameters: zeros with find_unused_parameters, a clear error w
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
 }
 
+TEST_CASE("uneven inputs: clip_grad_norm in a step where a rank has joined is refused, on every rank") {
+  // The joined rank takes the step without clipping: its replica would part.
+  auto rng = test::rng_for("join and clip");
+  CAPTURE(test::test_seed());
+  const int world = 3 + static_cast<int>(rng() % 3);
+  const int short_rank = static_cast<int>(rng() % static_cast<unsigned>(world));
+  INFO("N = " << world << ", rank " << short_rank << " joins after one step");
+  ReplicatedTrainerOptions o;
+  o.join = true;
+  gradsync::ThreadsOptions topt;
+  topt.timeout = std::chrono::seconds(20);
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(gradsync::run_threads(world, topt, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    try {
+      for (std::size_t s = 0; s < (comm.rank() == short_rank ? 1u : 3u); ++s) {
+        trainer.forward_backward(make_batch<float>((s * std::size_t(world) + r) * 4, 4, in, out));
+        trainer.clip_grad_norm(1.0);
+        trainer.optimizer_step();
+      }
+      trainer.join();
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+      throw;
+    }
+  }), gradsync::Error);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
+    if (r != short_rank) CHECK(errors[static_cast<std::size_t>(r)].find("1 rank(s) have joined") != std::string::npos);
+    CHECK(!errors[static_cast<std::size_t>(r)].empty());
+  }
+}
+
 TEST_CASE("uneven inputs: join lets ranks with less data finish cleanly; each step averages the ranks with data") {
   constexpr int world = 3;
   constexpr std::size_t b = 4;

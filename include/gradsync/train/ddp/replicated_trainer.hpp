@@ -144,6 +144,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     const TrainerStats before = stats_;
     int active = comm_.size();
     if (o_.join) active = count_active(1);
+    step_active_ = active;
     broadcast_buffers();
     sync_->set_sync(true);
     sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
@@ -178,6 +179,14 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ReplicatedTrainer", max_norm, p);
     this->check_pending("clip_grad_norm");
+    if (step_active_ < comm_.size()) {
+      // A joined rank steps with the others but cannot know to clip: the
+      // replicas would part. Every active rank saw the same count.
+      throw InvalidArgument(where() + ": clip_grad_norm in a step where " +
+                            std::to_string(comm_.size() - step_active_) +
+                            " rank(s) have joined (join()): they take the step without clipping, and their replicas "
+                            "would differ; clip only while every rank has data");
+    }
     const detail::TraceScope span(this->timeline(), detail::TraceKind::clip, stats_.steps + 1);
     double total = detail::norm_total(detail::norm_partial(std::span<const value_type>(grads_), p), p);
     if (comm_.size() > 1) {
@@ -221,7 +230,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// data. It keeps taking part in the other ranks' steps, contributing zero
   /// gradients and taking the same optimizer step, and returns when every
   /// rank has joined. The average of each step is over the ranks that had
-  /// data in it.
+  /// data in it. clip_grad_norm is refused in a step where a rank has joined
+  /// (that rank cannot clip with the others).
   void join() {
     check_no_pending("join");
     if (!o_.join) {
@@ -568,6 +578,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   detail::ComputeSpans spans_;
   /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
   std::size_t step_sent_ = 0;
+  /// Ranks with data in the current step (join: counted at forward_backward).
+  int step_active_ = 0;
 };
 
 }  // namespace gradsync
