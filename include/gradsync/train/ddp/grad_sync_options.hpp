@@ -27,7 +27,10 @@ struct GradSyncOptions {
   Compression compression = Compression::none;
   /// A unit that got no ready() in a synced backward contributes zeros
   /// (unless it accumulated a gradient under no_sync). Off: finish() throws
-  /// an error naming the unit.
+  /// an error naming the unit. A unit unused on every rank gets a zero
+  /// gradient, which a trainer's optimizer then steps (momentum, Adam's
+  /// moments and weight decay still move it): PyTorch skips a parameter
+  /// whose .grad is None, which zero_grad(set_to_none=True) leaves it.
   bool find_unused_parameters = false;
   /// Launch each bucket as soon as its gradients are ready. Off: launch all
   /// of them in finish(), for measuring what overlap buys.
