@@ -136,6 +136,9 @@ class MetricsFile {
     double loss = 0, train_accuracy = 0;
     double test_accuracy = -1;  // < 0: not measured (null)
     double seconds = 0, samples_per_second = 0;
+    /// An epoch line covering part of its epoch: each rank's samples
+    /// [first, last) of `of` ("part": [first + 1, last, of]); of = 0: whole.
+    std::size_t first = 0, last = 0, of = 0;
   };
 
   MetricsFile() = default;
@@ -151,7 +154,11 @@ class MetricsFile {
     if (resumed_at) {
       std::ifstream in(path);
       for (std::string line; std::getline(in, line);) {
-        if (const auto step = step_of(line); step && *step <= *resumed_at) kept += line + "\n";
+        // The stopped run's line for the part of the epoch it cut short
+        // goes too: the resumed run ends that epoch and writes its line.
+        const auto step = step_of(line);
+        const bool cut_epoch = step && *step == *resumed_at && line.find("\"part\"") != std::string::npos;
+        if (step && *step <= *resumed_at && !cut_epoch) kept += line + "\n";
       }
     }
     out_.open(path, std::ios::trunc);
@@ -167,10 +174,10 @@ class MetricsFile {
     std::snprintf(s, sizeof s,
                   "{\"kind\": \"%s\", \"epoch\": %d, \"step\": %llu, \"samples\": %.0f, \"loss\": %s, "
                   "\"train_acc\": %s, \"test_acc\": %s, \"seconds\": %.4f, \"samples_per_s\": %.1f, "
-                  "\"ranks\": %d, \"batch\": %d, \"lr\": %.6g}\n",
+                  "\"ranks\": %d, \"batch\": %d, \"lr\": %.6g%s}\n",
                   l.kind, l.epoch, static_cast<unsigned long long>(l.step), l.samples_seen, number(l.loss).c_str(),
                   number(l.train_accuracy).c_str(), l.test_accuracy < 0 ? "null" : number(l.test_accuracy).c_str(),
-                  l.seconds, l.samples_per_second, ranks_, batch_, lr_);
+                  l.seconds, l.samples_per_second, ranks_, batch_, lr_, part(l).c_str());
     out_ << s << std::flush;
   }
 
@@ -184,6 +191,13 @@ class MetricsFile {
     const unsigned long long v = std::strtoull(line.c_str() + at + key.size(), &end, 10);
     if (end == line.c_str() + at + key.size()) return std::nullopt;
     return v;
+  }
+
+  /// ', "part": [a, b, c]' for a line covering part of its epoch, else nothing.
+  static std::string part(const Line& l) {
+    if (l.of == 0 || (l.first == 0 && l.last == l.of)) return {};
+    return ", \"part\": [" + std::to_string(l.first + 1) + ", " + std::to_string(l.last) + ", " +
+           std::to_string(l.of) + "]";
   }
 
   /// JSON has no NaN or infinity: a diverged loss is null.

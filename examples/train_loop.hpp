@@ -214,7 +214,8 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
       metrics.write({.kind = "epoch", .epoch = f.epoch, .step = trainer.step_count(),
                      .samples_seen = double(std::size_t(epoch) * sampler.num_samples() + sampler.position()) * double(n),
                      .loss = f.loss, .train_accuracy = f.train_accuracy, .test_accuracy = accuracy,
-                     .seconds = seconds, .samples_per_second = f.samples / seconds});
+                     .seconds = seconds, .samples_per_second = f.samples / seconds, .first = f.first,
+                     .last = f.last, .of = f.of});
     }
     hooks.end();
   }

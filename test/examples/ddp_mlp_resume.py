@@ -77,6 +77,16 @@ def main():
     sl, rl = step_lines("straight.jsonl"), step_lines("resumed.jsonl")
     if not sl or sl != rl:
         sys.exit(f"the step lines of the stopped and resumed run differ from the uninterrupted run's:\n{rl}\n---\n{sl}")
+    # One epoch line per epoch, test accuracy and step as the uninterrupted
+    # run's; the epoch the run resumed in says which part its loss covers.
+    def epoch_lines(name):
+        return [json.loads(t) for t in (work / name).read_text().splitlines() if '"kind": "epoch"' in t]
+    se, re_ = epoch_lines("straight.jsonl"), epoch_lines("resumed.jsonl")
+    if [(l["epoch"], l["step"], l["test_acc"]) for l in re_] != [(l["epoch"], l["step"], l["test_acc"]) for l in se]:
+        sys.exit(f"the epoch lines of the stopped and resumed run differ from the uninterrupted run's:\n{re_}\n---\n{se}")
+    parts = [l for l in re_ if "part" in l]
+    if any("part" in l for l in se) or len(parts) != 1 or parts[0]["part"][0] != int(at.group(1)) + 1:
+        sys.exit(f"the epoch the run resumed in is not marked as a part from sample {int(at.group(1)) + 1}:\n{re_}")
     sa = committed(work / "straight").read_bytes()
     sb = committed(work / "resumed").read_bytes()
     if sa != sb:
