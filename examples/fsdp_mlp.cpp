@@ -221,10 +221,12 @@ double train_mlp(Comm& comm, const Dataset& train, const Dataset& test, const ex
   std::vector<double> held{double(trainer.persistent_bytes() + trainer.peak_transient_bytes())};
   gradsync::AllReduce<>{}(comm, std::span<double>(held), gradsync::Max{});
   if (rank == 0) {
+    char of_budget[48] = ", no budget";
+    if (budget > 0) std::snprintf(of_budget, sizeof of_budget, ", %.3f of the budget", held[0] / double(budget));
     std::printf("\nper rank at most %.2f MiB held (persistent %.2f + peak transient %.2f on rank 0): %.3f of the "
-                "need, %.3f of the formula, %.3f of the budget\n",
+                "need, %.3f of the formula%s\n",
                 mib(held[0]), mib(double(trainer.persistent_bytes())), mib(double(trainer.peak_transient_bytes())),
-                held[0] / double(need.total()), held[0] / formula, held[0] / double(budget));
+                held[0] / double(need.total()), held[0] / formula, of_budget);
   }
   return accuracy;
 }
