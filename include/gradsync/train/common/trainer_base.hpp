@@ -162,18 +162,36 @@ class TrainerBase {
   /// rate set since (a scheduler run after backward) went unchecked: a rank
   /// that set it alone would step apart from the others, and nothing after
   /// (a save, the end of training) need notice. Such a rank agrees on the new
-  /// rate with one 8-byte AllReduce labelled with it: where every rank set
-  /// the same rate they agree and step; where some did not, the call meets
-  /// their next collective (or their leaving) and every rank fails, naming
-  /// both rates, before this rank's optimizer runs.
-  void begin_optimizer_step() {
+  /// rate with one 8-byte AllReduce on the world, labelled with it, before
+  /// its optimizer runs: where every rank set the same rate they agree and
+  /// step; where some did not, the call meets their next collective (and
+  /// all fail, naming both calls) or their leaving (this rank fails, and
+  /// with it the run), and no rank steps at a rate the others did not.
+  /// Where the others' next calls are in groups of the world (HybridShard),
+  /// no agreement on the world could meet them: the caller passes
+  /// `agree_on_world` false and a changed rate is refused instead, every
+  /// communicator of this rank failed with the words (`fail`).
+  template <class Fail>
+  void begin_optimizer_step(bool agree_on_world, Fail&& fail) {
     if (!pending_) throw InvalidArgument(where() + ": optimizer_step without a forward_backward() before it");
     const double lr = static_cast<double>(opt_.lr());
     if (bits_of(lr) != pending_lr_bits_ && comm_.size() > 1) {
+      if (!agree_on_world) {
+        const std::string what = where() + ": the learning rate was set to " + shortest(lr) +
+                                 " after forward_backward(), whose collectives carried " +
+                                 shortest(double_of(pending_lr_bits_)) +
+                                 "; under HybridShard the other ranks' next calls are in their groups, where no "
+                                 "agreement on the new rate can meet them. Set the rate before forward_backward()";
+        fail(what);
+        throw InvalidArgument(what);
+      }
       double agreed = lr;
       AllReduce<Algo>{labelled(Options{}, LabelPhase::lr_changed, 0)}(comm_, std::span<double>(&agreed, 1), Max{});
     }
     pending_ = false;
+  }
+  void begin_optimizer_step() {
+    begin_optimizer_step(true, [](const std::string&) {});
   }
 
   /// The optimizer's step on `params` with `grads`, which are then zeroed,

@@ -56,6 +56,15 @@ class HybridGroups {
   /// The shard group is the whole communicator (not HybridShard).
   bool shard_is_world() const noexcept { return !shard_; }
 
+  /// Fails this rank's communicators (world, shard and replica groups) with
+  /// `what` as InvalidArgument, so that every rank's next call, in any
+  /// group, fails with those words.
+  void fail_all(const std::string& what) noexcept {
+    for (Comm* c : {&world_, shard_ ? &*shard_ : nullptr, replica()}) {
+      if (c) FailAccess::fail(*c, FailureKind::invalid_argument, what);
+    }
+  }
+
   /// Runs f; if one of the communicators failed in it under HybridShard,
   /// lets what is in flight end (`settle`) and fails the other ones with the
   /// same words. A disagreement found in one shard or replica group would
