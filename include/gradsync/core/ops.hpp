@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <type_traits>
 
@@ -42,26 +43,25 @@ constexpr bool sign_bit(F x) noexcept {
   }
 }
 
-/// min(x, y) that does not depend on the operands' order, as std::min does
-/// (it returns its first operand when a comparison with NaN is false, so a
-/// NaN on one rank would survive one algorithm and vanish under another):
-/// a NaN wins, −0 is below +0. Integers: std::min.
+/// min(x, y) whose bits do not depend on the operands' order, as std::min's
+/// do (it returns its first operand when a comparison with NaN is false, so
+/// a NaN on one rank would survive one algorithm and vanish under another):
+/// a NaN operand gives the quiet NaN (whatever its payload), −0 is below +0.
+/// Integers: std::min.
 template <class V>
 constexpr V least(V x, V y) noexcept {
   if constexpr (std::is_floating_point_v<V>) {
-    if (x != x) return x;
-    if (y != y) return y;
+    if (x != x || y != y) return std::numeric_limits<V>::quiet_NaN();
     if (x == y) return sign_bit(x) ? x : y;
   }
   return y < x ? y : x;
 }
 
-/// max(x, y) as least(): a NaN wins, +0 is above −0.
+/// max(x, y) as least(): a NaN operand gives the quiet NaN, +0 is above −0.
 template <class V>
 constexpr V greatest(V x, V y) noexcept {
   if constexpr (std::is_floating_point_v<V>) {
-    if (x != x) return x;
-    if (y != y) return y;
+    if (x != x || y != y) return std::numeric_limits<V>::quiet_NaN();
     if (x == y) return sign_bit(x) ? y : x;
   }
   return x < y ? y : x;
@@ -127,9 +127,9 @@ struct Avg {
   }
 };
 
-/// Element-wise minimum. A NaN operand is the result, and −0 is below +0:
-/// every algorithm, whatever order it meets the ranks' values in, gives
-/// the same bits.
+/// Element-wise minimum. A NaN operand makes the result the quiet NaN, and
+/// −0 is below +0: every algorithm, whatever order it meets the ranks'
+/// values in, gives the same bits.
 struct Min {
   static constexpr OpKind kind = OpKind::min;
   static constexpr std::string_view name = "min";
@@ -139,7 +139,7 @@ struct Min {
   }
 };
 
-/// Element-wise maximum; a NaN operand is the result, +0 above −0 (see Min).
+/// Element-wise maximum; a NaN operand makes the quiet NaN, +0 is above −0 (see Min).
 struct Max {
   static constexpr OpKind kind = OpKind::max;
   static constexpr std::string_view name = "max";

@@ -36,8 +36,8 @@ inline MPI_Op builtin_op(Prod) noexcept { return MPI_PROD; }
 
 template <class T, class Op>
 void user_op_fn(void* in, void* inout, int* len, MPI_Datatype*) {
-  // MPI's convention is inout = in op inout; gradsync's ops give the same
-  // bits in either order (Min and Max too, NaN and signed zeros included).
+  // MPI's convention is inout = in op inout; the order changes no value
+  // (Min and Max give the quiet NaN for any NaN, and order signed zeros).
   reduce_into_kind(Op::kind, static_cast<T*>(inout), static_cast<const T*>(in), static_cast<std::size_t>(*len));
 }
 
