@@ -341,16 +341,10 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
     }
     torch::serialize::InputArchive in, params, optimizer;
     in.load_from(rank_file(a.resume, rank, n));
-    for (const auto& [key, value] : record) {
-      c10::IValue saved;
-      if (!in.try_read(key, saved) || !saved.isString() || saved.toStringRef() != value) {
-        throw std::runtime_error("--resume " + a.resume + ": the checkpoint's run had " + key + " '" +
-                                 (saved.isString() ? saved.toStringRef() : std::string("(none)")) + "', this one '" +
-                                 value + "'; resume with the same --text, model, --batch and --seed");
-      }
-    }
     // Each rank renames its own file: a save cut short between two ranks'
     // renames leaves files of two saves, which the save's id tells apart.
+    // The ranks compare ids and steps first, so that all agree on what
+    // follows.
     torch::Tensor saved_step, saved_id;
     in.read("step", saved_step);
     step = static_cast<std::uint64_t>(saved_step.item<std::int64_t>());
@@ -364,6 +358,16 @@ double train(Comm& comm, const Corpus& corpus, const Args& a) {
                                  " is of another save (step " + std::to_string(all[2 * std::size_t(r) + 1]) +
                                  ") than " + rank_file(a.resume, 0, n) + " (step " + std::to_string(all[1]) +
                                  "): a save cut short between ranks; resume from an earlier checkpoint");
+      }
+    }
+    // One save's files record one run. (A checkpoint that records none
+    // predates the record: accepted, as the other examples accept it.)
+    for (const auto& [key, value] : record) {
+      c10::IValue saved;
+      if (in.try_read(key, saved) && saved.isString() && saved.toStringRef() != value) {
+        throw std::runtime_error("--resume " + a.resume + ": the checkpoint's run had " + key + " '" +
+                                 saved.toStringRef() + "', this one '" + value +
+                                 "'; resume with the same --text, model, --batch and --seed");
       }
     }
     in.read("params", params);

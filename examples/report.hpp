@@ -154,11 +154,10 @@ class MetricsFile {
     if (resumed_at) {
       std::ifstream in(path);
       for (std::string line; std::getline(in, line);) {
-        // The stopped run's line for the part of the epoch it cut short
-        // goes too: the resumed run ends that epoch and writes its line.
+        // The stopped run's line for the part of an epoch it cut short goes
+        // too: the resumed run ends that epoch and writes its line.
         const auto step = step_of(line);
-        const bool cut_epoch = step && *step == *resumed_at && line.find("\"part\"") != std::string::npos;
-        if (step && *step <= *resumed_at && !cut_epoch) kept += line + "\n";
+        if (step && *step <= *resumed_at && !(*step == *resumed_at && cut_short(line))) kept += line + "\n";
       }
     }
     out_.open(path, std::ios::trunc);
@@ -182,6 +181,16 @@ class MetricsFile {
   }
 
  private:
+  /// Whether one of write()'s lines covers an epoch up to short of its end
+  /// ("part": [first, last, of] with last < of).
+  static bool cut_short(const std::string& line) {
+    const std::string key = "\"part\": [";
+    const auto at = line.find(key);
+    if (at == std::string::npos) return false;
+    unsigned long long first = 0, last = 0, of = 0;
+    return std::sscanf(line.c_str() + at + key.size(), "%llu, %llu, %llu", &first, &last, &of) == 3 && last < of;
+  }
+
   /// The "step" of one of write()'s lines; nothing for another line.
   static std::optional<std::uint64_t> step_of(const std::string& line) {
     const std::string key = "\"step\": ";
