@@ -152,7 +152,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// The second half of step(): the optimizer step on this rank's shard;
   /// the gradient shard is then zeroed.
   void optimizer_step() {
-    this->begin_optimizer_step(comms_.shard_is_world(), [this](const std::string& what) { comms_.fail_all(what); });
+    this->begin_optimizer_step(comms_.shard_is_world(), [this](const std::string& what) {
+      lender_.settle_all();
+      comms_.fail_all(what);
+    });
     micro_steps_ = 0;
     // Offloaded, both shards are in the offload space: the optimizer steps there.
     this->step_optimizer(state_.master(), state_.grad_shard());
