@@ -8,6 +8,7 @@
 
 #include <gradsync/gradsync.hpp>
 #include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
+#include <gradsync/train/checkpoint/async_checkpointer.hpp>
 #include <gradsync/train/checkpoint/sharded_checkpoint.hpp>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <functional>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +37,7 @@ using gradsync::ShardedTrainer;
 using gradsync::ShardedTrainerOptions;
 using gradsync::ShardingStrategy;
 using gradsync::Threads;
+using test_squares::Faulty;
 using test_squares::Scale;
 using Clock = std::chrono::steady_clock;
 
@@ -259,14 +262,14 @@ void check_every_rank(const std::vector<Outcome>& got, double seconds, const std
   CHECK(seconds < 5.0);
 }
 
-/// For each trainer of with_trainer's on 3 to 5 ranks, one of them odd, all
+/// For each of with_trainer's first `trainers` on 3 to 5 ranks, one of them odd, all
 /// drawn from the stream `seed_name` of the test seed (printed on failure):
 /// `body(trainer, n, odd, rng)`.
 template <class Body>
-void each_trainer_with_odd_rank(const char* seed_name, Body body) {
+void each_trainer_with_odd_rank(const char* seed_name, Body body, int trainers = 3) {
   auto rng = test::rng_for(seed_name);
   CAPTURE(test::test_seed());
-  for (const int trainer : {0, 1, 2}) {
+  for (int trainer = 0; trainer < trainers; ++trainer) {
     const int n = 3 + static_cast<int>(rng() % 3);
     const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
     body(trainer, n, odd, rng);
@@ -394,6 +397,200 @@ TEST_CASE("clip_grad_norm with different max_norm on one rank fails every rank, 
     });
     check_every_rank(got, seconds, {"clip_grad_norm(max_norm = 1, p = 2)", "clip_grad_norm(max_norm = 0.5, p = 2)"});
   });
+}
+
+/// HybridShard on n ranks in shard groups of a size drawn from n's divisors
+/// (1: replica groups of all ranks; n: one shard group).
+ShardedTrainerOptions hybrid_options(int n, std::mt19937_64& rng) {
+  std::vector<int> divisors;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) divisors.push_back(d);
+  return {.strategy = ShardingStrategy::HybridShard,
+          .shard_size = divisors[static_cast<std::size_t>(rng() % divisors.size())]};
+}
+
+TEST_CASE("HybridShard: a rank whose model throws in a step, caught and retried, fails every rank at once") {
+  // Its peers wait in shard or replica group calls it will not make, or
+  // have finished the step and wait for the next one on the world: neither
+  // sees a call it makes elsewhere, so the throw itself must end the step
+  // everywhere, before the deadline.
+  auto rng = test::rng_for("HybridShard model throws on one rank");
+  CAPTURE(test::test_seed());
+  const std::vector<std::size_t> sizes{10, 7, 3, 5};
+  for (int round = 0; round < 6; ++round) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const ShardedTrainerOptions o = hybrid_options(n, rng);
+    const int at_step = 1 + static_cast<int>(rng() % 3);
+    const int fail_after = static_cast<int>(rng() % (2 * sizes.size() + 1));
+    const bool in_accumulate = rng() % 2 == 0;
+    INFO("N = " << n << ", shard_size " << o.shard_size << ", rank " << odd << "'s model throws after " << fail_after
+                << " asks in " << std::string(in_accumulate ? "accumulate()" : "step()") << " of step " << at_step);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      ShardedTrainer t(comm, Faulty{{sizes, 1}}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      // Every step is accumulate() then step() where the throw is in accumulate().
+      auto call = [&](bool micro) { return micro ? t.accumulate(Scale{1.0f}) : t.step(Scale{1.0f}); };
+      for (int s = 1; s <= 4; ++s) {
+        if (s == at_step && comm.rank() == odd) {
+          t.model().fail_after = fail_after;
+          try {
+            call(in_accumulate);
+          } catch (const std::runtime_error& e) {
+            if (std::string(e.what()) != "the model failed") throw;
+          }
+          t.model().fail_after = -1;
+        }
+        if (in_accumulate) t.accumulate(Scale{1.0f});
+        t.step(Scale{1.0f});
+      }
+    });
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      INFO("rank " << r << ": " << got[r].kind << ": " << got[r].what);
+      CHECK(got[r].kind != "returned");
+      CHECK(contains(got[r].what, "rank " + std::to_string(odd) + "'s model threw in"));
+    }
+    CHECK(seconds < 5.0);
+  }
+}
+
+TEST_CASE("HybridShard: ranks that make different calls between steps fail every rank at once") {
+  // One rank saves, evaluates, gathers the parameters, clips or accumulates
+  // where the others step. Its first call may be in a group its peers never
+  // call in: each such call starts with a labelled world agreement.
+  auto rng = test::rng_for("HybridShard calls that differ");
+  CAPTURE(test::test_seed());
+  const char* const calls[] = {"a full save", "a sharded save", "evaluate", "full_parameters", "clip_grad_norm",
+                               "accumulate"};
+  for (int call = 0; call < 6; ++call) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const ShardedTrainerOptions o = hybrid_options(n, rng);
+    const int at_step = 1 + static_cast<int>(rng() % 2);
+    INFO("N = " << n << ", shard_size " << o.shard_size << ", rank " << odd << " calls " << std::string(calls[call])
+                << " before step " << at_step);
+    test::TempDir dir;
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      ShardedTrainer t(comm, test_squares::Squares{{10, 7, 3, 5}, 1}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      for (int s = 1; s <= 3; ++s) {
+        if (s == at_step && comm.rank() == odd) {
+          switch (call) {
+            case 0: gradsync::save_checkpoint(t, dir.path / "full.safetensors"); break;
+            case 1:
+              gradsync::save_checkpoint(t, dir.path / "sharded", {}, {.format = gradsync::CheckpointFormat::sharded});
+              break;
+            case 2: t.evaluate([](const auto& ctx) { return ctx.params(0)->flat_params[0]; }); break;
+            case 3: t.full_parameters(); break;
+            case 4: t.forward_backward(Scale{1.0f}); t.clip_grad_norm(1.0); t.optimizer_step(); break;
+            default: t.accumulate(Scale{1.0f});
+          }
+        }
+        t.step(Scale{1.0f});
+      }
+    });
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      INFO("rank " << r << ": " << got[r].kind << ": " << got[r].what);
+      CHECK(got[r].kind != "returned");
+    }
+    CHECK(seconds < 5.0);
+  }
+}
+
+TEST_CASE("a checkpoint's save where one rank's learning rate differs fails every rank and commits nothing") {
+  // The file records rank 0's rate: saved and loaded, the ranks would
+  // agree unseen on a rate one of them never had.
+  each_trainer_with_odd_rank("save agreement", [](int trainer, int n, int odd, auto& rng) {
+    const bool async = rng() % 2 == 0;
+    INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " sets lr 0.5 before the "
+                    << std::string(async ? "asynchronous " : "") << "save");
+    test::TempDir dir;
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        t.step(Scale{1.0f});
+        if (comm.rank() == odd) t.optimizer().set_lr(0.5);
+        if (async) {
+          gradsync::AsyncCheckpointer ckpt(t);
+          ckpt.save(dir.path);
+          ckpt.wait();
+        } else {
+          gradsync::save_checkpoint(t, dir.path);
+        }
+      });
+    });
+    check_every_rank(got, seconds, {"start of a checkpoint's save", "optimizer lr 0.25", "optimizer lr 0.5"});
+    CHECK(!std::filesystem::exists(gradsync::checkpoint_file(dir.path)));
+  }, 4);
+}
+
+TEST_CASE("ranks that load different checkpoints fail every rank and load nothing") {
+  // A stale copy on one node: the same run saved at two steps.
+  each_trainer_with_odd_rank("load agreement", [](int trainer, int n, int odd, auto&) {
+    INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " loads the checkpoint of step 2, the others "
+                    << "that of step 1");
+    test::TempDir early, late;
+    std::vector<float> before(static_cast<std::size_t>(n)), after(before);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        t.step(Scale{1.0f});
+        gradsync::save_checkpoint(t, early.path);
+        t.step(Scale{1.0f});
+        gradsync::save_checkpoint(t, late.path);
+      });
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        before[r] = first_held(t);
+        try {
+          gradsync::load_checkpoint(t, comm.rank() == odd ? late.path : early.path);
+        } catch (...) {
+          after[r] = first_held(t);
+          CHECK(t.step_count() == 0);
+          throw;
+        }
+      });
+    });
+    check_every_rank(got, seconds, {"the ranks read different training states", "step 1", "step 2"});
+    CHECK(after == before);
+  }, 4);
+}
+
+TEST_CASE("a rank that accumulates one micro-batch more than the others fails every rank at the step") {
+  // Where no collective of the micro-steps tells the ranks apart
+  // (ReplicatedTrainer, whose micro-steps only add locally; NoSync), each
+  // would weigh its micro-batches by its own count.
+  auto rng = test::rng_for("micro-batch count agreement");
+  CAPTURE(test::test_seed());
+  const std::pair<int, gradsync::AccumulationMode> configs[] = {
+      {0, gradsync::AccumulationMode::Sharded},
+      {int(ShardingStrategy::ShardGradOp), gradsync::AccumulationMode::NoSync},
+      {int(ShardingStrategy::NoShard), gradsync::AccumulationMode::NoSync},
+      {int(ShardingStrategy::NoShard), gradsync::AccumulationMode::Sharded},
+      {int(ShardingStrategy::FullShard), gradsync::AccumulationMode::NoSync}};
+  for (std::size_t c = 0; c < std::size(configs); ++c) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const bool replicated = c == 0;
+    INFO("config " << c << ", N = " << n << ", rank " << odd << " accumulates once more before step 2");
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      auto train = [&](auto& t) {
+        for (int s = 1; s <= 3; ++s) {
+          t.accumulate(Scale{1.0f});
+          if (s == 2 && comm.rank() == odd) t.accumulate(Scale{1.0f});
+          t.step(Scale{1.0f});
+        }
+      };
+      const test_squares::Squares m{{10, 7, 3}, 1};
+      if (replicated) {
+        gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}));
+        train(t);
+      } else {
+        ShardedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}),
+                         {.strategy = static_cast<ShardingStrategy>(configs[c].first),
+                          .accumulation = configs[c].second});
+        train(t);
+      }
+    });
+    check_every_rank(got, seconds, {"ranks disagree"});
+    if (c < 3) check_every_rank(got, seconds, {"of 2 micro-batches", "of 3 micro-batches"});
+  }
 }
 
 TEST_CASE("ranks that agree train as before: labels and settings refuse nothing") {

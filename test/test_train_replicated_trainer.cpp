@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <gradsync/gradsync.hpp>
+#include <gradsync/train/checkpoint/replicated_checkpoint.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "support/common.hpp"
 #include "support/instances.hpp"
 #include "support/refusals.hpp"
+#include "support/temp_dir.hpp"
 #include "support/unit_disagreement.hpp"
 #include "test_train_model.hpp"
 #include "test_train_nonfinite.hpp"
@@ -302,6 +304,47 @@ TEST_CASE("uneven inputs: clip_grad_norm in a step where a rank has joined is re
     INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
     if (r != short_rank) CHECK(errors[static_cast<std::size_t>(r)].find("1 rank(s) have joined") != std::string::npos);
     CHECK(!errors[static_cast<std::size_t>(r)].empty());
+  }
+}
+
+TEST_CASE("uneven inputs: what a rank accumulated before join() is dropped, also when every rank joins at once") {
+  // An epoch whose batch count is not a multiple of the accumulation
+  // window ends with a micro-step no step follows: join() drops it, so the
+  // next epoch's first step is that of a run which never took it, and a
+  // checkpoint between the epochs is allowed.
+  auto rng = test::rng_for("join drops the leftover");
+  CAPTURE(test::test_seed());
+  for (int round = 0; round < 3; ++round) {
+    const int world = 2 + static_cast<int>(rng() % 3);
+    // Which ranks end their epoch on a leftover micro-step: at least one, maybe all.
+    const unsigned leftover = 1u + static_cast<unsigned>(rng() % ((1u << world) - 1));
+    INFO("N = " << world << ", ranks with a leftover micro-step: mask " << leftover);
+    ReplicatedTrainerOptions o;
+    o.join = true;
+    o.sync.collective.deterministic = true;
+    std::vector<std::vector<float>> kept(static_cast<std::size_t>(world)), plain(kept);
+    test::TempDir dir;
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      auto batch = [&](std::size_t s) { return make_batch<float>((s * std::size_t(world) + r) * 4, 4, in, out); };
+      for (const bool with_leftover : {true, false}) {
+        ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+        trainer.accumulate(batch(0));
+        trainer.step(batch(1));
+        if (with_leftover && (leftover >> r & 1u)) trainer.accumulate(batch(2));
+        trainer.join();
+        CHECK(trainer.between_steps());
+        if (with_leftover) gradsync::save_checkpoint(trainer, dir.path);
+        trainer.accumulate(batch(3));
+        trainer.step(batch(4));
+        auto& into = with_leftover ? kept : plain;
+        into[r].assign(trainer.parameters().begin(), trainer.parameters().end());
+      }
+    });
+    for (std::size_t r = 0; r < kept.size(); ++r) {
+      CAPTURE(r);
+      CHECK(test_nonfinite::bitwise_equal(kept[r], plain[r]));
+    }
   }
 }
 

@@ -708,8 +708,11 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
           "and the losses noted for them") {
   at_worlds_with_batches("accumulation interrupted", 3, 4, 3,
                          [&](int world, std::size_t ranks, const Batches& batches) {
-    each_accumulation(world, [&](ShardingStrategy, AccumulationMode, ShardedTrainerOptions o) {
+    each_accumulation(world, [&](ShardingStrategy strategy, AccumulationMode, ShardedTrainerOptions o) {
       o.backward_prefetch = BackwardPrefetch::BackwardPre;
+      // Under HybridShard a throw in a step ends the trainer on every rank
+      // (hybrid_groups.hpp says why): the next micro-step fails, naming it.
+      const bool throw_ends = strategy == ShardingStrategy::HybridShard && world > 1;
       // plain: micro-steps 0, 1 and the step on 2. interrupted: the same with
       // an evaluation after 0, and a failed micro-step (then 3) before it all.
       // The last rank's loss in the micro-step that the failure drops is a
@@ -735,6 +738,11 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
           errors[r] = e.what();
         }
         b.model().fail = false;
+        if (throw_ends) {
+          CHECK_THROWS_WITH_AS(b.accumulate(batches[0][r]), doctest::Contains("'s model threw in"), gradsync::Error);
+          interrupted[r] = plain[r];
+          return;
+        }
         b.accumulate(batches[0][r]);
         b.evaluate([&](const gradsync::StepContext<float>& ctx) {
           for (std::size_t u = 0; u < layers.size(); ++u) const auto p = ctx.params(u);
@@ -756,7 +764,8 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
 TEST_CASE("a step or first micro-step whose backward throws leaves no gradient behind, on both trainers") {
   // The model throws after its whole backward, on every rank alike, in a
   // plain step() or in the first accumulate() of a window: the next steps
-  // must be those of a run where the failed call never happened. Under
+  // must be those of a run where the failed call never happened (except
+  // under HybridShard, where the next step fails on every rank). Under
   // NoShard, and in ReplicatedTrainer, the backward writes into the very
   // gradient the next step reduces.
   auto rng = test::rng_for("failed first micro-step");
@@ -798,6 +807,16 @@ TEST_CASE("a step or first micro-step whose backward throws leaves no gradient b
             }
             ShardedTrainer t(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(),
                              options_for(strategies[k], world));
+            if (fail && strategies[k] == ShardingStrategy::HybridShard && world > 1) {
+              // Under HybridShard a throw in a step ends the trainer on every
+              // rank (hybrid_groups.hpp says why): the next step fails, naming it.
+              t.model().fail = true;
+              CHECK_THROWS_WITH_AS(in_accumulate ? t.accumulate(batches[3][r]) : t.step(batches[3][r]),
+                                   "the model failed", std::runtime_error);
+              t.model().fail = false;
+              CHECK_THROWS_WITH_AS(t.step(batches[0][r]), doctest::Contains("'s model threw in"), gradsync::Error);
+              return plain[r];
+            }
             return train(t, r, fail);
           };
           plain[r] = run(false);

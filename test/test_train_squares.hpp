@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,37 @@ struct Squares {
       for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
       ctx.ready(u);
     }
+    return loss;
+  }
+};
+
+/// Squares whose forward_backward throws, while `fail_after` ≥ 0, once it has
+/// asked for that many units (forward's asks, then backward's), or after its
+/// whole backward when it is 2·units.
+struct Faulty {
+  using value_type = float;
+  Squares m;
+  int fail_after = -1;
+
+  std::vector<gradsync::UnitSpec> units() const { return m.units(); }
+  void init_unit(std::size_t u, const gradsync::UnitView<float>& view) { m.init_unit(u, view); }
+  double forward_backward(const Scale& batch, const gradsync::StepContext<float>& ctx) const {
+    int asks = 0;
+    auto ask = [&](std::size_t u) {
+      if (asks++ == fail_after) throw std::runtime_error("the model failed");
+      return ctx.params(u);
+    };
+    double loss = 0;
+    for (std::size_t u = 0; u < m.sizes.size(); ++u) {
+      const auto p = ask(u);  // held for the loop: the handle's release frees the unit
+      for (const float x : p->flat_params) loss += 0.5 * double(batch.factor) * double(x) * double(x);
+    }
+    for (std::size_t u = m.sizes.size(); u-- > 0;) {
+      const auto p = ask(u);
+      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += batch.factor * p->flat_params[i];
+      ctx.ready(u);
+    }
+    if (asks == fail_after) throw std::runtime_error("the model failed");
     return loss;
   }
 };

@@ -2,8 +2,8 @@
 // parity with ReplicatedTrainer for every strategy and optimizer, bitwise
 // under deterministic; the collectives of a step, and on each process's
 // timeline file; an asynchronous checkpoint written while the processes
-// train on; a rank whose units differ;
-// and a rank that asks for another unit of equal size. The runs and
+// train on; a rank whose units differ; a rank that asks for another unit of
+// equal size; and HybridShard's processes parting ways. The runs and
 // expectations are the Threads tests' own (test_train_sharded_schedule.hpp,
 // test_train_swapping.hpp); each process checks its rank and compares
 // hashes with the others.
@@ -377,6 +377,51 @@ TEST_CASE("mpi labels: a rank that asks for another unit of equal size fails eve
       CHECK(message.find("'fc" + std::to_string(a) + "'") != std::string::npos);
       CHECK(message.find("'fc" + std::to_string(b) + "'") != std::string::npos);
       CHECK(message.find("rank " + std::to_string(odd)) != std::string::npos);
+    });
+  }
+}
+
+TEST_CASE("mpi HybridShard: a model that throws on one process, or a save on one, fails every process at once") {
+  // The processes would otherwise wait in different communicators (shard
+  // group, replica group, world) for the whole deadline.
+  const int world = test::mpi_size();
+  auto rng = test::rng_for("mpi HybridShard parting");
+  for (int round = 0; round < 4; ++round) {
+    // The same draws on every process: the job shares one seed.
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(world));
+    const int shard_size = world % 2 == 0 && rng() % 2 == 0 ? 2 : 1;
+    const bool save = round % 2 == 1;
+    const int fail_after = static_cast<int>(rng() % 9);
+    INFO("GRADSYNC_TEST_SEED = " << test::test_seed() << ", world = " << world << ", shard_size " << shard_size
+                                 << ", rank " << odd << (save ? " saves" : " throws after ") << (save ? 0 : fail_after)
+                                 << " before step 2");
+    const test::TempDir dir;  // this process's own: only the odd rank's save would write
+    test::run_world(world, [&](Communicator<Mpi>& comm) {
+      comm.set_timeout(std::chrono::seconds(10));
+      std::string message = "returned";
+      const auto t0 = std::chrono::steady_clock::now();
+      test::catch_message(message, [&] {
+        ShardedTrainer t(comm, test_squares::Faulty{{{10, 7, 3, 5}, 1}}, gradsync::Sgd<float>({.lr = 0.1}),
+                         {.strategy = ShardingStrategy::HybridShard, .shard_size = shard_size});
+        for (int s = 1; s <= 3; ++s) {
+          if (s == 2 && comm.rank() == odd && save) gradsync::save_checkpoint(t, dir.path / "ckpt.safetensors");
+          if (s == 2 && comm.rank() == odd && !save) {
+            t.model().fail_after = fail_after;
+            try {
+              t.step(Scale{1.0f});
+            } catch (const std::runtime_error& e) {
+              if (std::string(e.what()) != "the model failed") throw;
+            }
+            t.model().fail_after = -1;
+          }
+          t.step(Scale{1.0f});
+        }
+      });
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      INFO("rank " << comm.rank() << " after " << seconds << " s: " << message);
+      CHECK(seconds < 5.0);
+      CHECK(message != "returned");
+      if (!save) CHECK(message.find("rank " + std::to_string(odd) + "'s model threw in") != std::string::npos);
     });
   }
 }

@@ -118,6 +118,7 @@ class AsyncCheckpointer {
     if (sharded) detail::check_sharded_path(path);
     detail::check_full_path(path, sharded);
     const detail::SaveList<T> l = detail::save_list(trainer_, sampler_, metadata);
+    trainer_.agree_to_save();
     const std::string where = "asynchronous save_checkpoint of '" + path.string() + "'";
     const Copy copy = copy_of(l, sharded);
     check_budget(std::max(copy.bytes, snapshot_.bytes()), where);

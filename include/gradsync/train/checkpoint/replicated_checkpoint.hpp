@@ -4,6 +4,7 @@
 /// are durable, loaded all or nothing by every rank.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -24,6 +25,7 @@
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/trace_scope.hpp"
+#include "gradsync/train/common/hash_bytes.hpp"
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_source.hpp"
@@ -462,6 +464,31 @@ StagedState<T> stage_state(const CheckpointSource& src, Opt& optimizer, const st
   return staged;
 }
 
+/// After every rank staged its part: did all read the same scalars (the
+/// step, the optimizer's steps and hyper-parameters, the sampler's place)?
+/// Ranks handed different checkpoints (a stale copy on one node) would
+/// otherwise each load their own and train apart, unseen wherever their
+/// next step's labels do not differ. Collective; throws InvalidArgument on
+/// every rank, before any rank changes anything.
+template <class Algo, class Comm>
+void check_same_scalars(Comm& comm, const std::vector<StateScalar>& scalars, const std::string& where) {
+  std::uint64_t h = 0x6a09e667f3bcc908ull;
+  for (const StateScalar& s : scalars) h = hash_bytes(s.bytes.data(), s.bytes.size(), h);
+  const std::array<std::int64_t, 2> mine{static_cast<std::int64_t>(h),
+                                         static_cast<std::int64_t>(scalars[ScalarIndex::trainer_step].as_counter())};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.size()));
+  AllGather<Algo>{}(comm, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  std::string ranks;
+  for (std::size_t r = 0; r < all.size() / 2; ++r) {
+    if (all[2 * r] == all[0]) continue;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r) + " (step " + std::to_string(all[2 * r + 1]) + ")";
+  }
+  if (ranks.empty()) return;
+  throw InvalidArgument("gradsync: " + where + ": the ranks read different training states: rank 0 a state at step " +
+                        std::to_string(all[1]) + ", and another on rank(s) " + ranks +
+                        " (another checkpoint, or its files from two saves); nothing was loaded");
+}
+
 /// Stages on every rank, agrees, and if every rank passed calls
 /// `commit(staged)` (which must not throw) and restores the counters,
 /// the sampler and the optimizer; returns the user's metadata.
@@ -482,6 +509,7 @@ checkpoint::Metadata load_state(Trainer& trainer, DistributedSampler* sampler, c
     error = std::current_exception();
   }
   agree<typename Trainer::algorithm>(comm, error, "load_checkpoint of '" + file + "'");
+  check_same_scalars<typename Trainer::algorithm>(comm, staged.scalars, "load_checkpoint of '" + file + "'");
   // Every rank checked everything: from here on nothing throws.
   commit(staged);
   std::copy(staged.buffers.begin(), staged.buffers.end(), trainer.buffers().begin());
@@ -558,6 +586,7 @@ void save_trainer(Trainer& trainer, const DistributedSampler* sampler, const std
                           "wait() first (two saves to one path at once would each remove or replace the other's files)");
   }
   const SaveList<T> l = save_list(trainer, sampler, metadata);
+  trainer.agree_to_save();
   if (sharded) {
     save_sharded<Algo>(trainer.communicator(), l, TrainerCheckpoint<Trainer>::held(trainer), path, metadata);
     return;

@@ -30,9 +30,30 @@ enum class LabelPhase : std::uint8_t {
   bucket,          ///< a bucket's all-reduce (GradSync)
   clip,            ///< clip_grad_norm's norm; the index holds p, the setting max_norm
   check,           ///< a replica check or another whole-model collective
-  nonfinite,       ///< the agreement on whether the step's gradient and loss are finite
+  nonfinite,       ///< the agreement on finite gradient and loss; the index counts the step's micro-batches
   lr_changed,      ///< the agreement on a learning rate set between forward_backward() and optimizer_step()
+  entry,           ///< the world agreement that starts a call (HybridShard's in groups; a save); index: TrainerEntry
 };
+
+/// Which public call a LabelPhase::entry label starts.
+enum class TrainerEntry : std::uint8_t {
+  forward_backward = 1,
+  accumulate,
+  evaluate,
+  full_parameters,
+  checkpoint_save,  ///< save_checkpoint, AsyncCheckpointer::save: what every rank's step and rate are
+};
+
+inline const char* entry_name(TrainerEntry e) noexcept {
+  switch (e) {
+    case TrainerEntry::forward_backward: return "forward_backward()";
+    case TrainerEntry::accumulate: return "accumulate()";
+    case TrainerEntry::evaluate: return "evaluate()";
+    case TrainerEntry::full_parameters: return "full_parameters()";
+    case TrainerEntry::checkpoint_save: return "a checkpoint's save";
+  }
+  return "a call";
+}
 
 /// The shortest text that reads back as `x` ("0.1", "1e-05").
 inline std::string shortest(double x) {
@@ -106,8 +127,12 @@ class StepLabels final : public LabelNames {
       case LabelPhase::replica_reduce: s += "replica-group sum of " + unit(index); break;
       case LabelPhase::bucket: s += "all-reduce of " + unit(index); break;
       case LabelPhase::check: s += "whole-model check"; break;
-      case LabelPhase::nonfinite: s += "agreement on finite gradients and loss"; break;
+      case LabelPhase::nonfinite:
+        s += "agreement on finite gradients and loss";
+        if (index > 1) s += " of " + std::to_string(index) + " micro-batches";
+        break;
       case LabelPhase::lr_changed: s += "agreement on a learning rate set after forward_backward()"; break;
+      case LabelPhase::entry: s += std::string("start of ") + entry_name(static_cast<TrainerEntry>(index)); break;
       case LabelPhase::clip: {
         const auto pb = static_cast<std::uint32_t>(index) << 8;
         float p;

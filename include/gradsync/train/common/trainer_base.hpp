@@ -94,6 +94,20 @@ class TrainerBase {
   /// Sets the step count; for loading a checkpoint.
   void set_step_count(std::size_t steps) noexcept { stats_.steps = steps; }
 
+  /// The first call of a checkpoint's save (save_checkpoint,
+  /// AsyncCheckpointer::save), collective: one 4-byte all-reduce over all
+  /// ranks labelled with this rank's step count and learning rate. The
+  /// checkpoint records rank 0's, so ranks that differ in either (which
+  /// their next step would refuse) fail here, naming both, instead of
+  /// leaving a checkpoint whose load would make them agree unseen. Under
+  /// HybridShard it also meets, on the world, a peer that steps instead.
+  void agree_to_save() {
+    std::int32_t nothing = 0;
+    const auto save = static_cast<std::size_t>(TrainerEntry::checkpoint_save);
+    const Options opts = labelled(Options{}, LabelPhase::entry, save);
+    AllReduce<Algo>{opts}(comm_, std::span<std::int32_t>(&nothing, 1), Max{});
+  }
+
  protected:
   /// `name`: the trainer's, as messages and the agreement say it ("ShardedTrainer").
   TrainerBase(std::string_view name, Comm& comm, M model, Opt optimizer)
@@ -240,15 +254,20 @@ class TrainerBase {
   /// note_loss() saw. Then under throw_error every rank zeroes `grads` (the
   /// step's gradient, before the optimizer saw it) and throws Error naming
   /// the step and `unit_name(u)` or the rank; under skip_step the coming
-  /// step_optimizer() only drops the gradient.
+  /// step_optimizer() only drops the gradient. The label also carries
+  /// `micro_batches`, the step's accumulate() calls and its own: ranks that
+  /// accumulated a different number (where no collective of theirs told
+  /// them apart: ReplicatedTrainer, NoSync) would average their micro-
+  /// batches with different weights, so they fail here, naming both.
   template <class Name>
   void check_nonfinite(OnNonfinite policy, std::optional<std::size_t> unit, Options base, Name&& unit_name,
-                       std::span<value_type> grads) {
+                       std::span<value_type> grads, std::size_t micro_batches) {
     const bool loss_finite = !loss_nonfinite_;
     loss_nonfinite_ = false;
     if (policy == OnNonfinite::ignore) return;
     const auto verdict =
-        NonfiniteVerdict::agree<Algo>(comm_, labelled(std::move(base), LabelPhase::nonfinite, 0), unit, loss_finite);
+        NonfiniteVerdict::agree<Algo>(comm_, labelled(std::move(base), LabelPhase::nonfinite, micro_batches), unit,
+                                      loss_finite);
     if (verdict.finite()) return;
     if (policy == OnNonfinite::skip_step) {
       skip_ = true;

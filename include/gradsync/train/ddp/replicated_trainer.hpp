@@ -150,6 +150,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
     sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
                           .divisor = o_.join ? active : 0});
+    // Under join, ranks with data may have accumulated for other windows
+    // than a rank that joined: the agreement then leaves the count out.
+    const std::size_t micro_batches = o_.join ? 1 : micro_steps_ + 1;
     double loss = 0;
     try {
       loss = run_model(batch);
@@ -158,7 +161,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       abandon_step();
       throw;
     }
-    check_finite();
+    check_finite(micro_batches);
     step_ = {};
     step_.compute_seconds = stats_.compute_seconds - before.compute_seconds;
     step_.reduce_seconds = stats_.comm_seconds - before.comm_seconds;
@@ -239,20 +242,21 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
                             " needs ReplicatedTrainerOptions::join = true on every rank");
     }
     for (;;) {
-      const int active = count_active(0);
-      if (active == 0) return;
-      broadcast_buffers();
-      // What this rank accumulated but never stepped on is dropped: its
-      // batch count is not the others'.
+      // What this rank accumulated but never stepped on is dropped (its
+      // batch count is not the others'), also when every rank joins at
+      // once: kept, it would go into the next epoch's first step.
       std::fill(grads_.begin(), grads_.end(), value_type(0));
       micro_steps_ = 0;
       this->forget_losses();
+      const int active = count_active(0);
+      if (active == 0) return;
+      broadcast_buffers();
       sync_->set_sync(true);
       sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
       sync_->set_averaging({.local_scale = 1.0, .divisor = active});
       sync_->mark_all_ready();
       sync_grads();
-      check_finite();
+      check_finite(1);
       step_.skipped = false;
       apply_step();
     }
@@ -506,12 +510,13 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     if (o_.check_replicas_every && stats_.steps % o_.check_replicas_every == 0) check_replicas();
   }
 
-  /// The step's averaged gradient and losses, checked (OnNonfinite).
-  void check_finite() {
+  /// The step's averaged gradient and losses, checked (OnNonfinite), over
+  /// `micro_batches` (its accumulate() calls and its own).
+  void check_finite(std::size_t micro_batches) {
     this->check_nonfinite(
         o_.on_nonfinite, sync_->first_nonfinite_unit(), {},
         [this](std::size_t u) { return "unit " + std::to_string(u) + " ('" + specs_[u].name + "')"; },
-        std::span<value_type>(grads_));
+        std::span<value_type>(grads_), micro_batches);
   }
 
   int count_active(int mine) {

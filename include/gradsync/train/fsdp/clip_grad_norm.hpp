@@ -29,6 +29,10 @@ double clip_grad_norm(HybridGroups<Comm>& comms, bool sharded, std::span<T> grad
                       const Options& opts) {
   double partial = norm_partial(std::span<const T>(grads), p);
   const AllReduce<Algo> all_reduce{opts};
+  // HybridShard: the agreement on max_norm and p over all ranks comes
+  // first, so that a rank which clips while its peers do not meets them on
+  // the world, not in a shard group they never call in.
+  if (sharded) comms.template enter<Algo>(opts);
   // Replicas hold the same shards: the shard group's partials are the whole.
   if (sharded && comms.shard().size() > 1) {
     if (std::isinf(p)) {
@@ -39,10 +43,10 @@ double clip_grad_norm(HybridGroups<Comm>& comms, bool sharded, std::span<T> grad
       all_reduce(comms.shard(), std::span<double>(&partial, 1), Sum{});
     }
   }
-  // Where that call did not span every rank (NoShard, HybridShard), one
-  // 8-byte Max of equal values over all of them is the agreement on
-  // max_norm and p: ranks that clip differently would step apart silently.
-  if (comms.world().size() > 1 && !(sharded && comms.shard_is_world())) {
+  // NoShard: every rank holds the whole gradient, so one 8-byte Max of
+  // equal values over all ranks is the agreement on max_norm and p: ranks
+  // that clip differently would step apart silently.
+  if (!sharded && comms.world().size() > 1) {
     all_reduce(comms.world(), std::span<double>(&partial, 1), Max{});
   }
   const double total = norm_total(partial, p);

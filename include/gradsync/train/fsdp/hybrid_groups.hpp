@@ -7,14 +7,28 @@
 /// the shard group and there are no replicas. Kept apart so that the step
 /// code asks "which group" without knowing how the groups were made, and so
 /// that a failure in one group reaches the others in its own words.
+///
+/// Ranks that part ways under HybridShard can wait in different
+/// communicators: one in its shard group, its peer in their replica group,
+/// neither call visible to the other, and both would wait out the deadline.
+/// Two rules keep every such parting on one communicator, where it fails
+/// at once: each public call that goes on to call in a group starts with a
+/// labelled world agreement (enter), and a rank whose model threw in a step
+/// fails all three communicators (abandon), since its peers may be waiting
+/// in group calls it will not make.
 
+#include <cstdint>
 #include <exception>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
+#include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/fail_access.hpp"
+#include "gradsync/core/ops.hpp"
+#include "gradsync/core/options.hpp"
 #include "gradsync/train/fsdp/options.hpp"
 #include "gradsync/train/fsdp/sharding_strategy.hpp"
 
@@ -56,12 +70,37 @@ class HybridGroups {
   /// The shard group is the whole communicator (not HybridShard).
   bool shard_is_world() const noexcept { return !shard_; }
 
+  /// Under HybridShard, one 4-byte world all-reduce carrying `labelled`'s
+  /// label, which names the call that follows: ranks that make different
+  /// calls (one saves, one steps; one a step ahead of the other) fail here,
+  /// naming both. Nothing under the other strategies, whose every call is
+  /// on the world already.
+  template <class Algo>
+  void enter(const Options& labelled) {
+    if (!shard_ || world_.size() == 1) return;
+    std::int32_t nothing = 0;
+    AllReduce<Algo>{labelled}(world_, std::span<std::int32_t>(&nothing, 1), Max{});
+  }
+
+  /// Under HybridShard, after this rank's model threw with its communicators
+  /// sound: fails them all with `what`. Its peers may wait in group calls
+  /// this rank will never make (it threw before asking for every unit), or
+  /// have finished the step it abandoned; a rank cannot tell which, nor
+  /// whether they threw alike, without a call they would be blocked from.
+  /// So under HybridShard a step whose model throws ends the trainer, on
+  /// every rank at once.
+  void abandon(const std::string& what) noexcept {
+    if (shard_ && world_.size() > 1 && !world_.failed() && !shard_->failed() && !(replica_ && replica_->failed())) {
+      fail_all(what, FailureKind::aborted);
+    }
+  }
+
   /// Fails this rank's communicators (world, shard and replica groups) with
-  /// `what` as InvalidArgument, so that every rank's next call, in any
-  /// group, fails with those words.
-  void fail_all(const std::string& what) noexcept {
+  /// `what` as `kind` (InvalidArgument by default), so that every rank's next
+  /// call, in any group, fails with those words.
+  void fail_all(const std::string& what, FailureKind kind = FailureKind::invalid_argument) noexcept {
     for (Comm* c : {&world_, shard_ ? &*shard_ : nullptr, replica()}) {
-      if (c) FailAccess::fail(*c, FailureKind::invalid_argument, what);
+      if (c) FailAccess::fail(*c, kind, what);
     }
   }
 

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -102,6 +103,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     this->check_no_pending("forward_backward");
     const double loss = failing_together([&] {
+      enter(detail::TrainerEntry::forward_backward);
       if (o_.broadcast_buffers && !state_.buffers.empty()) {
         Broadcast<Algo>{labelled(detail::LabelPhase::buffers, 0)}(comm_, std::span<value_type>(state_.buffers), 0);
       }
@@ -123,7 +125,10 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     this->check_no_pending("accumulate");
     detail::fsdp::check_accumulate(o_, where());
-    const double loss = failing_together([&] { return run_model(batch, false); });
+    const double loss = failing_together([&] {
+      enter(detail::TrainerEntry::accumulate);
+      return run_model(batch, false);
+    });
     ++micro_steps_;
     return loss;
   }
@@ -136,8 +141,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// norm exceeds max_norm, the gradient is scaled by max_norm / (norm +
   /// 1e-6), as PyTorch's clip_grad_norm_.
   /// Collective, labelled with max_norm and p: ranks that clip differently
-  /// fail here on every rank, naming both (NoShard and HybridShard pay one
-  /// 8-byte all-reduce over all ranks for it).
+  /// fail here on every rank, naming both (NoShard pays one 8-byte
+  /// all-reduce over all ranks for it, HybridShard one of 4 bytes).
   double clip_grad_norm(double max_norm, double p = 2.0) {
     detail::check_norm_order("ShardedTrainer", max_norm, p);
     this->check_pending("clip_grad_norm");
@@ -167,6 +172,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// ask for the same units in the same order.
   template <class F>
   decltype(auto) evaluate(F&& f) {
+    failing_together([&] { enter(detail::TrainerEntry::evaluate); });
     lender_.begin_step(true);
     // An evaluation's gathers are not the last step's.
     struct End {
@@ -179,7 +185,13 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     } end{*this, step_};
     state_.round_copies(false);
     const StepContext<compute_type> ctx(lender_);
-    return std::forward<F>(f)(ctx);
+    try {
+      return std::forward<F>(f)(ctx);
+    } catch (...) {
+      lender_.settle_all();
+      abandon_groups("evaluate()");
+      throw;
+    }
   }
 
   const ShardedTrainerOptions& options() const noexcept { return o_; }
@@ -211,6 +223,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Gathers every unit's parameters, unpadded, units in declaration order
   /// (what ReplicatedTrainer::parameters() holds). Collective.
   std::vector<value_type> full_parameters() {
+    failing_together([&] { enter(detail::TrainerEntry::full_parameters); });
     return state_.template gather_all<Algo>(comms_.shard(), [this](std::size_t w) {
       return labelled(detail::LabelPhase::gather, w);
     });
@@ -317,6 +330,30 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   Options labelled(detail::LabelPhase phase, std::size_t index) const {
     return Base::labelled(o_.collective, phase, index);
   }
+  /// HybridShard's world agreement on the public call `e` (hybrid_groups.hpp).
+  void enter(detail::TrainerEntry e) {
+    comms_.template enter<Algo>(labelled(detail::LabelPhase::entry, static_cast<std::size_t>(e)));
+  }
+  /// Inside a catch block, after the model threw in `call` (under
+  /// HybridShard, with the communicators sound): fails them all, naming
+  /// this rank, the step and what the model threw (hybrid_groups.hpp says why).
+  void abandon_groups(const char* call) noexcept {
+    if (comms_.shard_is_world()) return;
+    std::string what = "an exception";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    try {
+      comms_.abandon(where() + ": rank " + std::to_string(comm_.rank()) + "'s model threw in " + call + " of step " +
+                     std::to_string(this->stats_.steps + 1) + " (" + what +
+                     "); under HybridShard a step abandoned on one rank ends the trainer on every rank");
+    } catch (...) {
+      comms_.abandon("a rank's model threw under HybridShard");
+    }
+  }
 
   /// Forward and backward; `sync`: the step that reduces (forward_backward),
   /// else a micro-step of accumulate().
@@ -336,6 +373,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       this->note_loss(loss);
     } catch (...) {
       abandon_step();
+      abandon_groups(sync ? "forward_backward()" : "accumulate()");
       throw;
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -352,7 +390,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
       failing_together([&] {
         this->check_nonfinite(
             o_.on_nonfinite, lender_.first_nonfinite(), o_.collective,
-            [this](std::size_t w) { return lender_.describe(w); }, state_.grad_shard());
+            [this](std::size_t w) { return lender_.describe(w); }, state_.grad_shard(), micro_steps_ + 1);
       });
     } catch (...) {
       micro_steps_ = 0;
