@@ -7,6 +7,7 @@
 // run_threads, so a failing rank never leaves the others waiting.
 
 #include "torch_fsdp_support.hpp"
+#include "../support/temp_dir.hpp"
 
 #include <gradsync/checkpoint/safetensors_reader.hpp>
 
@@ -933,6 +934,35 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
       if (rank == 0) o.strategy = ShardingStrategy::NoShard;
     });
     check_refused(got, {"FullyShardOptions::strategy: NoShard on world rank 0, FullShard on world ranks 1-2"});
+  }
+  SUBCASE("the children wrapped, the root with parameters of its own not") {
+    // Nothing would average head's gradient: each rank would train its own.
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      gradsync::ShardedModule<Net> m;
+      gradsync::fully_shard(m->b1, comm);
+      gradsync::fully_shard(m->b2, comm);
+      m(torch::zeros({2, 12}, torch::kDouble));
+      return std::vector<torch::Tensor>{};
+    });
+    check_refused(got, {"'head.weight', 'head.bias' are in none", "Wrap the root too"});
+  }
+  SUBCASE("torch::load into a wrapped module, whose unit would gather its own shards over the loaded values") {
+    const test::TempDir dir;
+    for (const ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
+      CAPTURE(std::string(name(s)));
+      PerRank got = run_ranks(n, [&](Comm& comm) {
+        const auto file = dir.path / ("net" + std::to_string(comm.rank()) + ".pt");
+        torch::save(Net(), file.string());
+        gradsync::ShardedModule<Net> m;
+        gradsync::FullyShardOptions o;
+        o.strategy = s;
+        wrap(m, comm, o);
+        torch::load(m, file.string());
+        m(torch::zeros({2, 12}, torch::kDouble));
+        return std::vector<torch::Tensor>{};
+      });
+      check_refused(got, {"no longer holds the data fully_shard gave it (torch::load", "load_sharded_state_dict"});
+    }
   }
 }
 

@@ -188,7 +188,10 @@ class DistributedDataParallel {
     auto out = module_->forward(std::forward<Args>(args)...);
     broadcast_buffers_next_ = c10::GradMode::is_enabled() && sync_enabled();
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
-      if (o_.find_unused_parameters) find_unreachable(out);
+      // A forward without a graph (NoGradGuard: an evaluation between a
+      // forward and its backward) says nothing of which parameters the
+      // backward will reach; PyTorch's DDP prepares only where grad is on.
+      if (o_.find_unused_parameters && c10::GradMode::is_enabled()) find_unreachable(out);
       // Freed with this forward's graph: if its backward threw (its callback
       // never ran), what it launched ends then, before a zero_grad it would race.
       if (out.requires_grad()) out.register_hook([token = graph_token()](const torch::Tensor&) {});
@@ -623,7 +626,21 @@ class DistributedDataParallel {
     }
     if (synced) std::fill(touched_.begin(), touched_.end(), 0);
     std::visit([](auto& s) { s->finish(); }, sync_);
+    if (synced) attach_unused_grads();
     if (synced) check_finite();
+  }
+
+  /// After a synced backward: a parameter this rank's backward left without
+  /// a gradient (unused here; its grad reset to undefined, as zero_grad
+  /// with set_to_none does) gets the bucket's view, which now holds the
+  /// average, as PyTorch's DDP gives such a parameter the bucket's values.
+  /// Left undefined, this rank's optimizer would skip the parameter that
+  /// other ranks step, and the replicas would part without a word.
+  void attach_unused_grads() {
+    for (Param& p : params_) {
+      torch::Tensor& g = p.tensor.mutable_grad();
+      if (!g.defined() || g.data_ptr() != p.grad_view.data_ptr()) g = p.grad_view;
+    }
   }
 
   /// After a synced backward: its averaged gradient, the same on every

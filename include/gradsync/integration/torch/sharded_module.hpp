@@ -3,15 +3,19 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "gradsync/core/error.hpp"
 #include "gradsync/integration/torch/torch_unit_registry.hpp"
 
 namespace gradsync {
@@ -36,6 +40,33 @@ void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
 /// Anything else carries no tensor backward goes through.
 template <class T>
 void collect_tensors(const T& /*value*/, std::vector<at::Tensor>& /*out*/) {}
+
+/// Throws InvalidArgument if `module`, not wrapped itself, holds units and
+/// trainable parameters that no unit holds: nothing would average their
+/// gradients, and each rank would step its own (the root left unwrapped).
+inline void check_outside_units(const torch::nn::Module& module) {
+  bool has_units = false;
+  for (const auto& sub : module.modules(/*include_self=*/false)) {
+    if (find_torch_unit(sub.get())) {
+      has_units = true;
+      break;
+    }
+  }
+  if (!has_units) return;
+  const std::unordered_set<const void*> held = torch_unit_held_parameters();
+  std::string outside;
+  std::size_t count = 0;
+  for (const auto& np : module.named_parameters(/*recurse=*/true)) {
+    if (!np.value().requires_grad() || held.contains(np.value().unsafeGetTensorImpl())) continue;
+    if (count++ < 4) outside += (outside.empty() ? "'" : ", '") + np.key() + "'";
+  }
+  if (count == 0) return;
+  if (count > 4) outside += " and " + std::to_string(count - 4) + " more";
+  throw InvalidArgument("gradsync: module '" + module.name() + "' holds fully_shard units, but its parameters " +
+                        outside + " are in none: nothing would average their gradients across ranks, and each "
+                        "rank would train its own. Wrap the root too, after its children (gradsync::fully_shard("
+                        "net, comm)), as FSDP2 does");
+}
 
 }  // namespace detail
 
@@ -97,7 +128,11 @@ class ShardedModule : public Holder {
   template <class... Args>
   auto operator()(Args&&... args) {
     std::shared_ptr<detail::TorchUnit> unit = detail::find_torch_unit(this->ptr().get());
-    if (!unit) return this->get()->forward(std::forward<Args>(args)...);
+    if (!unit) {
+      // Where a backward may follow, parameters no unit holds must not be trained apart.
+      if (c10::GradMode::is_enabled()) detail::check_outside_units(*this->ptr());
+      return this->get()->forward(std::forward<Args>(args)...);
+    }
     std::vector<at::Tensor> inputs;
     (detail::collect_tensors(args, inputs), ...);
     unit->pre_forward(inputs);

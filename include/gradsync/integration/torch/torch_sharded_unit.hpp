@@ -215,6 +215,16 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
                               "; which gradients are reduced is fixed when the unit is made: freeze or unfreeze "
                               "parameters before fully_shard");
       }
+      // torch::load (InputArchive sets each parameter to the file's
+      // storage) or set_data leaves the unit gathering its own shard over
+      // what was loaded: the load would be ignored, silently.
+      const at::Tensor& given = gathered_ ? p.full_view : p.piece;
+      if (!p.tensor.sizes().equals(given.sizes()) || (given.numel() > 0 && p.tensor.data_ptr() != given.data_ptr())) {
+        throw InvalidArgument(where() + ": parameter '" + p.name +
+                              "' no longer holds the data fully_shard gave it (torch::load or set_data replaced "
+                              "it), so its values would be ignored; load a checkpoint into the module before "
+                              "fully_shard, or with gradsync::load_sharded_state_dict after");
+      }
     }
     if (compute_ != dtype_) {
       for (const at::Tensor& t : inputs) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -138,6 +139,18 @@ inline std::shared_ptr<TorchUnit> torch_unit_holding(const at::Tensor& p) {
     if (std::any_of(ps.begin(), ps.end(), [&](const at::Tensor& q) { return q.is_same(p); })) return u;
   }
   return nullptr;
+}
+
+/// The parameters (their TensorImpl) that live units hold, every rank's.
+inline std::unordered_set<const void*> torch_unit_held_parameters() {
+  TorchUnitRegistry& r = torch_unit_registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::unordered_set<const void*> held;
+  for (const auto& u : r.units) {
+    if (u->expired()) continue;
+    for (const at::Tensor& p : u->parameters()) held.insert(p.unsafeGetTensorImpl());
+  }
+  return held;
 }
 
 /// The index the next unit wrapped with `comm` gets: one past the last live one's.
