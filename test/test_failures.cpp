@@ -561,6 +561,25 @@ void all_reduce_of(Comm& comm, std::size_t count, gs::Options opt = {}) {
 
 }  // namespace
 
+TEST_CASE_TEMPLATE("each rank names its own call first in a disagreement, whichever rank found it", Algo, gs::Ring,
+                   gs::Tree, gs::RecursiveHalvingDoubling) {
+  // The race decides which rank finds the mismatch and fails the world;
+  // the other learns of it from there, and must still name its own call first.
+  for (int i = 0; i < 100; ++i) {
+    const std::vector<Outcome> got = outcomes(2, 1, [](Comm& comm, bool) {
+      all_reduce_of<Algo>(comm, 4);
+      all_reduce_of<Algo>(comm, 4);
+      all_reduce_of<Algo>(comm, comm.rank() == 0 ? 10 : 12);
+    });
+    for (int r = 0; r < 2; ++r) {
+      const Outcome& o = got[static_cast<std::size_t>(r)];
+      INFO("try " << i << ", rank " << r << ": " << o.kind << ": " << o.what);
+      const std::string own = "rank " + std::to_string(r) + " called AllReduce #3";
+      REQUIRE(o.what.starts_with("gradsync: ranks disagree on a collective: " + own));
+    }
+  }
+}
+
 TEST_CASE("on 3 to 5 ranks every rank names a disagreement at once, whatever it is about") {
   auto rng = test::rng_for("disagreement on every rank");
   CAPTURE(test::test_seed());

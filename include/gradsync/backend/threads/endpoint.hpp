@@ -539,8 +539,9 @@ class Endpoint : public NativeCollectives<Endpoint> {
     }
   }
 
+  static constexpr std::string_view disagreement_head = "gradsync: ranks disagree on a collective: ";
   std::string mismatch_message(const CallInfo& mine, int their_rank, const CallInfo& theirs) const {
-    return "gradsync: ranks disagree on a collective: " + names_.who(rank_) + " called " + describe(mine) + ", " +
+    return std::string(disagreement_head) + names_.who(rank_) + " called " + describe(mine) + ", " +
            names_.who(their_rank) + " called " + describe(theirs, mine.label.names);
   }
 
@@ -566,7 +567,19 @@ class Endpoint : public NativeCollectives<Endpoint> {
 
   PeerProblem aborted_problem(const CallInfo& call) const {
     AbortInfo a = world_->abort_info();
-    if (a.kind == FailureKind::invalid_argument) return {std::move(a.reason), true};
+    if (a.kind == FailureKind::invalid_argument) {
+      // A disagreement another rank found first: where this call is one of
+      // the two, this rank names it first, as its own finding would.
+      if (a.reason.starts_with(disagreement_head)) {
+        for (int q = 0; q < size(); ++q) {
+          CallInfo theirs;
+          if (q != rank_ && world_->log(q).read(call.seq, theirs) && !(theirs == call)) {
+            return {mismatch_message(call, q, theirs), true};
+          }
+        }
+      }
+      return {std::move(a.reason), true};
+    }
     return {"gradsync: " + names_.who(rank_) + " abandoned " + describe(call) + " because " + a.reason, false};
   }
 
