@@ -12,6 +12,7 @@
 #include "parse_number.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstddef>
@@ -219,10 +220,16 @@ inline double warmed(std::size_t step, std::size_t steps) {
   return step >= steps ? 1.0 : double(step + 1) / double(steps + 1);
 }
 
-/// What a training run ends with: rank 0's accuracy, and whether this process prints.
+/// Set by a run that --max-steps stopped before its last epoch ended: its
+/// accuracy is that of a run cut short, not one that missed its target.
+inline std::atomic<bool> halted_by_max_steps{false};
+
+/// What a training run ends with: rank 0's accuracy, whether this process
+/// prints, and whether --max-steps stopped it before its end.
 struct Outcome {
   double accuracy = 0;
   bool printer = true;
+  bool halted = false;
 };
 
 /// Runs `train(comm)` (returning the test accuracy) on `ranks` threads, or on
@@ -243,11 +250,20 @@ Outcome run_on_backend(const std::string& backend, int ranks, Train train) {
     out.accuracy = train(comm);
 #endif
   }
+  out.halted = halted_by_max_steps.load();
   return out;
 }
 
-/// The last line, and the exit code: 0 when the target was reached.
+/// The last line, and the exit code: 0 when the target was reached, or
+/// when --max-steps stopped the run before its end (--resume goes on).
 inline int finish(const Outcome& o, double target, const std::string& tail = "") {
+  if (o.halted) {
+    if (o.printer) {
+      std::printf("stopped by --max-steps: test accuracy %.2f%% so far (target %.0f%% at the end)%s\n",
+                  100 * o.accuracy, 100 * target, tail.c_str());
+    }
+    return 0;
+  }
   const bool ok = o.accuracy >= target;
   if (o.printer) {
     std::printf("%s: test accuracy %.2f%% (target %.0f%%)%s\n", ok ? "reached" : "MISSED", 100 * o.accuracy,

@@ -190,6 +190,8 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
       }
       if (max_steps && trainer.step_count() >= max_steps) {
         stopped = true;
+        // Cut short, unless that step was the run's last anyway.
+        if (epoch + 1 < args.epochs || sampler.position() < sampler.num_samples()) halted_by_max_steps = true;
         break;
       }
     }

@@ -24,7 +24,7 @@ from example_run import line_groups, run
 
 def final_accuracy(out):
     """The test accuracy (percent, as printed) of the last line."""
-    return line_groups(r"^(?:reached|MISSED): test accuracy (\S+)%", out, "final accuracy")[0]
+    return line_groups(r"^(?:reached|MISSED|stopped by --max-steps): test accuracy (\S+)%", out, "final accuracy")[0]
 
 
 def epochs_trained(out):
@@ -106,9 +106,13 @@ def main():
     if max_steps:
         halted_dir = str(work / "halted")
         # 20 steps of batch 64 on 2048 samples end mid-epoch 2 at 2 or 3 ranks.
-        halted = run(binary, common + ["--max-steps", "20", "--save", halted_dir])
+        # A run cut short by --max-steps is not one that missed its target: it
+        # says so and exits 0, whatever the target.
+        halted = run(binary, common + ["--max-steps", "20", "--save", halted_dir, "--target", "0.999"])
         if "at step 20" not in halted:
             sys.exit("the halted run did not save at step 20:\n" + halted)
+        if not re.search(r"^stopped by --max-steps: test accuracy \S+% so far", halted, re.M):
+            sys.exit("the halted run did not end with its 'stopped by --max-steps' line:\n" + halted)
         same = run(binary, common + ["--resume", halted_dir, "--max-steps", "20"])
         expect_nothing_trained(same, "the checkpoint is at step 20, --max-steps 20", final_accuracy(halted),
                                "resumed at --max-steps")
