@@ -445,9 +445,10 @@ TEST_CASE("HybridShard: a rank whose model throws in a step, caught and retried,
       }
     });
     for (std::size_t r = 0; r < got.size(); ++r) {
-      INFO("rank " << r << ": " << got[r].kind << ": " << got[r].what);
-      CHECK(got[r].kind != "returned");
-      CHECK(contains(got[r].what, "rank " + std::to_string(odd) + "'s model threw in"));
+      const Outcome& o = got[r];
+      INFO("rank " << r << ": " << o.kind << ": " << o.what);
+      CHECK(o.kind != "returned");
+      CHECK(contains(o.what, "rank " + std::to_string(odd) + "'s model threw in"));
     }
     CHECK(seconds < 5.0);
   }
@@ -488,8 +489,9 @@ TEST_CASE("HybridShard: ranks that make different calls between steps fail every
       }
     });
     for (std::size_t r = 0; r < got.size(); ++r) {
-      INFO("rank " << r << ": " << got[r].kind << ": " << got[r].what);
-      CHECK(got[r].kind != "returned");
+      const Outcome& o = got[r];
+      INFO("rank " << r << ": " << o.kind << ": " << o.what);
+      CHECK(o.kind != "returned");
     }
     CHECK(seconds < 5.0);
   }
