@@ -300,58 +300,44 @@ TEST_CASE("DistributedDataParallel: unused parameters contribute zeros with find
   }
 
   SUBCASE("a parameter used on some ranks only: every rank ends the step, alike") {
-    PerRank got = run_ranks(n, [&](Comm& comm) {
-      Mlp m(20, true, torch::kDouble);
-      if (comm.rank() == 0) load(*m, init);
-      gradsync::DistributedDataParallelOptions o;
-      o.find_unused_parameters = true;
-      gradsync::DistributedDataParallel ddp(comm, m, o);
-      auto opt = make_optimizer(Opt::sgd_momentum, *m);
-      for (int s = 0; s < 2; ++s) {
-        opt->zero_grad();
-        // Rank 1 alone takes the branch through `unused`: the others contribute zeros for it.
-        torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b), comm.rank() == 1),
-                                             rows(d.y, comm.rank() * b, b))
-            .backward();
-        opt->step();
+    // With the gradients zeroed, or reset to undefined (as zero_grad with
+    // set_to_none leaves them): then the ranks that did not use it get the
+    // averaged gradient too (PyTorch's DDP gives them the bucket's values),
+    // or their optimizer would skip what the others step.
+    for (const bool reset : {false, true}) {
+      CAPTURE(reset);
+      std::vector<int> defined(n);
+      PerRank got = run_ranks(n, [&](Comm& comm) {
+        Mlp m(20, true, torch::kDouble);
+        if (comm.rank() == 0) load(*m, init);
+        gradsync::DistributedDataParallelOptions o;
+        o.find_unused_parameters = true;
+        gradsync::DistributedDataParallel ddp(comm, m, o);
+        auto opt = make_optimizer(Opt::sgd_momentum, *m);
+        for (int s = 0; s < 2; ++s) {
+          if (reset) {
+            for (auto& p : m->parameters()) p.mutable_grad().reset();
+          } else {
+            opt->zero_grad();
+          }
+          // Rank 1 alone takes the branch through `unused`: the others contribute zeros for it.
+          torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b), comm.rank() == 1),
+                                               rows(d.y, comm.rank() * b, b))
+              .backward();
+          defined[static_cast<std::size_t>(comm.rank())] = m->unused->weight.grad().defined() ? 1 : 0;
+          opt->step();
+        }
+        return snapshot(*m);
+      });
+      for (int r = 0; r < n; ++r) {
+        REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
+        CHECK(defined[static_cast<std::size_t>(r)] == 1);
       }
-      return snapshot(*m);
-    });
-    for (int r = 0; r < n; ++r) REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
-    CHECK(bitwise_equal(got.params[1], got.params[0]));
-    CHECK(bitwise_equal(got.params[2], got.params[0]));
-    // `unused` moved: rank 1's gradient reached everyone, divided by N.
-    CHECK_FALSE(torch::equal(got.params[0][6], init[6]));
-  }
-
-  SUBCASE("a parameter used on some ranks only, its gradient reset to undefined each step: the replicas stay one") {
-    // As zero_grad(set_to_none) leaves it: the ranks that did not use it
-    // get the averaged gradient too (as PyTorch's DDP gives them the
-    // bucket's values), or their optimizer would skip what the others step.
-    std::vector<int> defined(n);
-    PerRank got = run_ranks(n, [&](Comm& comm) {
-      Mlp m(20, true, torch::kDouble);
-      if (comm.rank() == 0) load(*m, init);
-      gradsync::DistributedDataParallelOptions o;
-      o.find_unused_parameters = true;
-      gradsync::DistributedDataParallel ddp(comm, m, o);
-      auto opt = make_optimizer(Opt::adam, *m);
-      for (int s = 0; s < 2; ++s) {
-        for (auto& p : m->parameters()) p.mutable_grad().reset();
-        torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b), comm.rank() == 1),
-                                             rows(d.y, comm.rank() * b, b))
-            .backward();
-        defined[static_cast<std::size_t>(comm.rank())] = m->unused->weight.grad().defined() ? 1 : 0;
-        opt->step();
-      }
-      return snapshot(*m);
-    });
-    for (int r = 0; r < n; ++r) {
-      REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
-      CHECK(defined[static_cast<std::size_t>(r)] == 1);
+      CHECK(bitwise_equal(got.params[1], got.params[0]));
+      CHECK(bitwise_equal(got.params[2], got.params[0]));
+      // `unused` moved: rank 1's gradient reached everyone, divided by N.
+      CHECK_FALSE(torch::equal(got.params[0][6], init[6]));
     }
-    CHECK(bitwise_equal(got.params[1], got.params[0]));
-    CHECK(bitwise_equal(got.params[2], got.params[0]));
   }
 
   SUBCASE("a forward under NoGradGuard between a forward and its backward changes nothing") {
