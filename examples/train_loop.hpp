@@ -128,6 +128,8 @@ double train_epochs(Comm& comm, Trainer& trainer, gradsync::DistributedSampler& 
       std::printf("nothing to train: %s\n", why.c_str());
       std::fflush(stdout);
     }
+    // Held by --max-steps before the last epoch's end: still a run cut short.
+    if (first_epoch < args.epochs) halted_by_max_steps = true;
     std::vector<double> correct{double(count_correct(trainer, test, test_begin, test_end))};
     gradsync::AllReduce<>{}(comm, std::span<double>(correct), gradsync::Sum{});
     return correct[0] / double(test.size());

@@ -711,7 +711,8 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
     each_accumulation(world, [&](ShardingStrategy strategy, AccumulationMode, ShardedTrainerOptions o) {
       o.backward_prefetch = BackwardPrefetch::BackwardPre;
       // Under HybridShard a throw in a step ends the trainer on every rank
-      // (hybrid_groups.hpp says why): the next micro-step fails, naming it.
+      // (hybrid_groups.hpp says why): the next micro-step fails, naming it,
+      // and the evaluation between micro-steps is checked without the throw.
       const bool throw_ends = strategy == ShardingStrategy::HybridShard && world > 1;
       // plain: micro-steps 0, 1 and the step on 2. interrupted: the same with
       // an evaluation after 0, and a failed micro-step (then 3) before it all.
@@ -727,21 +728,22 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
         a.step(batches[2][r]);
         plain[r] = a.full_parameters();
 
+        // Runs `b` into a micro-step whose model throws, and returns what it threw.
+        auto fail_a_micro_step = [&](auto& b) {
+          b.model().fail = true;
+          try {
+            b.accumulate(batches[3][r]);
+          } catch (const std::runtime_error& e) {
+            errors[r] = e.what();
+          }
+          b.model().fail = false;
+        };
         ShardedTrainer b(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
-        b.model().nan_loss = comm.rank() == comm.size() - 1;
-        b.accumulate(batches[3][r]);
-        b.model().nan_loss = false;
-        b.model().fail = true;
-        try {
+        if (!throw_ends) {
+          b.model().nan_loss = comm.rank() == comm.size() - 1;
           b.accumulate(batches[3][r]);
-        } catch (const std::runtime_error& e) {
-          errors[r] = e.what();
-        }
-        b.model().fail = false;
-        if (throw_ends) {
-          CHECK_THROWS_WITH_AS(b.accumulate(batches[0][r]), doctest::Contains("'s model threw in"), gradsync::Error);
-          interrupted[r] = plain[r];
-          return;
+          b.model().nan_loss = false;
+          fail_a_micro_step(b);
         }
         b.accumulate(batches[0][r]);
         b.evaluate([&](const gradsync::StepContext<float>& ctx) {
@@ -751,6 +753,12 @@ TEST_CASE("accumulation: an evaluation between micro-steps changes nothing; a mi
         b.accumulate(batches[1][r]);
         b.step(batches[2][r]);
         interrupted[r] = b.full_parameters();
+        if (throw_ends) {
+          // Last, on a trainer of its own: the failure ends it on every rank.
+          ShardedTrainer c(comm, Throwing{model_for(comm.rank()), false}, momentum_sgd(), o);
+          fail_a_micro_step(c);
+          CHECK_THROWS_WITH_AS(c.accumulate(batches[0][r]), doctest::Contains("'s model threw in"), gradsync::Error);
+        }
       });
       for (std::size_t r = 0; r < ranks; ++r) {
         CAPTURE(r);

@@ -303,10 +303,11 @@ TEST_CASE("DistributedDataParallel: unused parameters contribute zeros with find
     // With the gradients zeroed, or reset to undefined (as zero_grad with
     // set_to_none leaves them): then the ranks that did not use it get the
     // averaged gradient too (PyTorch's DDP gives them the bucket's values),
-    // or their optimizer would skip what the others step.
+    // or their optimizer would skip what the others step; and in a step
+    // where no rank uses it, its grad stays undefined, and it stays put.
     for (const bool reset : {false, true}) {
       CAPTURE(reset);
-      std::vector<int> defined(n);
+      std::vector<int> defined(n), idle(n);
       PerRank got = run_ranks(n, [&](Comm& comm) {
         Mlp m(20, true, torch::kDouble);
         if (comm.rank() == 0) load(*m, init);
@@ -327,11 +328,21 @@ TEST_CASE("DistributedDataParallel: unused parameters contribute zeros with find
           defined[static_cast<std::size_t>(comm.rank())] = m->unused->weight.grad().defined() ? 1 : 0;
           opt->step();
         }
+        if (reset) {
+          for (auto& p : m->parameters()) p.mutable_grad().reset();
+          torch::nn::functional::cross_entropy(ddp(rows(d.x, comm.rank() * b, b), false), rows(d.y, comm.rank() * b, b))
+              .backward();
+          const torch::Tensor before = m->unused->weight.clone();
+          opt->step();
+          idle[static_cast<std::size_t>(comm.rank())] =
+              !m->unused->weight.grad().defined() && torch::equal(before, m->unused->weight) ? 1 : 0;
+        }
         return snapshot(*m);
       });
       for (int r = 0; r < n; ++r) {
         REQUIRE(got.errors[static_cast<std::size_t>(r)] == "");
         CHECK(defined[static_cast<std::size_t>(r)] == 1);
+        CHECK(idle[static_cast<std::size_t>(r)] == (reset ? 1 : 0));
       }
       CHECK(bitwise_equal(got.params[1], got.params[0]));
       CHECK(bitwise_equal(got.params[2], got.params[0]));

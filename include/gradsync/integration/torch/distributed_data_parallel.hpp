@@ -22,11 +22,13 @@
 #include <torch/nn/module.h>
 
 #include "gradsync/algorithm/tags.hpp"
+#include "gradsync/collective/all_reduce.hpp"
 #include "gradsync/collective/broadcast.hpp"
 #include "gradsync/core/bfloat16.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/core/float16.hpp"
+#include "gradsync/core/ops.hpp"
 #include "gradsync/core/types.hpp"
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/device_communicator.hpp"
@@ -624,22 +626,31 @@ class DistributedDataParallel {
                             ". If the module leaves some parameters unused on some steps, set "
                             "DistributedDataParallelOptions::find_unused_parameters = true");
     }
+    std::vector<std::int32_t> used;
+    if (synced && o_.find_unused_parameters) used.assign(touched_.begin(), touched_.end());
     if (synced) std::fill(touched_.begin(), touched_.end(), 0);
     std::visit([](auto& s) { s->finish(); }, sync_);
-    if (synced) attach_unused_grads();
+    if (!used.empty()) attach_unused_grads(used);
     if (synced) check_finite();
   }
 
-  /// After a synced backward: a parameter this rank's backward left without
-  /// a gradient (unused here; its grad reset to undefined, as zero_grad
-  /// with set_to_none does) gets the bucket's view, which now holds the
-  /// average, as PyTorch's DDP gives such a parameter the bucket's values.
-  /// Left undefined, this rank's optimizer would skip the parameter that
-  /// other ranks step, and the replicas would part without a word.
-  void attach_unused_grads() {
-    for (Param& p : params_) {
-      torch::Tensor& g = p.tensor.mutable_grad();
-      if (!g.defined() || g.data_ptr() != p.grad_view.data_ptr()) g = p.grad_view;
+  /// After a synced backward under find_unused_parameters, given which
+  /// parameters this rank's backwards since the last sync reached (`used`):
+  /// one that some rank used but this one left without a gradient (its grad
+  /// reset to undefined, as zero_grad with set_to_none does) gets the
+  /// bucket's view, which now holds the average. Left undefined, this
+  /// rank's optimizer would skip what the others step, and the replicas
+  /// would part without a word. One unused on every rank keeps its grad as
+  /// it is, so an optimizer still skips it: PyTorch's DDP does both alike
+  /// (one all-reduce of a flag per parameter). Host memory only: the device
+  /// path keeps a grad it did not reach as it is.
+  void attach_unused_grads(std::vector<std::int32_t>& used) {
+    if constexpr (!on_device) {
+      if (comm_.size() > 1) AllReduce<Algo>{}(comm_, std::span<std::int32_t>(used), Max{});
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        torch::Tensor& g = params_[i].tensor.mutable_grad();
+        if (used[i] && (!g.defined() || g.data_ptr() != params_[i].grad_view.data_ptr())) g = params_[i].grad_view;
+      }
     }
   }
 

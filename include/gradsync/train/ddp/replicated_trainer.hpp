@@ -150,9 +150,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
     sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
                           .divisor = o_.join ? active : 0});
-    // Under join, ranks with data may have accumulated for other windows
-    // than a rank that joined: the agreement then leaves the count out.
-    const std::size_t micro_batches = o_.join ? 1 : micro_steps_ + 1;
+    // In a step where a rank has joined, the ranks with data may have
+    // accumulated for other windows than it: the agreement leaves the count out.
+    const std::size_t micro_batches = active < comm_.size() ? 1 : micro_steps_ + 1;
     double loss = 0;
     try {
       loss = run_model(batch);

@@ -14,8 +14,10 @@
 /// Two rules keep every such parting on one communicator, where it fails
 /// at once: each public call that goes on to call in a group starts with a
 /// labelled world agreement (enter), and a rank whose model threw in a step
-/// fails all three communicators (abandon), since its peers may be waiting
-/// in group calls it will not make.
+/// or an evaluation fails all three communicators (abandon), since its
+/// peers may be waiting in group calls it will not make. (gather_chunk, a
+/// shard-group call that a full checkpoint's save makes on replica 0 alone,
+/// cannot start with a world call: the save's own agreement precedes it.)
 
 #include <cstdint>
 #include <exception>
@@ -114,8 +116,9 @@ class HybridGroups {
     try {
       return std::forward<F>(f)();
     } catch (...) {
-      // Only a communicator's failure: a model's own exception, thrown alike
-      // on every rank, leaves the communicators usable.
+      // Only a communicator's failure (or abandon()'s, after a model's own
+      // exception); another error, such as a refusal every rank makes
+      // alike, leaves the communicators usable.
       if (shard_ && (world_.failed() || shard_->failed() || (replica_ && replica_->failed()))) {
         settle();
         const FailureKind kind = current_failure_kind();

@@ -186,7 +186,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     state_.round_copies(false);
     const StepContext<compute_type> ctx(lender_);
     try {
-      return std::forward<F>(f)(ctx);
+      return failing_together([&]() -> decltype(auto) { return std::forward<F>(f)(ctx); });
     } catch (...) {
       lender_.settle_all();
       abandon_groups("evaluate()");
@@ -283,7 +283,8 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// Gathers a shard-shaped buffer's unit u, `chunk` (chunk_size(u)
   /// elements: the parameters' or an optimizer moment's), into `full`
   /// (shard_count()·chunk_size(u) elements, padding last). Collective over
-  /// the shard group, between steps.
+  /// the shard group, between steps; under HybridShard without a world
+  /// agreement first (a full save calls it on replica 0 alone, after its own).
   void gather_chunk(std::size_t u, std::span<const value_type> chunk, std::span<value_type> full) {
     const std::size_t c = state_.flat.chunks.at(u), n = static_cast<std::size_t>(shard_count());
     if (chunk.size() != c || full.size() != chunk.size() * n) {
