@@ -9,7 +9,6 @@
 #include <span>
 #include <string>
 #include <type_traits>
-#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -34,6 +33,7 @@
 #include "gradsync/integration/torch/device_communicator.hpp"
 #include "gradsync/integration/torch/device_grad_sync.hpp"
 #include "gradsync/integration/torch/distributed_data_parallel_options.hpp"
+#include "gradsync/integration/torch/graph_reach.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/integration/torch/torch_grad_syncs.hpp"
 #include "gradsync/train/ddp/grad_sync.hpp"
@@ -190,9 +190,7 @@ class DistributedDataParallel {
     auto out = module_->forward(std::forward<Args>(args)...);
     broadcast_buffers_next_ = c10::GradMode::is_enabled() && sync_enabled();
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
-      // A forward without a graph (NoGradGuard: an evaluation between a
-      // forward and its backward) says nothing of which parameters the
-      // backward will reach; PyTorch's DDP prepares only where grad is on.
+      // Not without a graph (NoGradGuard), as PyTorch's DDP: a backward to come is an earlier forward's.
       if (o_.find_unused_parameters && c10::GradMode::is_enabled()) find_unreachable(out);
       // Freed with this forward's graph: if its backward threw (its callback
       // never ran), what it launched ends then, before a zero_grad it would race.
@@ -588,17 +586,7 @@ class DistributedDataParallel {
 
   void find_unreachable(const torch::Tensor& out) {
     unreachable_.clear();
-    std::unordered_set<const torch::autograd::Node*> seen;
-    std::vector<const torch::autograd::Node*> todo;
-    if (out.grad_fn()) todo.push_back(out.grad_fn().get());
-    while (!todo.empty()) {
-      const torch::autograd::Node* n = todo.back();
-      todo.pop_back();
-      if (!seen.insert(n).second) continue;
-      for (const torch::autograd::Edge& e : n->next_edges()) {
-        if (e.function) todo.push_back(e.function.get());
-      }
-    }
+    const auto seen = detail::graph_reach(out);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (!seen.contains(params_[i].accumulator.get())) unreachable_.push_back(i);
     }
@@ -634,16 +622,12 @@ class DistributedDataParallel {
     if (synced) check_finite();
   }
 
-  /// After a synced backward under find_unused_parameters, given which
-  /// parameters this rank's backwards since the last sync reached (`used`):
-  /// one that some rank used but this one left without a gradient (its grad
-  /// reset to undefined, as zero_grad with set_to_none does) gets the
-  /// bucket's view, which now holds the average. Left undefined, this
-  /// rank's optimizer would skip what the others step, and the replicas
-  /// would part without a word. One unused on every rank keeps its grad as
-  /// it is, so an optimizer still skips it: PyTorch's DDP does both alike
-  /// (one all-reduce of a flag per parameter). Host memory only: the device
-  /// path keeps a grad it did not reach as it is.
+  /// After a synced backward under find_unused_parameters, `used`: which
+  /// parameters this rank's backwards since the last sync reached. One some
+  /// rank used that this one left undefined (zero_grad with set_to_none)
+  /// gets the bucket's view, the average, or this rank's optimizer would
+  /// skip what the others step; one no rank used stays undefined, skipped:
+  /// as PyTorch's DDP (one all-reduce of a flag per parameter). Host only.
   void attach_unused_grads(std::vector<std::int32_t>& used) {
     if constexpr (!on_device) {
       if (comm_.size() > 1) AllReduce<Algo>{}(comm_, std::span<std::int32_t>(used), Max{});
