@@ -595,6 +595,31 @@ TEST_CASE("a rank that accumulates one micro-batch more than the others fails ev
   }
 }
 
+TEST_CASE("two trainers on one communicator, stepped in another order on one rank, fail every rank") {
+  // Alike in every shape and setting, they differ only in their values: each
+  // rank's first trainer is the others' first (rank 0's values broadcast), so a
+  // rank that steps its second one first would mix one's data into the other's.
+  each_trainer_with_odd_rank("trainer ordinal", [](int trainer, int n, int odd, auto&) {
+    INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " steps the second trainer first");
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      with_trainer(comm, trainer, 0.25, [&](auto& a) {
+        with_trainer(comm, trainer, 0.25, [&](auto& b) {
+          for (int s = 0; s < 2; ++s) {
+            if (comm.rank() == odd) {
+              b.step(Scale{1.0f});
+              a.step(Scale{1.0f});
+            } else {
+              a.step(Scale{1.0f});
+              b.step(Scale{1.0f});
+            }
+          }
+        });
+      });
+    });
+    check_every_rank(got, seconds, {"ranks disagree", "trainer 2 of its communicator, "});
+  }, 4);
+}
+
 TEST_CASE("ranks that agree train as before: labels and settings refuse nothing") {
   // The same model on every rank, with every option that is agreed, set alike.
   for (int n = 3; n <= 4; ++n) {

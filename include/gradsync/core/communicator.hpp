@@ -36,6 +36,7 @@ struct EndpointAccess;
 struct FailAccess;
 struct RankNamesAccess;
 struct TraceAccess;
+struct TrainerOrdinalAccess;
 template <Backend B>
 class LabelScope;
 }  // namespace detail
@@ -83,7 +84,8 @@ class Communicator {
         scratch_(std::move(o.scratch_)),
         failure_(std::move(o.failure_)),
         flight_(std::move(o.flight_)),
-        trace_(std::move(o.trace_)) {}
+        trace_(std::move(o.trace_)),
+        trainers_(o.trainers_) {}
 
   int rank() const noexcept { return ep_.rank(); }
   int size() const noexcept { return ep_.size(); }
@@ -214,6 +216,7 @@ class Communicator {
   friend struct detail::FailAccess;
   friend struct detail::RankNamesAccess;
   friend struct detail::TraceAccess;
+  friend struct detail::TrainerOrdinalAccess;
   friend class detail::LabelScope<B>;
 
   /// Runs one collective: stamps it with the next sequence number, and if it
@@ -389,6 +392,8 @@ class Communicator {
   /// This rank's timeline, shared with the communicators split from it; null: off.
   std::shared_ptr<detail::TraceRecorder> trace_;
   std::atomic<bool> busy_{false};
+  /// Trainers constructed on this communicator so far (TrainerOrdinalAccess).
+  std::uint32_t trainers_ = 0;
 };
 
 namespace detail {
@@ -397,6 +402,17 @@ struct RankNamesAccess {
   template <Backend B>
   static const RankNames& get(const Communicator<B>& comm) noexcept {
     return comm.rank_names();
+  }
+};
+
+/// The one friend of Communicator that numbers the trainers made on it, in
+/// the order every rank makes them (their construction is collective): a
+/// trainer's labels carry its number, so ranks that step two trainers in
+/// a different order fail at once instead of mixing one's data into the other's.
+struct TrainerOrdinalAccess {
+  template <Backend B>
+  static std::uint32_t next(Communicator<B>& comm) noexcept {
+    return comm.trainers_++;
   }
 };
 

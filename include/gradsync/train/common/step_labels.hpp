@@ -74,8 +74,9 @@ inline double double_of(std::uint64_t b) noexcept {
   return x;
 }
 
-/// One trainer's labels: id = step (32 bits) | phase (8) | index (24), the
-/// step counted from 1 and both wrapping, which only ever compares equal
+/// One trainer's labels: id = trainer (8 bits) | step (24) | phase (8) |
+/// index (24), the trainer counted from 0 on its communicator, the step
+/// from 1, both wrapping, which only ever compares equal
 /// numbers; setting = the bits of a double (`setting_name`, e.g. "optimizer
 /// lr"). Ranks agree on `names` at construction, so each rank reads a
 /// peer's label with its own table.
@@ -92,8 +93,12 @@ class StepLabels final : public LabelNames {
   StepLabels(const StepLabels&) = delete;
   StepLabels& operator=(const StepLabels&) = delete;
 
+  /// `k`: which trainer of its communicator these labels are (0 for the
+  /// first), folded into the top 8 bits of the step, whose 24 left suffice.
+  void set_ordinal(std::uint32_t k) noexcept { ordinal_ = k & 0xffu; }
+
   CallLabel label(LabelPhase phase, std::size_t index, std::uint64_t step, std::uint64_t setting) const noexcept {
-    CallLabel l = pack(phase, index, step);
+    CallLabel l = pack(phase, index, (step & 0xffffffu) | std::uint64_t{ordinal_} << 24);
     l.setting = setting;
     l.names = this;
     return l;
@@ -112,14 +117,15 @@ class StepLabels final : public LabelNames {
     const float pf = static_cast<float>(p);
     std::uint32_t pb;
     std::memcpy(&pb, &pf, sizeof pb);
-    return label(LabelPhase::clip, pb >> 8, step, bits_of(max_norm));
+    return label(LabelPhase::clip, pb >> 8, step, bits_of(max_norm));  // label() adds the ordinal
   }
 
   std::string describe(std::uint64_t id, std::uint64_t setting) const override {
-    const auto step = id >> 32;
+    const auto step = id >> 32 & 0xffffff, ordinal = id >> 56;
     const auto phase = static_cast<LabelPhase>(id >> 24 & 0xff);
     const std::size_t index = id & 0xffffff;
-    std::string s = step_word_ + " " + std::to_string(step) + ", ";
+    std::string s = ordinal == 0 ? "" : "trainer " + std::to_string(ordinal + 1) + " of its communicator, ";
+    s += step_word_ + " " + std::to_string(step) + ", ";
     switch (phase) {
       case LabelPhase::buffers: s += "broadcast of the buffers"; break;
       case LabelPhase::gather: s += "all-gather of " + unit(index); break;
@@ -155,6 +161,7 @@ class StepLabels final : public LabelNames {
   std::string step_word_, unit_word_;
   std::vector<std::string> names_;
   std::string setting_name_;
+  std::uint32_t ordinal_ = 0;
 };
 
 }  // namespace gradsync::detail

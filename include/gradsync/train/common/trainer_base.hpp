@@ -111,7 +111,11 @@ class TrainerBase {
  protected:
   /// `name`: the trainer's, as messages and the agreement say it ("ShardedTrainer").
   TrainerBase(std::string_view name, Comm& comm, M model, Opt optimizer)
-      : name_(name), comm_(comm), model_(std::move(model)), opt_(std::move(optimizer)) {}
+      : name_(name),
+        comm_(comm),
+        model_(std::move(model)),
+        opt_(std::move(optimizer)),
+        ordinal_(TrainerOrdinalAccess::next(comm)) {}
   /// The trainer's end writes the rank's timeline, its labels in words.
   ~TrainerBase() {
     if (TraceRecorder* t = timeline()) {
@@ -310,6 +314,10 @@ class TrainerBase {
   bool skip_ = false;
   /// What each collective moves; made once the units or buckets are known.
   std::optional<StepLabels> labels_;
+  /// Which trainer of comm_ this is, in the order every rank made them: its
+  /// labels carry it (StepLabels::set_ordinal), so ranks that step two
+  /// trainers in another order fail at the first call.
+  std::uint32_t ordinal_;
   /// When this step's first model call started, on the timeline; 0: none.
   std::int64_t step_began_ns_ = 0;
 };

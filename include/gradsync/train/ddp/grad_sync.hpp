@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -314,6 +315,12 @@ class GradSync {
     /// rank holds is then read 1/N per rank, not whole on every rank.
     across_ranks,
   };
+
+  /// For a trainer that owns this GradSync: its number among the trainers
+  /// of the communicator (detail::TrainerOrdinalAccess), carried by every
+  /// bucket's label, so ranks that sync two trainers' buckets in another
+  /// order fail at the first. Call it before the first backward.
+  void set_label_ordinal(std::uint32_t k) noexcept { labels_->set_ordinal(k); }
 
   /// From the next synced backward on, whether each bucket's reduced
   /// gradient is checked for NaN and Inf, in the loop that copies or

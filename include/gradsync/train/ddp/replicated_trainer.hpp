@@ -122,7 +122,9 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     // read only its share of a bucket reduced in place.
     using Sync = GradSync<backend_type, value_type, Algo>;
     sync_->set_check_finite(o_.on_nonfinite != OnNonfinite::ignore, Sync::CheckScope::across_ranks);
+    sync_->set_label_ordinal(this->ordinal_);
     labels_.emplace("step", "unit", std::move(names), "optimizer lr");
+    labels_->set_ordinal(this->ordinal_);
     // Every synced step all-reduces each bucket once.
     for (const BucketInfo& b : sync_->buckets()) {
       step_sent_ += detail::ring_sent(Collective::all_reduce, b.count, static_cast<std::size_t>(comm_.size()),

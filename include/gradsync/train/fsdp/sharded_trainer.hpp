@@ -320,6 +320,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     state_.lay_out(o_, shards, static_cast<std::size_t>(comm_.size()) / shards, opt_, optimizer_state_per_element());
     lender_.lay_out(precision, [this](detail::LabelPhase phase, std::size_t w) { return labelled(phase, w); });
     labels_.emplace("step", "wrapped unit", state_.label_names(), "optimizer lr");
+    labels_->set_ordinal(this->ordinal_);
     if (o_.wrap.is_custom()) state_.check_plan_agrees(comm_);
   }
 
