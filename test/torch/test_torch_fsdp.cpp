@@ -961,7 +961,7 @@ TEST_CASE("fully_shard: wrong use is refused on every rank, naming the fix") {
         m(torch::zeros({2, 12}, torch::kDouble));
         return std::vector<torch::Tensor>{};
       });
-      check_refused(got, {"no longer holds the data fully_shard gave it (torch::load", "load_sharded_state_dict"});
+      check_refused(got, {"after fully_shard wrapped its module; its values would be ignored", "load_sharded_state_dict"});
     }
   }
 }

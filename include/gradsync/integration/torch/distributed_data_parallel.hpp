@@ -34,6 +34,7 @@
 #include "gradsync/integration/torch/device_grad_sync.hpp"
 #include "gradsync/integration/torch/distributed_data_parallel_options.hpp"
 #include "gradsync/integration/torch/graph_reach.hpp"
+#include "gradsync/integration/torch/parameter_checks.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/integration/torch/torch_grad_syncs.hpp"
 #include "gradsync/train/ddp/grad_sync.hpp"
@@ -169,8 +170,8 @@ class DistributedDataParallel {
   /// The forward pass: checks that no parameter changed shape, storage or requires_grad,
   /// broadcasts rank 0's buffers (DistributedDataParallelOptions::broadcast_buffers), then
   /// calls `module->forward(args...)`. With find_unused_parameters, a Tensor result's graph
-  /// is walked, as PyTorch DDP does: parameters it cannot reach are marked ready (zeros) as
-  /// soon as backward starts, so their buckets do not wait for finish().
+  /// is walked where grad is enabled, as PyTorch DDP does: parameters it cannot reach are marked
+  /// ready (zeros) as soon as backward starts, so their buckets do not wait for finish().
   template <class... Args>
   auto operator()(Args&&... args) {
     check_parameters();
@@ -190,8 +191,7 @@ class DistributedDataParallel {
     auto out = module_->forward(std::forward<Args>(args)...);
     broadcast_buffers_next_ = c10::GradMode::is_enabled() && sync_enabled();
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
-      // Not without a graph (NoGradGuard), as PyTorch's DDP: a backward to come is an earlier forward's.
-      if (o_.find_unused_parameters && c10::GradMode::is_enabled()) find_unreachable(out);
+      if (o_.find_unused_parameters && c10::GradMode::is_enabled()) find_unreachable(out);  // as PyTorch's DDP
       // Freed with this forward's graph: if its backward threw (its callback
       // never ran), what it launched ends then, before a zero_grad it would race.
       if (out.requires_grad()) out.register_hook([token = graph_token()](const torch::Tensor&) {});
@@ -499,25 +499,15 @@ class DistributedDataParallel {
 
   void check_parameters() const {
     for (std::size_t i = 0; i < every_param_.size(); ++i) {
-      if (every_param_[i].tensor.requires_grad() != requires_grad_[i]) {
-        auto state = [](bool trainable) {
-          return std::string(trainable ? "trainable (requires_grad true)" : "frozen (requires_grad false)");
-        };
-        throw InvalidArgument(where() + ": parameter '" + every_param_[i].name + "' was " + state(requires_grad_[i]) +
-                              " when DistributedDataParallel was built and is now " + state(!requires_grad_[i]) +
-                              "; which gradients are averaged is fixed at construction, as in PyTorch's DDP. "
-                              "Destroy this DistributedDataParallel and construct a new one over the module after "
-                              "freezing or unfreezing parameters");
-      }
+      detail::check_trainable(where(), every_param_[i].name, every_param_[i].tensor, requires_grad_[i],
+                              "when DistributedDataParallel was built",
+                              "which gradients are averaged is fixed at construction, as in PyTorch's DDP. Destroy "
+                              "this DistributedDataParallel and construct a new one over the module after freezing "
+                              "or unfreezing parameters");
     }
     for (const Param& p : params_) {
-      if (p.tensor.sizes().vec() != p.shape || p.tensor.data_ptr() != p.data) {
-        throw InvalidArgument(where() + ": parameter '" + p.name + "' changed " +
-                              (p.tensor.sizes().vec() != p.shape ? "shape, from " + c10::str(c10::IntArrayRef(p.shape)) +
-                                                                       " to " + c10::str(p.tensor.sizes())
-                                                                 : std::string("storage")) +
-                              " after DistributedDataParallel was built; its gradient can no longer be synchronised");
-      }
+      detail::check_data(where(), p.name, p.tensor, p.shape, p.data, "after DistributedDataParallel was built",
+                         "its gradient can no longer be synchronised");
     }
   }
 
@@ -622,12 +612,10 @@ class DistributedDataParallel {
     if (synced) check_finite();
   }
 
-  /// After a synced backward under find_unused_parameters, `used`: which
-  /// parameters this rank's backwards since the last sync reached. One some
-  /// rank used that this one left undefined (zero_grad with set_to_none)
-  /// gets the bucket's view, the average, or this rank's optimizer would
-  /// skip what the others step; one no rank used stays undefined, skipped:
-  /// as PyTorch's DDP (one all-reduce of a flag per parameter). Host only.
+  /// After a synced backward under find_unused_parameters (`used`: what this rank's backwards reached since the
+  /// last sync): a grad left undefined (set_to_none) of a parameter some rank used becomes the bucket's view, the
+  /// average, or this rank's optimizer would skip what the others step; one no rank used stays undefined, as in
+  /// PyTorch's DDP (one all-reduce of a flag per parameter). Host memory only.
   void attach_unused_grads(std::vector<std::int32_t>& used) {
     if constexpr (!on_device) {
       if (comm_.size() > 1) AllReduce<Algo>{}(comm_, std::span<std::int32_t>(used), Max{});

@@ -30,6 +30,7 @@
 #include "gradsync/core/request.hpp"
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/fully_shard_options.hpp"
+#include "gradsync/integration/torch/parameter_checks.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/integration/torch/torch_buffer_pool.hpp"
 #include "gradsync/integration/torch/torch_gather_scheduler.hpp"
@@ -208,23 +209,14 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
 
   void pre_forward(const std::vector<at::Tensor>& inputs) override {
     for (const Param& p : params_) {
-      if (p.tensor.requires_grad() != p.trainable) {
-        throw InvalidArgument(where() + ": parameter '" + p.name + "' was " + (p.trainable ? "trainable" : "frozen") +
-                              " when fully_shard wrapped its module and is now " +
-                              (p.trainable ? "frozen" : "trainable") +
-                              "; which gradients are reduced is fixed when the unit is made: freeze or unfreeze "
-                              "parameters before fully_shard");
-      }
-      // torch::load (InputArchive sets each parameter to the file's
-      // storage) or set_data leaves the unit gathering its own shard over
-      // what was loaded: the load would be ignored, silently.
+      check_trainable(where(), p.name, p.tensor, p.trainable, "when fully_shard wrapped its module",
+                      "which gradients are reduced is fixed when the unit is made: freeze or unfreeze parameters "
+                      "before fully_shard");
+      // What torch::load put there, the unit would overwrite with its own shard's gather.
       const at::Tensor& given = gathered_ ? p.full_view : p.piece;
-      if (!p.tensor.sizes().equals(given.sizes()) || (given.numel() > 0 && p.tensor.data_ptr() != given.data_ptr())) {
-        throw InvalidArgument(where() + ": parameter '" + p.name +
-                              "' no longer holds the data fully_shard gave it (torch::load or set_data replaced "
-                              "it), so its values would be ignored; load a checkpoint into the module before "
-                              "fully_shard, or with gradsync::load_sharded_state_dict after");
-      }
+      check_data(where(), p.name, p.tensor, given.sizes(), given.data_ptr(), "after fully_shard wrapped its module",
+                 "its values would be ignored: load a checkpoint into the module before fully_shard, or with "
+                 "gradsync::load_sharded_state_dict after");
     }
     if (compute_ != dtype_) {
       for (const at::Tensor& t : inputs) {
