@@ -73,5 +73,18 @@ inline FailureKind current_failure_kind() noexcept {
   }
 }
 
+/// The text of the exception being handled, or `otherwise` where it is not
+/// a std::exception; call only inside a catch block (the text lives as
+/// long as the exception it handles).
+inline const char* current_exception_what(const char* otherwise) noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return otherwise;
+  }
+}
+
 }  // namespace detail
 }  // namespace gradsync

@@ -122,13 +122,7 @@ class HybridGroups {
       if (shard_ && (world_.failed() || shard_->failed() || (replica_ && replica_->failed()))) {
         settle();
         const FailureKind kind = current_failure_kind();
-        std::string what = "a collective failed";
-        try {
-          throw;
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
+        const std::string what = current_exception_what("a collective failed");
         for (Comm* c : {&world_, &*shard_, replica()}) {
           if (c) FailAccess::fail(*c, kind, what);
         }

@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <cstddef>
-#include <exception>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -341,13 +340,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
   /// this rank, the step and what the model threw (hybrid_groups.hpp says why).
   void abandon_groups(const char* call) noexcept {
     if (comms_.shard_is_world()) return;
-    std::string what = "an exception";
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+    const char* what = detail::current_exception_what("an exception");
     try {
       comms_.abandon(where() + ": rank " + std::to_string(comm_.rank()) + "'s model threw in " + call + " of step " +
                      std::to_string(this->stats_.steps + 1) + " (" + what +
