@@ -227,6 +227,38 @@ TEST_CASE("DistributedDataParallel: one rank's backward under no_sync while the 
   CHECK(got.seconds < 5.0);
 }
 
+TEST_CASE("DistributedDataParallel: two of equal shape on one communicator, their backwards in another order on one "
+          "rank, fail every rank") {
+  // A GAN's generator and discriminator: every bucket of one matches the
+  // other's in count and step; only the number each took on the communicator differs.
+  auto rng = test::rng_for("ddp two modules order");
+  CAPTURE(test::test_seed());
+  const int n = 3 + static_cast<int>(rng() % 2);
+  const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+  INFO("N = " << n << ", rank " << odd << " runs the second module's backward first");
+  const Outcomes got = run_failing(n, [&](Comm& comm) {
+    torch::manual_seed(0);
+    torch::nn::Linear g(4, 4), d(4, 4);
+    gradsync::DistributedDataParallel gen(comm, g), disc(comm, d);
+    const torch::Tensor x = torch::ones({2, 4});
+    torch::Tensor lg = gen(x).sum(), ld = (disc(x) * 100).sum();
+    if (comm.rank() == odd) {
+      ld.backward();
+      lg.backward();
+    } else {
+      lg.backward();
+      ld.backward();
+    }
+  });
+  for (std::size_t r = 0; r < got.kind.size(); ++r) {
+    INFO("rank " << r << ": " << got.kind[r] << ": " << got.what[r]);
+    CHECK(got.kind[r] == "InvalidArgument");
+    CHECK(got.what[r].find("ranks disagree") != std::string::npos);
+    CHECK(got.what[r].find("trainer 2 of its communicator, sync 1, all-reduce of bucket") != std::string::npos);
+  }
+  CHECK(got.seconds < 5.0);
+}
+
 TEST_CASE("DistributedDataParallel: reset_stats() on one rank only changes nothing the ranks compare") {
   auto rng = test::rng_for("ddp reset_stats on one rank");
   CAPTURE(test::test_seed());

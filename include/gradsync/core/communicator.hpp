@@ -405,15 +405,22 @@ struct RankNamesAccess {
   }
 };
 
-/// The one friend of Communicator that numbers the trainers made on it, in
-/// the order every rank makes them (their construction is collective): a
-/// trainer's labels carry its number, so ranks that step two trainers in
-/// a different order fail at once instead of mixing one's data into the other's.
+/// The one friend of Communicator that numbers the trainers (and standalone
+/// GradSyncs) made on it, in the order every rank makes them (their
+/// construction is collective): a trainer's labels carry its number, so
+/// ranks that step two trainers in a different order fail at once instead
+/// of mixing one's data into the other's.
 struct TrainerOrdinalAccess {
   template <Backend B>
   static std::uint32_t next(Communicator<B>& comm) noexcept {
     return comm.trainers_++;
   }
+};
+
+/// A trainer number already taken (TrainerOrdinalAccess::next), handed to
+/// what the trainer owns so that its labels carry the trainer's number.
+struct LabelOrdinal {
+  std::uint32_t value = 0;
 };
 
 /// The one friend of Communicator that reaches its timeline.

@@ -46,7 +46,8 @@ struct DistributedDataParallelOptions {
   ///   - ignore: no check; the gradients are left as reduced.
   /// Every rank must pass the same value (checked at construction).
   OnNonfinite on_nonfinite = OnNonfinite::throw_error;
-  /// Passed to every collective; `deterministic` sums in rank order.
+  /// Passed to every collective; `deterministic` sums in rank order. Its
+  /// `label` is replaced by each bucket's own.
   Options collective{};
   /// CUDA tensors only: the cudaStream_t LibTorch computes on, which the
   /// reductions are ordered against. nullptr is the legacy default stream,

@@ -65,7 +65,8 @@ struct FullyShardOptions {
   /// use the values from before the step (LibTorch's optimizers step through
   /// .data(), which no version counter sees); there, set this to 0 or 1.
   std::size_t max_gathered_units = 2;
-  /// Passed to every collective; `deterministic` sums in rank order.
+  /// Passed to every collective; `deterministic` sums in rank order. Its
+  /// `label` is replaced by each call's own (unit, phase, backward).
   Options collective{};
 };
 

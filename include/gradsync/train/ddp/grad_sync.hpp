@@ -113,9 +113,23 @@ class GradSync {
   using scale_type = std::conditional_t<detail::is_half_storage_v<T>, float, T>;
 
   /// `units[i]` is unit i's gradient; `names[i]` (optional) names it in errors.
+  ///
+  /// Takes the communicator's next trainer number (construction is
+  /// collective, so every rank numbers its GradSyncs and trainers alike):
+  /// every bucket's label carries it, so ranks that finish two GradSyncs of
+  /// one communicator in another order fail at the first bucket instead of
+  /// averaging one's gradients with the other's.
   GradSync(Communicator<B>& comm, std::vector<std::span<T>> units, GradSyncOptions options = {},
            std::vector<std::string> names = {})
-      : comm_(comm), o_(options), units_(std::move(units)), names_(std::move(names)), reduction_{o_.collective} {
+      : GradSync(detail::LabelOrdinal{detail::TrainerOrdinalAccess::next(comm)}, comm, std::move(units), options,
+                 std::move(names)) {}
+
+  /// For a trainer that owns this GradSync: its buckets' labels carry the
+  /// trainer's number, `ordinal.value`, which the trainer took.
+  GradSync(detail::LabelOrdinal ordinal, Communicator<B>& comm, std::vector<std::span<T>> units,
+           GradSyncOptions options = {}, std::vector<std::string> names = {})
+      : comm_(comm), o_(without_label(options)), units_(std::move(units)), names_(std::move(names)),
+        reduction_{o_.collective} {
     if (o_.bucket_cap_bytes == 0 || o_.first_bucket_cap_bytes == 0) {
       throw InvalidArgument("gradsync: GradSync expects positive bucket caps, got bucket_cap_bytes = " +
                             std::to_string(o_.bucket_cap_bytes) +
@@ -148,6 +162,7 @@ class GradSync {
     plan_ = BucketPlan(std::span<const std::span<T>>(units_), o_.first_bucket_cap_bytes, o_.bucket_cap_bytes,
                        Reduction::in_place);
     labels_.emplace("sync", "bucket", bucket_names(), "optimizer lr");
+    labels_->set_ordinal(ordinal.value);
     tracker_ = ReadinessTracker(plan_);
     allocate();
     worker_ = ProgressWorker<B>::shared(comm_);
@@ -316,12 +331,6 @@ class GradSync {
     across_ranks,
   };
 
-  /// For a trainer that owns this GradSync: its number among the trainers
-  /// of the communicator (detail::TrainerOrdinalAccess), carried by every
-  /// bucket's label, so ranks that sync two trainers' buckets in another
-  /// order fail at the first. Call it before the first backward.
-  void set_label_ordinal(std::uint32_t k) noexcept { labels_->set_ordinal(k); }
-
   /// From the next synced backward on, whether each bucket's reduced
   /// gradient is checked for NaN and Inf, in the loop that copies or
   /// scales it anyway. A bucket reduced in place in the gradients has no
@@ -398,6 +407,14 @@ class GradSync {
     std::size_t first_nonfinite = no_unit;
   };
   static constexpr std::size_t no_unit = static_cast<std::size_t>(-1);
+
+  /// The options without a caller's label: each bucket labels its
+  /// collective itself (detail::LabelScope, which a call's own label would
+  /// override), so ranks that sync differently fail however they are called.
+  static GradSyncOptions without_label(GradSyncOptions o) noexcept {
+    o.collective.label = {};
+    return o;
+  }
 
   std::string unit_name(std::size_t u) const {
     return "unit " + std::to_string(u) + (names_.empty() ? std::string() : " ('" + names_[u] + "')");

@@ -36,7 +36,8 @@ struct GradSyncOptions {
   /// of them in finish(), for measuring what overlap buys.
   bool overlap = true;
   /// Passed to every bucket's collective; `deterministic` makes the averaged
-  /// gradients bitwise independent of the bucket sizes.
+  /// gradients bitwise independent of the bucket sizes. Its `label` is
+  /// replaced by each bucket's own (sync count, bucket, learning rate).
   Options collective{};
 };
 

@@ -117,12 +117,12 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       grads.push_back(views_[u].flat_grads);
       names.push_back(specs_[u].name);
     }
-    sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(comm_, std::move(grads), o_.sync, names);
+    sync_ = std::make_unique<GradSync<backend_type, value_type, Algo>>(detail::LabelOrdinal{this->ordinal_}, comm_,
+                                                                       std::move(grads), o_.sync, names);
     // check_nonfinite() takes the least unit over ranks, so each rank need
     // read only its share of a bucket reduced in place.
     using Sync = GradSync<backend_type, value_type, Algo>;
     sync_->set_check_finite(o_.on_nonfinite != OnNonfinite::ignore, Sync::CheckScope::across_ranks);
-    sync_->set_label_ordinal(this->ordinal_);
     labels_.emplace("step", "unit", std::move(names), "optimizer lr");
     labels_->set_ordinal(this->ordinal_);
     // Every synced step all-reduces each bucket once.

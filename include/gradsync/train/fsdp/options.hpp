@@ -43,7 +43,8 @@ struct ShardedTrainerOptions {
   /// freed before the next unit is gathered.
   bool keep_last_forward_unit = true;
   /// HybridShard: ranks per shard group (ranks [g·s, g·s + s) form group g);
-  /// it must divide the world size. 0: the whole world (one replica).
+  /// it must divide the world size. 0: the whole world (one replica). Read
+  /// only under HybridShard.
   int shard_size = 0;
   /// How accumulate() keeps micro-steps' gradients: reduce-scatter each
   /// into the shard (Sharded, memory 1/N), or keep them unsharded until
