@@ -5,8 +5,8 @@
 // optimizer, the same next step as going on from the save (a fresh
 // optimizer's differs); a missing or corrupt shard file, a checkpoint
 // without the optimizer state asked for, or a directory without a
-// checkpoint, fails every rank alike, with no wait and the module and
-// optimizer unchanged.
+// checkpoint, or ranks handed different checkpoints, fails every rank
+// alike, with no wait and the module and optimizer unchanged.
 //
 // Every rank's result is collected and checked on the main thread after
 // run_threads, so a failing rank never leaves the others waiting.
@@ -274,6 +274,47 @@ TEST_CASE("load_sharded_state_dict: a missing or corrupt shard file, a missing o
     check_refused_load(dir, "Error", "holds no checkpoint");
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST_CASE("load_sharded_state_dict: ranks handed two runs' checkpoints fail every rank and load nothing") {
+  // Alike in names, shapes and layout: only the values tell the two saves apart.
+  CAPTURE(test::test_seed());
+  auto rng = test::rng_for("fsdp sharded two runs");
+  const Batches b = batches();
+  const auto one = fresh_dir("run_one"), two = fresh_dir("run_two");
+  for (const auto& [dir, seed] : {std::pair{one, "fsdp sharded run one"}, std::pair{two, "fsdp sharded run two"}}) {
+    const PerRank saved = save_run(3, ShardingStrategy::FullShard, 0, initial_state(seed), b, dir);
+    for (const auto& e : saved.errors) REQUIRE(e == "");
+  }
+  const int n = 3, odd = static_cast<int>(rng() % n);
+  CAPTURE(odd);
+  const auto init = initial_state("fsdp sharded two runs init");
+  std::vector<int> unchanged(n, 0);
+  const Outcomes got = run_failing(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    make(m, comm, init, ShardingStrategy::FullShard, 0);
+    std::vector<torch::Tensor> mine;
+    for (const auto& t : m->parameters()) mine.push_back(t.detach().clone());
+    auto opt = make_optimizer(Opt::adam, *m);
+    try {
+      gradsync::load_sharded_state_dict(m, *opt, comm, comm.rank() == odd ? two : one);
+    } catch (...) {
+      std::vector<torch::Tensor> now;
+      for (const auto& t : m->parameters()) now.push_back(t.detach());
+      unchanged[static_cast<std::size_t>(comm.rank())] = bitwise_equal(now, mine) && opt->state().empty() ? 1 : 0;
+      throw;
+    }
+  });
+  for (std::size_t r = 0; r < got.kind.size(); ++r) {
+    CAPTURE(r);
+    INFO(got.kind[r] << ": " << got.what[r]);
+    CHECK(got.kind[r] == "InvalidArgument");
+    CHECK(got.what[r].find("the ranks read different checkpoints: rank(s) ") != std::string::npos);
+    CHECK(unchanged[r] == 1);
+  }
+  CHECK(got.seconds < 5.0);
+  std::filesystem::remove_all(one);
+  std::filesystem::remove_all(two);
 }
 
 TEST_CASE("save_sharded_state_dict between a forward and its backward is refused on every rank, naming the unit") {

@@ -15,14 +15,17 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "gradsync/algorithm/tags.hpp"
 #include "gradsync/checkpoint/shard_index.hpp"
 #include "gradsync/checkpoint/tensor_info.hpp"
+#include "gradsync/collective/all_gather.hpp"
 #include "gradsync/core/communicator.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/integration/torch/sharded_optimizer_state.hpp"
 #include "gradsync/integration/torch/sharded_state_entries.hpp"
 #include "gradsync/integration/torch/torch_unit_registry.hpp"
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
+#include "gradsync/train/checkpoint/checkpoint_source.hpp"
 #include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
 
 namespace gradsync {
@@ -45,6 +48,24 @@ inline c10::ScalarType scalar_type_of(checkpoint::TensorDtype t) {
   }
 }
 
+/// Did every rank open the same checkpoint (`fingerprint`: fingerprint_of
+/// its index)? Ranks handed different ones (a stale copy on one node,
+/// another run's save) would each load their own shards and train a model
+/// no save ever held. Collective; throws InvalidArgument on every rank.
+template <Backend B>
+void check_same_checkpoint(Communicator<B>& comm, std::uint64_t fingerprint, const std::string& where) {
+  const auto mine = static_cast<std::int64_t>(fingerprint);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+  AllGather<Auto>{}(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+  std::string ranks;
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r] != all[0]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (ranks.empty()) return;
+  throw InvalidArgument("gradsync: " + where + ": the ranks read different checkpoints: rank(s) " + ranks +
+                        " another than rank 0's (a stale copy, or another run's save); nothing was loaded");
+}
+
 /// load_sharded_state_dict, with the optimizer's state where `optimizer` is not null.
 template <class Holder, Backend B>
 void load_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Communicator<B>& comm,
@@ -55,6 +76,7 @@ void load_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Comm
   std::vector<ShardedStateEntry> entries;
   std::vector<OptimizerStateEntry> states;
   std::vector<at::Tensor> staged;
+  std::uint64_t fingerprint = 0;
   try {
     std::string refusal;
     entries = sharded_state_entries(root, &comm, comm.rank(), refusal);
@@ -73,6 +95,7 @@ void load_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Comm
       throw Error("gradsync: the index '" + entry->file.string() + "' is of checkpoint '" +
                   index.checkpoint_id() + "' where the commit file names '" + entry->id + "'");
     }
+    fingerprint = fingerprint_of(index);
     // Strict, both ways: a tensor of the module the checkpoint lacks is
     // named by ShardIndex::load, one the checkpoint has that the module
     // lacks here (the optimizer's are skipped when none is given).
@@ -100,6 +123,7 @@ void load_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Comm
     error = std::current_exception();
   }
   agree<Auto>(comm, error, where);
+  check_same_checkpoint(comm, fingerprint, where);
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < entries.size(); ++i) entries[i].local.copy_(staged[i].view(entries[i].local.sizes()));
   for (std::size_t i = 0; i < states.size(); ++i) states[i].set(staged[entries.size() + i]);

@@ -20,6 +20,7 @@
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_snapshot.hpp"
 #include "gradsync/train/checkpoint/pending_saves.hpp"
+#include "gradsync/train/checkpoint/save_agreement.hpp"
 #include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
 #include "gradsync/train/checkpoint/shard_source.hpp"
 // Both trainers' TrainerCheckpoint, so that this one include serves either.
@@ -118,8 +119,8 @@ class AsyncCheckpointer {
     if (sharded) detail::check_sharded_path(path);
     detail::check_full_path(path, sharded);
     const detail::SaveList<T> l = detail::save_list(trainer_, sampler_, metadata);
-    trainer_.agree_to_save();
     const std::string where = "asynchronous save_checkpoint of '" + path.string() + "'";
+    detail::agree_to_save(trainer_, sampler_, where);
     const Copy copy = copy_of(l, sharded);
     check_budget(std::max(copy.bytes, snapshot_.bytes()), where);
 

@@ -3,8 +3,10 @@
 /// a full safetensors file or a sharded index, read by element ranges alike.
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -19,11 +21,28 @@
 #include "gradsync/checkpoint/tensor_info.hpp"
 #include "gradsync/core/error.hpp"
 #include "gradsync/train/checkpoint/checkpoint_directory.hpp"
+#include "gradsync/train/common/hash_bytes.hpp"
 
 namespace gradsync::detail {
 
 /// The `__metadata__` key that marks a file as a gradsync training checkpoint.
 inline constexpr std::string_view checkpoint_kind_key = "gradsync.checkpoint";
+
+inline constexpr std::uint64_t fingerprint_seed = 0x510e527fade682d1ull;
+
+/// A hash of a sharded checkpoint's tensor names and every piece's range and
+/// CRC-32, as its index lists them (see CheckpointSource::fingerprint).
+inline std::uint64_t fingerprint_of(const checkpoint::ShardIndex& index) noexcept {
+  std::uint64_t h = fingerprint_seed;
+  for (const checkpoint::ShardedTensor& t : index.tensors()) {
+    h = hash_bytes(t.spec.name.data(), t.spec.name.size(), h);
+    for (const checkpoint::ShardPiece& p : t.pieces) {
+      const std::array<std::uint64_t, 3> words{p.begin, p.end, p.crc32};
+      h = hash_bytes(words.data(), sizeof words, h);
+    }
+  }
+  return h;
+}
 
 /// A checkpoint to load: `path` may name the full file, the index, or a
 /// directory (checkpoint_directory.hpp: the generation its commit file
@@ -76,6 +95,22 @@ class CheckpointSource {
       if (t.spec.name == name) return &t.spec;
     }
     return nullptr;
+  }
+
+  /// A hash of every tensor's name and content checksums (the full file's
+  /// per-tensor CRC-32s, or every piece's in the index): the same for every
+  /// rank that opened the same checkpoint, and, but for a collision,
+  /// different for checkpoints of different contents, such as two runs'
+  /// saves at the same step and learning rate.
+  std::uint64_t fingerprint() const noexcept {
+    if (!reader_) return fingerprint_of(index_);
+    std::uint64_t h = fingerprint_seed;
+    for (const checkpoint::TensorEntry& e : reader_->tensors()) {
+      h = hash_bytes(e.spec.name.data(), e.spec.name.size(), h);
+      const std::uint32_t crc = e.crc32.value_or(0);
+      h = hash_bytes(&crc, sizeof crc, h);
+    }
+    return h;
   }
 
   /// Every tensor's name.

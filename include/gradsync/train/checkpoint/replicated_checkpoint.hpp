@@ -30,6 +30,7 @@
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_source.hpp"
 #include "gradsync/train/checkpoint/pending_saves.hpp"
+#include "gradsync/train/checkpoint/save_agreement.hpp"
 #include "gradsync/train/checkpoint/shard_source.hpp"
 #include "gradsync/train/data/distributed_sampler.hpp"
 #include "gradsync/train/optim/optimizer.hpp"
@@ -464,15 +465,18 @@ StagedState<T> stage_state(const CheckpointSource& src, Opt& optimizer, const st
   return staged;
 }
 
-/// After every rank staged its part: did all read the same scalars (the
-/// step, the optimizer's steps and hyper-parameters)?
-/// Ranks handed different checkpoints (a stale copy on one node) would
-/// otherwise each load their own and train apart, unseen wherever their
-/// next step's labels do not differ. Collective; throws InvalidArgument on
-/// every rank, before any rank changes anything.
+/// After every rank staged its part: did all read the same checkpoint, by
+/// its scalars (the step, the optimizer's steps and hyper-parameters) and
+/// `fingerprint` (CheckpointSource::fingerprint: its tensors' checksums)?
+/// Ranks handed different checkpoints (a stale copy on one node, or another
+/// run's save at the same step) would otherwise each load their own and
+/// train apart, unseen wherever their next step's labels do not differ.
+/// Collective; throws InvalidArgument on every rank, before any rank
+/// changes anything.
 template <class Algo, class Comm>
-void check_same_scalars(Comm& comm, const std::vector<StateScalar>& scalars, const std::string& where) {
-  std::uint64_t h = 0x6a09e667f3bcc908ull;
+void check_same_checkpoint(Comm& comm, const std::vector<StateScalar>& scalars, std::uint64_t fingerprint,
+                           const std::string& where) {
+  std::uint64_t h = fingerprint;
   // The sampler's are read only where a sampler is passed, which a rank
   // that evaluates may not: those are compared by each sampler's own check.
   for (const StateScalar& s : scalars) {
@@ -504,16 +508,19 @@ checkpoint::Metadata load_state(Trainer& trainer, DistributedSampler* sampler, c
   auto& comm = trainer.communicator();
   std::string file = path.string();
   StagedState<T> staged;
+  std::uint64_t fingerprint = 0;
   std::exception_ptr error;
   try {
     const CheckpointSource src(path);
     file = src.file().string();
+    fingerprint = src.fingerprint();
     staged = stage_state<T>(src, trainer.optimizer(), trainer.units(), held, local, trainer.buffers().size(), sampler);
   } catch (...) {
     error = std::current_exception();
   }
   agree<typename Trainer::algorithm>(comm, error, "load_checkpoint of '" + file + "'");
-  check_same_scalars<typename Trainer::algorithm>(comm, staged.scalars, "load_checkpoint of '" + file + "'");
+  check_same_checkpoint<typename Trainer::algorithm>(comm, staged.scalars, fingerprint,
+                                                     "load_checkpoint of '" + file + "'");
   // Every rank checked everything: from here on nothing throws.
   commit(staged);
   std::copy(staged.buffers.begin(), staged.buffers.end(), trainer.buffers().begin());
@@ -590,7 +597,7 @@ void save_trainer(Trainer& trainer, const DistributedSampler* sampler, const std
                           "wait() first (two saves to one path at once would each remove or replace the other's files)");
   }
   const SaveList<T> l = save_list(trainer, sampler, metadata);
-  trainer.agree_to_save();
+  agree_to_save(trainer, sampler, "save_checkpoint of '" + path.string() + "'");
   if (sharded) {
     save_sharded<Algo>(trainer.communicator(), l, TrainerCheckpoint<Trainer>::held(trainer), path, metadata);
     return;

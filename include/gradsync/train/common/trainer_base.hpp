@@ -6,6 +6,7 @@
 /// that carry the step and learning rate on every collective.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -95,17 +96,22 @@ class TrainerBase {
   void set_step_count(std::size_t steps) noexcept { stats_.steps = steps; }
 
   /// The first call of a checkpoint's save (save_checkpoint,
-  /// AsyncCheckpointer::save), collective: one 4-byte all-reduce over all
+  /// AsyncCheckpointer::save), collective: one 16-byte all-reduce over all
   /// ranks labelled with this rank's step count and learning rate. The
   /// checkpoint records rank 0's, so ranks that differ in either (which
   /// their next step would refuse) fail here, naming both, instead of
   /// leaving a checkpoint whose load would make them agree unseen. Under
   /// HybridShard it also meets, on the world, a peer that steps instead.
-  void agree_to_save() {
-    std::int32_t nothing = 0;
+  /// `alike`: a hash of what else the checkpoint records once (the
+  /// sampler's state); returns whether every rank passed the same.
+  bool agree_to_save(std::uint64_t alike = 0) {
+    // The maximum of h and of −h: both are one rank's exactly when all agree.
+    const auto h = static_cast<std::int64_t>(alike >> 1);
+    std::array<std::int64_t, 2> both{h, -h};
     const auto save = static_cast<std::size_t>(TrainerEntry::checkpoint_save);
     const Options opts = labelled(Options{}, LabelPhase::entry, save);
-    AllReduce<Algo>{opts}(comm_, std::span<std::int32_t>(&nothing, 1), Max{});
+    AllReduce<Algo>{opts}(comm_, std::span<std::int64_t>(both), Max{});
+    return both[0] == -both[1];
   }
 
  protected:
