@@ -174,6 +174,15 @@ std::vector<Divergence> divergences() {
        }},
       {"ReplicatedTrainer, Adam beta2", "optimizer beta2", "0.999", "0.99",
        [](auto& c, bool odd) { replicated_steps(c, Adam<float>({.beta2 = odd ? 0.99 : 0.999})); }},
+      {"ReplicatedTrainer, an Adam that stepped before", "optimizer steps taken", "0", "1",
+       [](auto& c, bool odd) {
+         Adam<float> adam;
+         if (odd) {
+           std::vector<float> p(20, 1.0f), g(20, 0.5f);  // the model's 10 + 7 + 3 parameters
+           adam.step(std::span<float>(p), std::span<const float>(g));
+         }
+         replicated_steps(c, std::move(adam));
+       }},
       {"ShardedTrainer, Adam eps", "optimizer eps", "1e-08", "1e-06",
        [](auto& c, bool odd) { sharded_steps(c, Adam<float>({.eps = odd ? 1e-6 : 1e-8})); }},
       {"ShardedTrainer, AdamW weight decay", "optimizer weight_decay", "0.01", "0.1",
@@ -523,6 +532,37 @@ TEST_CASE("a checkpoint's save where one rank's learning rate differs fails ever
   }, 4);
 }
 
+TEST_CASE("a checkpoint's save where one rank's sampler differs fails every rank and commits nothing") {
+  // The file records one sampler state, rank 0's: resumed, every rank would
+  // read an order that one of them never had.
+  each_trainer_with_odd_rank("sampler save agreement", [](int trainer, int n, int odd, auto& rng) {
+    const bool async = rng() % 2 == 0;
+    const int how = static_cast<int>(rng() % 3);
+    const char* what[] = {"another seed", "no set_epoch(1)", "one batch more"};
+    INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " has " << what[how] << " before the "
+                    << std::string(async ? "asynchronous " : "") << "save");
+    test::TempDir dir;
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      const bool odd_rank = comm.rank() == odd;
+      gradsync::DistributedSampler sampler(40, comm.size(), comm.rank(), {.seed = how == 0 && odd_rank ? 7u : 3u});
+      if (how != 1 || !odd_rank) sampler.set_epoch(1);
+      for (int b = 0; b < (how == 2 && odd_rank ? 2 : 1); ++b) sampler.advance(2);
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        t.step(Scale{1.0f});
+        if (async) {
+          gradsync::AsyncCheckpointer ckpt(t, sampler);
+          ckpt.save(dir.path);
+          ckpt.wait();
+        } else {
+          gradsync::save_checkpoint(t, sampler, dir.path);
+        }
+      });
+    });
+    check_every_rank(got, seconds, {"the ranks' DistributedSamplers differ", "nothing was saved"});
+    CHECK(!std::filesystem::exists(gradsync::checkpoint_file(dir.path)));
+  }, 4);
+}
+
 TEST_CASE("ranks that load different checkpoints fail every rank and load nothing") {
   // A stale copy on one node: the same run saved at two steps.
   each_trainer_with_odd_rank("load agreement", [](int trainer, int n, int odd, auto&) {
@@ -550,6 +590,38 @@ TEST_CASE("ranks that load different checkpoints fail every rank and load nothin
       });
     });
     check_every_rank(got, seconds, {"the ranks read different training states", "step 1", "step 2"});
+    CHECK(after == before);
+  }, 4);
+}
+
+TEST_CASE("ranks that load two runs' checkpoints of the same step and learning rate fail every rank") {
+  // Alike in every scalar: only the tensors' contents tell the two saves apart.
+  each_trainer_with_odd_rank("load fingerprint", [](int trainer, int n, int odd, auto&) {
+    INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " loads the other run's checkpoint");
+    test::TempDir one, other;
+    std::vector<float> before(static_cast<std::size_t>(n)), after(before);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        t.step(Scale{1.0f});
+        gradsync::save_checkpoint(t, one.path);
+      });
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        t.step(Scale{2.0f});
+        gradsync::save_checkpoint(t, other.path);
+      });
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        before[r] = first_held(t);
+        try {
+          gradsync::load_checkpoint(t, comm.rank() == odd ? other.path : one.path);
+        } catch (...) {
+          after[r] = first_held(t);
+          CHECK(t.step_count() == 0);
+          throw;
+        }
+      });
+    });
+    check_every_rank(got, seconds, {"the ranks read different training states", "step 1"});
     CHECK(after == before);
   }, 4);
 }
@@ -618,6 +690,70 @@ TEST_CASE("two trainers on one communicator, stepped in another order on one ran
     });
     check_every_rank(got, seconds, {"ranks disagree", "trainer 2 of its communicator, "});
   }, 4);
+}
+
+TEST_CASE("two GradSyncs on one communicator, finished in another order on one rank, fail every rank") {
+  // Alike in units and options: each bucket of one matches the other's in
+  // every field but the GradSync's number on the communicator.
+  auto rng = test::rng_for("GradSync ordinal");
+  CAPTURE(test::test_seed());
+  for (int round = 0; round < 3; ++round) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const bool overlap = rng() % 2 == 0;
+    INFO("N = " << n << ", rank " << odd << " finishes the second GradSync first, overlap " << overlap);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      std::vector<float> fa(24, float(comm.rank())), fb(24, float(comm.rank() + 1));
+      gradsync::GradSyncOptions o;
+      o.overlap = overlap;
+      gradsync::GradSync<Threads, float> a(comm, {std::span<float>(fa)}, o);
+      gradsync::GradSync<Threads, float> b(comm, {std::span<float>(fb)}, o);
+      auto sync = [](auto& s) {
+        s.ready(0);
+        s.finish();
+      };
+      if (comm.rank() == odd) {
+        sync(b);
+        sync(a);
+      } else {
+        sync(a);
+        sync(b);
+      }
+    });
+    check_every_rank(got, seconds, {"ranks disagree", "trainer 2 of its communicator, "});
+  }
+}
+
+TEST_CASE("a label given in GradSync's collective options keeps each bucket's own: rates that differ still fail") {
+  // The caller's label would otherwise stand in for the bucket's (sync
+  // count, bucket, learning rate), and ranks stepping apart would match.
+  auto rng = test::rng_for("GradSync caller label");
+  CAPTURE(test::test_seed());
+  for (const bool trainer : {false, true}) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    INFO((trainer ? "ReplicatedTrainer, on_nonfinite ignore" : "GradSync") << ", N = " << n << ", rank " << odd
+                                                                           << " at another learning rate");
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      const double lr = comm.rank() == odd ? 0.5 : 0.25;
+      gradsync::GradSyncOptions o;
+      o.collective.label = {.id = 7};
+      if (trainer) {
+        gradsync::ReplicatedTrainer t(comm, test_squares::Squares{{10, 7, 3}, 1}, gradsync::Sgd<float>({.lr = 0.25}),
+                                      {.sync = o, .on_nonfinite = gradsync::OnNonfinite::ignore});
+        t.step(Scale{1.0f});
+        t.optimizer().set_lr(lr);
+        t.step(Scale{1.0f});
+      } else {
+        std::vector<float> flat(24, float(comm.rank()));
+        gradsync::GradSync<Threads, float> sync(comm, {std::span<float>(flat)}, o);
+        sync.set_agreed_lr(lr);
+        sync.ready(0);
+        sync.finish();
+      }
+    });
+    check_every_rank(got, seconds, {"ranks disagree", "optimizer lr 0.25", "optimizer lr 0.5"});
+  }
 }
 
 TEST_CASE("ranks that agree train as before: labels and settings refuse nothing") {

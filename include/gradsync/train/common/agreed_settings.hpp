@@ -34,10 +34,11 @@ constexpr std::string_view type_name() noexcept {
   }
 }
 
-/// The optimizer's kind and hyper-parameters as settings ranks must share:
-/// "optimizer" (its checkpoint kind, "Adam", or its type's name) and
+/// The optimizer's kind, hyper-parameters and steps as settings ranks must
+/// share: "optimizer" (its checkpoint kind, "Adam", or its type's name),
 /// "optimizer lr", "optimizer beta1", ... (each that state() lists; the
-/// learning rate alone where the optimizer lists none).
+/// learning rate alone where the optimizer lists none) and "optimizer steps
+/// taken" (where it lists them).
 template <class T, class Opt>
 void add_optimizer_settings(std::vector<AgreedValue>& out, const Opt& opt) {
   static constexpr std::string_view fix =
@@ -49,6 +50,12 @@ void add_optimizer_settings(std::vector<AgreedValue>& out, const Opt& opt) {
     for (const auto& [name, value] : s.hyperparameters) {
       out.push_back({"optimizer " + std::string(name), shortest(value), std::string(fix)});
     }
+    // Adam's bias correction counts its steps: an optimizer that stepped
+    // before it was handed to the trainer would step differently from its
+    // peers ever after.
+    out.push_back({"optimizer steps taken", std::to_string(s.steps),
+                   "Give every rank's trainer an optimizer in the same state: fresh on every rank, or loaded from "
+                   "one checkpoint (load_checkpoint restores it on every rank alike)."});
   } else {
     out.push_back({"optimizer", std::string(type_name<Opt>()), std::string(fix)});
     out.push_back({"optimizer lr", shortest(static_cast<double>(opt.lr())), std::string(fix)});
