@@ -106,6 +106,27 @@ TEST_CASE("layout: owned ranges, zero padding, and a gather that reproduces the 
   }
 }
 
+TEST_CASE("layout: the padding stays zero through optimizer steps, Adam with eps 0 included") {
+  // A zero gradient in the padding is 0/0 for Adam without eps.
+  for (const ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    for (int world = 2; world <= 5; ++world) {
+      CAPTURE(world);
+      INFO("strategy = " << name(s));
+      gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+        ShardedTrainer trainer(comm, test_squares::Squares{{7, 3, 1}, 1}, gradsync::Adam<float>({.lr = 0.1, .eps = 0}),
+                               {.strategy = s});
+        for (int k = 0; k < 2; ++k) trainer.step(test_squares::Scale{1.0f});
+        for (std::size_t u = 0; u < trainer.unit_count(); ++u) {
+          const auto shard = trainer.unit_shard(u);
+          for (std::size_t i = trainer.owned_range(u).second; i < shard.size(); ++i) {
+            CHECK(shard[i] == 0.0f);
+          }
+        }
+      });
+    }
+  }
+}
+
 TEST_CASE("units without elements: every strategy trains as ReplicatedTrainer, with and without prefetch") {
   // A wrapped unit of no elements has nothing to gather or reduce; it must
   // still pass through its phases (asked, held, ready) like the others, and

@@ -69,6 +69,20 @@ struct ShardedState {
     return space ? off_params.span() : std::span<const T>(shard_params);
   }
   std::span<T> grad_shard() noexcept { return space ? off_grads.span() : std::span<T>(shard_grads); }
+  /// Zeroes this rank's padding (`shard_rank` in its group) after the
+  /// optimizer stepped it: its gradient is zero, which moves nothing under
+  /// SGD, but Adam with eps 0 makes it 0/0, and gathers, norms and
+  /// checkpoints take the padding for zeros.
+  void zero_padding(std::size_t shard_rank) {
+    if (!flat.sharded) return;
+    const std::span<T> m = master();
+    for (std::size_t w = 0; w < flat.chunks.size(); ++w) {
+      const std::size_t owned = flat.owned_range(w, shard_rank).second;
+      std::fill(m.begin() + static_cast<std::ptrdiff_t>(flat.offsets[w] + owned),
+                m.begin() + static_cast<std::ptrdiff_t>(flat.offsets[w] + flat.chunks[w]), T(0));
+    }
+  }
+
   /// This rank's chunk of wrapped unit w, padding included.
   std::span<const T> chunk(std::size_t w) const { return master().subspan(flat.offsets.at(w), flat.chunks.at(w)); }
 

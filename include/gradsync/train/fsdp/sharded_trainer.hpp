@@ -163,6 +163,7 @@ class ShardedTrainer : public detail::TrainerBase<ShardedTrainer<M, Opt, Comm, A
     micro_steps_ = 0;
     // Offloaded, both shards are in the offload space: the optimizer steps there.
     this->step_optimizer(state_.master(), state_.grad_shard());
+    state_.zero_padding(static_cast<std::size_t>(shard_rank()));
   }
 
   /// Runs `f(ctx)` with a StepContext for a forward without backward
