@@ -563,6 +563,28 @@ TEST_CASE("a checkpoint's save where one rank's sampler differs fails every rank
   }, 4);
 }
 
+namespace {
+
+/// Loads `path` into a fresh trainer `trainer` of with_trainer's: its first
+/// held value before the load in before[rank], and where the load throws,
+/// after it in after[rank] (its step count must still be 0).
+void load_into_fresh(Communicator<Threads>& comm, int trainer, const std::filesystem::path& path,
+                     std::vector<float>& before, std::vector<float>& after) {
+  with_trainer(comm, trainer, 0.25, [&](auto& t) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    before[r] = first_held(t);
+    try {
+      gradsync::load_checkpoint(t, path);
+    } catch (...) {
+      after[r] = first_held(t);
+      CHECK(t.step_count() == 0);
+      throw;
+    }
+  });
+}
+
+}  // namespace
+
 TEST_CASE("ranks that load different checkpoints fail every rank and load nothing") {
   // A stale copy on one node: the same run saved at two steps.
   each_trainer_with_odd_rank("load agreement", [](int trainer, int n, int odd, auto&) {
@@ -577,17 +599,7 @@ TEST_CASE("ranks that load different checkpoints fail every rank and load nothin
         t.step(Scale{1.0f});
         gradsync::save_checkpoint(t, late.path);
       });
-      with_trainer(comm, trainer, 0.25, [&](auto& t) {
-        const auto r = static_cast<std::size_t>(comm.rank());
-        before[r] = first_held(t);
-        try {
-          gradsync::load_checkpoint(t, comm.rank() == odd ? late.path : early.path);
-        } catch (...) {
-          after[r] = first_held(t);
-          CHECK(t.step_count() == 0);
-          throw;
-        }
-      });
+      load_into_fresh(comm, trainer, comm.rank() == odd ? late.path : early.path, before, after);
     });
     check_every_rank(got, seconds, {"the ranks read different training states", "step 1", "step 2"});
     CHECK(after == before);
@@ -609,17 +621,7 @@ TEST_CASE("ranks that load two runs' checkpoints of the same step and learning r
         t.step(Scale{2.0f});
         gradsync::save_checkpoint(t, other.path);
       });
-      with_trainer(comm, trainer, 0.25, [&](auto& t) {
-        const auto r = static_cast<std::size_t>(comm.rank());
-        before[r] = first_held(t);
-        try {
-          gradsync::load_checkpoint(t, comm.rank() == odd ? other.path : one.path);
-        } catch (...) {
-          after[r] = first_held(t);
-          CHECK(t.step_count() == 0);
-          throw;
-        }
-      });
+      load_into_fresh(comm, trainer, comm.rank() == odd ? other.path : one.path, before, after);
     });
     check_every_rank(got, seconds, {"the ranks read different training states", "step 1"});
     CHECK(after == before);
