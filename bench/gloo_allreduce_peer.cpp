@@ -79,6 +79,15 @@ int main(int argc, char** argv) {
         return shared_value;
       };
       const double t = bench::peer::median_per_call(batch, args.repeats);
+      // The timed calls sum zeros; one more on rank + 1 each checks what moved
+      // (the sum of 1..world, exact in float), then the zeros are put back.
+      std::fill(data.begin(), data.begin() + count, static_cast<float>(rank + 1));
+      op->run();
+      if (!bench::peer::check_result("gloo_allreduce_peer", data.data(), count,
+                                     static_cast<float>(world * (world + 1) / 2), rank)) {
+        return 1;
+      }
+      std::fill(data.begin(), data.begin() + count, 0.0f);
       if (rank == 0) bench::peer::print_row(count, t, world);
     }
     return 0;

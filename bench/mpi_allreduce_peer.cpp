@@ -49,6 +49,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < args.warmup; ++i) MPI_Allreduce(send.data(), recv.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     const double t = bench::peer::median_per_call(
         [&](int n) { return time_batch(send.data(), recv.data(), count, n); }, args.repeats);
+    // Every rank sends ones: the last call's sum is the world size, exactly.
+    if (!bench::peer::check_result("mpi_allreduce_peer", recv.data(), count, static_cast<float>(world), rank)) {
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     if (rank == 0) bench::peer::print_row(count, t, world);
   }
   MPI_Finalize();

@@ -21,6 +21,18 @@ struct Args {
   std::size_t max_bytes() const { return sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end()); }
 };
 
+/// A size in bytes, with an optional K, M or G (binary) suffix, as
+/// bench/compare.py writes them.
+inline std::size_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  std::size_t v = static_cast<std::size_t>(std::strtoull(s.c_str(), &end, 10));
+  if (end && *end) {
+    const char suffix = *end;
+    v <<= suffix == 'K' ? 10 : suffix == 'M' ? 20 : suffix == 'G' ? 30 : 0;
+  }
+  return v;
+}
+
 /// `[-r REPEATS] [-w WARMUP] BYTES...`, from argv[first] on.
 inline Args parse_args(int argc, char** argv, int first) {
   Args a;
@@ -28,7 +40,7 @@ inline Args parse_args(int argc, char** argv, int first) {
     const std::string s = argv[i];
     if (s == "-r" && i + 1 < argc) a.repeats = std::max(1, std::atoi(argv[++i]));
     else if (s == "-w" && i + 1 < argc) a.warmup = std::max(0, std::atoi(argv[++i]));
-    else a.sizes.push_back(static_cast<std::size_t>(std::strtoull(s.c_str(), nullptr, 10)));
+    else a.sizes.push_back(parse_bytes(s));
   }
   return a;
 }
@@ -52,6 +64,20 @@ double median_per_call(Batch&& batch, int repeats) {
   for (int r = 0; r < repeats; ++r) t.push_back(batch(iters));
   std::sort(t.begin(), t.end());
   return t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
+}
+
+/// Whether the first `count` values of an all-reduce's result are all
+/// `expected`; if not, says on stderr which element is not, so that a peer
+/// whose timed calls moved nothing (or the wrong data) is not reported as fast.
+inline bool check_result(const char* peer, const float* v, int count, float expected, int rank) {
+  for (int i = 0; i < count; ++i) {
+    if (v[i] != expected) {
+      std::fprintf(stderr, "%s: rank %d: element %d of %d is %g after the all-reduce, expected %g\n", peer, rank, i,
+                   count, static_cast<double>(v[i]), static_cast<double>(expected));
+      return false;
+    }
+  }
+  return true;
 }
 
 /// Rank 0's line for one size: <bytes> <time_us> <busbw_GBps>, busbw with
