@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -84,6 +85,23 @@ class ArgReader {
   std::string key_;
 };
 
+/// A number as --help shows a default: the shortest form (0.05, 2024).
+inline std::string shown(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+/// Where `r`'s current option asks for the usage (--help, -h), `print()`
+/// writes it to stdout and the program ends with status 0.
+template <class Print>
+void exit_on_help(const ArgReader& r, Print print) {
+  if (r.key() != "--help" && r.key() != "-h") return;
+  print();
+  std::fflush(stdout);
+  std::exit(0);
+}
+
 /// The options every example takes; each program sets its own defaults.
 struct RunArgs {
   std::string backend = "threads";
@@ -144,6 +162,36 @@ struct RunArgs {
     return true;
   }
 
+  /// --help's lines for read_run's options but --seed, with this program's defaults.
+  std::string run_help() const {
+    return "  --backend threads|mpi  ranks as threads of this process, or one per process under mpirun (" + backend +
+           ")\n"
+           "  --ranks N              ranks under --backend threads (" + std::to_string(ranks) + ")\n"
+           "  --epochs N             passes over the training data (" + std::to_string(epochs) + ")\n"
+           "  --batch B              samples per rank in a step (" + std::to_string(batch) + ")\n"
+           "  --lr X                 learning rate (" + shown(lr) + (idx.lr > 0 ? "; " + shown(idx.lr) + " on IDX data" : "") +
+           ")\n"
+           "  --save DIR             write a checkpoint to DIR\n"
+           "  --resume DIR           continue from the checkpoint in DIR\n";
+  }
+
+  /// --help's lines for read()'s other options (the MLP examples').
+  std::string data_help() const {
+    return "  --seed S               seeds the built-in data and, given, the initial weights and the shuffle (" +
+           std::to_string(seed) + ")\n"
+           "  --hidden H             width of each hidden layer (" + std::to_string(hidden) + ")\n"
+           "  --warmup E             epochs over which the learning rate rises linearly to its value (" + shown(warmup) +
+           (idx.warmup > 0 ? "; " + shown(idx.warmup) + " on IDX data" : "") + ")\n"
+           "  --target A             test accuracy to reach, a fraction; below it the run exits 1 (" + shown(target) +
+           (idx.target > 0 ? "; " + shown(idx.target) + " on IDX data" : "") + ")\n"
+           "  --train-samples N      training samples to use, 0 for all (" + std::to_string(train_samples) + ")\n"
+           "  --test-samples N       test samples to use, 0 for all (" + std::to_string(test_samples) + ")\n"
+           "  --data DIR             MNIST-layout IDX files, plain or .gz (--mnist DIR: the same)\n"
+           "  --dataset NAME         fashion-mnist or synthetic (default: Fashion-MNIST where installed)\n"
+           "  --metrics FILE         rank 0's figures as JSON lines, one per epoch\n"
+           "  --metrics-every N      and one every N steps (" + std::to_string(metrics_every) + ": none)\n";
+  }
+
   /// Takes `r`'s current option if it is one of `names`.
   bool read(ArgReader& r) {
     if (read_run(r)) return true;
@@ -162,10 +210,16 @@ struct RunArgs {
   }
 
   /// Reads every option: these, then `extra(r)` for the program's own
-  /// (false: not one of `extra_names`); then checks them.
+  /// (false: not one of `extra_names`, which `extra_help` explains for
+  /// --help); then checks them.
   template <class Extra>
-  void parse(int argc, char** argv, const char* program, const std::string& extra_names, Extra extra) {
+  void parse(int argc, char** argv, const char* program, const std::string& extra_names, Extra extra,
+             const std::string& extra_help = "") {
     for (ArgReader r(argc, argv); r.next();) {
+      exit_on_help(r, [&] {
+        std::printf("usage: %s [options]\n%s%s%s", program, run_help().c_str(), data_help().c_str(),
+                    extra_help.c_str());
+      });
       if (read(r) || extra(r)) continue;
       throw std::runtime_error("unknown option " + r.key() + " (expected " + names + extra_names + ")");
     }

@@ -86,7 +86,12 @@ Args parse(int argc, char** argv) {
             else if (k == "--deterministic") a.deterministic = true;
             else return false;
             return true;
-          });
+          },
+          "  --max-steps N          stop after N steps (0: none), saving with --save; --resume goes on from there\n"
+          "  --deterministic        reductions in rank order: a resumed run ends bitwise as an uninterrupted one\n"
+          "  --no-flush-denormals   keep subnormal floats (flushed by default: slow on x86)\n"
+          "The learning rate is --lr at batch 64, scaled linearly with the effective batch (ranks x --batch).\n"
+          "Checkpoints (--save) are written after every epoch and at --max-steps.\n");
   return a;
 }
 

@@ -86,7 +86,14 @@ Args parse(int argc, char** argv) {
               a.format = f == "full" ? gradsync::CheckpointFormat::full : gradsync::CheckpointFormat::sharded;
             } else return false;
             return true;
-          });
+          },
+          "  --depth D              hidden layers (" + std::to_string(a.depth) + ")\n"
+          "  --memory-budget MIB    each rank's budget; the trainers that do not fit are refused (" +
+              example::shown(a.budget_mib) + ")\n"
+          "  --checkpoint-format full|sharded   one file, or one per rank and an index (full)\n"
+          "  --max-steps N          stop after N steps (0: none), saving with --save; --resume goes on from there\n"
+          "  --deterministic        reductions in rank order: a resumed run ends bitwise as an uninterrupted one\n"
+          "Checkpoints (--save) are written after every epoch and at --max-steps.\n");
   if (a.depth < 1) throw std::runtime_error("--depth must be at least 1");
   return a;
 }

@@ -56,7 +56,9 @@ struct Args : example::RunArgs {
 
 Args parse(int argc, char** argv) {
   Args a;
-  a.parse(argc, argv, "libtorch_ddp", "", [](example::ArgReader&) { return false; });
+  a.parse(argc, argv, "libtorch_ddp", "", [](example::ArgReader&) { return false; },
+          "The learning rate is --lr times the number of ranks.\n"
+          "Checkpoints (--save) are written after every epoch.\n");
   if (a.train_samples < 1 || a.test_samples < 1) throw std::runtime_error("the sample counts must be positive");
   return a;
 }

@@ -63,6 +63,27 @@ struct Args : example::RunArgs {
 Args parse(int argc, char** argv) {
   Args a;
   for (example::ArgReader r(argc, argv); r.next();) {
+    example::exit_on_help(r, [&] {
+      const example::TransformerShape& s = a.shape;
+      std::printf(
+          "usage: libtorch_fsdp [options]\n%s"
+          "  --seed S               seeds the initial weights, the windows' shuffle and the sampling (%llu)\n"
+          "  --text PATH            the text to learn (%s)\n"
+          "  --strategy full|grad-op|no-shard|hybrid   fully_shard's strategy (%s)\n"
+          "  --shard-size S         ranks per shard group under hybrid (0: all)\n"
+          "  --memory-budget BYTES  refuse to train where a rank would need more (default: halfway between\n"
+          "                         what FullShard needs and what a DDP replica needs)\n"
+          "  --steps N              stop after N steps (0: every epoch)\n"
+          "  --blocks N, --d-model D, --heads H, --context C   the transformer (%lld, %lld, %lld, %lld)\n"
+          "  --clip X               clip_grad_norm_ to X (%g)\n"
+          "  --prompt TEXT          what the sampling after training starts from (%s)\n"
+          "  --sample N             characters to sample (%d)\n"
+          "  --temperature T        of the sampling (%g)\n"
+          "Checkpoints (--save) are written after every epoch and at --steps.\n",
+          a.run_help().c_str(), static_cast<unsigned long long>(a.seed), a.text.c_str(), a.strategy.c_str(),
+          static_cast<long long>(s.blocks), static_cast<long long>(s.d_model), static_cast<long long>(s.heads),
+          static_cast<long long>(s.context), a.clip, a.prompt.c_str(), a.sample, a.temperature);
+    });
     if (a.read_run(r)) continue;
     const std::string& k = r.key();
     if (k == "--text") a.text = r.value();

@@ -3,7 +3,8 @@
 something else, before training, with exit 2 and the option named: an empty
 value (`--resume "$DIR"` with DIR unset read as no --resume), a value that is
 not finite (a NaN --warmup held the learning rate near 0), and a count
-written with a sign after a space (" -5" read as 2^64 - 5).
+written with a sign after a space (" -5" read as 2^64 - 5). `--help` prints
+the usage and exits 0.
 
 usage: option_refusals.py BINARY [options...]
 """
@@ -25,6 +26,11 @@ CASES = [
 
 def main():
     binary, options = sys.argv[1], sys.argv[2:]
+    # --help: the usage, every option the program takes, exit 0, no training.
+    usage = run(binary, ["--help"], expect_rc=0)
+    for option in ("--backend", "--ranks", "--epochs", "--lr", "--save", "--resume", "--data", "--dataset"):
+        if option not in usage or "epoch 1" in usage:
+            sys.exit(f"--help: no line for {option}, or training ran:\n{usage}")
     for case, says in CASES:
         out = run(binary, options + case, expect_rc=2)
         if says not in out or "epoch 1" in out:
