@@ -53,7 +53,7 @@ inline c10::ScalarType scalar_type_of(checkpoint::TensorDtype t) {
 /// another run's save) would each load their own shards and train a model
 /// no save ever held. Collective; throws InvalidArgument on every rank.
 template <Backend B>
-void check_same_checkpoint(Communicator<B>& comm, std::uint64_t fingerprint, const std::string& where) {
+void check_same_index(Communicator<B>& comm, std::uint64_t fingerprint, const std::string& where) {
   const auto mine = static_cast<std::int64_t>(fingerprint);
   std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
   AllGather<Auto>{}(comm, std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
@@ -123,7 +123,7 @@ void load_sharded_state(Holder& module, torch::optim::Optimizer* optimizer, Comm
     error = std::current_exception();
   }
   agree<Auto>(comm, error, where);
-  check_same_checkpoint(comm, fingerprint, where);
+  check_same_index(comm, fingerprint, where);
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < entries.size(); ++i) entries[i].local.copy_(staged[i].view(entries[i].local.sizes()));
   for (std::size_t i = 0; i < states.size(); ++i) states[i].set(staged[entries.size() + i]);

@@ -20,8 +20,8 @@
 #include "gradsync/train/checkpoint/checkpoint_options.hpp"
 #include "gradsync/train/checkpoint/checkpoint_snapshot.hpp"
 #include "gradsync/train/checkpoint/pending_saves.hpp"
-#include "gradsync/train/checkpoint/save_agreement.hpp"
 #include "gradsync/train/checkpoint/replicated_checkpoint.hpp"
+#include "gradsync/train/checkpoint/save_agreement.hpp"
 #include "gradsync/train/checkpoint/shard_source.hpp"
 // Both trainers' TrainerCheckpoint, so that this one include serves either.
 #include "gradsync/train/checkpoint/sharded_checkpoint.hpp"
