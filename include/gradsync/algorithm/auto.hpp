@@ -68,6 +68,30 @@ AlgorithmId choose(int world, Collective collective, std::size_t bytes) {
   return best_id;
 }
 
+/// The bytes Auto weighs for collective `c` on `o`: per rank for all-reduce
+/// and broadcast, the whole for reduce-scatter and all-gather.
+inline std::size_t auto_bytes(Collective c, const Operands& o) noexcept {
+  return c == Collective::all_gather || c == Collective::broadcast ? o.out.size_bytes() : o.in.size_bytes();
+}
+
+/// Auto's pick for collective `c` of `bytes` on `world` ranks. Training
+/// loops repeat the same calls; remembering the last answer per thread keeps
+/// Auto's cost on an 8-byte call to a compare.
+template <class B>
+AlgorithmId auto_pick(int world, Collective c, std::size_t bytes) {
+  struct Memo {
+    Collective collective = Collective::barrier;
+    int world = 0;
+    std::size_t bytes = 0;
+    AlgorithmId pick = AlgorithmId::ring;
+  };
+  thread_local Memo memo;
+  if (memo.collective != c || memo.world != world || memo.bytes != bytes) {
+    memo = {c, world, bytes, choose<B>(world, c, bytes)};
+  }
+  return memo.pick;
+}
+
 }  // namespace detail
 
 /// Predicts every algorithm for `collective` on `bytes` (per-rank bytes for
@@ -131,19 +155,8 @@ struct Algorithm<Auto> {
  private:
   template <class B>
   static void run(CallView<B>& comm, Collective c, std::size_t bytes, const Operands& o) {
-    // Training loops repeat the same calls; remembering the last answer per
-    // thread keeps Auto's cost on an 8-byte call to a compare.
-    struct Memo {
-      Collective collective = Collective::barrier;
-      int world = 0;
-      std::size_t bytes = 0;
-      AlgorithmId pick = AlgorithmId::ring;
-    };
-    thread_local Memo memo;
-    if (memo.collective != c || memo.world != comm.size() || memo.bytes != bytes) {
-      memo = {c, comm.size(), bytes, choose<B>(comm.size(), c, bytes)};
-    }
-    algorithm_table<B>[static_cast<std::size_t>(memo.pick)][static_cast<std::size_t>(c)](comm, o);
+    const AlgorithmId pick = auto_pick<B>(comm.size(), c, bytes);
+    algorithm_table<B>[static_cast<std::size_t>(pick)][static_cast<std::size_t>(c)](comm, o);
   }
 };
 
