@@ -463,6 +463,48 @@ TEST_CASE("HybridShard: a rank whose model throws in a step, caught and retried,
   }
 }
 
+TEST_CASE("ReplicatedTrainer: a rank whose model throws in a step, caught and retried, fails every rank") {
+  // Its retry's buckets would otherwise pair with its peers' buckets of the
+  // step it dropped: one step's gradients averaged with the next one's.
+  auto rng = test::rng_for("ReplicatedTrainer model throws on one rank");
+  CAPTURE(test::test_seed());
+  const std::vector<std::size_t> sizes{10, 7, 3, 5};
+  for (int round = 0; round < 6; ++round) {
+    const int n = 3 + static_cast<int>(rng() % 3);
+    const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const int at_step = 1 + static_cast<int>(rng() % 3);
+    const int fail_after = static_cast<int>(rng() % (2 * sizes.size() + 1));
+    const bool in_accumulate = rng() % 2 == 0;
+    gradsync::ReplicatedTrainerOptions o;
+    o.sync.first_bucket_cap_bytes = o.sync.bucket_cap_bytes = 8 * sizeof(float);  // a bucket a unit or so
+    INFO("N = " << n << ", rank " << odd << "'s model throws after " << fail_after << " asks in "
+                << std::string(in_accumulate ? "accumulate()" : "step()") << " of step " << at_step);
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      gradsync::ReplicatedTrainer t(comm, Faulty{{sizes, 1}}, gradsync::Sgd<float>({.lr = 0.1}), o);
+      auto call = [&](bool micro) { return micro ? t.accumulate(Scale{1.0f}) : t.step(Scale{1.0f}); };
+      for (int s = 1; s <= 4; ++s) {
+        if (s == at_step && comm.rank() == odd) {
+          t.model().fail_after = fail_after;
+          try {
+            call(in_accumulate);
+          } catch (const std::runtime_error& e) {
+            if (std::string(e.what()) != "the model failed") throw;
+          }
+          t.model().fail_after = -1;
+        }
+        if (in_accumulate) t.accumulate(Scale{1.0f});
+        t.step(Scale{1.0f});
+      }
+    });
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      const Outcome& oc = got[r];
+      INFO("rank " << r << ": " << oc.kind << ": " << oc.what);
+      CHECK(oc.kind != "returned");
+    }
+    CHECK(seconds < 5.0);
+  }
+}
+
 TEST_CASE("HybridShard: ranks that make different calls between steps fail every rank at once") {
   // One rank saves, evaluates, gathers the parameters, clips or accumulates
   // where the others step. Its first call may be in a group its peers never

@@ -307,12 +307,16 @@ class GradSync {
   /// After a backward that threw part-way: waits for the buckets it
   /// launched (their errors dropped: the caller has its own) and forgets
   /// it, so the next backward starts with no unit ready or touched. The
-  /// gradients keep what they hold, and the call does not count as a
-  /// finish().
+  /// gradients keep what they hold. It counts as a finish(): ranks that all
+  /// abandon a backward stay in step, while a rank that alone abandons one
+  /// and goes on labels its next buckets apart from its peers' buckets of
+  /// the backward it dropped, so that all fail there instead of averaging
+  /// one step's gradients with another's.
   void abandon() noexcept {
     drain();
     tracker_.reset_backward();
     tracker_.clear_touched();
+    ++finished_;
   }
 
   /// The learning rate this rank will step with after the next synced
