@@ -184,6 +184,33 @@ TEST_CASE("at any world size, the ranks agree call after call, and any one rank 
   }
 }
 
+TEST_CASE_TEMPLATE("with check_calls off, labelled calls are still checked: labels that differ fail every rank",
+                   Algo, gs::Ring, gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto) {
+  // The trainers label every call: their step, unit and learning rate are
+  // what tells ranks that would train different models apart.
+  for (const bool by_messages : {false, true}) {
+    if (by_messages) setenv("GRADSYNC_MPI_AGREEMENT", "messages", 1);
+    INFO("GRADSYNC_MPI_AGREEMENT=", by_messages ? "messages" : "(unset)");
+    for (int odd = 0; odd < test::mpi_size(); ++odd) {
+      gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, gs::MpiOptions{.check_calls = false});
+      comm.set_timeout(10s);
+      std::vector<float> x(100, 1.0f);
+      gs::AllReduce<Algo>{}(comm, std::span<float>(x));  // unlabelled, unchecked
+      gs::AllReduce<Algo>{{.label = {.id = 7}}}(comm, std::span<float>(x));  // labelled alike
+      const gs::Options mine{.label = {.id = comm.rank() == odd ? 9u : 8u}};
+      const Outcome o = outcome([&] { gs::AllReduce<Algo>{mine}(comm, std::span<float>(x)); });
+      INFO("rank ", comm.rank(), ", odd rank ", odd, ": ", o.kind, ": ", o.what);
+      CHECK(o.kind == "InvalidArgument");
+      CHECK(o.what.find("gradsync: ranks disagree on a collective: rank " + std::to_string(comm.rank())) == 0);
+      CHECK(o.what.find(comm.rank() == odd ? "label 0x0000000000000008" : "label 0x0000000000000009") !=
+            std::string::npos);
+      CHECK(o.seconds < 2.0);
+      test::idle_barrier();
+    }
+    unsetenv("GRADSYNC_MPI_AGREEMENT");
+  }
+}
+
 TEST_CASE("ranks that disagree only on the chunk size or on determinism throw InvalidArgument") {
   for (const bool on_chunks : {true, false}) {
     gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);

@@ -91,7 +91,9 @@ class Control {
     // process each rank is. Otherwise the agreement goes by messages.
     s_->slots = map_shared_slots(s_->comm, s_->rank, s_->size, s_->nonce, one_host, s_->slots_bytes);
     if (s_->slots) s_->watch = PeerWatch(s_->slots, s_->size, s_->rank);
-    if (s_->slots || !check_calls) return;
+    // Without the slots the agreement goes by messages; set up even when
+    // calls are not checked, since labelled calls are checked regardless.
+    if (s_->slots) return;
     s_->steps = agreement_steps(s_->rank, s_->size);
     const std::size_t n = s_->steps.size();
     s_->in.resize(n);
@@ -186,7 +188,10 @@ class Control {
     for (int q = 0; q < s.size; ++q) {
       if (s.gone[static_cast<std::size_t>(q)] < call.seq) throw_notice(q, std::chrono::nanoseconds::zero(), -1);
     }
-    if (!s.check || s.size == 1) return;
+    // A labelled call is checked even where calls are not: its label is what
+    // tells ranks that would train different models apart (a trainer's
+    // step, unit, learning rate), which no other field of the call does.
+    if ((!s.check && call.label.empty()) || s.size == 1) return;
     // Armed at the end of the previous call, unless posting failed there.
     if (!s.slots && !s.armed && !arm()) {
       throw Error("gradsync: " + s.names.who(s.rank) + ": MPI_Irecv of the call agreement failed in " +

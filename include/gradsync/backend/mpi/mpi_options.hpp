@@ -42,7 +42,10 @@ struct MpiOptions {
   /// -r 21 8 8 64K`, column check/nc, on the 2-core development VM
   /// (2026-12-01, load 5-12 from other builds). Turn it off for
   /// latency-bound loops across hosts once the program is known to call
-  /// collectives alike on every rank.
+  /// collectives alike on every rank. A call that carries a label
+  /// (Options::label: every collective of the trainers and GradSync) is
+  /// checked even so, with its label: ranks that would train different
+  /// models still fail on every rank, naming both.
   bool check_calls = true;
 };
 

@@ -13,7 +13,9 @@ struct NcclOptions {
   /// gather alone: the host waits until every rank has started the call, not
   /// until earlier work is done (see backend/nccl/agreement.hpp). Off, a
   /// disagreement is undefined behaviour inside NCCL (garbage or a hang that
-  /// only the deadline of the next host wait ends).
+  /// only the deadline of the next host wait ends), and calls' labels are
+  /// not compared either (unlike Mpi's, whose labelled calls are checked
+  /// regardless): ranks that would train different models go unseen.
   bool check_calls = true;
 };
 
