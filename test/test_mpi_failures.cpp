@@ -211,6 +211,21 @@ TEST_CASE_TEMPLATE("with check_calls off, labelled calls are still checked: labe
   }
 }
 
+TEST_CASE("MpiOptions that differ between ranks throw InvalidArgument on every rank at construction") {
+  for (const bool on_check : {true, false}) {
+    for (int odd = 0; odd < test::mpi_size(); ++odd) {
+      gs::MpiOptions o;
+      if (test::mpi_rank() == odd && on_check) o.check_calls = false;
+      if (test::mpi_rank() == odd && !on_check) o.failure_policy = gs::MpiFailurePolicy::abort_job;
+      const Outcome got = outcome([&] { gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD, o); });
+      INFO("rank ", test::mpi_rank(), ", odd rank ", odd, ": ", got.kind, ": ", got.what);
+      CHECK(got.kind == "InvalidArgument");
+      CHECK(got.what.find("the ranks were given different MpiOptions (this rank: check_calls") != std::string::npos);
+      test::idle_barrier();
+    }
+  }
+}
+
 TEST_CASE("ranks that disagree only on the chunk size or on determinism throw InvalidArgument") {
   for (const bool on_chunks : {true, false}) {
     gs::Communicator<gs::Mpi> comm(MPI_COMM_WORLD);

@@ -39,6 +39,25 @@
 namespace gradsync {
 namespace detail::mpi {
 
+/// Ranks given different MpiOptions would check calls on some ranks only
+/// (those waiting for an agreement the others never join) or fail in
+/// different ways: one 8-byte MPI_Allreduce on the new duplicate `comm` at
+/// construction compares them, and every rank throws InvalidArgument if they
+/// differ.
+inline void check_same_options(MPI_Comm comm, int rank, const MpiOptions& o) {
+  const int mine = (o.check_calls ? 1 : 0) | static_cast<int>(o.failure_policy) << 1;
+  int both[2] = {mine, -mine};
+  if (MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
+    throw Error("gradsync: MPI_Allreduce of the MpiOptions failed");
+  }
+  if (both[0] == -both[1]) return;
+  throw InvalidArgument("gradsync: Communicator<Mpi> on rank " + std::to_string(rank) +
+                        ": the ranks were given different MpiOptions (this rank: check_calls " +
+                        (o.check_calls ? "true" : "false") + ", failure_policy " +
+                        (o.failure_policy == MpiFailurePolicy::abort_job ? "abort_job" : "throw_error") +
+                        "); every rank must pass the same");
+}
+
 /// Non-blocking MPI point-to-point under the backend concept. The user's
 /// communicator is duplicated, so gradsync's messages never match the
 /// user's. MPI has no timeouts: waits poll with MPI_Testsome against the
@@ -61,6 +80,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    check_same_options(comm_, rank_, options);
     check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_), "MPI_Comm_split_type");
     MPI_Comm_rank(node_, &local_rank_);
     MPI_Comm_size(node_, &local_size_);
@@ -78,6 +98,7 @@ class Endpoint : public NativeCollectives<Endpoint> {
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
   Endpoint(Endpoint&& o) noexcept { swap(o); }
+
   Endpoint& operator=(Endpoint&&) = delete;
   ~Endpoint() {
     int finalized = 0;
