@@ -418,6 +418,28 @@ ShardedTrainerOptions hybrid_options(int n, std::mt19937_64& rng) {
           .shard_size = divisors[static_cast<std::size_t>(rng() % divisors.size())]};
 }
 
+/// Four steps of `t` (a trainer over Faulty), each accumulate() then step()
+/// where `in_accumulate`; on rank `odd` the model of step `at_step` throws
+/// after `fail_after` asks, and that rank catches it and goes on, as a loop
+/// that skips a bad batch would.
+template <class Trainer>
+void steps_with_one_throw(Trainer& t, int rank, int odd, int at_step, int fail_after, bool in_accumulate) {
+  auto call = [&](bool micro) { return micro ? t.accumulate(Scale{1.0f}) : t.step(Scale{1.0f}); };
+  for (int s = 1; s <= 4; ++s) {
+    if (s == at_step && rank == odd) {
+      t.model().fail_after = fail_after;
+      try {
+        call(in_accumulate);
+      } catch (const std::runtime_error& e) {
+        if (std::string(e.what()) != "the model failed") throw;
+      }
+      t.model().fail_after = -1;
+    }
+    if (in_accumulate) t.accumulate(Scale{1.0f});
+    t.step(Scale{1.0f});
+  }
+}
+
 TEST_CASE("HybridShard: a rank whose model throws in a step, caught and retried, fails every rank at once") {
   // Its peers wait in shard or replica group calls it will not make, or
   // have finished the step and wait for the next one on the world: neither
@@ -437,21 +459,7 @@ TEST_CASE("HybridShard: a rank whose model throws in a step, caught and retried,
                 << " asks in " << std::string(in_accumulate ? "accumulate()" : "step()") << " of step " << at_step);
     const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
       ShardedTrainer t(comm, Faulty{{sizes, 1}}, gradsync::Sgd<float>({.lr = 0.1}), o);
-      // Every step is accumulate() then step() where the throw is in accumulate().
-      auto call = [&](bool micro) { return micro ? t.accumulate(Scale{1.0f}) : t.step(Scale{1.0f}); };
-      for (int s = 1; s <= 4; ++s) {
-        if (s == at_step && comm.rank() == odd) {
-          t.model().fail_after = fail_after;
-          try {
-            call(in_accumulate);
-          } catch (const std::runtime_error& e) {
-            if (std::string(e.what()) != "the model failed") throw;
-          }
-          t.model().fail_after = -1;
-        }
-        if (in_accumulate) t.accumulate(Scale{1.0f});
-        t.step(Scale{1.0f});
-      }
+      steps_with_one_throw(t, comm.rank(), odd, at_step, fail_after, in_accumulate);
     });
     for (std::size_t r = 0; r < got.size(); ++r) {
       const Outcome& o = got[r];
@@ -481,20 +489,7 @@ TEST_CASE("ReplicatedTrainer: a rank whose model throws in a step, caught and re
                 << std::string(in_accumulate ? "accumulate()" : "step()") << " of step " << at_step);
     const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
       gradsync::ReplicatedTrainer t(comm, Faulty{{sizes, 1}}, gradsync::Sgd<float>({.lr = 0.1}), o);
-      auto call = [&](bool micro) { return micro ? t.accumulate(Scale{1.0f}) : t.step(Scale{1.0f}); };
-      for (int s = 1; s <= 4; ++s) {
-        if (s == at_step && comm.rank() == odd) {
-          t.model().fail_after = fail_after;
-          try {
-            call(in_accumulate);
-          } catch (const std::runtime_error& e) {
-            if (std::string(e.what()) != "the model failed") throw;
-          }
-          t.model().fail_after = -1;
-        }
-        if (in_accumulate) t.accumulate(Scale{1.0f});
-        t.step(Scale{1.0f});
-      }
+      steps_with_one_throw(t, comm.rank(), odd, at_step, fail_after, in_accumulate);
     });
     for (std::size_t r = 0; r < got.size(); ++r) {
       const Outcome& oc = got[r];
