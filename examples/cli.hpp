@@ -169,8 +169,8 @@ struct RunArgs {
            "  --ranks N              ranks under --backend threads (" + std::to_string(ranks) + ")\n"
            "  --epochs N             passes over the training data (" + std::to_string(epochs) + ")\n"
            "  --batch B              samples per rank in a step (" + std::to_string(batch) + ")\n"
-           "  --lr X                 learning rate (" + shown(lr) + (idx.lr > 0 ? "; " + shown(idx.lr) + " on IDX data" : "") +
-           ")\n"
+           "  --lr X                 learning rate (" + shown(lr) +
+           (idx.lr > 0 ? "; " + shown(idx.lr) + " on IDX data" : "") + ")\n"
            "  --save DIR             write a checkpoint to DIR\n"
            "  --resume DIR           continue from the checkpoint in DIR\n";
   }
@@ -180,8 +180,8 @@ struct RunArgs {
     return "  --seed S               seeds the built-in data and, given, the initial weights and the shuffle (" +
            std::to_string(seed) + ")\n"
            "  --hidden H             width of each hidden layer (" + std::to_string(hidden) + ")\n"
-           "  --warmup E             epochs over which the learning rate rises linearly to its value (" + shown(warmup) +
-           (idx.warmup > 0 ? "; " + shown(idx.warmup) + " on IDX data" : "") + ")\n"
+           "  --warmup E             epochs over which the learning rate rises linearly to its value (" +
+           shown(warmup) + (idx.warmup > 0 ? "; " + shown(idx.warmup) + " on IDX data" : "") + ")\n"
            "  --target A             test accuracy to reach, a fraction; below it the run exits 1 (" + shown(target) +
            (idx.target > 0 ? "; " + shown(idx.target) + " on IDX data" : "") + ")\n"
            "  --train-samples N      training samples to use, 0 for all (" + std::to_string(train_samples) + ")\n"

@@ -438,8 +438,8 @@ std::string disagreement(const std::function<void(Comm&)>& body, bool timeout_ok
 
 TEST_CASE_TEMPLATE("ranks that disagree on the call end in an error, not a hang or a stray write", Algo, gs::Ring,
                    gs::Tree, gs::RecursiveHalvingDoubling, gs::Native, gs::Auto) {
-  // Every disagreement is named now, Auto's too (it may pick different
-  // algorithms for the two calls, but both are stamped "auto").
+  // Every disagreement is named, Auto's too (its calls name what it picked,
+  // "auto:ring", which may differ between the two calls).
   constexpr bool timeout_ok = false;
   // Repeated: detection races with the peer's own detection and unwinding.
   for (int i = 0; i < 10; ++i) {

@@ -110,9 +110,9 @@ TEST_CASE_TEMPLATE("a rank that skips a call whose count differs makes every ran
   // Auto's pick and RHD's path are part of the algorithm's name
   // ("auto:tree", "rhd-short"), and depend on the count.
   const std::string algo = std::string(Algo::name) + "[-:a-z]*";
-  const std::string mine = comm.rank() == 1 ? "AllReduce #1 \\(" + algo + ", 7 x" : "AllReduce #1 \\(" + algo + ", 1000 x";
-  const std::string other =
-      comm.rank() == 1 ? "called AllReduce #1 \\(" + algo + ", 1000 x" : "rank 1 called AllReduce #1 \\(" + algo + ", 7 x";
+  const std::string call = "AllReduce #1 \\(" + algo;
+  const std::string mine = call + (comm.rank() == 1 ? ", 7 x" : ", 1000 x");
+  const std::string other = comm.rank() == 1 ? "called " + call + ", 1000 x" : "rank 1 called " + call + ", 7 x";
   check_disagreement_pattern(o, mine, other);
   // Nothing returned a wrong sum: no rank came back normally.
   test::idle_barrier();

@@ -622,6 +622,34 @@ void load_into_fresh(Communicator<Threads>& comm, int trainer, const std::filesy
 
 }  // namespace
 
+TEST_CASE("a checkpoint's save where only some ranks pass their sampler compares those, and saves") {
+  // A rank may save without one (it evaluates, say): the file records rank
+  // 0's, which the ranks that passed theirs agree on.
+  each_trainer_with_odd_rank("sampler on some ranks", [](int trainer, int n, int odd, auto&) {
+    INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " saves without its sampler");
+    test::TempDir dir;
+    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+      gradsync::DistributedSampler sampler(40, comm.size(), comm.rank(), {.seed = 3});
+      sampler.set_epoch(1);
+      sampler.advance(2);
+      with_trainer(comm, trainer, 0.25, [&](auto& t) {
+        t.step(Scale{1.0f});
+        if (comm.rank() == odd) {
+          gradsync::save_checkpoint(t, dir.path);
+        } else {
+          gradsync::save_checkpoint(t, sampler, dir.path);
+        }
+      });
+    });
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      const Outcome& o = got[r];
+      INFO("rank " << r << ": " << o.kind << ": " << o.what);
+      CHECK(o.kind == "returned");
+    }
+    CHECK(std::filesystem::exists(gradsync::checkpoint_file(dir.path)));
+  }, 4);
+}
+
 TEST_CASE("ranks that load different checkpoints fail every rank and load nothing") {
   // A stale copy on one node: the same run saved at two steps.
   each_trainer_with_odd_rank("load agreement", [](int trainer, int n, int odd, auto&) {

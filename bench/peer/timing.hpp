@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -21,15 +22,17 @@ struct Args {
   std::size_t max_bytes() const { return sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end()); }
 };
 
-/// A size in bytes, with an optional K, M or G (binary) suffix, as
-/// bench/compare.py writes them.
+/// A whole size in bytes, with an optional K, M or G (binary, either case)
+/// suffix, as bench/compare.py writes them; anything else ends the program.
 inline std::size_t parse_bytes(const std::string& s) {
   char* end = nullptr;
   std::size_t v = static_cast<std::size_t>(std::strtoull(s.c_str(), &end, 10));
-  if (end && *end) {
-    const char suffix = *end;
-    v <<= suffix == 'K' ? 10 : suffix == 'M' ? 20 : suffix == 'G' ? 30 : 0;
+  const std::string suffix = end ? end : "";
+  if (end == s.c_str() || suffix.size() > 1 || (suffix.size() == 1 && !std::strchr("KkMmGg", suffix[0]))) {
+    std::fprintf(stderr, "not a size in bytes: '%s' (a whole number, then K, M or G if you like)\n", s.c_str());
+    std::exit(2);
   }
+  if (!suffix.empty()) v <<= suffix[0] == 'K' || suffix[0] == 'k' ? 10 : suffix[0] == 'M' || suffix[0] == 'm' ? 20 : 30;
   return v;
 }
 

@@ -64,8 +64,9 @@ inline void check_same_options(MPI_Comm comm, int rank, const MpiOptions& o) {
 /// communicator's deadline.
 ///
 /// Every call is checked against the other ranks' (see Control) unless
-/// MpiOptions::check_calls is off, and a rank that fails or leaves tells the
-/// others on the control channel, so they fail fast naming it.
+/// MpiOptions::check_calls is off and the call carries no label, and a rank
+/// that fails or leaves tells the others on the control channel, so they
+/// fail fast naming it.
 ///
 /// Native's collectives, MPI's own, are mixed in from NativeCollectives.
 class Endpoint : public NativeCollectives<Endpoint> {
@@ -98,7 +99,6 @@ class Endpoint : public NativeCollectives<Endpoint> {
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
   Endpoint(Endpoint&& o) noexcept { swap(o); }
-
   Endpoint& operator=(Endpoint&&) = delete;
   ~Endpoint() {
     int finalized = 0;

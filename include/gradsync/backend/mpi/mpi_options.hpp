@@ -40,12 +40,13 @@ struct MpiOptions {
   /// MPI_Iallreduce of the 16 bytes costs 2.4-3.7 at N=2, 1.1-2.4 at N=4. From
   /// 64 KiB all are within noise (0.85-1.08). `mpirun -np N mpi_interleaved
   /// -r 21 8 8 64K`, column check/nc, on the 2-core development VM
-  /// (2026-12-01, load 5-12 from other builds). Turn it off for
-  /// latency-bound loops across hosts once the program is known to call
-  /// collectives alike on every rank. A call that carries a label
-  /// (Options::label: every collective of the trainers and GradSync) is
-  /// checked even so, with its label: ranks that would train different
-  /// models still fail on every rank, naming both.
+  /// (2026-12-01, load 5-12 from other builds). Turn it off for a
+  /// latency-bound loop of your own collectives across hosts once the
+  /// program is known to call them alike on every rank. A call that carries
+  /// a label (Options::label: every collective of the trainers and GradSync)
+  /// is checked even so, with its label: ranks that would train different
+  /// models still fail on every rank, naming both, so the trainers' calls
+  /// cost the check either way.
   bool check_calls = true;
 };
 

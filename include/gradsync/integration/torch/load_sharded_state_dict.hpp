@@ -63,7 +63,7 @@ void check_same_index(Communicator<B>& comm, std::uint64_t fingerprint, const st
   }
   if (ranks.empty()) return;
   throw InvalidArgument("gradsync: " + where + ": the ranks read different checkpoints: rank(s) " + ranks +
-                        " another than rank 0's (a stale copy, or another run's save); nothing was loaded");
+                        " read another than rank 0 did (a stale copy, or another run's save); nothing was loaded");
 }
 
 /// load_sharded_state_dict, with the optimizer's state where `optimizer` is not null.

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -103,15 +104,19 @@ class TrainerBase {
   /// leaving a checkpoint whose load would make them agree unseen. Under
   /// HybridShard it also meets, on the world, a peer that steps instead.
   /// `alike`: a hash of what else the checkpoint records once (the
-  /// sampler's state); returns whether every rank passed the same.
-  bool agree_to_save(std::uint64_t alike = 0) {
-    // The maximum of h and of −h: both are one rank's exactly when all agree.
-    const auto h = static_cast<std::int64_t>(alike >> 1);
-    std::array<std::int64_t, 2> both{h, -h};
+  /// sampler's state), or none where this rank has nothing to compare;
+  /// returns whether the ranks that passed one passed the same.
+  [[nodiscard]] bool agree_to_save(std::optional<std::uint64_t> alike = std::nullopt) {
+    // The maximum of h and of −h over the ranks that pass one: both are one
+    // rank's exactly when those agree. h keeps 63 bits, so that −h is an
+    // int64 and above the lowest, which a rank without one contributes.
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::min();
+    const auto h = alike ? static_cast<std::int64_t>(*alike >> 1) : none;
+    std::array<std::int64_t, 2> both{h, alike ? -h : none};
     const auto save = static_cast<std::size_t>(TrainerEntry::checkpoint_save);
     const Options opts = labelled(Options{}, LabelPhase::entry, save);
     AllReduce<Algo>{opts}(comm_, std::span<std::int64_t>(both), Max{});
-    return both[0] == -both[1];
+    return both[0] == none || both[0] == -both[1];
   }
 
  protected:

@@ -246,10 +246,16 @@ class GradSync {
     }
     // Buckets this finish() launches belong to the same backward as those
     // launched during it: the count moves on only as finish() leaves.
+    // One that throws has counted its backward: abandon() does not again.
     struct CountOnLeave {
       std::uint64_t& n;
-      ~CountOnLeave() { ++n; }
-    } count{finished_};
+      bool& threw;
+      int uncaught = std::uncaught_exceptions();
+      ~CountOnLeave() {
+        ++n;
+        threw = std::uncaught_exceptions() > uncaught;
+      }
+    } count{finished_, finish_threw_};
     if (!sync_) return;
     std::string missing;
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -307,16 +313,17 @@ class GradSync {
   /// After a backward that threw part-way: waits for the buckets it
   /// launched (their errors dropped: the caller has its own) and forgets
   /// it, so the next backward starts with no unit ready or touched. The
-  /// gradients keep what they hold. It counts as a finish(): ranks that all
-  /// abandon a backward stay in step, while a rank that alone abandons one
-  /// and goes on labels its next buckets apart from its peers' buckets of
-  /// the backward it dropped, so that all fail there instead of averaging
-  /// one step's gradients with another's.
+  /// gradients keep what they hold. It counts as a finish() (unless a
+  /// finish() that threw counted this backward): ranks that all abandon a
+  /// backward stay in step, while a rank that alone abandons one and goes
+  /// on labels its next buckets apart from its peers' buckets of the
+  /// backward it dropped, so that all fail there (and their communicator
+  /// with them) instead of averaging one step's gradients with another's.
   void abandon() noexcept {
     drain();
     tracker_.reset_backward();
     tracker_.clear_touched();
-    ++finished_;
+    if (!std::exchange(finish_threw_, false)) ++finished_;
   }
 
   /// The learning rate this rank will step with after the next synced
@@ -643,6 +650,8 @@ class GradSync {
   /// finish() calls, synced or not: the count the labels carry, which
   /// reset_stats() leaves alone, since ranks need not reset alike.
   std::uint64_t finished_ = 0;
+  /// The last finish() left by an exception (see abandon).
+  bool finish_threw_ = false;
   std::atomic<double> worker_seconds_{0};  ///< buckets run on the worker
   double inline_seconds_ = 0;              ///< buckets finish() ran on the caller's thread
   std::shared_ptr<ProgressWorker<B>> worker_;
