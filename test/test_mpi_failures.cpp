@@ -254,7 +254,9 @@ TEST_CASE("after a Timeout the communicator refuses every later call at once") {
     INFO(again.what);
     CHECK(again.kind == "Aborted");
     CHECK(again.what.find("AllReduce #1 (ring") != std::string::npos);
-    CHECK(again.seconds < 0.05);
+    // Local work only; the limit is below the 300 ms timeout, so a wait would
+    // show, and far above what a descheduled rank on a busy machine loses.
+    CHECK(again.seconds < 0.2);
   }
   test::idle_barrier();
 }
@@ -459,7 +461,8 @@ TEST_CASE("a rank that comes to a call its peers already gave up on refuses it a
   if (comm.rank() == 1) {
     CHECK((o.kind == "Timeout" || o.kind == "Aborted"));
     CHECK(o.what.find("abandoned AllReduce #1") != std::string::npos);
-    CHECK(o.seconds < 0.05);
+    // Below the 300 ms timeout, so waiting for it would show.
+    CHECK(o.seconds < 0.2);
   } else {
     CHECK(o.kind == "Timeout");
   }
