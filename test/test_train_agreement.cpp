@@ -680,7 +680,9 @@ TEST_CASE("ranks that load two runs' checkpoints of the same step and learning r
 TEST_CASE("a rank that accumulates one micro-batch more than the others fails every rank at the step") {
   // Where no collective of the micro-steps tells the ranks apart
   // (ReplicatedTrainer, whose micro-steps only add locally; NoSync), each
-  // would weigh its micro-batches by its own count.
+  // would weigh its micro-batches by its own count; where they do (Sharded),
+  // the extra micro-step's reductions match the peers' step's, and in the
+  // last step the peers would return with its partial sum in their update.
   auto rng = test::rng_for("micro-batch count agreement");
   CAPTURE(test::test_seed());
   const std::pair<int, gradsync::AccumulationMode> configs[] = {
@@ -689,32 +691,39 @@ TEST_CASE("a rank that accumulates one micro-batch more than the others fails ev
       {int(ShardingStrategy::NoShard), gradsync::AccumulationMode::NoSync},
       {int(ShardingStrategy::NoShard), gradsync::AccumulationMode::Sharded},
       {int(ShardingStrategy::FullShard), gradsync::AccumulationMode::NoSync}};
-  for (std::size_t c = 0; c < std::size(configs); ++c) {
+  // Under OnNonfinite::ignore there is no agreement on finite values to
+  // carry the count; it must be agreed all the same.
+  for (std::size_t c = 0; c < 2 * std::size(configs); ++c) {
     const int n = 3 + static_cast<int>(rng() % 3);
     const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
-    const bool replicated = c == 0;
-    INFO("config " << c << ", N = " << n << ", rank " << odd << " accumulates once more before step 2");
+    const int extra_at = 1 + static_cast<int>(rng() % 3);
+    const bool replicated = c % std::size(configs) == 0;
+    const auto policy = c < std::size(configs) ? gradsync::OnNonfinite::throw_error : gradsync::OnNonfinite::ignore;
+    const auto& config = configs[c % std::size(configs)];
+    INFO("config " << c << " (" << gradsync::name(policy) << "), N = " << n << ", rank " << odd
+                    << " accumulates once more before step " << extra_at << " of 3");
     const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
       auto train = [&](auto& t) {
         for (int s = 1; s <= 3; ++s) {
           t.accumulate(Scale{1.0f});
-          if (s == 2 && comm.rank() == odd) t.accumulate(Scale{1.0f});
+          if (s == extra_at && comm.rank() == odd) t.accumulate(Scale{1.0f});
           t.step(Scale{1.0f});
         }
       };
       const test_squares::Squares m{{10, 7, 3}, 1};
       if (replicated) {
-        gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}));
+        gradsync::ReplicatedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}), {.on_nonfinite = policy});
         train(t);
       } else {
         ShardedTrainer t(comm, m, gradsync::Sgd<float>({.lr = 0.1}),
-                         {.strategy = static_cast<ShardingStrategy>(configs[c].first),
-                          .accumulation = configs[c].second});
+                         {.strategy = static_cast<ShardingStrategy>(config.first),
+                          .accumulation = config.second,
+                          .on_nonfinite = policy});
         train(t);
       }
     });
     check_every_rank(got, seconds, {"ranks disagree"});
-    if (c < 3) check_every_rank(got, seconds, {"of 2 micro-batches", "of 3 micro-batches"});
+    if (c % std::size(configs) < 3) check_every_rank(got, seconds, {"of 2 micro-batches", "of 3 micro-batches"});
   }
 }
 

@@ -13,7 +13,7 @@ namespace gradsync {
 /// last pass is the algorithm's, is read once more), so a NaN from any rank
 /// is seen wherever the reduction carries it; one 16-byte all-reduce per step then
 /// agrees on the verdict and on the first unit that went non-finite, so
-/// every rank takes the same decision. `ignore` makes neither.
+/// every rank takes the same decision. `ignore` makes neither (but see it).
 enum class OnNonfinite : std::uint8_t {
   /// Every rank throws gradsync::Error from forward_backward() (or step(),
   /// or ReplicatedTrainer::join() on a rank that joined: call it again to
@@ -32,7 +32,13 @@ enum class OnNonfinite : std::uint8_t {
   /// skipped_steps counts the steps skipped and StepStats::skipped says
   /// whether last_step() was one.
   skip_step,
-  /// No check, no collective: a non-finite gradient reaches the optimizer.
+  /// No check: a non-finite gradient reaches the optimizer. Each step
+  /// still ends with one 8-byte all-reduce (none at N = 1) that agrees on
+  /// its number of micro-batches (accumulate() calls and the step's own),
+  /// which the agreement on finite values otherwise carries: ranks that
+  /// took different numbers would weigh their micro-batches differently
+  /// (or match one rank's extra micro-step with their step), and all throw
+  /// InvalidArgument instead.
   ignore,
 };
 

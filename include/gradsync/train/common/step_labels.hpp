@@ -33,6 +33,7 @@ enum class LabelPhase : std::uint8_t {
   nonfinite,       ///< the agreement on finite gradient and loss; the index counts the step's micro-batches
   lr_changed,      ///< the agreement on a learning rate set between forward_backward() and optimizer_step()
   entry,           ///< the world agreement that starts a call (HybridShard's in groups; a save); index: TrainerEntry
+  micro_batches,   ///< OnNonfinite::ignore: the agreement on the step's micro-batch count, which the index holds
 };
 
 /// Which public call a LabelPhase::entry label starts.
@@ -136,6 +137,9 @@ class StepLabels final : public LabelNames {
       case LabelPhase::nonfinite:
         s += "agreement on finite gradients and loss";
         if (index > 1) s += " of " + std::to_string(index) + " micro-batches";
+        break;
+      case LabelPhase::micro_batches:
+        s += "agreement on the step's count of " + std::to_string(index) + " micro-batch" + (index == 1 ? "" : "es");
         break;
       case LabelPhase::lr_changed: s += "agreement on a learning rate set after forward_backward()"; break;
       case LabelPhase::entry: s += std::string("start of ") + entry_name(static_cast<TrainerEntry>(index)); break;

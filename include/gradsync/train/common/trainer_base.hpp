@@ -274,12 +274,24 @@ class TrainerBase {
   /// accumulated a different number (where no collective of theirs told
   /// them apart: ReplicatedTrainer, NoSync) would average their micro-
   /// batches with different weights, so they fail here, naming both.
+  /// Where micro-steps do communicate, their collectives carry the step's
+  /// labels, so a rank's extra micro-step matches its peers' step and goes
+  /// unseen until this agreement. Under ignore the count alone is agreed,
+  /// by one 8-byte all-reduce.
   template <class Name>
   void check_nonfinite(OnNonfinite policy, std::optional<std::size_t> unit, Options base, Name&& unit_name,
                        std::span<value_type> grads, std::size_t micro_batches) {
     const bool loss_finite = !loss_nonfinite_;
     loss_nonfinite_ = false;
-    if (policy == OnNonfinite::ignore) return;
+    if (policy == OnNonfinite::ignore) {
+      if (comm_.size() > 1) {
+        // Max of zeros changes nothing; the call, and its label, is the agreement.
+        double none = 0;
+        AllReduce<Algo>{labelled(std::move(base), LabelPhase::micro_batches, micro_batches)}(
+            comm_, std::span<double>(&none, 1), Max{});
+      }
+      return;
+    }
     const auto verdict =
         NonfiniteVerdict::agree<Algo>(comm_, labelled(std::move(base), LabelPhase::nonfinite, micro_batches), unit,
                                       loss_finite);

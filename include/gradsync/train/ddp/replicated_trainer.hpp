@@ -69,7 +69,8 @@ struct ReplicatedTrainerOptions {
   /// (see OnNonfinite). The gradient is checked as GradSync copies it out of
   /// each bucket (in-place buckets: read once more after their all-reduce);
   /// unless `ignore`, each step ends with one 16-byte all-reduce that agrees
-  /// on the verdict. Ranks given different values all throw at construction.
+  /// on the verdict (under `ignore`, an 8-byte one on the micro-batch
+  /// count). Ranks given different values all throw at construction.
   OnNonfinite on_nonfinite = OnNonfinite::throw_error;
 };
 
@@ -513,7 +514,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   }
 
   /// The step's averaged gradient and losses, checked (OnNonfinite), over
-  /// `micro_batches` (its accumulate() calls and its own).
+  /// `micro_batches` (its accumulate() calls and its own), which no
+  /// collective of the micro-steps tells apart: they only add locally.
   void check_finite(std::size_t micro_batches) {
     this->check_nonfinite(
         o_.on_nonfinite, sync_->first_nonfinite_unit(), {},

@@ -107,7 +107,8 @@ struct ShardedTrainerOptions {
   /// gradient as the reduction's copy-out writes it (where the result lands
   /// in place, by one more read of its shard on the worker); unless
   /// `ignore`, one 16-byte all-reduce over every rank after the step's
-  /// reductions agrees on the verdict and on the first wrapped unit to name.
+  /// reductions agrees on the verdict and on the first wrapped unit to name
+  /// (under `ignore`, an 8-byte one on the micro-batch count).
   OnNonfinite on_nonfinite = OnNonfinite::throw_error;
 };
 
