@@ -435,6 +435,12 @@ TEST_CASE("step statistics: elements sent per step equal the formula for every s
       CHECK(trainer.last_step().gather_seconds == 0);
       check_times(trainer.last_step(), 4);
       sent[static_cast<std::size_t>(comm.rank())] = trainer.last_step().sent_elements;
+      // A step's compute counts its accumulate() micro-steps, as the trainer's total does.
+      const double before = trainer.stats().compute_seconds;
+      trainer.accumulate(Scale{1.0f});
+      trainer.accumulate(Scale{2.0f});
+      trainer.step(Scale{1.0f});
+      CHECK(trainer.last_step().compute_seconds == trainer.stats().compute_seconds - before);
     });
     CHECK(total() == 2 * (n - 1) * psi);
   });

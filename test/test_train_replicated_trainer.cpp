@@ -348,6 +348,108 @@ TEST_CASE("uneven inputs: what a rank accumulated before join() is dropped, also
   }
 }
 
+TEST_CASE("uneven inputs: buffers come from a rank with data, and joined ranks follow the learning rate") {
+  // Rank 0 runs out of data first. A joined rank runs no forward, so its
+  // buffers fall behind: broadcast from it, they would undo each step's
+  // update on the others. And it steps with the rate the others set, before
+  // forward_backward() or between the step's halves.
+  auto rng = test::rng_for("join buffers and rates");
+  CAPTURE(test::test_seed());
+  const int world = 3 + static_cast<int>(rng() % 3);
+  constexpr std::size_t b = 2;
+  std::vector<std::size_t> batches(static_cast<std::size_t>(world));
+  for (auto& n : batches) n = 1 + rng() % 4;
+  batches[0] = 1 + rng() % 2;
+  batches.back() = batches[0] + 1 + rng() % 2;
+  const std::size_t steps = *std::ranges::max_element(batches);
+  std::vector<bool> between_halves(steps);
+  for (std::size_t s = 0; s < steps; ++s) between_halves[s] = rng() % 2 == 0;
+  // A constant rate, then a schedule: each of the two faults alone.
+  for (const bool schedule : {false, true}) {
+    auto lr_at = [&](std::size_t s) { return schedule ? 0.2 * (1.0 - 0.15 * static_cast<double>(s)) : 0.2; };
+    INFO("N = " << world << ", steps " << steps << ", rank 0 has " << batches[0] << " batch(es)"
+                << (schedule ? ", a schedule" : ", one rate"));
+    auto step = [&](auto& trainer, std::size_t s, const Batch<float>& batch) {
+      if (!between_halves[s]) trainer.optimizer().set_lr(lr_at(s));
+      trainer.forward_backward(batch);
+      if (between_halves[s]) trainer.optimizer().set_lr(lr_at(s));
+      trainer.optimizer_step();
+    };
+    ReplicatedTrainerOptions o;
+    o.join = true;
+    o.check_replicas_every = 1;
+    std::vector<std::vector<float>> params(static_cast<std::size_t>(world)), buffers(params.size());
+    std::vector<double> lrs(params.size());
+    float initial = 0;
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+      const auto r = static_cast<std::size_t>(comm.rank());
+      if (r == 0) initial = trainer.buffers()[0];
+      for (std::size_t s = 0; s < batches[r]; ++s) step(trainer, s, make_batch<float>((s * world + r) * b, b, in, out));
+      trainer.join();
+      params[r].assign(trainer.parameters().begin(), trainer.parameters().end());
+      buffers[r].assign(trainer.buffers().begin(), trainer.buffers().end());
+      lrs[r] = trainer.optimizer().lr();
+    });
+    for (std::size_t r = 0; r < params.size(); ++r) {
+      INFO("rank " << r);
+      CHECK(params[r] == params[0]);
+      CHECK(buffers[r] == buffers[0]);
+      // Every step adds its batch to the buffers of the rank they come from.
+      CHECK(buffers[r][0] == initial + static_cast<float>(b * steps));
+      CHECK(lrs[r] == lr_at(steps - 1));
+    }
+    // The same training on one rank, each step on the batches of the ranks that had data.
+    std::vector<float> single;
+    gradsync::run_threads(1, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, model_for(0), momentum_sgd());
+      for (std::size_t s = 0; s < steps; ++s) {
+        Batch<float> all;
+        for (std::size_t r = 0; r < params.size(); ++r) {
+          if (s >= batches[r]) continue;
+          auto part = make_batch<float>((s * world + r) * b, b, in, out);
+          all.size += part.size;
+          all.x.insert(all.x.end(), part.x.begin(), part.x.end());
+          all.y.insert(all.y.end(), part.y.begin(), part.y.end());
+        }
+        step(trainer, s, all);
+      }
+      single.assign(trainer.parameters().begin(), trainer.parameters().end());
+    });
+    check_close(params[0], single, 2e-5f);
+  }
+}
+
+TEST_CASE("uneven inputs: ranks with data that set different rates after forward_backward() fail every rank") {
+  auto rng = test::rng_for("join rates differ");
+  CAPTURE(test::test_seed());
+  const int world = 3 + static_cast<int>(rng() % 3);
+  const int odd = 1 + static_cast<int>(rng() % static_cast<unsigned>(world - 1));
+  INFO("N = " << world << ", rank 0 joins after one step, rank " << odd << " sets another rate in step 2");
+  ReplicatedTrainerOptions o;
+  o.join = true;
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    try {
+      for (std::size_t s = 0; s < (r == 0 ? 1u : 2u); ++s) {
+        trainer.forward_backward(make_batch<float>((s * world + r) * 2, 2, in, out));
+        if (s == 1) trainer.optimizer().set_lr(comm.rank() == odd ? 0.05 : 0.1);
+        trainer.optimizer_step();
+      }
+      trainer.join();
+    } catch (const gradsync::InvalidArgument& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].find("set different learning rates after forward_backward(), between 0.05 and 0.1") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("uneven inputs: join lets ranks with less data finish cleanly; each step averages the ranks with data") {
   constexpr int world = 3;
   constexpr std::size_t b = 4;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -144,11 +145,16 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   double forward_backward(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("forward_backward");
-    const TrainerStats before = stats_;
-    int active = comm_.size();
-    if (o_.join) active = count_active(1);
+    // The step's figures count its micro-steps too.
+    const TrainerStats before = micro_steps_ > 0 ? micro_before_ : stats_;
+    int active = comm_.size(), root = 0;
+    if (o_.join) {
+      const ActiveRanks a = agree_active(true);
+      active = a.count;
+      root = a.root;
+    }
     step_active_ = active;
-    broadcast_buffers();
+    broadcast_buffers(root);
     sync_->set_sync(true);
     sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
     sync_->set_averaging({.local_scale = 1.0 / static_cast<double>(micro_steps_ + 1),
@@ -207,6 +213,10 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// The second half of step(): the optimizer step on the averaged
   /// gradient, which is then zeroed.
   void optimizer_step() {
+    if (step_active_ < comm_.size()) {
+      this->check_pending("optimizer_step");
+      agree_joined_step_lr(true);
+    }
     this->begin_optimizer_step();
     apply_step();
   }
@@ -220,6 +230,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   double accumulate(const Batch& batch) {
     static_assert(detail::TrainerRequirements<M, Opt>::template batch<Batch>());
     check_no_pending("accumulate");
+    if (micro_steps_ == 0) micro_before_ = stats_;
     sync_->set_sync(false);
     double loss = 0;
     try {
@@ -234,10 +245,16 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
 
   /// For uneven inputs (options.join): call once this rank has no more
   /// data. It keeps taking part in the other ranks' steps, contributing zero
-  /// gradients and taking the same optimizer step, and returns when every
-  /// rank has joined. The average of each step is over the ranks that had
-  /// data in it. clip_grad_norm is refused in a step where a rank has joined
-  /// (that rank cannot clip with the others).
+  /// gradients and taking the same optimizer step at their learning rate
+  /// (set before forward_backward() or, as every rank then agrees, before
+  /// optimizer_step()), and returns when every rank has joined. The average
+  /// of each step is over the ranks that had data in it. Buffers are
+  /// broadcast from the lowest rank with data (rank 0 while it has any, as
+  /// without join): a joined rank runs no forward, so its buffers fall
+  /// behind; as join() returns, every rank takes those of the last step's
+  /// lowest rank with data, as PyTorch's Join syncs the model from its
+  /// last joiner. clip_grad_norm is refused in a step where a rank has
+  /// joined (that rank cannot clip with the others).
   void join() {
     check_no_pending("join");
     if (!o_.join) {
@@ -251,15 +268,20 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       std::fill(grads_.begin(), grads_.end(), value_type(0));
       micro_steps_ = 0;
       this->forget_losses();
-      const int active = count_active(0);
-      if (active == 0) return;
-      broadcast_buffers();
+      const ActiveRanks a = agree_active(false);
+      if (a.count == 0) {
+        if (last_root_ >= 0) broadcast_buffers(last_root_);
+        return;
+      }
+      opt_.set_lr(a.lr);
+      broadcast_buffers(a.root);
       sync_->set_sync(true);
       sync_->set_agreed_lr(static_cast<double>(opt_.lr()));
-      sync_->set_averaging({.local_scale = 1.0, .divisor = active});
+      sync_->set_averaging({.local_scale = 1.0, .divisor = a.count});
       sync_->mark_all_ready();
       sync_grads();
       check_finite(1);
+      agree_joined_step_lr(false);
       step_.skipped = false;
       apply_step();
     }
@@ -493,11 +515,11 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     return v;
   }
 
-  /// Rank 0's buffers to every rank, labelled with the step and the
+  /// `root`'s buffers to every rank, labelled with the step and the
   /// learning rate the step will use: the step's first collective.
-  void broadcast_buffers() {
+  void broadcast_buffers(int root) {
     if (!o_.broadcast_buffers || buffers_.empty()) return;
-    Broadcast<Algo>{this->labelled({}, detail::LabelPhase::buffers, 0)}(comm_, std::span<value_type>(buffers_), 0);
+    Broadcast<Algo>{this->labelled({}, detail::LabelPhase::buffers, 0)}(comm_, std::span<value_type>(buffers_), root);
   }
 
   void sync_grads() {
@@ -523,10 +545,53 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
         std::span<value_type>(grads_), micro_batches);
   }
 
-  int count_active(int mine) {
-    std::int32_t n = mine;
-    AllReduce<Algo>{}(comm_, std::span<std::int32_t>(&n, 1), Sum{});
-    return n;
+  /// The ranks with data in a step (options.join): how many, the lowest of
+  /// them, whose buffers the step broadcasts, and its learning rate, which
+  /// a joined rank takes. Ranks with data that differ in rate fail in the
+  /// step's labelled collectives.
+  struct ActiveRanks {
+    int count = 0;
+    int root = 0;
+    double lr = 0;
+  };
+  ActiveRanks agree_active(bool mine) {
+    const double me[2] = {mine ? 1.0 : 0.0, static_cast<double>(opt_.lr())};
+    active_.resize(2 * static_cast<std::size_t>(comm_.size()));
+    AllGather<Algo>{}(comm_, std::span<const double>(me), std::span<double>(active_));
+    ActiveRanks a;
+    for (int r = comm_.size() - 1; r >= 0; --r) {
+      if (active_[2 * static_cast<std::size_t>(r)] == 0) continue;
+      ++a.count;
+      a.root = r;
+      a.lr = active_[2 * static_cast<std::size_t>(r) + 1];
+    }
+    if (a.count > 0) last_root_ = a.root;
+    return a;
+  }
+
+  /// In a step where some rank has joined: every rank's part of one 16-byte
+  /// all-reduce under Max, the ranks with data giving {lr, −lr} and the
+  /// joined ones −∞, so that a rate set between forward_backward() and
+  /// optimizer_step() reaches the joined ranks (who take it) and ranks
+  /// with data that set different ones all throw. It takes the place of
+  /// the agreement on a changed rate, which the joined ranks cannot make.
+  void agree_joined_step_lr(bool has_data) {
+    constexpr double none = -std::numeric_limits<double>::infinity();
+    const double lr = static_cast<double>(opt_.lr());
+    double v[2] = {has_data ? lr : none, has_data ? -lr : none};
+    // Labelled with the step but no rate: the joined ranks do not know it yet.
+    const Options agreement{.label = labels_->label(detail::LabelPhase::lr_changed, 1, stats_.steps + 1, 0)};
+    AllReduce<Algo>{agreement}(comm_, std::span<double>(v), Max{});
+    if (v[0] != -v[1]) {
+      throw InvalidArgument(where() + ": in step " + std::to_string(stats_.steps + 1) + ", where " +
+                            std::to_string(comm_.size() - step_active_) +
+                            " rank(s) have joined, the ranks with data set different learning rates after "
+                            "forward_backward(), between " + detail::shortest(-v[1]) + " and " +
+                            detail::shortest(v[0]) + "; set the same rate on every rank");
+    }
+    if (!has_data) opt_.set_lr(v[0]);
+    // The rate is agreed: begin_optimizer_step() need not agree on it again.
+    this->pending_lr_bits_ = detail::bits_of(static_cast<double>(opt_.lr()));
   }
 
   /// Lends the model its own storage: every unit is resident, so asking
@@ -589,6 +654,12 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   std::size_t step_sent_ = 0;
   /// Ranks with data in the current step (join: counted at forward_backward).
   int step_active_ = 0;
+  /// join: every rank's {has data, lr} of the current step (agree_active),
+  /// and the lowest rank with data in the last step that had any (-1: none yet).
+  std::vector<double> active_;
+  int last_root_ = -1;
+  /// The figures when the current step's first micro-step began.
+  TrainerStats micro_before_{};
 };
 
 }  // namespace gradsync
