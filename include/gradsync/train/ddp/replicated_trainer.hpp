@@ -50,7 +50,8 @@ struct ReplicatedTrainerOptions {
   /// Bucketing, compression, find_unused_parameters, overlap.
   GradSyncOptions sync{};
   /// Broadcast rank 0's buffers before every step, as DDP does by default,
-  /// so state the forward updates (running statistics) cannot drift apart.
+  /// so state the forward updates (running statistics) cannot drift apart
+  /// (under join, the lowest rank's with data: see join()).
   bool broadcast_buffers = true;
   /// Debug: every this many steps, hash every rank's parameters and throw
   /// if a replica differs. 0 turns it off. Buffers are left out: the forward
