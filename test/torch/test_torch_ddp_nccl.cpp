@@ -41,6 +41,18 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+/// `extra` only where forward is asked to use it.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl()
+      : fc(register_module("fc", torch::nn::Linear(6, 4))), extra(register_module("extra", torch::nn::Linear(4, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x, bool use_extra) {
+    const torch::Tensor h = fc(x);
+    return use_extra ? extra(h) : h;
+  }
+  torch::nn::Linear fc, extra;
+};
+TORCH_MODULE(Branchy);
+
 using namespace test_torch;
 
 /// Runs body(rank, comm) on one thread per rank; returns each rank's error ("" if none).
@@ -130,6 +142,41 @@ TEST_CASE("DistributedDataParallel on Nccl: one rank per GPU matches one process
       CHECK(moved >= 4 * c.tolerance);
       CHECK(error <= c.tolerance);
     }
+  }
+}
+
+// The flags of which parameters some rank used are all-reduced through
+// device memory: a rank whose grad of `extra` was reset to undefined (as
+// zero_grad with set_to_none leaves it) and that did not use it gets the
+// average too, or its optimizer would skip what the last rank steps.
+TEST_CASE("DistributedDataParallel on Nccl: a parameter one rank uses gets the average on every rank" *
+          doctest::skip()) {
+  const int n = test::visible_gpus();
+  CAPTURE(n);
+  auto world = test::make_torch_nccl_world(n);
+  std::vector<std::vector<torch::Tensor>> got(static_cast<std::size_t>(n));
+  std::vector<int> defined(static_cast<std::size_t>(n));
+  const auto errors = on_every_rank(*world, [&](int r, gradsync::DeviceCommunicator& comm) {
+    const torch::Device dev(torch::kCUDA, static_cast<c10::DeviceIndex>(comm.device()));
+    Branchy m;
+    m->to(dev);
+    gradsync::DistributedDataParallelOptions o;
+    o.find_unused_parameters = true;
+    gradsync::DistributedDataParallel ddp(comm, m, o);
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int s = 0; s < 2; ++s) {
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+      ddp(torch::ones({3, 6}, dev) * static_cast<double>(r + 1), r == n - 1).sum().backward();
+      defined[static_cast<std::size_t>(r)] = m->extra->weight.grad().defined() ? 1 : 0;
+      opt.step();
+    }
+    got[static_cast<std::size_t>(r)] = snapshot(*m);
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    REQUIRE(errors[static_cast<std::size_t>(r)] == "");
+    CHECK(defined[static_cast<std::size_t>(r)] == 1);
+    CHECK(bitwise_equal(got[static_cast<std::size_t>(r)], got[0]));
   }
 }
 

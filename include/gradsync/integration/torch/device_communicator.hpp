@@ -15,6 +15,8 @@
 /// unless the program made another stream current.
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +51,9 @@ class DeviceCommunicator {
   /// for them too, within the communicator's deadline: a failed or stuck
   /// collective throws here (Error, Timeout), not in a later kernel.
   virtual void join(void* stream) = 0;
+  /// The element-wise maximum over the ranks of `flags`, host memory, in
+  /// place, the host waiting for it (within the deadline). Collective.
+  virtual void max_flags(std::span<std::int32_t> flags) = 0;
   /// Throws InvalidArgument on every rank unless every rank passed the same
   /// `declared` lines; `who` names the caller and `fix` ends the message.
   /// Collective.

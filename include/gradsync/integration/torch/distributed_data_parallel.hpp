@@ -615,14 +615,19 @@ class DistributedDataParallel {
   /// After a synced backward under find_unused_parameters (`used`: what this rank's backwards reached since the
   /// last sync): a grad left undefined (set_to_none) of a parameter some rank used becomes the bucket's view, the
   /// average, or this rank's optimizer would skip what the others step; one no rank used stays undefined, as in
-  /// PyTorch's DDP (one all-reduce of a flag per parameter). Host memory only.
+  /// PyTorch's DDP (one all-reduce of a flag per parameter; on a device
+  /// communicator, of host flags through device memory).
   void attach_unused_grads(std::vector<std::int32_t>& used) {
-    if constexpr (!on_device) {
-      if (comm_.size() > 1) AllReduce<Algo>{}(comm_, std::span<std::int32_t>(used), Max{});
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        torch::Tensor& g = params_[i].tensor.mutable_grad();
-        if (used[i] && (!g.defined() || g.data_ptr() != params_[i].grad_view.data_ptr())) g = params_[i].grad_view;
+    if (comm_.size() > 1) {
+      if constexpr (on_device) {
+        comm_.max_flags(std::span<std::int32_t>(used));
+      } else {
+        AllReduce<Algo>{}(comm_, std::span<std::int32_t>(used), Max{});
       }
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& g = params_[i].tensor.mutable_grad();
+      if (used[i] && (!g.defined() || g.data_ptr() != params_[i].grad_view.data_ptr())) g = params_[i].grad_view;
     }
   }
 

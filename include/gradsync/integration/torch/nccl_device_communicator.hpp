@@ -91,6 +91,12 @@ class NcclDeviceCommunicator final : public DeviceCommunicator {
     synchronize(comm_);
   }
 
+  void max_flags(std::span<std::int32_t> flags) override {
+    if (size() == 1 || flags.empty()) return;
+    const std::vector<std::int64_t> m = max_min(std::vector<std::int64_t>(flags.begin(), flags.end()));
+    for (std::size_t i = 0; i < flags.size(); ++i) flags[i] = static_cast<std::int32_t>(m[i]);
+  }
+
   /// Two rounds of Max over [x, ~x] (which gives both the max and the min
   /// of x): the line counts with a fingerprint of the whole table, then,
   /// only when those differ while the counts agree, one hash per line, so
