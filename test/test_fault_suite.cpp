@@ -174,8 +174,9 @@ struct Limits {
   /// A refused call, s: local work only (a flag, a message), so it is
   /// bounded by scheduling, not by any peer. Four ranks on two busy cores
   /// can be descheduled for tens of milliseconds (59 ms seen beside the
-  /// sanitizer suites), so the limit is a quarter of the deadline: far from
-  /// noise, and still far from a call that waited for anything.
+  /// sanitizer suites), so the limit is far above that, and still below
+  /// every deadline a trial sets (sleep_deadline, deadline): a call that
+  /// waited for one would exceed it.
   double refuse = 0.25;
   double budget = 15.0;         ///< the watchdog's, per trial, s
 

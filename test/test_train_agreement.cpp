@@ -700,7 +700,7 @@ TEST_CASE("a rank that accumulates one micro-batch more than the others fails ev
     const bool replicated = c % std::size(configs) == 0;
     const auto policy = c < std::size(configs) ? gradsync::OnNonfinite::throw_error : gradsync::OnNonfinite::ignore;
     const auto& config = configs[c % std::size(configs)];
-    INFO("config " << c << " (" << gradsync::name(policy) << "), N = " << n << ", rank " << odd
+    INFO("config " << c << " (" << std::string(gradsync::name(policy)) << "), N = " << n << ", rank " << odd
                     << " accumulates once more before step " << extra_at << " of 3");
     const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
       auto train = [&](auto& t) {

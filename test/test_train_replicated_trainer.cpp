@@ -352,7 +352,8 @@ TEST_CASE("uneven inputs: buffers come from a rank with data, and joined ranks f
   // Rank 0 runs out of data first. A joined rank runs no forward, so its
   // buffers fall behind: broadcast from it, they would undo each step's
   // update on the others. And it steps with the rate the others set, before
-  // forward_backward() or between the step's halves.
+  // forward_backward(), between the step's halves or after the step before,
+  // and ends with the rate they set after their last step.
   auto rng = test::rng_for("join buffers and rates");
   CAPTURE(test::test_seed());
   const int world = 3 + static_cast<int>(rng() % 3);
@@ -362,18 +363,22 @@ TEST_CASE("uneven inputs: buffers come from a rank with data, and joined ranks f
   batches[0] = 1 + rng() % 2;
   batches.back() = batches[0] + 1 + rng() % 2;
   const std::size_t steps = *std::ranges::max_element(batches);
-  std::vector<bool> between_halves(steps);
-  for (std::size_t s = 0; s < steps; ++s) between_halves[s] = rng() % 2 == 0;
+  // Where step s's rate is set: before it, between its halves, or after step s - 1.
+  enum class When { before, between, after };
+  std::vector<When> when(steps);
+  for (std::size_t s = 0; s < steps; ++s) when[s] = static_cast<When>(rng() % 3);
   // A constant rate, then a schedule: each of the two faults alone.
   for (const bool schedule : {false, true}) {
     auto lr_at = [&](std::size_t s) { return schedule ? 0.2 * (1.0 - 0.15 * static_cast<double>(s)) : 0.2; };
     INFO("N = " << world << ", steps " << steps << ", rank 0 has " << batches[0] << " batch(es)"
-                << (schedule ? ", a schedule" : ", one rate"));
-    auto step = [&](auto& trainer, std::size_t s, const Batch<float>& batch) {
-      if (!between_halves[s]) trainer.optimizer().set_lr(lr_at(s));
+                << std::string(schedule ? ", a schedule" : ", one rate"));
+    // After its last step a rank sets the next epoch's rate, as a schedule does.
+    auto step = [&](auto& trainer, std::size_t s, const Batch<float>& batch, bool last) {
+      if (when[s] == When::before) trainer.optimizer().set_lr(lr_at(s));
       trainer.forward_backward(batch);
-      if (between_halves[s]) trainer.optimizer().set_lr(lr_at(s));
+      if (when[s] == When::between) trainer.optimizer().set_lr(lr_at(s));
       trainer.optimizer_step();
+      if (last || (s + 1 < steps && when[s + 1] == When::after)) trainer.optimizer().set_lr(lr_at(s + 1));
     };
     ReplicatedTrainerOptions o;
     o.join = true;
@@ -385,7 +390,9 @@ TEST_CASE("uneven inputs: buffers come from a rank with data, and joined ranks f
       ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
       const auto r = static_cast<std::size_t>(comm.rank());
       if (r == 0) initial = trainer.buffers()[0];
-      for (std::size_t s = 0; s < batches[r]; ++s) step(trainer, s, make_batch<float>((s * world + r) * b, b, in, out));
+      for (std::size_t s = 0; s < batches[r]; ++s) {
+        step(trainer, s, make_batch<float>((s * world + r) * b, b, in, out), s + 1 == batches[r]);
+      }
       trainer.join();
       params[r].assign(trainer.parameters().begin(), trainer.parameters().end());
       buffers[r].assign(trainer.buffers().begin(), trainer.buffers().end());
@@ -397,7 +404,7 @@ TEST_CASE("uneven inputs: buffers come from a rank with data, and joined ranks f
       CHECK(buffers[r] == buffers[0]);
       // Every step adds its batch to the buffers of the rank they come from.
       CHECK(buffers[r][0] == initial + static_cast<float>(b * steps));
-      CHECK(lrs[r] == lr_at(steps - 1));
+      CHECK(lrs[r] == lr_at(steps));
     }
     // The same training on one rank, each step on the batches of the ranks that had data.
     std::vector<float> single;
@@ -412,7 +419,7 @@ TEST_CASE("uneven inputs: buffers come from a rank with data, and joined ranks f
           all.x.insert(all.x.end(), part.x.begin(), part.x.end());
           all.y.insert(all.y.end(), part.y.begin(), part.y.end());
         }
-        step(trainer, s, all);
+        step(trainer, s, all, s + 1 == steps);
       }
       single.assign(trainer.parameters().begin(), trainer.parameters().end());
     });
@@ -445,8 +452,37 @@ TEST_CASE("uneven inputs: ranks with data that set different rates after forward
   });
   for (std::size_t r = 0; r < errors.size(); ++r) {
     INFO("rank " << r << ": " << errors[r]);
-    CHECK(errors[r].find("set different learning rates after forward_backward(), between 0.05 and 0.1") !=
-          std::string::npos);
+    CHECK(errors[r].find("where 1 rank(s) have joined, the ranks with data set different learning rates after "
+                         "forward_backward(), between 0.05 and 0.1") != std::string::npos);
+  }
+}
+
+TEST_CASE("uneven inputs: ranks that took the last step and then set different rates fail every rank in join()") {
+  auto rng = test::rng_for("join final rates differ");
+  CAPTURE(test::test_seed());
+  const int world = 3 + static_cast<int>(rng() % 3);
+  const int odd = 1 + static_cast<int>(rng() % static_cast<unsigned>(world - 1));
+  INFO("N = " << world << ", rank 0 joins after one step, rank " << odd << " sets another rate after the last");
+  ReplicatedTrainerOptions o;
+  o.join = true;
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+    ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    try {
+      for (std::size_t s = 0; s < (r == 0 ? 1u : 2u); ++s) {
+        trainer.step(make_batch<float>((s * world + r) * 2, 2, in, out));
+      }
+      if (r != 0) trainer.optimizer().set_lr(comm.rank() == odd ? 0.05 : 0.1);
+      trainer.join();
+    } catch (const gradsync::InvalidArgument& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].find("as join() returns, the ranks that took the last step hold different learning rates: 0.05 "
+                         "on rank ") != std::string::npos);
   }
 }
 

@@ -59,6 +59,7 @@ class NcclDeviceCommunicator final : public DeviceCommunicator {
   ~NcclDeviceCommunicator() override {
     cudaEventDestroy(computed_);
     cudaEventDestroy(reduced_);
+    release_scratch();
   }
 
   int rank() const override { return comm_.rank(); }
@@ -139,32 +140,45 @@ class NcclDeviceCommunicator final : public DeviceCommunicator {
     for (std::size_t i = 0; i < n; ++i) x.push_back(~x[i]);
     detail::nccl::DeviceGuard guard(device());
     const std::size_t bytes = x.size() * sizeof(std::int64_t);
-    // Pinned host memory: a copy from or to pageable memory may block the
-    // host on the stream's earlier work, a wait without the deadline.
-    struct Buffers {
-      void* device = nullptr;
-      void* host = nullptr;
-      ~Buffers() {
-        if (device) cudaFree(device);
-        if (host) cudaFreeHost(host);
-      }
-    } buf;
-    detail::nccl::check_cuda(cudaMalloc(&buf.device, bytes), "cudaMalloc (module agreement)");
-    detail::nccl::check_cuda(cudaMallocHost(&buf.host, bytes), "cudaMallocHost (module agreement)");
-    auto* host = static_cast<std::int64_t*>(buf.host);
+    reserve_scratch(bytes);
+    auto* host = static_cast<std::int64_t*>(scratch_host_);
     std::copy(x.begin(), x.end(), host);
     const cudaStream_t s = detail::endpoint_of(comm_).stream();
-    detail::nccl::check_cuda(cudaMemcpyAsync(buf.device, host, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-    AllReduce<Auto>{}(comm_, std::span<std::int64_t>(static_cast<std::int64_t*>(buf.device), x.size()), Max{});
-    detail::nccl::check_cuda(cudaMemcpyAsync(host, buf.device, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+    detail::nccl::check_cuda(cudaMemcpyAsync(scratch_device_, host, bytes, cudaMemcpyHostToDevice, s),
+                             "cudaMemcpyAsync");
+    AllReduce<Auto>{}(comm_, std::span<std::int64_t>(static_cast<std::int64_t*>(scratch_device_), x.size()), Max{});
+    detail::nccl::check_cuda(cudaMemcpyAsync(host, scratch_device_, bytes, cudaMemcpyDeviceToHost, s),
+                             "cudaMemcpyAsync");
     synchronize(comm_);
     std::copy(host, host + x.size(), x.begin());
     for (std::size_t i = 0; i < n; ++i) x[n + i] = ~x[n + i];
     return x;
   }
 
+  /// max_min's device and pinned host buffers of at least `bytes`, kept
+  /// between calls: cudaFree would synchronise the device in every synced
+  /// backward that max_flags serves. Pinned, because a copy from or to
+  /// pageable memory may block the host on the stream's earlier work, a
+  /// wait without the deadline.
+  void reserve_scratch(std::size_t bytes) {
+    if (bytes <= scratch_bytes_) return;
+    release_scratch();
+    detail::nccl::check_cuda(cudaMalloc(&scratch_device_, bytes), "cudaMalloc (agreement scratch)");
+    detail::nccl::check_cuda(cudaMallocHost(&scratch_host_, bytes), "cudaMallocHost (agreement scratch)");
+    scratch_bytes_ = bytes;
+  }
+  void release_scratch() noexcept {
+    if (scratch_device_) cudaFree(scratch_device_);
+    if (scratch_host_) cudaFreeHost(scratch_host_);
+    scratch_device_ = scratch_host_ = nullptr;
+    scratch_bytes_ = 0;
+  }
+
   Communicator<Nccl>& comm_;
   Options o_;
+  void* scratch_device_ = nullptr;
+  void* scratch_host_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
   cudaEvent_t computed_ = nullptr;
   cudaEvent_t reduced_ = nullptr;
 };

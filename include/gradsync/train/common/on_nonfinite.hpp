@@ -32,8 +32,10 @@ enum class OnNonfinite : std::uint8_t {
   /// skipped_steps counts the steps skipped and StepStats::skipped says
   /// whether last_step() was one.
   skip_step,
-  /// No check: a non-finite gradient reaches the optimizer. Each step
-  /// still ends with one 8-byte all-reduce (none at N = 1) that agrees on
+  /// No check: a non-finite gradient reaches the optimizer. Each step of a
+  /// trainer (ReplicatedTrainer, ShardedTrainer; not LibTorch's DDP, whose
+  /// no_sync backwards are counted in its labels) still ends with one
+  /// 8-byte all-reduce (none at N = 1) that agrees on
   /// its number of micro-batches (accumulate() calls and the step's own),
   /// which the agreement on finite values otherwise carries: ranks that
   /// took different numbers would weigh their micro-batches differently

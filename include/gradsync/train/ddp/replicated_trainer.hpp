@@ -214,10 +214,7 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// The second half of step(): the optimizer step on the averaged
   /// gradient, which is then zeroed.
   void optimizer_step() {
-    if (step_active_ < comm_.size()) {
-      this->check_pending("optimizer_step");
-      agree_joined_step_lr(true);
-    }
+    if (pending_ && step_active_ < comm_.size()) agree_joined_step_lr(true);
     this->begin_optimizer_step();
     apply_step();
   }
@@ -253,9 +250,10 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   /// broadcast from the lowest rank with data (rank 0 while it has any, as
   /// without join): a joined rank runs no forward, so its buffers fall
   /// behind; as join() returns, every rank takes those of the last step's
-  /// lowest rank with data, as PyTorch's Join syncs the model from its
-  /// last joiner. clip_grad_norm is refused in a step where a rank has
-  /// joined (that rank cannot clip with the others).
+  /// lowest rank with data, and its learning rate as it stands then (a
+  /// schedule sets the next epoch's after the step), as PyTorch's Join
+  /// syncs the model from its last joiner. clip_grad_norm is refused in a
+  /// step where a rank has joined (that rank cannot clip with the others).
   void join() {
     check_no_pending("join");
     if (!o_.join) {
@@ -271,9 +269,13 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       this->forget_losses();
       const ActiveRanks a = agree_active(false);
       if (a.count == 0) {
-        if (last_root_ >= 0) broadcast_buffers(last_root_);
+        if (last_root_ >= 0) {
+          opt_.set_lr(last_step_rate());
+          broadcast_buffers(last_root_);
+        }
         return;
       }
+      step_active_ = a.count;
       opt_.set_lr(a.lr);
       broadcast_buffers(a.root);
       sync_->set_sync(true);
@@ -376,6 +378,8 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
     stats_ = {};
     stats_.steps = steps;
     sync_->reset_stats();
+    // Micro-steps taken before the reset count from it, like the totals.
+    micro_before_ = stats_;
   }
 
  private:
@@ -566,8 +570,33 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
       a.root = r;
       a.lr = active_[2 * static_cast<std::size_t>(r) + 1];
     }
-    if (a.count > 0) last_root_ = a.root;
+    if (a.count > 0) {
+      last_root_ = a.root;
+      last_active_.resize(static_cast<std::size_t>(comm_.size()));
+      for (std::size_t r = 0; r < last_active_.size(); ++r) last_active_[r] = active_[2 * r] != 0;
+    }
     return a;
+  }
+
+  /// As every rank has joined (agree_active() found none with data): the
+  /// rate the ranks that had data in the last step hold now, which a
+  /// schedule set after that step for the next epoch; every rank takes it.
+  /// Those ranks holding different ones throw InvalidArgument, every rank
+  /// alike (all read the same all-gather).
+  double last_step_rate() const {
+    std::size_t lo = last_active_.size(), hi = lo;
+    for (std::size_t r = 0; r < last_active_.size(); ++r) {
+      if (!last_active_[r]) continue;
+      if (lo == last_active_.size() || active_[2 * r + 1] < active_[2 * lo + 1]) lo = r;
+      if (hi == last_active_.size() || active_[2 * r + 1] > active_[2 * hi + 1]) hi = r;
+    }
+    if (active_[2 * lo + 1] != active_[2 * hi + 1]) {
+      throw InvalidArgument(where() + ": as join() returns, the ranks that took the last step hold different "
+                            "learning rates: " + detail::shortest(active_[2 * lo + 1]) + " on rank " +
+                            std::to_string(lo) + ", " + detail::shortest(active_[2 * hi + 1]) + " on rank " +
+                            std::to_string(hi) + "; set the same rate on every rank");
+    }
+    return active_[2 * lo + 1];
   }
 
   /// In a step where some rank has joined: every rank's part of one 16-byte
@@ -653,12 +682,15 @@ class ReplicatedTrainer : public detail::TrainerBase<ReplicatedTrainer<M, Opt, C
   detail::ComputeSpans spans_;
   /// Elements this rank sends per synced step (the bucket plan's all-reduces under Ring).
   std::size_t step_sent_ = 0;
-  /// Ranks with data in the current step (join: counted at forward_backward).
+  /// Ranks with data in the current step (join: counted at forward_backward
+  /// and in join()).
   int step_active_ = 0;
   /// join: every rank's {has data, lr} of the current step (agree_active),
   /// and the lowest rank with data in the last step that had any (-1: none yet).
   std::vector<double> active_;
   int last_root_ = -1;
+  /// join: which ranks had data in the last step that any had.
+  std::vector<unsigned char> last_active_;
   /// The figures when the current step's first micro-step began.
   TrainerStats micro_before_{};
 };
