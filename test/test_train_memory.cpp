@@ -563,6 +563,68 @@ TEST_CASE("memory: prefetch adds one gathered unit to FullShard's transient need
   }
 }
 
+namespace {
+
+struct Tick {};
+
+/// Units of `sizes`, asked for in order in forward and in `backward_order`
+/// in backward: the model protocol fixes neither order.
+struct AnyOrder {
+  using value_type = float;
+  std::vector<std::size_t> sizes, backward_order;
+
+  std::vector<gradsync::UnitSpec> units() const {
+    std::vector<gradsync::UnitSpec> v;
+    for (std::size_t u = 0; u < sizes.size(); ++u) v.push_back({"u" + std::to_string(u), {{"w", {sizes[u]}}}, {}});
+    return v;
+  }
+  void init_unit(std::size_t, const gradsync::UnitView<float>& v) const {
+    for (float& x : v.flat_params) x = 0.5f;
+  }
+  double forward_backward(const Tick&, const gradsync::StepContext<float>& ctx) const {
+    for (std::size_t u = 0; u < sizes.size(); ++u) auto p = ctx.params(u);
+    for (const std::size_t u : backward_order) {
+      auto p = ctx.params(u);
+      for (std::size_t i = 0; i < p->flat_params.size(); ++i) p->flat_grads[i] += p->flat_params[i];
+      ctx.ready(u);
+    }
+    return 0;
+  }
+};
+
+}  // namespace
+
+// A prefetch guesses the next unit from the one asked for; in another order
+// than the guess (backward in forward order, say) the guessed unit may have
+// had its turn already, and without a gather limit such units stayed
+// gathered to the step's end, past the need that memory_budget is held to.
+TEST_CASE("memory: the transient need bounds the peak whatever order the model takes units in, at any gather limit") {
+  auto rng = test::rng_for("memory any order");
+  CAPTURE(test::test_seed());
+  for (int round = 0; round < 3; ++round) {
+    const int world = 2 + static_cast<int>(rng() % 4);
+    AnyOrder model{random_sizes(rng, world), {}};
+    for (std::size_t u = 0; u < model.sizes.size(); ++u) model.backward_order.push_back(u);
+    if (round > 0) std::shuffle(model.backward_order.begin(), model.backward_order.end(), rng);
+    INFO("N = " << world << ", backward order " << joined(model.backward_order));
+    for (const PrefetchCase& c : prefetch_cases) {
+      for (const std::size_t limit : {std::size_t{0}, std::size_t{2}, std::size_t{3}}) {
+        INFO("prefetch = " << c.name << ", limit_all_gathers = " << limit);
+        gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+          const ShardedTrainerOptions o{.strategy = ShardingStrategy::FullShard,
+                                        .forward_prefetch = c.forward,
+                                        .backward_prefetch = c.backward,
+                                        .limit_all_gathers = limit};
+          ShardedTrainer trainer(comm, model, gradsync::Sgd<float>({.lr = 0.1}), o);
+          trainer.step(Tick{});
+          trainer.step(Tick{});
+          CHECK(trainer.peak_transient_bytes() <= trainer.memory_need().transient());
+        });
+      }
+    }
+  }
+}
+
 // NoSync keeps every wrapped unit's gradient buffer (the padded unit) from
 // the first micro-step's backward to the step's reduction: Σ R in place of
 // one buffer. The last unit of backward (unit 0) sees them all.

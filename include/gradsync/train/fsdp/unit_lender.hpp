@@ -140,6 +140,7 @@ class UnitLender final : public UnitProvider<C> {
     Unit& unit = unit_of(layer);
     const std::size_t w = unit.index();
     const bool backward = unit.ask(layer, evaluating_, where_, layer_name(layer));
+    if (prefetched_ == w) prefetched_.reset();
     if (!sharded()) {
       unit.members().hold(layer);
       return state_.resident_views[layer];
@@ -154,8 +155,8 @@ class UnitLender final : public UnitProvider<C> {
     }
     // The next unit's gather overlaps this one's use: decided from the
     // model's asks alone, so every rank issues the same gathers in one order.
-    if (!evaluating_ && !backward && o_.forward_prefetch && w + 1 < units_.size()) prefetch(w + 1);
-    if (backward && o_.backward_prefetch == BackwardPrefetch::BackwardPre && w > 0) prefetch(w - 1);
+    if (!evaluating_ && !backward && o_.forward_prefetch && w + 1 < units_.size()) prefetch(w + 1, 1);
+    if (backward && o_.backward_prefetch == BackwardPrefetch::BackwardPre && w > 0) prefetch(w - 1, 2);
     issuer_.wait_gathered(unit);
     const std::size_t at = state_.flat.member_offset[layer], size = state_.flat.model_sizes[layer];
     if constexpr (computes_bf16) {
@@ -206,7 +207,7 @@ class UnitLender final : public UnitProvider<C> {
     if constexpr (computes_bf16) {
       if (!reduces_bf16_grad()) fold_bf16_grad(unit);
     }
-    if (sharded() && o_.backward_prefetch == BackwardPrefetch::BackwardPost && w > 0) prefetch(w - 1);
+    if (sharded() && o_.backward_prefetch == BackwardPrefetch::BackwardPost && w > 0) prefetch(w - 1, 2);
     if (!reducing_) return;
     const std::size_t count = state_.flat.sizes[w];
     issuer_.reduce(unit, {.opts = labelled_(LabelPhase::reduce, w),
@@ -328,11 +329,17 @@ class UnitLender final : public UnitProvider<C> {
     issuer_.gather(unit, labelled_(LabelPhase::gather, w), state_.chunk(w), precision_.params_bf16, o_.offload.get());
   }
 
-  /// Gathers w ahead of its ask, unless it is gathered or the limit is reached.
-  void prefetch(std::size_t w) {
-    if (units_[w].gathered()) return;
+  /// Gathers w ahead of its `asks`-th ask (1: forward, 2: backward),
+  /// unless it is gathered, the limit is reached, or it was asked for that
+  /// often already (a model whose order is not the one assumed: it would
+  /// stay gathered, never asked for again, to the step's end), or another
+  /// unit gathered ahead still waits for its ask: at most one does, as
+  /// memory_need() counts, whatever the order and limit_all_gathers.
+  void prefetch(std::size_t w, int asks) {
+    if (units_[w].gathered() || prefetched_ || units_[w].members().all_asked(asks)) return;
     if (o_.limit_all_gathers != 0 && gathered_units(units_) >= o_.limit_all_gathers) return;
     gather(w);
+    prefetched_ = w;
   }
 
   /// Frees the units whose forward use ended (FullShard) but were kept in
@@ -367,6 +374,7 @@ class UnitLender final : public UnitProvider<C> {
   /// `keep_gathered`: the gathered units stay too (keeps_gathered()).
   void release_all(bool keep_grads, bool keep_gathered = false) noexcept {
     lingering_.clear();
+    prefetched_.reset();
     issuer_.forget_reductions();
     for (Unit& unit : units_) unit.end_step(keep_grads, keep_gathered, giver());
   }
@@ -395,6 +403,8 @@ class UnitLender final : public UnitProvider<C> {
   /// Wrapped units kept gathered after their forward until another is asked
   /// for (keep_last_forward_unit, or members not yet asked).
   std::vector<std::size_t> lingering_;
+  /// The unit prefetch() gathered that has not been asked for since.
+  std::optional<std::size_t> prefetched_;
   TransientPeak peak_;
   /// Storage of freed gathered units and gradient buffers, kept for the
   /// next of the same size; with what is in use, at most the transient need.
