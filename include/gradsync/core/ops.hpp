@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string_view>
 #include <type_traits>
@@ -43,29 +44,22 @@ constexpr bool sign_bit(F x) noexcept {
   }
 }
 
-/// min(x, y) whose bits do not depend on the operands' order, as std::min's
-/// do (it returns its first operand when a comparison with NaN is false, so
-/// a NaN on one rank would survive one algorithm and vanish under another):
-/// a NaN operand gives the quiet NaN (whatever its payload), −0 is below +0.
-/// Integers: std::min.
-template <class V>
-constexpr V least(V x, V y) noexcept {
-  if constexpr (std::is_floating_point_v<V>) {
-    if (x != x || y != y) return std::numeric_limits<V>::quiet_NaN();
-    if (x == y) return sign_bit(x) ? x : y;
+/// min(x, y) (`Greater`: max(x, y)) whose bits do not depend on the
+/// operands' order, as std::min's do (it returns its first operand when a
+/// comparison with NaN is false, so a NaN on one rank would survive one
+/// algorithm and vanish under another): a NaN operand gives the quiet NaN
+/// (whatever its payload), −0 is below +0. Integers: std::min (std::max).
+template <bool Greater>
+struct Extremum {
+  template <class V>
+  constexpr V operator()(V x, V y) const noexcept {
+    if constexpr (std::is_floating_point_v<V>) {
+      if (x != x || y != y) return std::numeric_limits<V>::quiet_NaN();
+      if (x == y) return sign_bit(x) != Greater ? x : y;
+    }
+    return (Greater ? x < y : y < x) ? y : x;
   }
-  return y < x ? y : x;
-}
-
-/// max(x, y) as least(): a NaN operand gives the quiet NaN, +0 is above −0.
-template <class V>
-constexpr V greatest(V x, V y) noexcept {
-  if constexpr (std::is_floating_point_v<V>) {
-    if (x != x || y != y) return std::numeric_limits<V>::quiet_NaN();
-    if (x == y) return sign_bit(x) ? y : x;
-  }
-  return x < y ? y : x;
-}
+};
 
 /// The unsigned type integer T computes in: at least unsigned int, so that
 /// a narrow type is not promoted back to (signed) int before the operation.
@@ -76,47 +70,45 @@ using wrap_unsigned_t = std::common_type_t<std::make_unsigned_t<T>, unsigned>;
 template <class T>
 inline constexpr bool wraps_v = std::is_integral_v<T> && !std::is_same_v<T, bool>;
 
-/// a + b modulo 2^bits: unsigned arithmetic is defined to wrap, and the
-/// conversion back to a signed T is modulo 2^bits since C++20. It compiles to
-/// the same add instruction as the signed one, so loops vectorize alike.
-template <class T>
-constexpr T wrapping_add(T a, T b) noexcept {
-  using U = wrap_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-}
+/// `Arith` (std::plus<>, std::multiplies<>) of x and y; for the integers
+/// that wrap, modulo 2^bits: unsigned arithmetic is defined to wrap, and the
+/// conversion back to a signed type is modulo 2^bits since C++20. It
+/// compiles to the same instruction as the signed one, so loops vectorize alike.
+template <class Arith>
+struct Wrapping {
+  template <class V>
+  constexpr auto operator()(V x, V y) const noexcept {
+    if constexpr (wraps_v<V>) {
+      using U = wrap_unsigned_t<V>;
+      return static_cast<V>(static_cast<U>(Arith{}(static_cast<U>(x), static_cast<U>(y))));
+    } else {
+      return Arith{}(x, y);
+    }
+  }
+};
 
-/// a * b modulo 2^bits, for the same reason as wrapping_add.
-template <class T>
-constexpr T wrapping_mul(T a, T b) noexcept {
-  using U = wrap_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-}
+/// What every op has: its kind, and apply(a, b), which combines two
+/// elements with `Fn` (on float for bfloat16 and float16: see combine).
+template <OpKind Kind, class Fn>
+struct ElementwiseOp {
+  static constexpr OpKind kind = Kind;
+  template <class T>
+  static constexpr T apply(T a, T b) noexcept {
+    return combine(a, b, Fn{});
+  }
+};
 }  // namespace detail
 
 /// Element-wise sum. Integers wrap modulo 2^bits (two's complement).
-struct Sum {
-  static constexpr OpKind kind = OpKind::sum;
+struct Sum : detail::ElementwiseOp<OpKind::sum, detail::Wrapping<std::plus<>>> {
   static constexpr std::string_view name = "sum";
-  template <class T>
-  static constexpr T apply(T a, T b) noexcept {
-    if constexpr (detail::wraps_v<T>) {
-      return detail::wrapping_add(a, b);
-    } else {
-      return detail::combine(a, b, [](auto x, auto y) { return x + y; });
-    }
-  }
 };
 
 /// Sum divided by the world size: what gradient averaging needs. Integers
 /// take the wrapped sum and divide it by the world size with truncation
 /// toward zero, as C++ does.
-struct Avg {
-  static constexpr OpKind kind = OpKind::avg;
+struct Avg : detail::ElementwiseOp<OpKind::avg, detail::Wrapping<std::plus<>>> {
   static constexpr std::string_view name = "avg";
-  template <class T>
-  static constexpr T apply(T a, T b) noexcept {
-    return Sum::apply(a, b);
-  }
   template <class T>
   static constexpr T finish(T x, int world) noexcept {
     if constexpr (detail::is_half_storage_v<T>) {
@@ -130,37 +122,18 @@ struct Avg {
 /// Element-wise minimum. A NaN operand makes the result the quiet NaN, and
 /// −0 is below +0: every algorithm, whatever order it meets the ranks'
 /// values in, gives the same bits.
-struct Min {
-  static constexpr OpKind kind = OpKind::min;
+struct Min : detail::ElementwiseOp<OpKind::min, detail::Extremum<false>> {
   static constexpr std::string_view name = "min";
-  template <class T>
-  static constexpr T apply(T a, T b) noexcept {
-    return detail::combine(a, b, [](auto x, auto y) { return detail::least(x, y); });
-  }
 };
 
 /// Element-wise maximum; a NaN operand makes the quiet NaN, +0 is above −0 (see Min).
-struct Max {
-  static constexpr OpKind kind = OpKind::max;
+struct Max : detail::ElementwiseOp<OpKind::max, detail::Extremum<true>> {
   static constexpr std::string_view name = "max";
-  template <class T>
-  static constexpr T apply(T a, T b) noexcept {
-    return detail::combine(a, b, [](auto x, auto y) { return detail::greatest(x, y); });
-  }
 };
 
 /// Element-wise product. Integers wrap modulo 2^bits (two's complement).
-struct Prod {
-  static constexpr OpKind kind = OpKind::prod;
+struct Prod : detail::ElementwiseOp<OpKind::prod, detail::Wrapping<std::multiplies<>>> {
   static constexpr std::string_view name = "prod";
-  template <class T>
-  static constexpr T apply(T a, T b) noexcept {
-    if constexpr (detail::wraps_v<T>) {
-      return detail::wrapping_mul(a, b);
-    } else {
-      return detail::combine(a, b, [](auto x, auto y) { return x * y; });
-    }
-  }
 };
 
 /// One of the five ops above. Only these: the backends reduce by OpKind (an
