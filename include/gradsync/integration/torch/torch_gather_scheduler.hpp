@@ -17,8 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/csrc/autograd/engine.h>
-
+#include "gradsync/integration/torch/queue_after_backward.hpp"
 #include "gradsync/integration/torch/torch_buffer_pool.hpp"
 #include "gradsync/integration/torch/torch_gather_event.hpp"
 
@@ -342,10 +341,7 @@ class TorchGatherScheduler : public std::enable_shared_from_this<TorchGatherSche
   void queue_end() {
     if (end_queued_) return;
     end_queued_ = true;
-    std::weak_ptr<TorchGatherScheduler> weak = this->weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto s = weak.lock()) s->end_backward();
-    });
+    queue_after_backward(*this, &TorchGatherScheduler::end_backward);
   }
 
   /// (A second backward through the same forward follows the same order.)

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -31,6 +30,7 @@
 #include "gradsync/core/visit.hpp"
 #include "gradsync/integration/torch/fully_shard_options.hpp"
 #include "gradsync/integration/torch/parameter_checks.hpp"
+#include "gradsync/integration/torch/queue_after_backward.hpp"
 #include "gradsync/integration/torch/tensor.hpp"
 #include "gradsync/integration/torch/torch_buffer_pool.hpp"
 #include "gradsync/integration/torch/torch_gather_scheduler.hpp"
@@ -484,10 +484,7 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   void queue_finish() {
     if (finish_queued_) return;
     finish_queued_ = true;
-    std::weak_ptr<TorchShardedUnit> weak = this->weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto unit = weak.lock()) unit->finish_backward();
-    });
+    queue_after_backward(*this, &TorchShardedUnit::finish_backward);
   }
 
   /// The gradient of one of the unit's outputs arrived: its backward is next.
