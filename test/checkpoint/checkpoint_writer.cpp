@@ -219,7 +219,7 @@ int read(const fs::path& file) {
 
 }  // namespace
 
-int helper_main(int argc, char** argv) try {
+int helper_main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() >= 3 && args[0] == "write") {
     if (args.size() >= 4) kill_at = std::stol(args[3]);
@@ -236,11 +236,8 @@ int helper_main(int argc, char** argv) try {
   if (args.size() == 2 && args[0] == "read") return read(args[1]);
   std::fprintf(stderr, "usage: checkpoint_writer write DIR GEN [KILL_AT] | verify DIR | sample FILE SIDECAR | read FILE\n");
   return 2;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "checkpoint_writer: %s\n", e.what());
-  return 1;
 }
 
-GRADSYNC_TEST_HELPER("checkpoint_writer", helper_main);
+GRADSYNC_TEST_HELPER_REPORTING_EXCEPTIONS("checkpoint_writer", helper_main);
 
 }  // namespace checkpoint_writer

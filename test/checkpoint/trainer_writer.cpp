@@ -236,7 +236,7 @@ int verify(const std::vector<std::string>& dirs) {
 
 }  // namespace
 
-int helper_main(int argc, char** argv) try {
+int helper_main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if ((args.size() == 5 || args.size() == 7) && args[0] == "write") {
     if (args.size() == 7) kill_rank = std::stoi(args[5]), kill_at = std::stol(args[6]);
@@ -250,11 +250,8 @@ int helper_main(int argc, char** argv) try {
   std::fprintf(stderr, "usage: trainer_writer write full|sharded N DIR GEN [RANK K] | write-async full|sharded N DIR GEN [K] | "
                        "verify DIR...\n");
   return 2;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "trainer_writer: %s\n", e.what());
-  return 1;
 }
 
-GRADSYNC_TEST_HELPER("trainer_writer", helper_main);
+GRADSYNC_TEST_HELPER_REPORTING_EXCEPTIONS("trainer_writer", helper_main);
 
 }  // namespace trainer_writer

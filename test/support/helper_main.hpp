@@ -13,6 +13,7 @@
 // MPI): a helper sets up what it needs itself.
 
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <map>
 #include <string>
@@ -50,6 +51,17 @@ inline bool run_helper(int argc, char** argv, int& rc) {
   return true;
 }
 
+/// `body(argc, argv)`, as helper `name`: an exception it lets out is
+/// printed as "name: what" and ends the helper with exit code 1.
+inline int main_reporting_exceptions(const char* name, HelperMain body, int argc, char** argv) {
+  try {
+    return body(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
 }  // namespace test
 
 /// `BINARY --helper NAME ...` calls `main_function(argc, argv)`. Once per
@@ -57,3 +69,9 @@ inline bool run_helper(int argc, char** argv, int& rc) {
 /// TU with others: each helper's code lives in a namespace named for it).
 #define GRADSYNC_TEST_HELPER(NAME, main_function) \
   [[maybe_unused]] static const bool gradsync_test_helper_registered = ::test::register_helper(NAME, main_function)
+
+/// GRADSYNC_TEST_HELPER for a helper that fails by throwing: see
+/// main_reporting_exceptions.
+#define GRADSYNC_TEST_HELPER_REPORTING_EXCEPTIONS(NAME, main_function)                                   \
+  [[maybe_unused]] static const bool gradsync_test_helper_registered = ::test::register_helper(          \
+      NAME, [](int argc, char** argv) { return ::test::main_reporting_exceptions(NAME, main_function, argc, argv); })
