@@ -604,6 +604,22 @@ void load_into_fresh(Communicator<Threads>& comm, int trainer, const std::filesy
   });
 }
 
+/// On `n` ranks: `save(comm, ours, theirs)` writes two checkpoints, then
+/// rank `odd` loads `theirs` into a fresh trainer `trainer` of
+/// with_trainer's, the others `ours`. Every rank must throw InvalidArgument
+/// naming each of `parts`, and none may have loaded anything.
+template <class Save>
+void check_odd_load_refused(int trainer, int n, int odd, Save save, const std::vector<std::string>& parts) {
+  test::TempDir ours, theirs;
+  std::vector<float> before(static_cast<std::size_t>(n)), after(before);
+  const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+    save(comm, ours.path, theirs.path);
+    load_into_fresh(comm, trainer, comm.rank() == odd ? theirs.path : ours.path, before, after);
+  });
+  check_every_rank(got, seconds, parts);
+  CHECK(after == before);
+}
+
 }  // namespace
 
 TEST_CASE("a checkpoint's save where only some ranks pass their sampler compares those, and saves") {
@@ -639,19 +655,16 @@ TEST_CASE("ranks that load different checkpoints fail every rank and load nothin
   each_trainer_with_odd_rank("load agreement", [](int trainer, int n, int odd, auto&) {
     INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " loads the checkpoint of step 2, the others "
                     << "that of step 1");
-    test::TempDir early, late;
-    std::vector<float> before(static_cast<std::size_t>(n)), after(before);
-    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+    auto save = [&](Communicator<Threads>& comm, const std::filesystem::path& early,
+                    const std::filesystem::path& late) {
       with_trainer(comm, trainer, 0.25, [&](auto& t) {
         t.step(Scale{1.0f});
-        gradsync::save_checkpoint(t, early.path);
+        gradsync::save_checkpoint(t, early);
         t.step(Scale{1.0f});
-        gradsync::save_checkpoint(t, late.path);
+        gradsync::save_checkpoint(t, late);
       });
-      load_into_fresh(comm, trainer, comm.rank() == odd ? late.path : early.path, before, after);
-    });
-    check_every_rank(got, seconds, {"the ranks read different training states", "step 1", "step 2"});
-    CHECK(after == before);
+    };
+    check_odd_load_refused(trainer, n, odd, save, {"the ranks read different training states", "step 1", "step 2"});
   }, 4);
 }
 
@@ -659,21 +672,18 @@ TEST_CASE("ranks that load two runs' checkpoints of the same step and learning r
   // Alike in every scalar: only the tensors' contents tell the two saves apart.
   each_trainer_with_odd_rank("load fingerprint", [](int trainer, int n, int odd, auto&) {
     INFO("trainer " << trainer << ", N = " << n << ", rank " << odd << " loads the other run's checkpoint");
-    test::TempDir one, other;
-    std::vector<float> before(static_cast<std::size_t>(n)), after(before);
-    const auto [got, seconds] = run(n, [&](Communicator<Threads>& comm) {
+    auto save = [&](Communicator<Threads>& comm, const std::filesystem::path& one,
+                    const std::filesystem::path& other) {
       with_trainer(comm, trainer, 0.25, [&](auto& t) {
         t.step(Scale{1.0f});
-        gradsync::save_checkpoint(t, one.path);
+        gradsync::save_checkpoint(t, one);
       });
       with_trainer(comm, trainer, 0.25, [&](auto& t) {
         t.step(Scale{2.0f});
-        gradsync::save_checkpoint(t, other.path);
+        gradsync::save_checkpoint(t, other);
       });
-      load_into_fresh(comm, trainer, comm.rank() == odd ? other.path : one.path, before, after);
-    });
-    check_every_rank(got, seconds, {"the ranks read different training states", "step 1"});
-    CHECK(after == before);
+    };
+    check_odd_load_refused(trainer, n, odd, save, {"the ranks read different training states", "step 1"});
   }, 4);
 }
 
