@@ -738,12 +738,16 @@ std::vector<torch::Tensor> named_values(torch::nn::Module& m) {
   return out;
 }
 
-/// At N = 1..3 under each strategy, every rank loads `init` into a fresh
-/// Module, wraps it (`wrap(m, comm, options)`), trains it (`train(m, opt)`)
-/// with SGD at `sgd`, and ends within 1e-9 (relative) of `expected`.
+/// Trains `ref` (`train(ref, opt)`) with SGD at `sgd`; then, at N = 1..3
+/// under each strategy, every rank loads ref's initial values into a fresh
+/// Module, wraps it (`wrap(m, comm, options)`), trains it the same way, and
+/// ends within 1e-9 (relative) of `ref`.
 template <class Module, class Wrap, class Train>
-void check_every_world(const std::vector<torch::Tensor>& init, const std::vector<torch::Tensor>& expected,
-                       const torch::optim::SGDOptions& sgd, Wrap wrap, Train train) {
+void check_every_world(Module& ref, const torch::optim::SGDOptions& sgd, Wrap wrap, Train train) {
+  const auto init = state(*ref);
+  torch::optim::SGD ref_opt(ref->parameters(), sgd);
+  train(ref, ref_opt);
+  const auto expected = named_values(*ref);
   for (int n = 1; n <= 3; ++n) {
     CAPTURE(n);
     each_strategy([&](ShardingStrategy strategy) {
@@ -772,7 +776,6 @@ TEST_CASE("fully_shard: a weight tied under two names in one unit gets its whole
   torch::manual_seed(test::test_seed());
   const auto x = torch::randn({6, 5}, torch::kDouble), y = torch::randn({6, 5}, torch::kDouble);
   Tied ref;
-  const auto init = state(*ref);
   // Two backwards (accumulated) per step: a second slot of the tied tensor
   // once kept only the last one.
   auto train = [&](auto& net, torch::optim::Optimizer& opt) {
@@ -784,11 +787,8 @@ TEST_CASE("fully_shard: a weight tied under two names in one unit gets its whole
       opt.step();
     }
   };
-  const auto sgd = torch::optim::SGDOptions(0.1);
-  torch::optim::SGD ref_opt(ref->parameters(), sgd);
-  train(ref, ref_opt);
-  check_every_world<Tied>(init, named_values(*ref), sgd,
-                          [](auto& m, Comm& comm, const auto& o) { gradsync::fully_shard(m, comm, o); }, train);
+  check_every_world(ref, torch::optim::SGDOptions(0.1),
+                    [](auto& m, Comm& comm, const auto& o) { gradsync::fully_shard(m, comm, o); }, train);
 }
 
 TEST_CASE("fully_shard: a unit no backward reaches, or a forward no backward follows, leaves the optimizer its shard") {
@@ -799,7 +799,6 @@ TEST_CASE("fully_shard: a unit no backward reaches, or a forward no backward fol
   torch::manual_seed(test::test_seed() + 1);
   const auto x = torch::randn({6, 6}, torch::kDouble), y = torch::randn({6, 4}, torch::kDouble);
   AuxNet ref;
-  const auto init = state(*ref);
   auto train = [&](auto& net, torch::optim::Optimizer& opt) {
     for (int step = 0; step < 3; ++step) {
       opt.zero_grad();
@@ -808,10 +807,7 @@ TEST_CASE("fully_shard: a unit no backward reaches, or a forward no backward fol
       opt.step();
     }
   };
-  const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
-  torch::optim::SGD ref_opt(ref->parameters(), sgd);
-  train(ref, ref_opt);
-  check_every_world<AuxNet>(init, named_values(*ref), sgd, [](auto& m, Comm& comm, const auto& o) {
+  check_every_world(ref, torch::optim::SGDOptions(0.1).momentum(0.9), [](auto& m, Comm& comm, const auto& o) {
     gradsync::fully_shard(m->body, comm, o);
     gradsync::fully_shard(m->aux, comm, o);
     gradsync::fully_shard(m, comm, o);
