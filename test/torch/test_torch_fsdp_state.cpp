@@ -99,6 +99,48 @@ PerRank save_run(int from, ShardingStrategy strategy, int shard_size, const std:
   });
 }
 
+/// Runs `load(m, opt, comm)` on `n` ranks, each with a FullShard Net from
+/// `init` and a fresh Adam. Every rank must throw, within the deadline, an
+/// error of class `kind` (as run_failing names it) whose message holds each
+/// of `needles`, leaving its parameters (and, `with_buffers`, its buffers)
+/// as they were and the optimizer without state.
+template <class Load>
+void check_refused_load_everywhere(int n, const std::vector<torch::Tensor>& init, bool with_buffers, Load load,
+                                   const std::string& kind, const std::vector<std::string>& needles) {
+  std::vector<int> unchanged(static_cast<std::size_t>(n), 0);
+  const Outcomes got = run_failing(n, [&](Comm& comm) {
+    gradsync::ShardedModule<Net> m;
+    make(m, comm, init, ShardingStrategy::FullShard, 0);
+    auto held = [&] {
+      std::vector<torch::Tensor> out;
+      for (const auto& t : m->parameters()) out.push_back(t.detach().clone());
+      if (with_buffers) {
+        for (const auto& t : m->buffers()) out.push_back(t.detach().clone());
+      }
+      return out;
+    };
+    const std::vector<torch::Tensor> mine = held();
+    auto opt = make_optimizer(Opt::adam, *m);
+    try {
+      load(m, *opt, comm);
+    } catch (...) {
+      unchanged[static_cast<std::size_t>(comm.rank())] = bitwise_equal(held(), mine) && opt->state().empty() ? 1 : 0;
+      throw;
+    }
+  });
+  for (std::size_t r = 0; r < got.kind.size(); ++r) {
+    CAPTURE(r);
+    INFO(got.kind[r] << ": " << got.what[r]);
+    CHECK(got.kind[r] == kind);
+    for (const std::string& needle : needles) {
+      INFO("needle: " << needle);
+      CHECK(got.what[r].find(needle) != std::string::npos);
+    }
+    CHECK(unchanged[r] == 1);
+  }
+  CHECK(got.seconds < 5.0);
+}
+
 constexpr std::size_t tensors_in_net = 12;  // 10 parameters, the frozen scale among them, and the buffer
 
 }  // namespace
@@ -191,38 +233,17 @@ TEST_CASE("load_sharded_state_dict: a missing or corrupt shard file, a missing o
   // `kind` holding `needle`, within the deadline, its own pieces untouched.
   auto check_refused_load = [&](const std::filesystem::path& dir, const std::string& kind, const std::string& needle,
                                 bool with_optimizer = false) {
-    std::vector<int> unchanged(to, 0);
-    const Outcomes got = run_failing(to, [&](Comm& comm) {
-      gradsync::ShardedModule<Net> m;
-      make(m, comm, other, ShardingStrategy::FullShard, 0);
-      std::vector<torch::Tensor> mine;
-      for (const auto& t : m->parameters()) mine.push_back(t.detach().clone());
-      for (const auto& t : m->buffers()) mine.push_back(t.detach().clone());
-      auto opt = make_optimizer(Opt::adam, *m);
-      try {
-        if (with_optimizer) {
-          gradsync::load_sharded_state_dict(m, *opt, comm, dir);
-        } else {
-          gradsync::load_sharded_state_dict(m, comm, dir);
-        }
-      } catch (...) {
-        std::vector<torch::Tensor> now;
-        for (const auto& t : m->parameters()) now.push_back(t.detach());
-        for (const auto& t : m->buffers()) now.push_back(t.detach());
-        unchanged[static_cast<std::size_t>(comm.rank())] = bitwise_equal(now, mine) && opt->state().empty() ? 1 : 0;
-        throw;
-      }
-    });
-    for (std::size_t r = 0; r < got.kind.size(); ++r) {
-      CAPTURE(r);
-      INFO(got.kind[r] << ": " << got.what[r]);
-      CHECK(got.kind[r] == (kind == "InvalidArgument" ? "InvalidArgument" : "other"));
-      CHECK(got.what[r].find("load_sharded_state_dict from '" + dir.string() + "' failed on rank ") !=
-            std::string::npos);
-      CHECK(got.what[r].find(needle) != std::string::npos);
-      CHECK(unchanged[r] == 1);
-    }
-    CHECK(got.seconds < 5.0);
+    check_refused_load_everywhere(
+        to, other, /*with_buffers=*/true,
+        [&](gradsync::ShardedModule<Net>& m, torch::optim::Optimizer& opt, Comm& comm) {
+          if (with_optimizer) {
+            gradsync::load_sharded_state_dict(m, opt, comm, dir);
+          } else {
+            gradsync::load_sharded_state_dict(m, comm, dir);
+          }
+        },
+        kind == "InvalidArgument" ? "InvalidArgument" : "other",
+        {"load_sharded_state_dict from '" + dir.string() + "' failed on rank ", needle});
   };
 
   SUBCASE("a shard file removed") {
@@ -289,30 +310,12 @@ TEST_CASE("load_sharded_state_dict: ranks handed two runs' checkpoints fail ever
   const int n = 3, odd = static_cast<int>(rng() % n);
   CAPTURE(odd);
   const auto init = initial_state("fsdp sharded two runs init");
-  std::vector<int> unchanged(n, 0);
-  const Outcomes got = run_failing(n, [&](Comm& comm) {
-    gradsync::ShardedModule<Net> m;
-    make(m, comm, init, ShardingStrategy::FullShard, 0);
-    std::vector<torch::Tensor> mine;
-    for (const auto& t : m->parameters()) mine.push_back(t.detach().clone());
-    auto opt = make_optimizer(Opt::adam, *m);
-    try {
-      gradsync::load_sharded_state_dict(m, *opt, comm, comm.rank() == odd ? two : one);
-    } catch (...) {
-      std::vector<torch::Tensor> now;
-      for (const auto& t : m->parameters()) now.push_back(t.detach());
-      unchanged[static_cast<std::size_t>(comm.rank())] = bitwise_equal(now, mine) && opt->state().empty() ? 1 : 0;
-      throw;
-    }
-  });
-  for (std::size_t r = 0; r < got.kind.size(); ++r) {
-    CAPTURE(r);
-    INFO(got.kind[r] << ": " << got.what[r]);
-    CHECK(got.kind[r] == "InvalidArgument");
-    CHECK(got.what[r].find("the ranks read different checkpoints: rank(s) ") != std::string::npos);
-    CHECK(unchanged[r] == 1);
-  }
-  CHECK(got.seconds < 5.0);
+  check_refused_load_everywhere(
+      n, init, /*with_buffers=*/false,
+      [&](gradsync::ShardedModule<Net>& m, torch::optim::Optimizer& opt, Comm& comm) {
+        gradsync::load_sharded_state_dict(m, opt, comm, comm.rank() == odd ? two : one);
+      },
+      "InvalidArgument", {"the ranks read different checkpoints: rank(s) "});
   std::filesystem::remove_all(one);
   std::filesystem::remove_all(two);
 }
