@@ -189,8 +189,7 @@ TEST_CASE("DistributedDataParallel: one rank's backward under no_sync while the 
           "naming both syncs") {
   auto rng = test::rng_for("ddp no_sync on one rank");
   CAPTURE(test::test_seed());
-  const int n = 3 + static_cast<int>(rng() % 3);
-  const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+  const auto [n, odd] = draw_odd_rank(rng, 3, 3);
   // Counted from 1; steps after it give the odd rank's late sync a partner.
   const int bad = 1 + static_cast<int>(rng() % 3);
   const int steps = bad + 2;
@@ -233,8 +232,7 @@ TEST_CASE("DistributedDataParallel: two of equal shape on one communicator, thei
   // other's in count and step; only the number each took on the communicator differs.
   auto rng = test::rng_for("ddp two modules order");
   CAPTURE(test::test_seed());
-  const int n = 3 + static_cast<int>(rng() % 2);
-  const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+  const auto [n, odd] = draw_odd_rank(rng, 3, 2);
   INFO("N = " << n << ", rank " << odd << " runs the second module's backward first");
   const Outcomes got = run_failing(n, [&](Comm& comm) {
     torch::manual_seed(0);
@@ -262,8 +260,7 @@ TEST_CASE("DistributedDataParallel: two of equal shape on one communicator, thei
 TEST_CASE("DistributedDataParallel: reset_stats() on one rank only changes nothing the ranks compare") {
   auto rng = test::rng_for("ddp reset_stats on one rank");
   CAPTURE(test::test_seed());
-  const int n = 2 + static_cast<int>(rng() % 3);
-  const int odd = static_cast<int>(rng() % static_cast<unsigned>(n));
+  const auto [n, odd] = draw_odd_rank(rng, 2, 3);
   INFO("N = " << n << ", rank " << odd << " resets its statistics after every step");
   const std::int64_t b = 4;
   const Data d = make_data(n * b, "ddp reset_stats data");

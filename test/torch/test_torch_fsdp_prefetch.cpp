@@ -297,8 +297,7 @@ TEST_CASE("fully_shard: a rank that throws in a forward or a backward with a pre
   auto rng = test::rng_for("fsdp prefetch fault");
   CAPTURE(test::test_seed());
   for (int round = 0; round < 6; ++round) {
-    const int n = 3 + static_cast<int>(rng() % 3);
-    const int bad = static_cast<int>(rng() % static_cast<unsigned>(n));
+    const auto [n, bad] = draw_odd_rank(rng, 3, 3);
     const int step = 1 + static_cast<int>(rng() % 2);  // counted from 0: a step with an order to follow
     // In forward: in b1, b2 or b3, each with a next unit to prefetch. In
     // backward (FullShard): from a hook on b4's output, which runs after

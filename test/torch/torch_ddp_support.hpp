@@ -180,6 +180,17 @@ PerRank run_ranks(int n, F body) {
   return out;
 }
 
+/// A world of `least` to `least + choices - 1` ranks and one of its ranks,
+/// drawn from `rng` in that order: for a case where one rank acts apart.
+struct OddRank {
+  int n = 0;
+  int rank = 0;
+};
+inline OddRank draw_odd_rank(std::mt19937_64& rng, int least, int choices) {
+  const int n = least + static_cast<int>(rng() % static_cast<unsigned>(choices));
+  return {n, static_cast<int>(rng() % static_cast<unsigned>(n))};
+}
+
 /// How each rank's body ended in a run meant to fail ("returned",
 /// "InvalidArgument" or "other", with the exception's words), and the run's seconds.
 struct Outcomes {
