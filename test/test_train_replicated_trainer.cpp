@@ -427,62 +427,43 @@ TEST_CASE("uneven inputs: buffers come from a rank with data, and joined ranks f
   }
 }
 
-TEST_CASE("uneven inputs: ranks with data that set different rates after forward_backward() fail every rank") {
+TEST_CASE("uneven inputs: ranks with data that set different rates, in a step or after the last, fail every rank") {
+  // Rank 0 joins after one step; the others take two, and one of them sets
+  // another rate than the rest between step 2's halves, or after it.
   auto rng = test::rng_for("join rates differ");
   CAPTURE(test::test_seed());
-  const int world = 3 + static_cast<int>(rng() % 3);
-  const int odd = 1 + static_cast<int>(rng() % static_cast<unsigned>(world - 1));
-  INFO("N = " << world << ", rank 0 joins after one step, rank " << odd << " sets another rate in step 2");
-  ReplicatedTrainerOptions o;
-  o.join = true;
-  std::vector<std::string> errors(static_cast<std::size_t>(world));
-  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
-    const auto r = static_cast<std::size_t>(comm.rank());
-    try {
-      for (std::size_t s = 0; s < (r == 0 ? 1u : 2u); ++s) {
-        trainer.forward_backward(make_batch<float>((s * world + r) * 2, 2, in, out));
-        if (s == 1) trainer.optimizer().set_lr(comm.rank() == odd ? 0.05 : 0.1);
-        trainer.optimizer_step();
+  for (const bool after_last : {false, true}) {
+    const int world = 3 + static_cast<int>(rng() % 3);
+    const int odd = 1 + static_cast<int>(rng() % static_cast<unsigned>(world - 1));
+    INFO("N = " << world << ", rank " << odd << " sets another rate " << std::string(after_last ? "after" : "in")
+                << " step 2");
+    ReplicatedTrainerOptions o;
+    o.join = true;
+    std::vector<std::string> errors(static_cast<std::size_t>(world));
+    gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
+      ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const double rate = comm.rank() == odd ? 0.05 : 0.1;
+      try {
+        for (std::size_t s = 0; s < (r == 0 ? 1u : 2u); ++s) {
+          trainer.forward_backward(make_batch<float>((s * world + r) * 2, 2, in, out));
+          if (s == 1 && !after_last) trainer.optimizer().set_lr(rate);
+          trainer.optimizer_step();
+        }
+        if (r != 0 && after_last) trainer.optimizer().set_lr(rate);
+        trainer.join();
+      } catch (const gradsync::InvalidArgument& e) {
+        errors[r] = e.what();
       }
-      trainer.join();
-    } catch (const gradsync::InvalidArgument& e) {
-      errors[r] = e.what();
+    });
+    const std::string expected =
+        after_last ? "as join() returns, the ranks that took the last step hold different learning rates: 0.05 on rank "
+                   : "where 1 rank(s) have joined, the ranks with data set different learning rates after "
+                     "forward_backward(), between 0.05 and 0.1";
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+      INFO("rank " << r << ": " << errors[r]);
+      CHECK(errors[r].find(expected) != std::string::npos);
     }
-  });
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank " << r << ": " << errors[r]);
-    CHECK(errors[r].find("where 1 rank(s) have joined, the ranks with data set different learning rates after "
-                         "forward_backward(), between 0.05 and 0.1") != std::string::npos);
-  }
-}
-
-TEST_CASE("uneven inputs: ranks that took the last step and then set different rates fail every rank in join()") {
-  auto rng = test::rng_for("join final rates differ");
-  CAPTURE(test::test_seed());
-  const int world = 3 + static_cast<int>(rng() % 3);
-  const int odd = 1 + static_cast<int>(rng() % static_cast<unsigned>(world - 1));
-  INFO("N = " << world << ", rank 0 joins after one step, rank " << odd << " sets another rate after the last");
-  ReplicatedTrainerOptions o;
-  o.join = true;
-  std::vector<std::string> errors(static_cast<std::size_t>(world));
-  gradsync::run_threads(world, [&](Communicator<Threads>& comm) {
-    ReplicatedTrainer trainer(comm, model_for(comm.rank()), momentum_sgd(), o);
-    const auto r = static_cast<std::size_t>(comm.rank());
-    try {
-      for (std::size_t s = 0; s < (r == 0 ? 1u : 2u); ++s) {
-        trainer.step(make_batch<float>((s * world + r) * 2, 2, in, out));
-      }
-      if (r != 0) trainer.optimizer().set_lr(comm.rank() == odd ? 0.05 : 0.1);
-      trainer.join();
-    } catch (const gradsync::InvalidArgument& e) {
-      errors[r] = e.what();
-    }
-  });
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank " << r << ": " << errors[r]);
-    CHECK(errors[r].find("as join() returns, the ranks that took the last step hold different learning rates: 0.05 "
-                         "on rank ") != std::string::npos);
   }
 }
 
