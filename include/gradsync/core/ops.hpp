@@ -106,7 +106,11 @@ struct Sum : detail::ElementwiseOp<OpKind::sum, detail::Wrapping<std::plus<>>> {
 
 /// Sum divided by the world size: what gradient averaging needs. Integers
 /// take the wrapped sum and divide it by the world size with truncation
-/// toward zero, as C++ does.
+/// toward zero, as C++ does. float16 sums in float16 (each step rounded)
+/// before the division, so a sum past 65504 is Inf where the mean would not
+/// be (NCCL, which the Nccl backend's Native uses, scales each input first):
+/// scale by 1/N and Sum where that can happen, as GradSync does with float16
+/// gradients.
 struct Avg : detail::ElementwiseOp<OpKind::avg, detail::Wrapping<std::plus<>>> {
   static constexpr std::string_view name = "avg";
   template <class T>
