@@ -715,6 +715,17 @@ TEST_CASE("DistributedDataParallel: wrong use is a clear error naming the parame
     });
     for (const auto& e : got.errors) CHECK(e.find("'fc1.weight' changed shape") != std::string::npos);
   }
+  SUBCASE("a parameter that became a strided view of its own data after construction") {
+    PerRank got = run_ranks(n, [&](Comm& comm) {
+      Mlp m;
+      gradsync::DistributedDataParallel ddp(comm, m);
+      const torch::Tensor w = m->fc1->weight.data();
+      m->fc1->weight.set_data(w.as_strided(w.sizes(), {1, w.size(0)}));
+      ddp(torch::ones({1, 12}));
+      return std::vector<torch::Tensor>{};
+    });
+    for (const auto& e : got.errors) CHECK(e.find("'fc1.weight' changed layout") != std::string::npos);
+  }
   SUBCASE("ranks that wrap different modules") {
     PerRank got = run_ranks(n, [&](Comm& comm) {
       Mlp m(comm.rank() == 2 ? 21 : 20);

@@ -11,8 +11,10 @@
 
 namespace gradsync {
 
-/// Options of gradsync::fully_shard, with PyTorch FSDP's defaults. Every rank
-/// must pass the same values for a unit (checked when it is wrapped).
+/// Options of gradsync::fully_shard, with PyTorch FSDP's defaults but
+/// sync_module_states, which is on (FSDP1's is off; FSDP2 has none), so that
+/// every rank starts alike. Every rank must pass the same values for a unit
+/// (checked when it is wrapped).
 struct FullyShardOptions {
   /// FullShard frees the gathered parameters after the unit's forward and
   /// gathers them again before its backward; ShardGradOp keeps them from

@@ -27,18 +27,22 @@ inline void check_trainable(const std::string& where, const std::string& name, c
                         " and is now " + state(!trainable) + "; " + std::string(fix));
 }
 
-/// Throws InvalidArgument if parameter `name` (`p`) no longer has the shape
-/// and data the wrapper gave it or found (`shape`, `data`; data unchecked
-/// where `shape` holds no element): torch::load and set_data replace them,
-/// after which the wrapper would reduce or gather what the module no longer
-/// holds. `after`: the wrapping, in words; `consequence`: what would go wrong.
+/// Throws InvalidArgument if parameter `name` (`p`) no longer has the shape,
+/// data and contiguous layout the wrapper gave it or found (`shape`,
+/// `data`; data and layout unchecked where `shape` holds no element):
+/// torch::load and set_data replace them (a strided view of the same data,
+/// say), after which the wrapper would reduce or gather what the module no
+/// longer holds, or in another order. `after`: the wrapping, in words;
+/// `consequence`: what would go wrong.
 inline void check_data(const std::string& where, const std::string& name, const at::Tensor& p,
                        c10::IntArrayRef shape, const void* data, std::string_view after,
                        std::string_view consequence) {
   const bool same_shape = p.sizes().equals(shape);
-  if (same_shape && (c10::multiply_integers(shape) == 0 || p.data_ptr() == data)) return;
-  const std::string what = same_shape ? std::string("storage (torch::load or set_data replaced it)")
-                                      : "shape, from " + c10::str(shape) + " to " + c10::str(p.sizes());
+  if (same_shape && (c10::multiply_integers(shape) == 0 || (p.data_ptr() == data && p.is_contiguous()))) return;
+  const std::string what = !same_shape         ? "shape, from " + c10::str(shape) + " to " + c10::str(p.sizes())
+                           : p.data_ptr() != data ? std::string("storage (torch::load or set_data replaced it)")
+                                                  : std::string("layout: it is no longer contiguous (set_data "
+                                                                "with a strided view)");
   throw InvalidArgument(where + ": parameter '" + name + "' changed " + what + " " + std::string(after) + "; " +
                         std::string(consequence));
 }

@@ -123,8 +123,8 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
   void init() {
     torch::NoGradGuard no_grad;
     if (o_.sync_module_states && comm_.size() > 1) {
-      for (const Param& p : params_) broadcast(p.tensor);
-      for (const at::Tensor& b : buffers_) broadcast(b);
+      for (const Param& p : params_) broadcast(p.tensor, LabelPhase::parameters);
+      for (const at::Tensor& b : buffers_) broadcast(b, LabelPhase::buffers);
     }
     if (params_.empty()) return;
     // HybridShard: the unit is sharded over groups of shard_size ranks,
@@ -371,10 +371,10 @@ class TorchShardedUnit final : public TorchUnit, public std::enable_shared_from_
     return "gradsync: fully_shard unit '" + module()->name() + "' on rank " + std::to_string(comm_.rank());
   }
 
-  void broadcast(const at::Tensor& t) {
+  void broadcast(const at::Tensor& t, LabelPhase phase) {
     if (t.numel() == 0) return;
     visit(*data_type_of(t.scalar_type()), [&]<class T>(T) {
-      Broadcast<Auto>{labeled(LabelPhase::buffers)}(comm_, span_of<T>(t), 0);
+      Broadcast<Auto>{labeled(phase)}(comm_, span_of<T>(t), 0);
     });
   }
 

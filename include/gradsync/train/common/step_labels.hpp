@@ -34,6 +34,7 @@ enum class LabelPhase : std::uint8_t {
   lr_changed,      ///< the agreement on a learning rate set between forward_backward() and optimizer_step()
   entry,           ///< the world agreement that starts a call (HybridShard's in groups; a save); index: TrainerEntry
   micro_batches,   ///< OnNonfinite::ignore: the agreement on the step's micro-batch count, which the index holds
+  parameters,      ///< a broadcast of rank 0's parameters (fully_shard's sync_module_states)
 };
 
 /// Which public call a LabelPhase::entry label starts.
@@ -129,6 +130,7 @@ class StepLabels final : public LabelNames {
     s += step_word_ + " " + std::to_string(step) + ", ";
     switch (phase) {
       case LabelPhase::buffers: s += "broadcast of the buffers"; break;
+      case LabelPhase::parameters: s += "broadcast of the parameters"; break;
       case LabelPhase::gather: s += "all-gather of " + unit(index); break;
       case LabelPhase::reduce: s += "gradient reduction of " + unit(index); break;
       case LabelPhase::replica_reduce: s += "replica-group sum of " + unit(index); break;
