@@ -45,9 +45,8 @@
 
 namespace gradsync {
 
-/// Data parallelism for a LibTorch module: what torch.nn.parallel.
-/// DistributedDataParallel does in Python, which LibTorch's C++ frontend
-/// lacks (pytorch/pytorch#48959).
+/// Data parallelism for a LibTorch module: what torch.nn.parallel.DistributedDataParallel does in Python, which
+/// LibTorch's C++ frontend lacks (pytorch/pytorch#48959).
 ///
 ///     Net net;                                              // TORCH_MODULE
 ///     gradsync::DistributedDataParallel ddp(comm, net);     // broadcasts rank 0's weights
@@ -615,15 +614,12 @@ class DistributedDataParallel {
   /// After a synced backward under find_unused_parameters (`used`: what this rank's backwards reached since the
   /// last sync): a grad left undefined (set_to_none) of a parameter some rank used becomes the bucket's view, the
   /// average, or this rank's optimizer would skip what the others step; one no rank used stays undefined, as in
-  /// PyTorch's DDP (one all-reduce of a flag per parameter; on a device
-  /// communicator, of host flags through device memory).
+  /// PyTorch's DDP (one all-reduce of a flag per parameter; on a device, of host flags through device memory).
   void attach_unused_grads(std::vector<std::int32_t>& used) {
-    if (comm_.size() > 1) {
-      if constexpr (on_device) {
-        comm_.max_flags(std::span<std::int32_t>(used));
-      } else {
-        AllReduce<Algo>{}(comm_, std::span<std::int32_t>(used), Max{});
-      }
+    if constexpr (on_device) {
+      if (comm_.size() > 1) comm_.max_flags(std::span<std::int32_t>(used));
+    } else if (comm_.size() > 1) {
+      AllReduce<Algo>{}(comm_, std::span<std::int32_t>(used), Max{});
     }
     for (std::size_t i = 0; i < params_.size(); ++i) {
       torch::Tensor& g = params_[i].tensor.mutable_grad();
