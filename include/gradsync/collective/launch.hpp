@@ -37,14 +37,17 @@ struct RunCall {
 template <Collective C, class Algo, class B>
 std::string_view agreed_algorithm(int world, const Operands& o) {
   if constexpr (std::same_as<Algo, Auto> || std::same_as<Algo, RecursiveHalvingDoubling>) {
-    const bool rhd_short = C == Collective::all_reduce && world > 1 && !o.options->deterministic &&
-                           Algorithm<RecursiveHalvingDoubling>::short_path<B>(world, o.out.size_bytes());
+    // Asked only where RHD runs: the cost model is not read on Auto's other picks.
+    auto rhd_short = [&] {
+      return C == Collective::all_reduce && world > 1 && !o.options->deterministic &&
+             Algorithm<RecursiveHalvingDoubling>::short_path<B>(world, o.out.size_bytes());
+    };
     if constexpr (std::same_as<Algo, RecursiveHalvingDoubling>) {
-      return rhd_short ? "rhd-short" : "rhd";
+      return rhd_short() ? "rhd-short" : "rhd";
     } else {
       switch (auto_pick<B>(world, C, auto_bytes(C, o))) {
         case AlgorithmId::tree: return "auto:tree";
-        case AlgorithmId::rhd: return rhd_short ? "auto:rhd-short" : "auto:rhd";
+        case AlgorithmId::rhd: return rhd_short() ? "auto:rhd-short" : "auto:rhd";
         case AlgorithmId::native: return "auto:native";
         default: return "auto:ring";
       }

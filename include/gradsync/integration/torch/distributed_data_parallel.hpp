@@ -510,8 +510,7 @@ class DistributedDataParallel {
     }
   }
 
-  /// After parameter i's gradient accumulator ran: its gradient for this
-  /// backward is final.
+  /// After parameter i's gradient accumulator ran: its gradient for this backward is final.
   void on_gradient(std::size_t i) {
     Param& p = params_[i];
     torch::Tensor& g = p.tensor.mutable_grad();

@@ -35,11 +35,11 @@ enum class OnNonfinite : std::uint8_t {
   /// No check: a non-finite gradient reaches the optimizer. Each step of a
   /// trainer (ReplicatedTrainer, ShardedTrainer; not LibTorch's DDP, whose
   /// no_sync backwards are counted in its labels) still ends with one
-  /// 8-byte all-reduce (none at N = 1) that agrees on
-  /// its number of micro-batches (accumulate() calls and the step's own),
-  /// which the agreement on finite values otherwise carries: ranks that
-  /// took different numbers would weigh their micro-batches differently
-  /// (or match one rank's extra micro-step with their step), and all throw
+  /// 8-byte all-reduce (none at N = 1) that agrees on its number of
+  /// micro-batches (accumulate() calls and the step's own), which the
+  /// agreement on finite values otherwise carries: ranks that took
+  /// different numbers would weigh their micro-batches differently (or
+  /// match one rank's extra micro-step with their step), and all throw
   /// InvalidArgument instead.
   ignore,
 };
